@@ -1,0 +1,71 @@
+#include "muon/common/tensor.h"
+
+#include <dlpack/dlpack.h>
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "muon/common/status.h"
+
+namespace muon {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& what) {
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": DLTensor pointer is NULL"));
+  if (t->device.device_type != kDLCPU) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor is on device type ", static_cast<int>(t->device.device_type),
+        " (DLPack); this build computes on the CPU and accepts only kDLCPU tensors"));
+  }
+  if (t->ndim < 0 || t->ndim > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ndim ", t->ndim, " is out of range (0..16)"));
+  }
+  if (t->ndim > 0 && t->shape == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shape pointer is NULL"));
+  }
+  TensorView v;
+  MUON_ASSIGN_OR_RETURN(v.dtype, FromDLDataType(t->dtype, what));
+  v.shape.assign(t->shape, t->shape + t->ndim);
+  int64_t numel = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (v.shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dimension ", i, " has negative size ", v.shape[i]));
+    }
+    if (v.shape[i] != 0 && numel > std::numeric_limits<int64_t>::max() / v.shape[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", ShapeString(v.shape),
+                                                     " has too many elements"));
+    }
+    numel *= v.shape[i];
+  }
+  if (t->strides != nullptr && numel > 0) {
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (v.shape[i] != 1 && t->strides[i] != expected) {
+        std::vector<int64_t> strides(t->strides, t->strides + t->ndim);
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": strides ", ShapeString(strides), " for shape ", ShapeString(v.shape),
+            " are not row-major contiguous; pass a contiguous tensor (e.g. .contiguous())"));
+      }
+      expected *= v.shape[i];
+    }
+  }
+  if (t->data == nullptr && numel > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": data pointer is NULL"));
+  }
+  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  return v;
+}
+
+}  // namespace muon

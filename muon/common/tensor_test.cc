@@ -1,0 +1,83 @@
+#include "muon/common/tensor.h"
+
+#include <dlpack/dlpack.h>
+
+#include "gtest/gtest.h"
+
+namespace muon {
+namespace {
+
+DLTensor MakeTensor(float* data, int64_t* shape, int ndim, int64_t* strides = nullptr) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = ndim;
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = shape;
+  t.strides = strides;
+  return t;
+}
+
+bool Mentions(const absl::Status& s, const std::string& text) {
+  return s.message().find(text) != std::string::npos;
+}
+
+TEST(ViewCpuTensor, AcceptsContiguous) {
+  float data[12];
+  int64_t shape[2] = {3, 4};
+  int64_t strides[2] = {4, 1};
+  DLTensor t = MakeTensor(data, shape, 2, strides);
+  t.byte_offset = 4;
+  auto v = ViewCpuTensor(&t, "param 'w'");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->numel(), 12);
+  EXPECT_EQ(v->data, static_cast<void*>(data + 1));
+  EXPECT_EQ(v->shape, (std::vector<int64_t>{3, 4}));
+}
+
+TEST(ViewCpuTensor, IgnoresStrideOfUnitDims) {
+  float data[4];
+  int64_t shape[3] = {1, 4, 1};
+  int64_t strides[3] = {99, 1, 7};
+  DLTensor t = MakeTensor(data, shape, 3, strides);
+  EXPECT_TRUE(ViewCpuTensor(&t, "p").ok());
+}
+
+TEST(ViewCpuTensor, RefusesTransposedStrides) {
+  float data[12];
+  int64_t shape[2] = {3, 4};
+  int64_t strides[2] = {1, 3};
+  DLTensor t = MakeTensor(data, shape, 2, strides);
+  auto v = ViewCpuTensor(&t, "param 'w'");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(v.status(), "param 'w'"));
+  EXPECT_TRUE(Mentions(v.status(), "contiguous"));
+}
+
+TEST(ViewCpuTensor, RefusesBadInput) {
+  float data[4];
+  int64_t shape[2] = {2, 2};
+  EXPECT_TRUE(Mentions(ViewCpuTensor(nullptr, "grad of 'x'").status(), "NULL"));
+
+  DLTensor gpu = MakeTensor(data, shape, 2);
+  gpu.device = {kDLCUDA, 0};
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&gpu, "p").status(), "kDLCPU"));
+
+  DLTensor ints = MakeTensor(data, shape, 2);
+  ints.dtype = {kDLInt, 32, 1};
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&ints, "p").status(), "unsupported dtype"));
+
+  int64_t neg[2] = {2, -1};
+  DLTensor negative = MakeTensor(data, neg, 2);
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&negative, "p").status(), "negative"));
+
+  DLTensor null_data = MakeTensor(nullptr, shape, 2);
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&null_data, "p").status(), "data pointer is NULL"));
+
+  DLTensor null_shape = MakeTensor(data, nullptr, 2);
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&null_shape, "p").status(), "shape pointer is NULL"));
+}
+
+}  // namespace
+}  // namespace muon
