@@ -8,16 +8,25 @@ rebound to another copy by defining it before this call.
 load("//third_party:system_repo.bzl", "system_library")
 load("//third_party/cuda:cuda_configure.bzl", "cuda_configure")
 
-_ABSL_PACKAGES = {
-    "absl/base": ["core_headers", "base"],
-    "absl/cleanup": ["cleanup"],
-    "absl/container": ["flat_hash_map", "flat_hash_set", "inlined_vector", "btree"],
-    "absl/hash": ["hash"],
-    "absl/status": ["status", "statusor"],
-    "absl/strings": ["strings", "str_format", "cord"],
-    "absl/synchronization": ["synchronization"],
-    "absl/time": ["time"],
-    "absl/types": ["span", "optional", "variant"],
+# Abseil targets we use, under upstream's labels, with the shared libraries
+# each needs to link (their own dependencies come along as DT_NEEDED).
+_ABSL_TARGETS = {
+    "absl/base:core_headers": [],
+    "absl/base:base": ["absl_base", "absl_raw_logging_internal", "absl_spinlock_wait"],
+    "absl/cleanup:cleanup": [],
+    "absl/container:flat_hash_map": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
+    "absl/container:flat_hash_set": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
+    "absl/container:inlined_vector": [],
+    "absl/hash:hash": ["absl_hash", "absl_city", "absl_low_level_hash"],
+    "absl/status:status": ["absl_status", "absl_strings", "absl_cord"],
+    "absl/status:statusor": ["absl_statusor", "absl_status", "absl_strings"],
+    "absl/strings:strings": ["absl_strings", "absl_strings_internal", "absl_int128", "absl_throw_delegate"],
+    "absl/strings:str_format": ["absl_str_format_internal", "absl_strings"],
+    "absl/synchronization:synchronization": ["absl_synchronization", "absl_time", "absl_base"],
+    "absl/time:time": ["absl_time", "absl_time_zone", "absl_civil_time"],
+    "absl/types:span": [],
+    "absl/types:optional": ["absl_bad_optional_access"],
+    "absl/types:variant": ["absl_bad_variant_access"],
 }
 
 def _maybe(rule, name, **kwargs):
@@ -46,8 +55,8 @@ def muon_dependencies():
         headers = ["absl"],
         lib_patterns = ["libabsl_*.so"],
         build_file = "//third_party/absl:absl.BUILD",
-        alias_packages = _ABSL_PACKAGES,
-        alias_of = "absl",
+        targets = _ABSL_TARGETS,
+        headers_target = "absl_headers",
         package_hint = "libabsl-dev",
     )
     _maybe(

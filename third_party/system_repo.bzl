@@ -49,12 +49,19 @@ def _system_library_impl(ctx):
 
     ctx.template("BUILD.bazel", ctx.attr.build_file, {})
 
-    # Forwarding packages that mirror the upstream target names (e.g. abseil's
-    # @com_google_absl//absl/status:statusor), all served by `//:<alias_of>`.
-    for pkg, names in ctx.attr.alias_packages.items():
-        body = ['package(default_visibility = ["//visibility:public"])', ""]
-        for n in names:
-            body.append('cc_library(name = "%s", deps = ["//:%s"])' % (n, ctx.attr.alias_of))
+    # Forwarding targets under the upstream names (e.g. abseil's
+    # @com_google_absl//absl/status:statusor). Each key is "package:target",
+    # each value the libraries (file name stems under lib/) it links, on top
+    # of the headers of `//:<headers_target>`.
+    packages = {}
+    for key, libs in ctx.attr.targets.items():
+        pkg, name = key.split(":")
+        srcs = ", ".join(['"//:lib/lib%s.so"' % l for l in libs])
+        packages.setdefault(pkg, []).append(
+            'cc_library(name = "%s", srcs = [%s], deps = ["//:%s"])' % (name, srcs, ctx.attr.headers_target),
+        )
+    for pkg, rules in packages.items():
+        body = ['package(default_visibility = ["//visibility:public"])', ""] + rules
         ctx.file(pkg + "/BUILD.bazel", "\n".join(body) + "\n")
 
 system_library = repository_rule(
@@ -65,8 +72,8 @@ system_library = repository_rule(
         "lib_patterns": attr.string_list(doc = "Shell globs of library files to link."),
         "lib_dirs": attr.string_list(),
         "build_file": attr.label(mandatory = True, allow_single_file = True),
-        "alias_packages": attr.string_list_dict(doc = "Package -> target names forwarding to alias_of."),
-        "alias_of": attr.string(),
+        "targets": attr.string_list_dict(doc = "'package:target' -> library stems it links."),
+        "headers_target": attr.string(doc = "Target in the repo's root package with the headers."),
         "package_hint": attr.string(default = "the Debian -dev package"),
     },
     local = True,

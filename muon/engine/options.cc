@@ -1,0 +1,66 @@
+#include "muon/engine/options.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+
+namespace muon {
+
+absl::Status ValidateLr(double lr) {
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lr: ", lr, " is invalid; it must be a finite number >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateWeightDecay(double weight_decay) {
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_decay: ", weight_decay, " is invalid; it must be a finite number >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMomentum(double momentum) {
+  if (!(momentum >= 0 && momentum < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum: ", momentum, " is invalid; it must be in [0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const Options& o) {
+  MUON_RETURN_IF_ERROR(ValidateLr(o.lr));
+  MUON_RETURN_IF_ERROR(ValidateWeightDecay(o.weight_decay));
+  MUON_RETURN_IF_ERROR(ValidateMomentum(o.momentum));
+  MUON_RETURN_IF_ERROR(ValidateNsConfig(o.ns));
+  switch (o.adjust_lr) {
+    case AdjustLr::kOriginal:
+    case AdjustLr::kMatchRmsAdamW:
+    case AdjustLr::kNone:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adjust_lr: unknown value ", static_cast<int>(o.adjust_lr),
+          "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1) or NONE (2)"));
+  }
+  return absl::OkStatus();
+}
+
+double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols) {
+  const double a = static_cast<double>(rows), b = static_cast<double>(cols);
+  switch (mode) {
+    case AdjustLr::kOriginal:
+      return lr * std::sqrt(std::max(1.0, a / b));
+    case AdjustLr::kMatchRmsAdamW:
+      return lr * 0.2 * std::sqrt(std::max(a, b));
+    case AdjustLr::kNone:
+      break;
+  }
+  return lr;
+}
+
+}  // namespace muon

@@ -1,0 +1,69 @@
+// The math every backend provides: the elementwise momentum and parameter
+// updates on local pieces, and Newton-Schulz on whole matrices. The engine
+// decides what to compute where; a backend only computes.
+#ifndef MUON_MATH_BACKEND_H_
+#define MUON_MATH_BACKEND_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "muon/common/dtype.h"
+#include "muon/math/ns_config.h"
+
+namespace muon {
+
+// A run of `count` row-major matrices of rows x cols, one after the other, as
+// fp32 values.
+struct MatrixBatch {
+  float* data = nullptr;
+  int64_t count = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// One momentum step on n elements (see the C header for the formulas):
+//   buf <- lerp(buf, grad, 1 - momentum)             stored in buf_dtype
+//   out <- nesterov ? lerp(grad, buf, momentum) : buf
+// `out` receives fp32 values already rounded to buf_dtype, the precision
+// torch's update tensor has.
+struct MomentumArgs {
+  DType grad_dtype = DType::kF32;
+  const void* grad = nullptr;
+  DType buf_dtype = DType::kF32;
+  void* buf = nullptr;
+  int64_t n = 0;
+  double momentum = 0.95;
+  bool nesterov = true;
+  float* out = nullptr;
+};
+
+// Decoupled decay and the update on n elements of a parameter:
+//   param <- param * decay;  param <- param - lr_adjusted * update
+// each rounded to the parameter's dtype, as torch's mul_ and add_ do.
+struct ApplyArgs {
+  DType param_dtype = DType::kF32;
+  void* param = nullptr;
+  int64_t n = 0;
+  const float* update = nullptr;
+  double decay = 1.0;        // 1 - lr * weight_decay
+  double lr_adjusted = 0.0;  // adjusted lr
+};
+
+class MathBackend {
+ public:
+  virtual ~MathBackend() = default;
+
+  virtual absl::Status Momentum(const MomentumArgs& args) = 0;
+  virtual absl::Status Apply(const ApplyArgs& args) = 0;
+
+  // Orthogonalizes every matrix of `batch` in place with `config`.
+  virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;
+};
+
+// FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with
+// `steps` iterations, counting 4 m^2 n + 2 m^3 per iteration (m <= n).
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
+
+}  // namespace muon
+
+#endif  // MUON_MATH_BACKEND_H_

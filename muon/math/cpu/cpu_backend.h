@@ -1,0 +1,38 @@
+// The CPU backend: elementwise updates in plain loops, Newton-Schulz through
+// CBLAS (OpenBLAS) in fp32, with bf16 emulated by rounding every stored
+// intermediate to bf16 (fp32 accumulation), as torch's bf16 path does.
+#ifndef MUON_MATH_CPU_CPU_BACKEND_H_
+#define MUON_MATH_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <vector>
+
+#include "muon/math/backend.h"
+
+namespace muon {
+
+class CpuBackend final : public MathBackend {
+ public:
+  absl::Status Momentum(const MomentumArgs& args) override;
+  absl::Status Apply(const ApplyArgs& args) override;
+  absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+
+  // Reserves the workspace for matrices up to rows x cols so that later calls
+  // allocate nothing. Fails with ResourceExhausted when memory is short.
+  absl::Status Reserve(int64_t rows, int64_t cols);
+
+ private:
+  void OrthogonalizeOne(const NsConfig& config, float* u, int64_t rows, int64_t cols);
+
+  // Workspace, reused across calls: x and x_next (m x n), gram and poly (m x m).
+  std::vector<float> x_, x_next_, gram_, poly_;
+};
+
+// torch's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w).
+inline float TorchLerp(float self, float end, float w) {
+  return (w < 0.5f && w > -0.5f) ? self + w * (end - self) : end - (end - self) * (1.0f - w);
+}
+
+}  // namespace muon
+
+#endif  // MUON_MATH_CPU_CPU_BACKEND_H_

@@ -1,0 +1,233 @@
+#include "muon/math/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace muon {
+namespace {
+
+// Independent reference: Newton-Schulz in double with naive loops, straight
+// from the definition (transpose tall matrices, normalize, iterate).
+std::vector<double> ReferenceNs(const std::vector<float>& u, int64_t rows, int64_t cols,
+                                const NsConfig& cfg) {
+  const bool t = rows > cols;
+  const int64_t m = t ? cols : rows, n = t ? rows : cols;
+  std::vector<double> x(m * n);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) (t ? x[j * n + i] : x[i * n + j]) = u[i * cols + j];
+  double norm = 0;
+  for (double v : x) norm += v * v;
+  norm = std::max(std::sqrt(norm), cfg.eps);
+  for (double& v : x) v /= norm;
+  for (int it = 0; it < cfg.steps; ++it) {
+    const auto& abc = cfg.ForIteration(it);
+    std::vector<double> a(m * m, 0), b(m * m, 0), xn(m * n, 0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t k = 0; k < n; ++k) a[i * m + j] += x[i * n + k] * x[j * n + k];
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < m; ++k) s += a[i * m + k] * a[k * m + j];
+        b[i * m + j] = abc[1] * a[i * m + j] + abc[2] * s;
+      }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < m; ++k) s += b[i * m + k] * x[k * n + j];
+        xn[i * n + j] = abc[0] * x[i * n + j] + s;
+      }
+    x.swap(xn);
+  }
+  std::vector<double> out(rows * cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = t ? x[j * n + i] : x[i * n + j];
+  return out;
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+double MaxRelErr(const std::vector<float>& got, const std::vector<double>& want) {
+  double max_abs = 0, max_err = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+  }
+  return max_err / max_abs;
+}
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+class NsShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(NsShapes, Fp32MatchesDoubleReference) {
+  const Shape s = GetParam();
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  auto u = Random(s.rows * s.cols, 3);
+  auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
+  EXPECT_LT(MaxRelErr(u, want), 1e-5);
+}
+
+TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
+  const Shape s = GetParam();
+  NsConfig cfg;  // bf16 by default
+  auto u = Random(s.rows * s.cols, 5);
+  auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
+  for (float v : u) ASSERT_EQ(FloatBits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
+  EXPECT_LT(MaxRelErr(u, want), 0.1);  // bf16 keeps 8 bits; five iterations compound
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NsShapes,
+                         ::testing::Values(Shape{16, 16}, Shape{8, 24}, Shape{24, 8}, Shape{1, 7},
+                                           Shape{7, 1}, Shape{33, 65}));
+
+TEST(CpuBackend, BatchEqualsOneByOne) {
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  const int64_t r = 12, c = 20, count = 3;
+  auto batch = Random(count * r * c, 9);
+  auto single = batch;
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {batch.data(), count, r, c}).ok());
+  for (int64_t k = 0; k < count; ++k) {
+    ASSERT_TRUE(be.Orthogonalize(cfg, {single.data() + k * r * c, 1, r, c}).ok());
+  }
+  EXPECT_EQ(batch, single);
+}
+
+TEST(CpuBackend, OutputIsNearlyOrthogonal) {
+  // Ten iterations of the quintic push every singular value into roughly
+  // [0.68, 1.13]: rows of X X^T have a diagonal near 1.
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  cfg.steps = 10;
+  const int64_t r = 16, c = 64;
+  auto u = Random(r * c, 21);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, r, c}).ok());
+  for (int64_t i = 0; i < r; ++i) {
+    double d = 0;
+    for (int64_t k = 0; k < c; ++k) d += double(u[i * c + k]) * u[i * c + k];
+    EXPECT_GT(d, 0.4);
+    EXPECT_LT(d, 1.35);
+  }
+}
+
+TEST(CpuBackend, ZeroMatrixStaysZero) {
+  NsConfig cfg;
+  std::vector<float> u(6 * 4, 0.f);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, 6, 4}).ok());
+  for (float v : u) EXPECT_EQ(v, 0.f);
+}
+
+TEST(CpuBackend, TableCoefficientsPerIteration) {
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  cfg.coefficients = {{2.0, -1.5, 0.5}, {1.5, -0.5, 0.0}};
+  cfg.steps = 4;
+  auto u = Random(10 * 6, 4);
+  auto want = ReferenceNs(u, 10, 6, cfg);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, 10, 6}).ok());
+  EXPECT_LT(MaxRelErr(u, want), 1e-5);
+}
+
+TEST(CpuBackend, MomentumMatchesFormula) {
+  const int64_t n = 1000;
+  auto g = Random(n, 1), b0 = Random(n, 2);
+  for (bool nesterov : {false, true}) {
+    auto b = b0;
+    std::vector<float> out(n);
+    CpuBackend be;
+    MomentumArgs a;
+    a.grad = g.data();
+    a.buf = b.data();
+    a.n = n;
+    a.momentum = 0.9;
+    a.nesterov = nesterov;
+    a.out = out.data();
+    ASSERT_TRUE(be.Momentum(a).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const double nb = b0[i] + 0.1 * (double(g[i]) - b0[i]);
+      EXPECT_NEAR(b[i], nb, 1e-6);
+      const double o = nesterov ? g[i] + 0.9 * (nb - g[i]) : nb;
+      EXPECT_NEAR(out[i], o, 1e-6);
+    }
+  }
+}
+
+TEST(CpuBackend, MomentumInBf16RoundsBuffer) {
+  std::vector<uint16_t> g = {FloatToBf16Bits(1.0f), FloatToBf16Bits(-3.0f)};
+  std::vector<uint16_t> b = {FloatToBf16Bits(0.5f), FloatToBf16Bits(0.25f)};
+  std::vector<float> out(2);
+  MomentumArgs a;
+  a.grad_dtype = DType::kBF16;
+  a.grad = g.data();
+  a.buf_dtype = DType::kBF16;
+  a.buf = b.data();
+  a.n = 2;
+  a.momentum = 0.95;
+  a.out = out.data();
+  CpuBackend be;
+  ASSERT_TRUE(be.Momentum(a).ok());
+  for (int i = 0; i < 2; ++i) {
+    const float gf = Bf16BitsToFloat(g[i]);
+    const float bf = Bf16BitsToFloat(b[i]);
+    EXPECT_EQ(FloatBits(bf) & 0xffffu, 0u);
+    EXPECT_EQ(FloatBits(out[i]) & 0xffffu, 0u);
+    EXPECT_NEAR(out[i], gf + 0.95 * (bf - gf), 0.02);
+  }
+  EXPECT_NEAR(Bf16BitsToFloat(b[0]), 0.5 + 0.05 * 0.5, 0.005);
+}
+
+TEST(CpuBackend, ApplyDecaysThenSteps) {
+  std::vector<float> p = {1.0f, -2.0f, 0.5f};
+  std::vector<float> u = {0.5f, 0.25f, -1.0f};
+  ApplyArgs a;
+  a.param = p.data();
+  a.n = 3;
+  a.update = u.data();
+  a.decay = 1.0 - 0.1 * 0.5;
+  a.lr_adjusted = 0.2;
+  CpuBackend be;
+  ASSERT_TRUE(be.Apply(a).ok());
+  EXPECT_FLOAT_EQ(p[0], 1.0f * 0.95f - 0.2f * 0.5f);
+  EXPECT_FLOAT_EQ(p[1], -2.0f * 0.95f - 0.2f * 0.25f);
+  EXPECT_FLOAT_EQ(p[2], 0.5f * 0.95f + 0.2f);
+}
+
+TEST(CpuBackend, ApplyInF16RoundsToHalf) {
+  std::vector<uint16_t> p = {FloatToF16Bits(1.0f)};
+  std::vector<float> u = {3e-4f};
+  ApplyArgs a;
+  a.param_dtype = DType::kF16;
+  a.param = p.data();
+  a.n = 1;
+  a.update = u.data();
+  a.decay = 1.0;
+  a.lr_adjusted = 1.0;
+  CpuBackend be;
+  ASSERT_TRUE(be.Apply(a).ok());
+  // Half spacing below 1 is 2^-11: 1 - 3e-4 is nearest to 1 - 2^-11.
+  EXPECT_EQ(F16BitsToFloat(p[0]), 1.0f - std::ldexp(1.0f, -11));
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,59 @@
+#include "muon/math/ns_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace muon {
+
+std::vector<NsCoefficients> PolarExpressCoefficients() {
+  // Degree-5 minimax polynomials from "The Polar Express" (arXiv:2505.16932).
+  const std::vector<NsCoefficients> raw = {
+      {8.28721201814563, -23.595886519098837, 17.300387312530933},
+      {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
+      {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
+      {3.3184196573706015, -2.488488024314874, 0.51004894012372},
+      {2.300652019954817, -1.6689039845747493, 0.4188073119525673},
+      {1.891301407787398, -1.2679958271945868, 0.37680408948524835},
+      {1.8750014808534479, -1.2500016453999487, 0.3750001645474248},
+      {1.875, -1.25, 0.375},
+  };
+  // The safety factor keeps bf16 round-off from pushing singular values past
+  // the polynomial's fixed point: p(x / s) with s = 1.01.
+  const double s = 1.01;
+  std::vector<NsCoefficients> out = raw;
+  for (size_t i = 0; i + 1 < out.size(); ++i) {
+    out[i] = {raw[i][0] / s, raw[i][1] / (s * s * s), raw[i][2] / (s * s * s * s * s)};
+  }
+  return out;
+}
+
+absl::Status ValidateNsConfig(const NsConfig& config) {
+  if (config.steps < 0 || config.steps >= 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_steps: ", config.steps, " is out of range; it must be in [0, 100)"));
+  }
+  if (!(config.eps > 0) || !std::isfinite(config.eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eps: ", config.eps, " must be a positive finite number"));
+  }
+  if (config.coefficients.empty()) {
+    return absl::InvalidArgumentError("ns coefficients: the table has no rows");
+  }
+  for (size_t i = 0; i < config.coefficients.size(); ++i) {
+    for (double v : config.coefficients[i]) {
+      if (!std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ns coefficients: row ", i, " holds a non-finite value"));
+      }
+    }
+  }
+  if (config.dtype != NsDtype::kBF16 && config.dtype != NsDtype::kFP32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_dtype: unknown value ", static_cast<int>(config.dtype),
+        "; use MUON_NS_DTYPE_BF16 (0) or MUON_NS_DTYPE_FP32 (1)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,40 @@
+// What one Newton-Schulz orthogonalization computes: the iteration count, the
+// (a, b, c) coefficients of each iteration, the norm clamp and the dtype.
+#ifndef MUON_MATH_NS_CONFIG_H_
+#define MUON_MATH_NS_CONFIG_H_
+
+#include <array>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace muon {
+
+enum class NsDtype { kBF16 = 0, kFP32 = 1 };
+
+using NsCoefficients = std::array<double, 3>;  // (a, b, c)
+
+struct NsConfig {
+  int steps = 5;
+  // Row i holds iteration i's coefficients; iterations past the end reuse the
+  // last row. Never empty once validated.
+  std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
+  double eps = 1e-7;
+  NsDtype dtype = NsDtype::kBF16;
+
+  const NsCoefficients& ForIteration(int i) const {
+    return coefficients[static_cast<size_t>(i) < coefficients.size() ? i
+                                                                     : coefficients.size() - 1];
+  }
+};
+
+// The Polar Express coefficients for degree-5 polynomials (the published
+// table, with its 1.01 safety factor applied to every row but the last).
+std::vector<NsCoefficients> PolarExpressCoefficients();
+
+// Checks steps in [0, 100), eps > 0 and finite, a non-empty finite table.
+absl::Status ValidateNsConfig(const NsConfig& config);
+
+}  // namespace muon
+
+#endif  // MUON_MATH_NS_CONFIG_H_

@@ -1,0 +1,62 @@
+#include "muon/math/ns_config.h"
+
+#include "gtest/gtest.h"
+
+namespace muon {
+namespace {
+
+TEST(NsConfig, DefaultsAreTorchs) {
+  NsConfig c;
+  EXPECT_EQ(c.steps, 5);
+  EXPECT_EQ(c.eps, 1e-7);
+  EXPECT_EQ(c.dtype, NsDtype::kBF16);
+  EXPECT_EQ(c.ForIteration(0), (NsCoefficients{3.4445, -4.7750, 2.0315}));
+  EXPECT_EQ(c.ForIteration(4), c.ForIteration(0));
+  EXPECT_TRUE(ValidateNsConfig(c).ok());
+}
+
+TEST(NsConfig, TableRowsThenLastRow) {
+  NsConfig c;
+  c.coefficients = {{1, 2, 3}, {4, 5, 6}};
+  EXPECT_EQ(c.ForIteration(0), (NsCoefficients{1, 2, 3}));
+  EXPECT_EQ(c.ForIteration(1), (NsCoefficients{4, 5, 6}));
+  EXPECT_EQ(c.ForIteration(7), (NsCoefficients{4, 5, 6}));
+}
+
+TEST(NsConfig, PolarExpressPreset) {
+  auto pe = PolarExpressCoefficients();
+  ASSERT_EQ(pe.size(), 8u);
+  // First row: published (8.2872..., -23.5958..., 17.3003...) over (1.01, 1.01^3, 1.01^5).
+  EXPECT_NEAR(pe[0][0], 8.28721201814563 / 1.01, 1e-12);
+  EXPECT_NEAR(pe[0][1], -23.595886519098837 / (1.01 * 1.01 * 1.01), 1e-12);
+  EXPECT_NEAR(pe[0][2], 17.300387312530933 / (1.01 * 1.01 * 1.01 * 1.01 * 1.01), 1e-12);
+  // The last row is the fixed point's polynomial, without the safety factor.
+  EXPECT_EQ(pe[7], (NsCoefficients{1.875, -1.25, 0.375}));
+  // The last polynomial p(x) = a x + b x^3 + c x^5 has 1 as its fixed point.
+  EXPECT_EQ(pe[7][0] + pe[7][1] + pe[7][2], 1.0);
+  // The first one inflates small singular values the most.
+  for (size_t i = 1; i < pe.size(); ++i) EXPECT_GT(pe[0][0], pe[i][0]);
+}
+
+TEST(NsConfig, Validation) {
+  NsConfig c;
+  c.steps = 100;
+  EXPECT_NE(ValidateNsConfig(c).message().find("ns_steps"), std::string::npos);
+  c.steps = -1;
+  EXPECT_FALSE(ValidateNsConfig(c).ok());
+  c = NsConfig();
+  c.eps = 0;
+  EXPECT_NE(ValidateNsConfig(c).message().find("eps"), std::string::npos);
+  c = NsConfig();
+  c.coefficients.clear();
+  EXPECT_FALSE(ValidateNsConfig(c).ok());
+  c = NsConfig();
+  c.coefficients[0][1] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(ValidateNsConfig(c).ok());
+  c = NsConfig();
+  c.steps = 99;
+  EXPECT_TRUE(ValidateNsConfig(c).ok());
+}
+
+}  // namespace
+}  // namespace muon
