@@ -44,6 +44,7 @@ class Reader {
     return at;
   }
   bool AtEnd() const { return p_ == end_; }
+  size_t Remaining() const { return static_cast<size_t>(end_ - p_); }
 
  private:
   const unsigned char* p_;
@@ -51,7 +52,7 @@ class Reader {
 };
 
 absl::Status Truncated(const std::string& where) {
-  return absl::InvalidArgumentError(absl::StrCat("state blob: truncated at ", where));
+  return absl::InvalidArgumentError(absl::StrCat(where, ": the blob ends too early (truncated)"));
 }
 
 }  // namespace
@@ -95,7 +96,7 @@ absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
   ParsedState out;
   uint64_t count = 0;
   if (!r.Get(&format) || !r.Get(&reserved) || !r.Get(&out.step_count) || !r.Get(&count)) {
-    return Truncated("the header");
+    return Truncated("state blob header");
   }
   if (format != kFormat) {
     return absl::InvalidArgumentError(
@@ -123,6 +124,8 @@ absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
     uint16_t pad = 0;
     uint32_t ndim = 0;
     if (!r.Get(&dtype) || !r.Get(&view) || !r.Get(&pad) || !r.Get(&ndim)) return Truncated(who);
+    // A corrupted ndim must not allocate: the dims have to be in the blob.
+    if (ndim > r.Remaining() / sizeof(int64_t)) return Truncated(who);
     std::vector<int64_t> shape(ndim);
     for (auto& d : shape) {
       if (!r.Get(&d)) return Truncated(who);

@@ -63,10 +63,27 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
   }
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, std::move(param_name), view,
                                            options_.momentum_fp32));
+  // Overlapping storage would be updated twice (or a grad overwritten by the
+  // step): refuse it, naming both tensors.
+  auto overlaps = [](const TensorView& a, const TensorView& b) {
+    const char* a0 = static_cast<const char*>(a.data);
+    const char* b0 = static_cast<const char*>(b.data);
+    return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  };
+  if (overlaps(p.value, p.grad)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param '", p.name, "': param and grad share storage"));
+  }
   for (const Param& q : params_) {
-    if (q.value.data == p.value.data && p.value.nbytes() > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "param '", p.name, "': its storage is already registered as param '", q.name, "'"));
+    for (const TensorView* mine : {&p.value, &p.grad}) {
+      for (const TensorView* theirs : {&q.value, &q.grad}) {
+        if (overlaps(*mine, *theirs)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
+              " storage overlaps the ", theirs == &q.value ? "param" : "grad",
+              " of param '", q.name, "'"));
+        }
+      }
     }
   }
   try {

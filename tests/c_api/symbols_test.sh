@@ -1,0 +1,66 @@
+#!/bin/bash
+# The shared library exports the C API and nothing else, every function the
+# header declares is exported, and the SONAME is libmuon.so.1.
+#
+# Usage: symbols_test.sh <path to libmuon.so> <path to capi/muon.h>
+set -euo pipefail
+
+lib="$1"
+header="$2"
+fail=0
+
+for tool in nm readelf; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "FAIL: $tool (binutils) is not on PATH" >&2
+    exit 1
+  fi
+done
+
+defined="$(nm -D --defined-only "$lib" | awk 'NF >= 3 { print $3 }' | sed 's/@.*//' | sort -u)"
+if [[ -z "$defined" ]]; then
+  echo "FAIL: nm -D found no defined dynamic symbols in $lib" >&2
+  exit 1
+fi
+
+# 1. Only muon_* leaves the library.
+stray="$(grep -v '^muon_' <<<"$defined" || true)"
+if [[ -n "$stray" ]]; then
+  echo "FAIL: $lib exports symbols outside the muon_ namespace:" >&2
+  sed 's/^/  /' <<<"$stray" >&2
+  fail=1
+fi
+
+# 2. Every MUON_API function of the header is exported (as code).
+declared="$(grep '^MUON_API ' "$header" | grep -o 'muon_[a-z0-9_]*(' | tr -d '(' | sort -u)"
+n_declared="$(grep -c . <<<"$declared" || true)"
+if (( n_declared < 20 )); then
+  echo "FAIL: found only $n_declared MUON_API functions in $header; is the scan broken?" >&2
+  fail=1
+fi
+functions="$(nm -D --defined-only "$lib" | awk 'NF >= 3 && $2 == "T" { print $3 }' | sed 's/@.*//')"
+while read -r name; do
+  if ! grep -qx "$name" <<<"$functions"; then
+    echo "FAIL: $name is declared in muon.h but not exported as a function" >&2
+    fail=1
+  fi
+done <<<"$declared"
+
+# And nothing is exported that the header does not declare.
+while read -r name; do
+  if ! grep -qx "$name" <<<"$declared"; then
+    echo "FAIL: $name is exported but not declared in muon.h" >&2
+    fail=1
+  fi
+done <<<"$defined"
+
+# 3. SONAME.
+soname="$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')"
+if [[ "$soname" != "libmuon.so.1" ]]; then
+  echo "FAIL: SONAME is '$soname', expected libmuon.so.1" >&2
+  fail=1
+fi
+
+if (( fail )); then
+  exit 1
+fi
+echo "symbols_test: $n_declared functions exported, nothing else; SONAME $soname"
