@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Runs every test: the whole suite, then the C/C++ unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.
-set -euo pipefail
+# AddressSanitizer + UndefinedBehaviorSanitizer. Ends with "N passed, N failed".
+set -uo pipefail
 cd "$(dirname "$0")/.."
-bash tools/deps.sh
+bash tools/deps.sh || exit 1
 
-# CI and small machines: keep Bazel's memory and parallelism modest.
-BAZEL_FLAGS=(--noshow_progress)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+rc=0
 
 echo "== all tests"
-bazel test "${BAZEL_FLAGS[@]}" //...
+bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 
 echo "== C/C++ unit tests under ASan + UBSan"
-bazel test "${BAZEL_FLAGS[@]}" --config=asan --test_tag_filters=-no_asan -- //muon/... //tests/c_api/...
+bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
+  //muon/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
+
+passed=$(grep -cE '^//.* PASSED' "$log")
+failed=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
+[ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1   # a build error counts as a failure
+echo "${passed} passed, ${failed} failed"
+exit "$rc"

@@ -1,0 +1,217 @@
+"""Loads libmuon.so and declares its C ABI (capi/muon.h) for ctypes.
+
+Search order for the shared library:
+  1. the path in the environment variable MUON_LIBRARY;
+  2. libmuon.so next to this package (an installed copy);
+  3. bazel-bin/libmuon.so in the repository this package sits in, or
+     libmuon.so at its root (the layout of a Bazel runfiles tree);
+  4. the system loader: ctypes.util.find_library("muon"), then libmuon.so.1.
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+# ---------------------------------------------------------------------------
+# DLPack (dlpack/dlpack.h)
+# ---------------------------------------------------------------------------
+
+kDLCPU = 1
+kDLCUDA = 2
+
+kDLInt = 0
+kDLUInt = 1
+kDLFloat = 2
+kDLBfloat = 4
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [
+        ("device_type", ctypes.c_int32),  # DLDeviceType (a C enum: int)
+        ("device_id", ctypes.c_int32),
+    ]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+    ]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# libmuon (capi/muon.h)
+# ---------------------------------------------------------------------------
+
+STATUS_NAMES = {
+    0: "OK",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
+}
+STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
+
+ADJUST_LR_ORIGINAL = 0
+ADJUST_LR_MATCH_RMS_ADAMW = 1
+ADJUST_LR_NONE = 2
+
+NS_DTYPE_BF16 = 0
+NS_DTYPE_FP32 = 1
+
+NS_COEFFICIENTS_FIXED = 0
+NS_COEFFICIENTS_TABLE = 1
+NS_COEFFICIENTS_POLAR_EXPRESS = 2
+
+MATRIX_VIEW_2D = 0
+MATRIX_VIEW_FLATTEN_TRAILING = 1
+MATRIX_VIEW_BATCHED_LEADING = 2
+
+
+class muon_options_t(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("lr", ctypes.c_double),
+        ("weight_decay", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("nesterov", ctypes.c_int32),
+        ("ns_steps", ctypes.c_int32),
+        ("ns_a", ctypes.c_double),
+        ("ns_b", ctypes.c_double),
+        ("ns_c", ctypes.c_double),
+        ("eps", ctypes.c_double),
+        ("ns_coefficients", ctypes.c_int32),
+        ("ns_table_rows", ctypes.c_int32),
+        ("ns_table", ctypes.POINTER(ctypes.c_double)),
+        ("adjust_lr", ctypes.c_int32),
+        ("ns_dtype", ctypes.c_int32),
+        ("momentum_fp32", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+class muon_param_options_t(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p),
+        ("matrix_view", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+class muon_optimizer(ctypes.Structure):
+    """Incomplete C struct; only pointers to it are used."""
+
+
+opt_p = ctypes.POINTER(muon_optimizer)
+status_t = ctypes.c_int  # muon_status_t is a C enum
+
+# name: (restype, argtypes), in the order of capi/muon.h.
+_SIGNATURES = {
+    "muon_status_string": (ctypes.c_char_p, [status_t]),
+    "muon_last_error_message": (ctypes.c_char_p, []),
+    "muon_get_version": (None, [ctypes.POINTER(ctypes.c_int32)] * 3),
+    "muon_options_init": (status_t, [ctypes.POINTER(muon_options_t), ctypes.c_size_t]),
+    "muon_sizeof_options": (ctypes.c_size_t, []),
+    "muon_sizeof_param_options": (ctypes.c_size_t, []),
+    "muon_create": (status_t, [ctypes.POINTER(muon_options_t), ctypes.POINTER(opt_p)]),
+    "muon_destroy": (None, [opt_p]),
+    "muon_get_options": (status_t, [opt_p, ctypes.POINTER(muon_options_t)]),
+    "muon_set_lr": (status_t, [opt_p, ctypes.c_double]),
+    "muon_set_weight_decay": (status_t, [opt_p, ctypes.c_double]),
+    "muon_set_momentum": (status_t, [opt_p, ctypes.c_double]),
+    "muon_param_options_init": (
+        status_t, [ctypes.POINTER(muon_param_options_t), ctypes.c_size_t]),
+    "muon_register_param": (
+        status_t,
+        [opt_p, ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor),
+         ctypes.POINTER(muon_param_options_t), ctypes.POINTER(ctypes.c_int64)]),
+    "muon_num_params": (status_t, [opt_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "muon_step": (status_t, [opt_p, ctypes.c_void_p]),
+    "muon_step_count": (status_t, [opt_p, ctypes.POINTER(ctypes.c_int64)]),
+    "muon_get_state_dtype": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLDataType)]),
+    "muon_get_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
+    "muon_set_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
+    "muon_save_state": (
+        status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "muon_load_state": (status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t]),
+}
+
+
+def _candidates():
+    """(description, path-or-name) pairs, in search order."""
+    env = os.environ.get("MUON_LIBRARY")
+    if env:
+        yield "MUON_LIBRARY", env
+        return  # an explicit choice is not second-guessed
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield "next to the package", os.path.join(here, "libmuon.so")
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # capi/python/muon
+    yield "the repository's bazel-bin", os.path.join(repo_root, "bazel-bin", "libmuon.so")
+    yield "the Bazel runfiles root", os.path.join(repo_root, "libmuon.so")
+    found = ctypes.util.find_library("muon")
+    if found:
+        yield "the system loader", found
+    yield "the system loader", "libmuon.so.1"
+
+
+def _load():
+    tried = []
+    for where, path in _candidates():
+        is_file_path = os.sep in path
+        if is_file_path and not os.path.exists(path):
+            tried.append("%s (%s): not found" % (path, where))
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append("%s (%s): %s" % (path, where, e))
+    raise ImportError(
+        "muon: cannot load libmuon.so. Build it with `bazel build //:libmuon.so` or set "
+        "MUON_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried))
+
+
+def _declare(lib):
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError("muon: %s does not export %s; it does not match these bindings"
+                              % (lib._name, name)) from None
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def _check_struct_sizes(lib):
+    for struct, fn in ((muon_options_t, lib.muon_sizeof_options),
+                       (muon_param_options_t, lib.muon_sizeof_param_options)):
+        ours, theirs = ctypes.sizeof(struct), fn()
+        if ours != theirs:
+            raise ImportError(
+                "muon: the ctypes mirror of %s has %d bytes but %s says %d; the bindings do not "
+                "match this library build" % (struct.__name__, ours, lib._name, theirs))
+
+
+lib, path = _load()
+_declare(lib)
+_check_struct_sizes(lib)

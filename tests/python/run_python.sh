@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the Python interpreter on its arguments with the ctypes package importable
+# and MUON_LIBRARY pointing at the built libmuon.so, from a Bazel test's runfiles
+# (or from the repository root). The interpreter is $MUON_PYTHON, by default
+# /usr/bin/python3 (it needs numpy, and torch for most tests; forward a
+# different one with --test_env=MUON_PYTHON=...).
+#
+#   run_python.sh -m pytest -q tests/python/parity_test.py
+#   run_python.sh examples/python/quickstart.py
+set -euo pipefail
+
+root="${TEST_SRCDIR:+${TEST_SRCDIR}/${TEST_WORKSPACE}}"
+root="${root:-$(pwd)}"
+
+if [[ -n "${MUON_LIBRARY:-}" && "${MUON_LIBRARY}" != /* ]]; then
+  MUON_LIBRARY="$(pwd)/${MUON_LIBRARY#./}"  # $(rootpath) is relative to the runfiles root
+fi
+if [[ -z "${MUON_LIBRARY:-}" && -e "${root}/libmuon.so" ]]; then
+  MUON_LIBRARY="${root}/libmuon.so"
+fi
+export MUON_LIBRARY
+
+export PYTHONPATH="${root}/capi/python${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONDONTWRITEBYTECODE=1
+# The outputs directory of a Bazel test, or a scratch one: keeps pytest and
+# torch from writing caches into the runfiles tree or the home directory.
+export HOME="${TEST_TMPDIR:-${HOME:-/tmp}}"
+
+exec "${MUON_PYTHON:-/usr/bin/python3}" "$@"
