@@ -33,28 +33,51 @@ def _maybe(rule, name, **kwargs):
     if not native.existing_rule(name):
         rule(name = name, **kwargs)
 
+def _shim_repo_impl(ctx):
+    # Offline stand-ins for the rule sets Bazel 4 asks for by default. The
+    # files come from //third_party/shims, so this works from any workspace.
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+    ctx.file("BUILD.bazel", "")
+    for label, dest in ctx.attr.files.items():
+        ctx.template(dest, label, {}, executable = dest.endswith(".sh"))
+    for pkg in ctx.attr.empty_packages:
+        ctx.file(pkg + "/BUILD.bazel", "")
+
+_shim_repo = repository_rule(
+    implementation = _shim_repo_impl,
+    attrs = {
+        "files": attr.label_keyed_string_dict(allow_files = True),
+        "empty_packages": attr.string_list(),
+    },
+)
+
 def muon_dependencies():
     _maybe(
-        native.local_repository,
+        _shim_repo,
         name = "rules_cc",
-        path = "third_party/shims/rules_cc",
+        files = {Label("//third_party/shims:rules_cc.defs.bzl"): "cc/defs.bzl"},
+        empty_packages = ["cc"],
     )
     _maybe(
-        native.local_repository,
+        _shim_repo,
         name = "rules_java",
-        path = "third_party/shims/rules_java",
+        files = {Label("//third_party/shims:rules_java.defs.bzl"): "java/defs.bzl"},
+        empty_packages = ["java"],
     )
     _maybe(
-        native.local_repository,
+        _shim_repo,
         name = "remote_coverage_tools",
-        path = "third_party/shims/remote_coverage_tools",
+        files = {
+            Label("//third_party/shims:remote_coverage_tools.BUILD"): "BUILD.bazel",
+            Label("//third_party/shims:coverage_stub.sh"): "stub.sh",
+        },
     )
     _maybe(
         system_library,
         name = "com_google_absl",
         headers = ["absl"],
         lib_patterns = ["libabsl_*.so"],
-        build_file = "//third_party/absl:absl.BUILD",
+        build_file = Label("//third_party/absl:absl.BUILD"),
         targets = _ABSL_TARGETS,
         headers_target = "absl_headers",
         package_hint = "libabsl-dev",
@@ -64,7 +87,7 @@ def muon_dependencies():
         name = "com_google_googletest",
         headers = ["gtest", "gmock"],
         lib_patterns = ["libgtest.a", "libgtest_main.a"],
-        build_file = "//third_party/gtest:gtest.BUILD",
+        build_file = Label("//third_party/gtest:gtest.BUILD"),
         package_hint = "libgtest-dev",
     )
     _maybe(
@@ -80,14 +103,14 @@ def muon_dependencies():
             "/usr/include",
         ],
         lib_patterns = ["libopenblas.so"],
-        build_file = "//third_party/openblas:openblas.BUILD",
+        build_file = Label("//third_party/openblas:openblas.BUILD"),
         package_hint = "libopenblas-dev",
     )
     _maybe(
         system_library,
         name = "dlpack",
         headers = ["dlpack/dlpack.h"],
-        build_file = "//third_party/dlpack:dlpack.BUILD",
+        build_file = Label("//third_party/dlpack:dlpack.BUILD"),
         package_hint = "libdlpack-dev",
     )
     _maybe(cuda_configure, name = "local_cuda")

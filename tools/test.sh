@@ -16,6 +16,9 @@ echo "== C/C++ unit tests under ASan + UBSan"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
   //muon/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
 
+echo "== libmuon as a dependency of another Bazel workspace"
+bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1
+
 passed=$(grep -cE '^//.* PASSED' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
 [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1   # a build error counts as a failure
