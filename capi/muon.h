@@ -58,7 +58,7 @@ extern "C" {
 #endif
 
 #define MUON_VERSION_MAJOR 0
-#define MUON_VERSION_MINOR 1
+#define MUON_VERSION_MINOR 2
 #define MUON_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */
@@ -125,6 +125,32 @@ typedef enum muon_ns_coefficients_t {
   MUON_NS_COEFFICIENTS_POLAR_EXPRESS = 2
 } muon_ns_coefficients_t;
 
+/* Who orthogonalizes each matrix (distributed engine). Every choice names
+ * only ranks that hold a piece of the matrix, and gives each matrix to
+ * exactly one rank. */
+typedef enum muon_assignment_t {
+  /* Greedy, largest Newton-Schulz cost first, to the least loaded holder. */
+  MUON_ASSIGNMENT_BALANCED = 0,
+  /* Matrix i (in the global order) to holder i mod (number of holders). */
+  MUON_ASSIGNMENT_ROUND_ROBIN = 1,
+  /* options->assign_fn decides. */
+  MUON_ASSIGNMENT_CUSTOM = 2
+} muon_assignment_t;
+
+/* One matrix of the job, as the custom assignment sees it. Matrices are
+ * ordered by parameter name, then by index within the parameter's matrix
+ * view. Pointers are valid during the callback only. */
+typedef struct muon_matrix_info_t {
+  const char* param_name;
+  int64_t index;            /* matrix index within the parameter (batched views) */
+  int64_t rows;
+  int64_t cols;
+  double ns_flops;          /* cost of one orthogonalization */
+  const int32_t* holders;   /* world ranks holding a piece, ascending */
+  int32_t num_holders;
+  int32_t reserved0;
+} muon_matrix_info_t;
+
 typedef struct muon_options_t {
   size_t struct_size;     /* sizeof(muon_options_t), set by muon_options_init */
   double lr;              /* learning rate, >= 0. Default 1e-3 */
@@ -145,6 +171,24 @@ typedef struct muon_options_t {
    * Zero (default): momentum has the gradient's dtype, as in torch. */
   int32_t momentum_fp32;
   int32_t reserved0;       /* must be 0 */
+  /* ---- 0.2: distributed engine (ignored without a world communicator) ---- */
+  int32_t assignment;      /* muon_assignment_t: who orthogonalizes each matrix. Default BALANCED */
+  int32_t prefetch_count;  /* rounds whose exchange runs ahead of the math, >= 0. Default 1 */
+  /* Nonzero (default): every owner computes in the same round. Zero with
+   * prefetch_count 0: one matrix at a time in a fixed order (debug mode).
+   * Results are bit-identical for every setting. */
+  int32_t async_parallelism;
+  int32_t reserved1;       /* must be 0 */
+  /* Upper bound of the fp32 working memory one round may gather on a rank,
+   * in bytes (0: 256 MiB). A matrix larger than this still goes, alone. */
+  size_t round_bytes;
+  /* MUON_ASSIGNMENT_CUSTOM only: called once, at the first step, on every
+   * rank with the same table; must write owners[i] (a world rank that holds
+   * matrix i) for every i and return MUON_OK. The same answer is required on
+   * every rank (checked). */
+  muon_status_t (*assign_fn)(void* assign_state, size_t num_matrices,
+                             const struct muon_matrix_info_t* matrices, int32_t* owners);
+  void* assign_state;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
@@ -196,11 +240,55 @@ typedef enum muon_matrix_view_t {
   MUON_MATRIX_VIEW_BATCHED_LEADING = 2
 } muon_matrix_view_t;
 
+/* Distributed layouts: how the global tensor is split down to this rank's
+ * piece. Placements apply in order, from the global tensor to the local one;
+ * each one is over a group (a communicator added with muon_add_group or the
+ * world). Groups a parameter does not mention are independent for it: a
+ * parameter registered on some ranks only (expert parallel, pipeline stages)
+ * lives only there. */
+typedef enum muon_placement_kind_t {
+  /* Split dimension `dim` of the current tensor over the group's ranks. */
+  MUON_PLACEMENT_SHARD = 0,
+  /* This rank holds elements [start, start + length) of the current tensor's
+   * row-major flattening (possibly empty): ZeRO, FSDP1 flat parameters,
+   * Megatron's distributed optimizer. Other ranks' ranges must tile it. */
+  MUON_PLACEMENT_FLAT_RANGE = 1,
+  /* Every rank of the group holds the whole current tensor (DDP, CP, the
+   * replicate dimension of HSDP). Group rank 0's copy is the one sent. */
+  MUON_PLACEMENT_REPLICATE = 2
+} muon_placement_kind_t;
+
+typedef enum muon_split_t {
+  MUON_SPLIT_EVEN = 0,   /* size divisible by the group size; equal parts */
+  MUON_SPLIT_CHUNK = 1,  /* torch.chunk: ceil(size / n) each, tail short or empty */
+  MUON_SPLIT_SIZES = 2   /* explicit sizes, one per group rank */
+} muon_split_t;
+
+typedef struct muon_placement_t {
+  int32_t kind;          /* muon_placement_kind_t */
+  int32_t group;         /* group id */
+  int32_t dim;           /* SHARD: the dimension of the current tensor */
+  int32_t split;         /* SHARD: muon_split_t */
+  const int64_t* sizes;  /* SHARD with SPLIT_SIZES: group-size entries (copied) */
+  int64_t start;         /* FLAT_RANGE: this rank's first element */
+  int64_t length;        /* FLAT_RANGE: this rank's element count */
+} muon_placement_t;
+
 typedef struct muon_param_options_t {
   size_t struct_size;   /* sizeof(muon_param_options_t), set by muon_param_options_init */
-  const char* name;     /* optional, UTF-8, copied; used in error messages */
+  /* UTF-8, copied; used in error messages. With a world communicator it is
+   * the parameter's identity across ranks: required, and every rank holding
+   * a piece of the parameter registers it under the same name. */
+  const char* name;
   int32_t matrix_view;  /* muon_matrix_view_t. Default 2D */
   int32_t reserved0;    /* must be 0 */
+  /* ---- 0.2: distributed layout ---- */
+  /* The global tensor's shape (global_ndim entries, copied). global_ndim 0
+   * (default): the local tensor is the whole parameter. */
+  int32_t global_ndim;
+  int32_t num_placements;
+  const int64_t* global_shape;
+  const muon_placement_t* placements;  /* num_placements entries, copied */
 } muon_param_options_t;
 
 MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,
@@ -238,6 +326,115 @@ MUON_API muon_status_t muon_step(muon_optimizer_t* opt, void* stream);
 
 /* Number of completed steps. */
 MUON_API muon_status_t muon_step_count(const muon_optimizer_t* opt, int64_t* count);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators (distributed engine)                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Element types of reduce_scatter. */
+typedef enum muon_dtype_t {
+  MUON_DTYPE_FLOAT32 = 0,
+  MUON_DTYPE_BFLOAT16 = 1,
+  MUON_DTYPE_FLOAT16 = 2
+} muon_dtype_t;
+
+/* A communicator over one group of ranks, supplied by the host as a table of
+ * C function pointers (or filled by an adapter below). The library copies
+ * the table. Every collective is called with the same arguments' shapes on
+ * every rank of the group, in the same order; `stream` is the stream given
+ * to muon_step (NULL for CPU tensors; for GPU buffers the call must be
+ * stream-ordered on it). A callback returns MUON_OK or an error status; it
+ * may attach detail with muon_set_callback_error before returning.
+ *
+ * Threading: the library calls the collectives of one optimizer from the
+ * thread that calls muon_step (or, with prefetch_count > 0, from one helper
+ * thread of the optimizer while muon_step runs); calls on one group never
+ * overlap. `release` (optional) is called exactly once, when the last
+ * optimizer using the table is destroyed, or by muon_add_group/
+ * muon_set_world when they fail; the library never frees `ctx` otherwise. */
+typedef struct muon_comm_t {
+  size_t struct_size;  /* sizeof(muon_comm_t) */
+  void* ctx;           /* passed to every callback */
+  int32_t rank;        /* this rank's position in the group, 0 <= rank < size */
+  int32_t size;        /* ranks in the group, >= 1 */
+  /* recv (size * bytes) receives every rank's `bytes` bytes of send, rank r at r * bytes. */
+  muon_status_t (*all_gather)(void* ctx, const void* send, void* recv, size_t bytes,
+                              void* stream);
+  /* Sends send_bytes[p] bytes at send + send_offsets[p] to each rank p and
+   * receives recv_bytes[p] bytes from p at recv + recv_offsets[p]; arrays
+   * have `size` entries; a count may be 0. */
+  muon_status_t (*all_to_all_v)(void* ctx, const void* send, const size_t* send_bytes,
+                                const size_t* send_offsets, void* recv, const size_t* recv_bytes,
+                                const size_t* recv_offsets, void* stream);
+  /* buf (bytes) of rank `root` is copied to every rank's buf. */
+  muon_status_t (*broadcast)(void* ctx, void* buf, size_t bytes, int32_t root, void* stream);
+  /* send holds size * count elements of `dtype`; recv (count elements)
+   * receives the sum over ranks of block `rank`. */
+  muon_status_t (*reduce_scatter)(void* ctx, const void* send, void* recv, size_t count,
+                                  int32_t dtype, void* stream);
+  muon_status_t (*barrier)(void* ctx, void* stream);
+  void (*release)(void* ctx);
+} muon_comm_t;
+
+/* Called by a communicator callback (on the thread the library called it
+ * from) to attach a message to the error status it is about to return. The
+ * text is copied. */
+MUON_API void muon_set_callback_error(const char* message);
+
+/* The world: every rank taking part in this optimizer's step (all ranks of
+ * the job that register Muon parameters). Set once, before registering
+ * parameters with placements; also usable as a placement group (its id is
+ * written to *group_id). Without a world the optimizer is single-process. */
+MUON_API muon_status_t muon_set_world(muon_optimizer_t* opt, const muon_comm_t* world,
+                                      int32_t* group_id);
+
+/* Adds a group (TP, FSDP, DP, EP, ...) for placements; *group_id receives its
+ * id. Every rank of the world adds its groups in the same order (checked at
+ * the first step). */
+MUON_API muon_status_t muon_add_group(muon_optimizer_t* opt, const muon_comm_t* comm,
+                                      int32_t* group_id);
+
+/* What moved and what was computed, on this rank. */
+typedef struct muon_stats_t {
+  size_t struct_size;
+  int64_t steps;
+  /* Last step: */
+  int64_t bytes_sent;             /* payload this rank sent to other ranks */
+  int64_t bytes_received;         /* payload this rank received from other ranks */
+  int64_t collectives;            /* communicator calls issued */
+  int64_t rounds;                 /* exchange rounds */
+  int64_t matrices_orthogonalized;
+  double ns_flops;                /* Newton-Schulz FLOPs this rank computed */
+  /* Planned, the same every step: */
+  int64_t matrices_total;         /* matrices in the whole job */
+  int64_t matrices_owned;         /* of which this rank orthogonalizes */
+} muon_stats_t;
+
+MUON_API muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size);
+MUON_API muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t* stats);
+
+/* In-process communicators: N ranks as threads of one process (tests,
+ * single-process multi-GPU). The world object is shared by the threads;
+ * every member of a group calls muon_inprocess_comm with the same rank
+ * list, and gets its own table. Tables stay valid until released (an
+ * optimizer releases the tables it was given); the world is freed when it
+ * is destroyed and every table of it is released. */
+typedef struct muon_inprocess_world muon_inprocess_world_t;
+
+MUON_API muon_status_t muon_inprocess_world_create(int32_t size, muon_inprocess_world_t** out);
+MUON_API void muon_inprocess_world_destroy(muon_inprocess_world_t* world);
+
+/* Fills *out with world rank `rank`'s communicator over the group of world
+ * ranks `ranks[0 .. num_ranks)` (ranks == NULL: the whole world, in order);
+ * `rank` must be in the list; out->rank is its position there. */
+MUON_API muon_status_t muon_inprocess_comm(muon_inprocess_world_t* world, const int32_t* ranks,
+                                           int32_t num_ranks, int32_t rank, muon_comm_t* out);
+
+/* NCCL: fills *out with a communicator over the host's `ncclComm_t`
+ * (passed as void*), resolving NCCL's functions from the NCCL library the
+ * process has already loaded (never loading a second one). Fails with
+ * MUON_UNAVAILABLE when no NCCL is loaded. Buffers must be GPU memory. */
+MUON_API muon_status_t muon_comm_from_nccl(void* nccl_comm, muon_comm_t* out);
 
 /* ------------------------------------------------------------------------ */
 /* State (checkpoint and resume)                                             */

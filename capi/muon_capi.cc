@@ -9,7 +9,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "capi/capi_internal.h"
 #include "capi/muon.h"
+#include "muon/dist/comm.h"
 #include "muon/engine/optimizer.h"
 
 struct muon_optimizer {
@@ -18,59 +20,9 @@ struct muon_optimizer {
 
 namespace {
 
-thread_local std::string t_last_error;
-
-muon_status_t ToCode(absl::StatusCode code) {
-  const int c = static_cast<int>(code);
-  switch (c) {
-    case MUON_OK:
-    case MUON_CANCELLED:
-    case MUON_UNKNOWN:
-    case MUON_INVALID_ARGUMENT:
-    case MUON_NOT_FOUND:
-    case MUON_ALREADY_EXISTS:
-    case MUON_RESOURCE_EXHAUSTED:
-    case MUON_FAILED_PRECONDITION:
-    case MUON_OUT_OF_RANGE:
-    case MUON_UNIMPLEMENTED:
-    case MUON_INTERNAL:
-    case MUON_UNAVAILABLE:
-      return static_cast<muon_status_t>(c);
-    default:
-      return MUON_UNKNOWN;
-  }
-}
-
-muon_status_t Report(const char* fn, const absl::Status& s) {
-  if (s.ok()) {
-    t_last_error.clear();
-    return MUON_OK;
-  }
-  try {
-    t_last_error = absl::StrCat(fn, ": ", s.message());
-  } catch (...) {
-    t_last_error.clear();
-  }
-  return ToCode(s.code());
-}
-
-// Runs `body` (returning absl::Status); no exception leaves the library.
-template <typename Body>
-muon_status_t Guard(const char* fn, Body&& body) {
-  try {
-    return Report(fn, body());
-  } catch (const std::bad_alloc&) {
-    return Report(fn, absl::ResourceExhaustedError("out of host memory"));
-  } catch (const std::exception& e) {
-    return Report(fn, absl::InternalError(absl::StrCat("unexpected exception: ", e.what())));
-  } catch (...) {
-    return Report(fn, absl::InternalError("unexpected exception"));
-  }
-}
-
-absl::Status NullArg(const char* name) {
-  return absl::InvalidArgumentError(absl::StrCat(name, " is NULL"));
-}
+using muon::capi::Guard;
+using muon::capi::LastError;
+using muon::capi::NullArg;
 
 absl::Status CheckStructSize(const char* name, size_t given, size_t minimum) {
   if (given < minimum) {
@@ -82,8 +34,8 @@ absl::Status CheckStructSize(const char* name, size_t given, size_t minimum) {
 }
 
 // Sizes of the first published versions; structs only grow past these.
-constexpr size_t kOptionsV1Size = sizeof(muon_options_t);
-constexpr size_t kParamOptionsV1Size = sizeof(muon_param_options_t);
+constexpr size_t kOptionsV1Size = offsetof(muon_options_t, assignment);
+constexpr size_t kParamOptionsV1Size = offsetof(muon_param_options_t, global_ndim);
 
 // A copy of the caller's struct of `struct_size` bytes, filled to the size
 // this library knows with defaults (for callers built against an older header).
@@ -114,6 +66,10 @@ void DefaultOptions(muon_options_t* o) {
   o->adjust_lr = MUON_ADJUST_LR_ORIGINAL;
   o->ns_dtype = MUON_NS_DTYPE_BF16;
   o->momentum_fp32 = 0;
+  o->assignment = MUON_ASSIGNMENT_BALANCED;
+  o->prefetch_count = d.dist.prefetch_count;
+  o->async_parallelism = d.dist.async_parallelism ? 1 : 0;
+  o->round_bytes = static_cast<size_t>(d.dist.round_bytes);
 }
 
 void DefaultParamOptions(muon_param_options_t* o) {
@@ -167,8 +123,40 @@ absl::Status ToCoreOptions(const muon_options_t& c, muon::Options* out) {
   }
   o.adjust_lr = static_cast<muon::AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;
-  if (c.reserved0 != 0) {
-    return absl::InvalidArgumentError("options->reserved0 must be 0");
+  if (c.reserved0 != 0 || c.reserved1 != 0) {
+    return absl::InvalidArgumentError("options->reserved0 and reserved1 must be 0");
+  }
+  o.dist.prefetch_count = c.prefetch_count;
+  o.dist.async_parallelism = c.async_parallelism != 0;
+  o.dist.round_bytes = c.round_bytes == 0 ? (int64_t{256} << 20)
+                                          : static_cast<int64_t>(c.round_bytes);
+  o.dist.assignment = static_cast<muon::Assignment>(c.assignment);
+  if (c.assignment == MUON_ASSIGNMENT_CUSTOM && c.assign_fn != nullptr) {
+    auto fn = c.assign_fn;
+    void* state = c.assign_state;
+    o.dist.custom_assign = [fn, state](const std::vector<muon::MatrixInfo>& infos,
+                                       std::vector<int>* owners) -> absl::Status {
+      std::vector<muon_matrix_info_t> table(infos.size());
+      std::vector<std::vector<int32_t>> holders(infos.size());
+      for (size_t i = 0; i < infos.size(); ++i) {
+        holders[i].assign(infos[i].holders.begin(), infos[i].holders.end());
+        table[i] = muon_matrix_info_t{infos[i].param_name->c_str(), infos[i].index,
+                                      infos[i].rows, infos[i].cols, infos[i].ns_flops,
+                                      holders[i].data(),
+                                      static_cast<int32_t>(holders[i].size()), 0};
+      }
+      std::vector<int32_t> out(infos.size(), -1);
+      muon::TakeCallbackError();
+      const muon_status_t st = fn(state, table.size(), table.data(), out.data());
+      const std::string detail = muon::TakeCallbackError();
+      if (st != MUON_OK) {
+        return absl::Status(static_cast<absl::StatusCode>(st),
+                            absl::StrCat("assign_fn returned ", muon_status_string(st),
+                                         detail.empty() ? "" : ": ", detail));
+      }
+      owners->assign(out.begin(), out.end());
+      return absl::OkStatus();
+    };
   }
   absl::Status valid = muon::ValidateOptions(o);
   if (!valid.ok()) return absl::Status(valid.code(), absl::StrCat("options->", valid.message()));
@@ -210,7 +198,7 @@ const char* muon_status_string(muon_status_t status) {
   return "UNRECOGNIZED_STATUS";
 }
 
-const char* muon_last_error_message(void) { return t_last_error.c_str(); }
+const char* muon_last_error_message(void) { return LastError().c_str(); }
 
 void muon_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
   if (major) *major = MUON_VERSION_MAJOR;
@@ -304,6 +292,10 @@ muon_status_t muon_get_options(const muon_optimizer_t* opt, muon_options_t* out)
     c.adjust_lr = static_cast<int32_t>(o.adjust_lr);
     c.ns_dtype = o.ns.dtype == muon::NsDtype::kFP32 ? MUON_NS_DTYPE_FP32 : MUON_NS_DTYPE_BF16;
     c.momentum_fp32 = o.momentum_fp32 ? 1 : 0;
+    c.assignment = static_cast<int32_t>(o.dist.assignment);
+    c.prefetch_count = o.dist.prefetch_count;
+    c.async_parallelism = o.dist.async_parallelism ? 1 : 0;
+    c.round_bytes = static_cast<size_t>(o.dist.round_bytes);
     const size_t n = out->struct_size < sizeof c ? out->struct_size : sizeof c;
     const size_t caller_size = out->struct_size;
     std::memcpy(out, &c, n);
@@ -348,7 +340,55 @@ muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
       po = ReadVersioned(options, po);
       if (po.reserved0 != 0) return absl::InvalidArgumentError("options->reserved0 must be 0");
     }
-    auto id = opt->impl->RegisterParam(param, grad, po.name ? po.name : "", po.matrix_view);
+    muon::DistSpec spec;
+    const bool has_layout = po.global_ndim > 0 || po.num_placements > 0;
+    if (has_layout) {
+      const std::string who = absl::StrCat("param '", po.name ? po.name : "", "'");
+      if (po.global_ndim <= 0 || po.global_ndim > 16 || po.global_shape == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": options->global_ndim (", po.global_ndim, ") and global_shape must describe "
+            "the global tensor when placements are given"));
+      }
+      if (po.num_placements < 0 || po.num_placements > 64 ||
+          (po.num_placements > 0 && po.placements == nullptr)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": options->num_placements (", po.num_placements, ") and placements disagree"));
+      }
+      spec.global_shape.assign(po.global_shape, po.global_shape + po.global_ndim);
+      for (int32_t i = 0; i < po.num_placements; ++i) {
+        const muon_placement_t& c = po.placements[i];
+        muon::Placement p;
+        if (c.kind < 0 || c.kind > 2) {
+          return absl::InvalidArgumentError(absl::StrCat(who, ": placement ", i, " has unknown kind ",
+                                                         c.kind));
+        }
+        if (c.kind == MUON_PLACEMENT_SHARD && (c.split < 0 || c.split > 2)) {
+          return absl::InvalidArgumentError(absl::StrCat(who, ": placement ", i,
+                                                         " has unknown split ", c.split));
+        }
+        p.kind = static_cast<muon::PlacementKind>(c.kind);
+        p.group = c.group;
+        p.dim = c.dim;
+        p.split = static_cast<muon::ShardSplit>(c.split);
+        p.start = c.start;
+        p.length = c.length;
+        if (p.kind == muon::PlacementKind::kShard && p.split == muon::ShardSplit::kSizes) {
+          if (c.sizes == nullptr) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(who, ": placement ", i, " uses SPLIT_SIZES but sizes is NULL"));
+          }
+          auto group_size = opt->impl->GroupSize(c.group);
+          if (!group_size.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(who, ": placement ", i, ": ", group_size.status().message()));
+          }
+          p.sizes.assign(c.sizes, c.sizes + *group_size);
+        }
+        spec.placements.push_back(std::move(p));
+      }
+    }
+    auto id = opt->impl->RegisterParam(param, grad, po.name ? po.name : "", po.matrix_view,
+                                       has_layout ? &spec : nullptr);
     if (!id.ok()) return id.status();
     *param_id = *id;
     return absl::OkStatus();
@@ -365,10 +405,9 @@ muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* count) {
 }
 
 muon_status_t muon_step(muon_optimizer_t* opt, void* stream) {
-  (void)stream;  // CPU tensors: nothing to order on a stream
   return Guard("muon_step", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");
-    return opt->impl->Step();
+    return opt->impl->Step(stream);
   });
 }
 
@@ -377,6 +416,76 @@ muon_status_t muon_step_count(const muon_optimizer_t* opt, int64_t* count) {
     if (opt == nullptr) return NullArg("opt");
     if (count == nullptr) return NullArg("count");
     *count = opt->impl->step_count();
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_set_world(muon_optimizer_t* opt, const muon_comm_t* world,
+                             int32_t* group_id) {
+  return Guard("muon_set_world", [&]() -> absl::Status {
+    if (world == nullptr) return NullArg("world");
+    // From here on the library owns the table's release, even on failure.
+    auto comm = muon::Comm::Create(*world, "world");
+    if (!comm.ok()) {
+      if (world->release) world->release(world->ctx);
+      return comm.status();
+    }
+    if (opt == nullptr) return NullArg("opt");
+    if (group_id == nullptr) return NullArg("group_id");
+    auto id = opt->impl->SetWorld(*comm);
+    if (!id.ok()) return id.status();
+    *group_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_add_group(muon_optimizer_t* opt, const muon_comm_t* comm, int32_t* group_id) {
+  return Guard("muon_add_group", [&]() -> absl::Status {
+    if (comm == nullptr) return NullArg("comm");
+    const std::string name =
+        opt ? absl::StrCat("group ", opt->impl->num_groups()) : std::string("group");
+    auto group = muon::Comm::Create(*comm, name);
+    if (!group.ok()) {
+      if (comm->release) comm->release(comm->ctx);
+      return group.status();
+    }
+    if (opt == nullptr) return NullArg("opt");
+    if (group_id == nullptr) return NullArg("group_id");
+    auto id = opt->impl->AddGroup(*group);
+    if (!id.ok()) return id.status();
+    *group_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size) {
+  return Guard("muon_stats_init", [&]() -> absl::Status {
+    if (stats == nullptr) return NullArg("stats");
+    if (struct_size < sizeof(muon_stats_t)) {
+      return CheckStructSize("stats", struct_size, sizeof(muon_stats_t));
+    }
+    std::memset(stats, 0, struct_size);
+    stats->struct_size = struct_size;
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t* stats) {
+  return Guard("muon_get_stats", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (stats == nullptr) return NullArg("stats");
+    absl::Status size_ok = CheckStructSize("stats", stats->struct_size, sizeof(muon_stats_t));
+    if (!size_ok.ok()) return size_ok;
+    const muon::StepStats& s = opt->impl->stats();
+    stats->steps = s.steps;
+    stats->bytes_sent = s.bytes_sent;
+    stats->bytes_received = s.bytes_received;
+    stats->collectives = s.collectives;
+    stats->rounds = s.rounds;
+    stats->matrices_orthogonalized = s.matrices_orthogonalized;
+    stats->ns_flops = s.ns_flops;
+    stats->matrices_total = s.matrices_total;
+    stats->matrices_owned = s.matrices_owned;
     return absl::OkStatus();
   });
 }

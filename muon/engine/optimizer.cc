@@ -1,9 +1,11 @@
 #include "muon/engine/optimizer.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
-#include <map>
+#include <mutex>
 #include <new>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,18 +16,50 @@
 namespace muon {
 namespace {
 
-// Upper bound of one working batch (fp32 elements): same-shape parameters are
-// batched together until this size; a larger parameter goes alone.
-constexpr int64_t kMaxBatchElements = int64_t{64} << 20;  // 256 MiB
+// Settings every rank must share, compared in the handshake.
+std::string Fingerprint(const Options& o) {
+  std::string f = absl::StrCat("assignment=", static_cast<int>(o.dist.assignment),
+                               " prefetch=", o.dist.prefetch_count,
+                               " async=", o.dist.async_parallelism,
+                               " round_bytes=", o.dist.round_bytes, " ns_steps=", o.ns.steps,
+                               " ns_dtype=", static_cast<int>(o.ns.dtype), " eps=", o.ns.eps,
+                               " momentum_fp32=", o.momentum_fp32, " coefficients=");
+  for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
+  return f;
+}
+
+// A handshake message: this rank's fingerprint, then its description.
+std::string Frame(const std::string& fingerprint, const std::string& desc) {
+  std::string out;
+  const uint32_t n = static_cast<uint32_t>(fingerprint.size());
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);
+  out += fingerprint;
+  out += desc;
+  return out;
+}
+
+template <typename Fn>
+absl::Status Allocating(const char* what, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("muon_step: out of host memory for ", what));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
 Optimizer::Optimizer(const Options& options)
     : options_(options), backend_(std::make_unique<CpuBackend>()) {}
 
+Optimizer::~Optimizer() = default;
+
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const Options& options) {
   MUON_RETURN_IF_ERROR(ValidateOptions(options));
-  return std::unique_ptr<Optimizer>(new Optimizer(options));
+  auto opt = std::unique_ptr<Optimizer>(new Optimizer(options));
+  MUON_ASSIGN_OR_RETURN(opt->world_, Comm::Create(SelfCommTable(), "the single-process world"));
+  return opt;
 }
 
 absl::Status Optimizer::SetLr(double lr) {
@@ -46,9 +80,55 @@ absl::Status Optimizer::SetMomentum(double momentum) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> Optimizer::SetWorld(std::shared_ptr<Comm> world) {
+  if (distributed_) {
+    return absl::FailedPreconditionError("world: it is already set; set it once");
+  }
+  if (!params_.empty()) {
+    return absl::FailedPreconditionError(
+        "world: set it before registering parameters (their layouts refer to it)");
+  }
+  world_ = world;
+  distributed_ = true;
+  groups_.push_back(std::move(world));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+absl::StatusOr<int> Optimizer::AddGroup(std::shared_ptr<Comm> group) {
+  if (!distributed_) {
+    return absl::FailedPreconditionError(
+        "group: set the world communicator (muon_set_world) before adding groups");
+  }
+  if (!params_.empty()) {
+    return absl::FailedPreconditionError(
+        "group: add every group before registering parameters");
+  }
+  if (group->size() > world_->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(group->name(), ": has ", group->size(),
+                                                   " ranks, more than the world's ",
+                                                   world_->size()));
+  }
+  groups_.push_back(std::move(group));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+absl::StatusOr<int> Optimizer::GroupSize(int group) const {
+  if (group < 0 || group >= num_groups()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is not known (", num_groups(), " groups are)"));
+  }
+  return groups_[group]->size();
+}
+
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
-                                                 const std::string& name, int view) {
+                                                 const std::string& name, int view,
+                                                 const DistSpec* dist) {
   const int64_t id = static_cast<int64_t>(params_.size());
+  if (distributed_ && name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param ", id, ": a name is required with a world communicator (it identifies the "
+        "parameter across ranks)"));
+  }
   std::string param_name = name.empty() ? absl::StrCat("param", id) : name;
   if (planned_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -61,8 +141,30 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
           absl::StrCat("param '", param_name, "': a parameter with this name is registered"));
     }
   }
+  const std::string who = absl::StrCat("param '", param_name, "'");
+  if (dist != nullptr && !dist->placements.empty() && !distributed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": placements need a world communicator; call muon_set_world first"));
+  }
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, std::move(param_name), view,
-                                           options_.momentum_fp32));
+                                           options_.momentum_fp32,
+                                           dist ? &dist->global_shape : nullptr));
+  if (dist != nullptr) {
+    p.layout.global_shape = dist->global_shape;
+    p.layout.placements = dist->placements;
+    std::vector<int> sizes, coords;
+    for (const auto& g : groups_) {
+      sizes.push_back(g->size());
+      coords.push_back(g->rank());
+    }
+    MUON_ASSIGN_OR_RETURN(p.piece, ComputePiece(p.layout, sizes, coords, who));
+    if (p.piece.numel != p.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": the local tensor has ", p.numel(), " elements (shape ",
+          ShapeString(p.value.shape), ") but its layout gives this rank ", p.piece.numel,
+          " (shape ", ShapeString(p.piece.shape), ")"));
+    }
+  }
   // Overlapping storage would be updated twice (or a grad overwritten by the
   // step): refuse it, naming both tensors.
   auto overlaps = [](const TensorView& a, const TensorView& b) {
@@ -94,94 +196,267 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
   return id;
 }
 
-absl::Status Optimizer::BuildPlan() {
-  // Group matrices by shape, in order of first registration, so the plan
-  // (and with it the floating-point work) is the same on every run.
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_shape;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Param& p = params_[i];
-    auto key = std::make_pair(p.rows, p.cols);
-    if (by_shape.find(key) == by_shape.end()) shapes.push_back(key);
-    by_shape[key].push_back(i);
+absl::Status Optimizer::Setup(void* stream) {
+  // Group memberships, as world ranks.
+  RankDesc me;
+  me.world_rank = world_->rank();
+  for (auto& g : groups_) {
+    std::vector<int32_t> members(g->size());
+    const int32_t mine = world_->rank();
+    MUON_RETURN_IF_ERROR(
+        g->AllGather(&mine, members.data(), sizeof mine, stream, "setup: group membership"));
+    me.groups.emplace_back(members.begin(), members.end());
   }
-  std::vector<Chunk> chunks;
-  int64_t largest = 0;
-  for (const auto& shape : shapes) {
-    Chunk cur;
-    cur.rows = shape.first;
-    cur.cols = shape.second;
-    const int64_t per_matrix = cur.rows * cur.cols;
-    for (size_t i : by_shape[shape]) {
-      const int64_t m = params_[i].batch;
-      if (!cur.params.empty() && (cur.matrices + m) * per_matrix > kMaxBatchElements) {
-        chunks.push_back(cur);
-        cur.params.clear();
-        cur.matrices = 0;
+  for (const Param& p : params_) {
+    RankParamDesc d;
+    d.name = p.name;
+    d.param_dtype = static_cast<uint8_t>(p.value.dtype);
+    d.state_dtype = static_cast<uint8_t>(p.state_dtype);
+    d.view = static_cast<uint8_t>(p.view);
+    d.global_shape = p.global_shape;
+    d.layout = p.layout;
+    me.params.push_back(std::move(d));
+  }
+  // Handshake: every rank's description, padded to the longest.
+  const std::string mine = Frame(Fingerprint(options_), SerializeRankDesc(me));
+  const int n = world_->size();
+  std::vector<uint64_t> sizes(n);
+  const uint64_t my_size = mine.size();
+  MUON_RETURN_IF_ERROR(
+      world_->AllGather(&my_size, sizes.data(), sizeof my_size, stream, "setup: handshake"));
+  const uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  std::string padded = mine;
+  padded.resize(longest);
+  std::string all(longest * n, '\0');
+  MUON_RETURN_IF_ERROR(
+      world_->AllGather(padded.data(), &all[0], longest, stream, "setup: handshake"));
+
+  // Every rank now holds the same data and reaches the same verdict; a rank
+  // that fails alone (a custom assignment) still joins the digest exchange.
+  absl::Status built = [&]() -> absl::Status {
+    std::vector<RankDesc> ranks;
+    const std::string my_fp = Fingerprint(options_);
+    for (int r = 0; r < n; ++r) {
+      const std::string msg = all.substr(r * longest, sizes[r]);
+      uint32_t fl = 0;
+      if (msg.size() < 4) return absl::InternalError("setup: malformed handshake message");
+      std::memcpy(&fl, msg.data(), 4);
+      const std::string fp = msg.substr(4, fl);
+      if (fp != my_fp) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "setup: rank ", r, " runs with different optimizer options (", fp, ") than rank ",
+            world_->rank(), " (", my_fp, "); every rank must use the same options"));
       }
-      cur.params.push_back(i);
-      cur.matrices += m;
+      MUON_ASSIGN_OR_RETURN(RankDesc d,
+                            ParseRankDesc(msg.substr(4 + fl), absl::StrCat("rank ", r)));
+      ranks.push_back(std::move(d));
     }
-    chunks.push_back(cur);
+    PlanOptions po;
+    po.assignment = options_.dist.assignment;
+    po.custom = options_.dist.custom_assign;
+    po.async_parallelism = options_.dist.async_parallelism;
+    po.round_bytes = options_.dist.round_bytes;
+    po.ns_steps = options_.ns.steps;
+    MUON_ASSIGN_OR_RETURN(plan_, BuildPlan(ranks, world_->rank(), po));
+    return absl::OkStatus();
+  }();
+  struct Verdict {
+    uint64_t digest;
+    uint64_t failed;
+  } my_verdict{built.ok() ? plan_.digest : 0, built.ok() ? 0u : 1u};
+  std::vector<Verdict> verdicts(n);
+  MUON_RETURN_IF_ERROR(world_->AllGather(&my_verdict, verdicts.data(), sizeof my_verdict, stream,
+                                         "setup: plan check"));
+  if (!built.ok()) return built;
+  for (int r = 0; r < n; ++r) {
+    if (verdicts[r].failed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("setup: rank ", r, " could not build the plan (see its error)"));
+    }
+    if (verdicts[r].digest != plan_.digest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "setup: rank ", r, " computed a different plan than rank ", world_->rank(),
+          " (a custom assignment must give the same owners on every rank)"));
+    }
   }
-  for (const Chunk& c : chunks) largest = std::max(largest, c.matrices * c.rows * c.cols);
-  try {
-    batch_.resize(static_cast<size_t>(largest));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("muon_step: out of host memory for the ", largest, "-element working batch"));
-  }
+
+  // Tables and every buffer the step needs, allocated once.
+  const DType ns_wire = options_.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
+  tables_ = BuildRoundTables(plan_, world_->rank(), n, ns_wire);
+  int64_t most_slots = 0;
+  for (const RoundTable& t : tables_) most_slots = std::max(most_slots, t.slot_floats);
+  const size_t ring = static_cast<size_t>(options_.dist.prefetch_count) + 1;
+  MUON_RETURN_IF_ERROR(Allocating("the step's buffers", [&] {
+    updates_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) updates_[i].resize(params_[i].numel());
+    slots_.assign(std::min(ring, tables_.size() > 0 ? tables_.size() : size_t{1}),
+                  std::vector<float>(most_slots));
+    const size_t bytes = MaxExchangeBytes(tables_);
+    send_.resize(bytes);
+    recv_.resize(bytes);
+  }));
   auto* cpu = static_cast<CpuBackend*>(backend_.get());
-  for (const Chunk& c : chunks) MUON_RETURN_IF_ERROR(cpu->Reserve(c.rows, c.cols));
-  chunks_ = std::move(chunks);
+  for (const RoundTable& t : tables_) {
+    for (const ShapeBatch& b : t.batches) MUON_RETURN_IF_ERROR(cpu->Reserve(b.rows, b.cols));
+  }
+  stats_.matrices_total = static_cast<int64_t>(plan_.units.size());
+  stats_.matrices_owned = 0;
+  for (const Unit& u : plan_.units) stats_.matrices_owned += u.owner == world_->rank();
   planned_ = true;
   return absl::OkStatus();
 }
 
-absl::Status Optimizer::Step() {
-  if (params_.empty()) {
+absl::Status Optimizer::Orthogonalize(const RoundTable& t, float* slots) {
+  for (const ShapeBatch& b : t.batches) {
+    MUON_RETURN_IF_ERROR(
+        backend_->Orthogonalize(options_.ns, {slots + b.offset, b.count, b.rows, b.cols}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::RunRounds(void* stream) {
+  std::vector<float*> updates(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) updates[i] = updates_[i].data();
+  const int rounds = static_cast<int>(tables_.size());
+  const int ring = static_cast<int>(slots_.size());
+  const int prefetch = std::min(options_.dist.prefetch_count, std::max(0, rounds - 1));
+  auto slot = [&](int r) { return slots_[r % ring].data(); };
+
+  // The exchanges in the one order every rank issues them: gathers run up to
+  // `prefetch` rounds ahead of the math; round r's scatter follows its math.
+  std::vector<std::pair<bool, int>> ops;  // (is_scatter, round)
+  for (int r = 0; r <= std::min(prefetch, rounds - 1); ++r) ops.push_back({false, r});
+  for (int r = 0; r < rounds; ++r) {
+    ops.push_back({true, r});
+    if (r + prefetch + 1 < rounds) ops.push_back({false, r + prefetch + 1});
+  }
+  auto run_op = [&](const std::pair<bool, int>& op) {
+    const RoundTable& t = tables_[op.second];
+    return op.first ? RunScatter(t, *world_, updates, slot(op.second), &send_, &recv_, stream)
+                    : RunGather(t, *world_, updates, slot(op.second), &send_, &recv_, stream);
+  };
+
+  if (prefetch == 0) {
+    for (const auto& op : ops) {
+      if (op.first) MUON_RETURN_IF_ERROR(Orthogonalize(tables_[op.second], slot(op.second)));
+      MUON_RETURN_IF_ERROR(run_op(op));
+    }
+    return absl::OkStatus();
+  }
+
+  // One helper thread issues every collective (never two at once on the
+  // world) while this thread computes.
+  std::mutex mu;
+  std::condition_variable cv;
+  int gathered = 0, computed = 0;
+  absl::Status comm_error, math_error;
+  bool stop = false;
+  std::thread comm([&] {
+    for (const auto& op : ops) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (op.first) cv.wait(lock, [&] { return computed > op.second || stop; });
+        if (stop) return;
+      }
+      absl::Status st = run_op(op);
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok()) {
+        comm_error = st;
+        stop = true;
+        cv.notify_all();
+        return;
+      }
+      if (!op.first) {
+        gathered = op.second + 1;
+        cv.notify_all();
+      }
+    }
+  });
+  for (int r = 0; r < rounds; ++r) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return gathered > r || stop; });
+      if (stop) break;
+    }
+    absl::Status st = Orthogonalize(tables_[r], slot(r));
+    std::lock_guard<std::mutex> lock(mu);
+    if (!st.ok()) {
+      math_error = st;
+      stop = true;
+    } else {
+      computed = r + 1;
+    }
+    cv.notify_all();
+    if (stop) break;
+  }
+  comm.join();
+  if (!comm_error.ok()) return comm_error;
+  return math_error;
+}
+
+absl::Status Optimizer::Step(void* stream) {
+  if (!poisoned_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "muon_step: refused because an earlier step failed mid-way (", poisoned_,
+        "); parameters and state may be half-updated: restore both from a checkpoint "
+        "(muon_load_state or muon_set_state) before stepping again"));
+  }
+  if (params_.empty() && !distributed_) {
     return absl::FailedPreconditionError(
         "muon_step: no parameters are registered; call muon_register_param first");
   }
-  // Everything that can fail (allocation) happens here, before any tensor is
-  // written, so a failed step changes nothing.
-  if (!planned_) MUON_RETURN_IF_ERROR(BuildPlan());
+  // Setup fails before any tensor is written.
+  if (!planned_) MUON_RETURN_IF_ERROR(Setup(stream));
+  if (plan_.units.empty()) {
+    return absl::FailedPreconditionError(
+        "muon_step: no parameters are registered on any rank; call muon_register_param first");
+  }
 
   const double decay = 1.0 - options_.lr * options_.weight_decay;
-  for (const Chunk& c : chunks_) {
-    const int64_t per_matrix = c.rows * c.cols;
-    int64_t offset = 0;
-    for (size_t i : c.params) {
-      Param& p = params_[i];
-      MomentumArgs m;
-      m.grad_dtype = p.grad.dtype;
-      m.grad = p.grad.data;
-      m.buf_dtype = p.state_dtype;
-      m.buf = p.momentum_data();
-      m.n = p.numel();
-      m.momentum = options_.momentum;
-      m.nesterov = options_.nesterov;
-      m.out = batch_.data() + offset;
-      MUON_RETURN_IF_ERROR(backend_->Momentum(m));
-      offset += p.numel();
-    }
-    MUON_RETURN_IF_ERROR(
-        backend_->Orthogonalize(options_.ns, {batch_.data(), c.matrices, c.rows, c.cols}));
-    offset = 0;
-    for (size_t i : c.params) {
-      Param& p = params_[i];
-      ApplyArgs a;
-      a.param_dtype = p.value.dtype;
-      a.param = p.value.data;
-      a.n = p.numel();
-      a.update = batch_.data() + offset;
-      a.decay = decay;
-      a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
-      MUON_RETURN_IF_ERROR(backend_->Apply(a));
-      offset += p.batch * per_matrix;
-    }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    MomentumArgs m;
+    m.grad_dtype = p.grad.dtype;
+    m.grad = p.grad.data;
+    m.buf_dtype = p.state_dtype;
+    m.buf = p.momentum_data();
+    m.n = p.numel();
+    m.momentum = options_.momentum;
+    m.nesterov = options_.nesterov;
+    m.out = updates_[i].data();
+    MUON_RETURN_IF_ERROR(backend_->Momentum(m));
+  }
+  // From here on state has changed: a failure poisons the optimizer.
+  world_->ResetCounters();
+  absl::Status st = RunRounds(stream);
+  if (!st.ok()) {
+    poisoned_ = std::string(st.message());
+    return st;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    ApplyArgs a;
+    a.param_dtype = p.value.dtype;
+    a.param = p.value.data;
+    a.n = p.numel();
+    a.update = updates_[i].data();
+    a.decay = decay;
+    a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
+    MUON_RETURN_IF_ERROR(backend_->Apply(a));
   }
   ++step_count_;
+  const CommCounters& c = world_->counters();
+  stats_.steps = step_count_;
+  stats_.bytes_sent = c.bytes_sent;
+  stats_.bytes_received = c.bytes_received;
+  stats_.collectives = c.collectives;
+  stats_.rounds = static_cast<int64_t>(tables_.size());
+  stats_.matrices_orthogonalized = 0;
+  stats_.ns_flops = 0;
+  for (const RoundTable& t : tables_) {
+    stats_.matrices_orthogonalized += t.owned;
+    stats_.ns_flops += t.flops;
+  }
   return absl::OkStatus();
 }
 
@@ -193,10 +468,9 @@ absl::StatusOr<const Param*> Optimizer::GetParam(int64_t id) const {
   return &params_[static_cast<size_t>(id)];
 }
 
-absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, const char* what,
-                                         Param** param) const {
+absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {
   MUON_ASSIGN_OR_RETURN(const Param* p, GetParam(id));
-  const std::string who = absl::StrCat(what, " for param '", p->name, "'");
+  const std::string who = absl::StrCat("state tensor for param '", p->name, "'");
   MUON_ASSIGN_OR_RETURN(TensorView v, ViewCpuTensor(t, who));
   if (v.shape != p->value.shape) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": shape ", ShapeString(v.shape),
@@ -214,7 +488,7 @@ absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, const ch
 
 absl::Status Optimizer::CopyStateOut(int64_t id, const DLTensor* dst) const {
   Param* p = nullptr;
-  MUON_RETURN_IF_ERROR(CheckStateTensor(id, dst, "state tensor", &p));
+  MUON_RETURN_IF_ERROR(CheckStateTensor(id, dst, &p));
   auto v = ViewCpuTensor(dst, "state tensor");
   if (!p->momentum.empty()) std::memcpy(v->data, p->momentum.data(), p->momentum.size());
   return absl::OkStatus();
@@ -222,9 +496,10 @@ absl::Status Optimizer::CopyStateOut(int64_t id, const DLTensor* dst) const {
 
 absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
   Param* p = nullptr;
-  MUON_RETURN_IF_ERROR(CheckStateTensor(id, src, "state tensor", &p));
+  MUON_RETURN_IF_ERROR(CheckStateTensor(id, src, &p));
   auto v = ViewCpuTensor(src, "state tensor");
   if (!p->momentum.empty()) std::memcpy(p->momentum.data(), v->data, p->momentum.size());
+  poisoned_.clear();
   return absl::OkStatus();
 }
 
@@ -239,6 +514,7 @@ absl::Status Optimizer::LoadState(const unsigned char* data, size_t size) {
     if (!p.momentum.empty()) std::memcpy(p.momentum.data(), parsed.momentum[i], p.momentum.size());
   }
   step_count_ = parsed.step_count;
+  poisoned_.clear();
   return absl::OkStatus();
 }
 

@@ -1,8 +1,10 @@
-// The single-process optimizer: registration, the step pipeline and state.
+// The optimizer: registration, the step pipeline and state.
 //
-// One step, as data: gradients -> momentum on each parameter -> matrices of
-// the same shape gathered as one fp32 batch -> Newton-Schulz on the batch ->
-// decay and update applied to each parameter.
+// One step, as data (DESIGN.md section 2): gradients -> momentum on each
+// local piece -> pieces travel to each matrix's owner (one all-to-all per
+// round) -> the owner orthogonalizes whole matrices, batched by shape ->
+// update pieces travel back -> decay and update applied to each local piece.
+// A single-process optimizer runs the same pipeline over a world of one rank.
 #ifndef MUON_ENGINE_OPTIMIZER_H_
 #define MUON_ENGINE_OPTIMIZER_H_
 
@@ -12,31 +14,65 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "muon/dist/comm.h"
+#include "muon/dist/exchange.h"
+#include "muon/dist/layout.h"
+#include "muon/dist/plan.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
 #include "muon/math/backend.h"
 
 namespace muon {
 
+// The distributed layout a parameter is registered with.
+struct DistSpec {
+  std::vector<int64_t> global_shape;
+  std::vector<Placement> placements;
+};
+
+struct StepStats {
+  int64_t steps = 0;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t collectives = 0;
+  int64_t rounds = 0;
+  int64_t matrices_orthogonalized = 0;
+  double ns_flops = 0;
+  int64_t matrices_total = 0;
+  int64_t matrices_owned = 0;
+};
+
 class Optimizer {
  public:
   // Fails with InvalidArgument naming the first bad option.
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const Options& options);
+  ~Optimizer();
 
   const Options& options() const { return options_; }
   absl::Status SetLr(double lr);
   absl::Status SetWeightDecay(double weight_decay);
   absl::Status SetMomentum(double momentum);
 
-  // Registers a parameter; returns its id. An empty name becomes "param<id>".
-  // Closed after the first step (FailedPrecondition).
-  absl::StatusOr<int64_t> RegisterParam(const DLTensor* value, const DLTensor* grad,
-                                        const std::string& name, int view);
+  // The world (every rank of the step) and further groups; each returns the
+  // group id placements use. Closed once a parameter is registered.
+  absl::StatusOr<int> SetWorld(std::shared_ptr<Comm> world);
+  absl::StatusOr<int> AddGroup(std::shared_ptr<Comm> group);
+  int num_groups() const { return static_cast<int>(groups_.size()); }
+  absl::StatusOr<int> GroupSize(int group) const;
 
-  absl::Status Step();
+  // Registers a parameter; returns its id. An empty name becomes "param<id>"
+  // (a name is required once a world is set). `dist` (optional) gives the
+  // global shape and placements. Closed after the first step.
+  absl::StatusOr<int64_t> RegisterParam(const DLTensor* value, const DLTensor* grad,
+                                        const std::string& name, int view,
+                                        const DistSpec* dist = nullptr);
+
+  // Runs one step. `stream` is handed to the communicators.
+  absl::Status Step(void* stream = nullptr);
 
   size_t num_params() const { return params_.size(); }
   int64_t step_count() const { return step_count_; }
+  const StepStats& stats() const { return stats_; }
 
   // State access. Errors name the parameter.
   absl::StatusOr<const Param*> GetParam(int64_t id) const;
@@ -47,25 +83,30 @@ class Optimizer {
   absl::Status LoadState(const unsigned char* data, size_t size);
 
  private:
-  // Same-shape matrices processed together as one batch.
-  struct Chunk {
-    int64_t rows = 0, cols = 0;
-    std::vector<size_t> params;  // indices into params_
-    int64_t matrices = 0;        // sum of their batch sizes
-  };
-
   explicit Optimizer(const Options& options);
-  absl::Status BuildPlan();
-  absl::Status CheckStateTensor(int64_t id, const DLTensor* t, const char* what,
-                                Param** param) const;
+  absl::Status Setup(void* stream);
+  absl::Status RunRounds(void* stream);
+  absl::Status Orthogonalize(const RoundTable& t, float* slots);
+  absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
   Options options_;
   std::unique_ptr<MathBackend> backend_;
+  std::shared_ptr<Comm> world_;               // a self communicator until SetWorld
+  bool distributed_ = false;
+  std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
   std::vector<Param> params_;
-  std::vector<Chunk> chunks_;  // built at the first step
-  std::vector<float> batch_;   // fp32 working batch, sized for the largest chunk
+
+  // Built at the first step.
   bool planned_ = false;
+  Plan plan_;
+  std::vector<RoundTable> tables_;
+  std::vector<std::vector<float>> updates_;  // per param: U, then the orthogonalized update
+  std::vector<std::vector<float>> slots_;    // prefetch_count + 1 working buffers
+  std::vector<unsigned char> send_, recv_;
+
+  std::string poisoned_;  // set when a step failed after changing state
   int64_t step_count_ = 0;
+  StepStats stats_;
 };
 
 }  // namespace muon

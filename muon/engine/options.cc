@@ -47,6 +47,29 @@ absl::Status ValidateOptions(const Options& o) {
           "adjust_lr: unknown value ", static_cast<int>(o.adjust_lr),
           "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1) or NONE (2)"));
   }
+  if (o.dist.prefetch_count < 0 || o.dist.prefetch_count > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefetch_count: ", o.dist.prefetch_count, " is out of range; it must be in [0, 64]"));
+  }
+  if (o.dist.round_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("round_bytes: ", o.dist.round_bytes, " must be positive"));
+  }
+  switch (o.dist.assignment) {
+    case Assignment::kBalanced:
+    case Assignment::kRoundRobin:
+      break;
+    case Assignment::kCustom:
+      if (!o.dist.custom_assign) {
+        return absl::InvalidArgumentError(
+            "assign_fn: MUON_ASSIGNMENT_CUSTOM needs an assign_fn callback");
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "assignment: unknown value ", static_cast<int>(o.dist.assignment),
+          "; use MUON_ASSIGNMENT_BALANCED (0), ROUND_ROBIN (1) or CUSTOM (2)"));
+  }
   return absl::OkStatus();
 }
 

@@ -3,13 +3,28 @@
 #define MUON_ENGINE_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "muon/dist/plan.h"
 #include "muon/math/ns_config.h"
 
 namespace muon {
 
+using CustomAssignFn =
+    std::function<absl::Status(const std::vector<MatrixInfo>&, std::vector<int>*)>;
+
 enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2 };
+
+// The distributed engine's settings (they do not change results).
+struct DistOptions {
+  Assignment assignment = Assignment::kBalanced;
+  CustomAssignFn custom_assign;  // Assignment::kCustom
+  int prefetch_count = 1;
+  bool async_parallelism = true;
+  int64_t round_bytes = int64_t{256} << 20;
+};
 
 struct Options {
   double lr = 1e-3;
@@ -19,6 +34,7 @@ struct Options {
   NsConfig ns;
   AdjustLr adjust_lr = AdjustLr::kOriginal;
   bool momentum_fp32 = false;
+  DistOptions dist;
 };
 
 absl::Status ValidateLr(double lr);

@@ -8,7 +8,8 @@
 namespace muon {
 
 absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std::string name,
-                                int view, bool momentum_fp32) {
+                                int view, bool momentum_fp32,
+                                const std::vector<int64_t>* global_shape) {
   const std::string who = absl::StrCat("param '", name, "'");
   Param p;
   MUON_ASSIGN_OR_RETURN(p.value, ViewCpuTensor(value, who));
@@ -23,7 +24,8 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
                                                    " differs from param dtype ",
                                                    DTypeName(p.value.dtype)));
   }
-  const std::vector<int64_t>& s = p.value.shape;
+  p.global_shape = global_shape ? *global_shape : p.value.shape;
+  const std::vector<int64_t>& s = p.global_shape;
   if (s.size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": has ", s.size(), " dimension(s) ", ShapeString(s),
@@ -69,6 +71,12 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
       break;
   }
   p.name = std::move(name);
+  if (global_shape == nullptr) {
+    p.layout.global_shape = p.global_shape;
+    p.piece.shape = p.global_shape;
+    p.piece.numel = p.value.numel();
+    if (p.piece.numel > 0) p.piece.runs.push_back({0, p.piece.numel});
+  }
   p.state_dtype = momentum_fp32 ? DType::kF32 : p.grad.dtype;
   try {
     p.momentum.assign(static_cast<size_t>(p.numel()) * SizeOf(p.state_dtype), 0);

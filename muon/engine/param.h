@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "muon/common/tensor.h"
+#include "muon/dist/layout.h"
 
 namespace muon {
 
@@ -16,26 +17,34 @@ enum class MatrixView { k2D = 0, kFlattenTrailing = 1, kBatchedLeading = 2 };
 
 struct Param {
   std::string name;
-  TensorView value;  // borrowed
+  TensorView value;  // borrowed: this rank's piece
   TensorView grad;   // borrowed, same shape and dtype as value
   MatrixView view = MatrixView::k2D;
-  int64_t batch = 1;  // matrices in the view
+  // The matrix view of the GLOBAL tensor: `batch` matrices of rows x cols.
+  std::vector<int64_t> global_shape;
+  int64_t batch = 1;
   int64_t rows = 0;
   int64_t cols = 0;
   DType state_dtype = DType::kF32;
-  std::vector<unsigned char> momentum;  // batch*rows*cols elements of state_dtype, zero at start
+  std::vector<unsigned char> momentum;  // numel() elements of state_dtype, zero at start
+  // Distributed: how the global tensor is split down to `value`, and the
+  // global elements `value` holds (the whole tensor when not distributed).
+  Layout layout;
+  Piece piece;
 
-  int64_t numel() const { return batch * rows * cols; }
+  int64_t numel() const { return value.numel(); }  // local elements
   void* momentum_data() { return momentum.data(); }
   const void* momentum_data() const { return momentum.data(); }
 };
 
-// Checks the tensors and builds a Param (momentum zeroed). The errors name
-// the parameter and the cause: bad tensors, shape or dtype mismatch between
-// param and grad, fewer than 2 dims (use AdamW), more than 2 dims without a
-// matrix view, unknown view.
+// Checks the tensors and builds a Param (momentum zeroed, piece = the whole
+// tensor). The matrix view applies to `global_shape` (the local shape when
+// null). The errors name the parameter and the cause: bad tensors, shape or
+// dtype mismatch between param and grad, fewer than 2 dims (use AdamW), more
+// than 2 dims without a matrix view, unknown view.
 absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std::string name,
-                                int view, bool momentum_fp32);
+                                int view, bool momentum_fp32,
+                                const std::vector<int64_t>* global_shape = nullptr);
 
 }  // namespace muon
 

@@ -107,6 +107,26 @@ class muon_options_t(ctypes.Structure):
         ("ns_dtype", ctypes.c_int32),
         ("momentum_fp32", ctypes.c_int32),
         ("reserved0", ctypes.c_int32),
+        # 0.2: distributed engine
+        ("assignment", ctypes.c_int32),
+        ("prefetch_count", ctypes.c_int32),
+        ("async_parallelism", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
+        ("round_bytes", ctypes.c_size_t),
+        ("assign_fn", ctypes.c_void_p),
+        ("assign_state", ctypes.c_void_p),
+    ]
+
+
+class muon_placement_t(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("group", ctypes.c_int32),
+        ("dim", ctypes.c_int32),
+        ("split", ctypes.c_int32),
+        ("sizes", ctypes.POINTER(ctypes.c_int64)),
+        ("start", ctypes.c_int64),
+        ("length", ctypes.c_int64),
     ]
 
 
@@ -116,6 +136,11 @@ class muon_param_options_t(ctypes.Structure):
         ("name", ctypes.c_char_p),
         ("matrix_view", ctypes.c_int32),
         ("reserved0", ctypes.c_int32),
+        # 0.2: distributed layout
+        ("global_ndim", ctypes.c_int32),
+        ("num_placements", ctypes.c_int32),
+        ("global_shape", ctypes.POINTER(ctypes.c_int64)),
+        ("placements", ctypes.POINTER(muon_placement_t)),
     ]
 
 

@@ -1,0 +1,105 @@
+// The job-wide plan of the distributed step, built once at the first step
+// from what every rank registered (exchanged in a handshake): which global
+// matrices exist, which ranks hold which pieces of them, who orthogonalizes
+// each one (assignment), and in which exchange round.
+//
+// Every rank builds the same plan from the same handshake data; the engine
+// checks that with a digest.
+#ifndef MUON_DIST_PLAN_H_
+#define MUON_DIST_PLAN_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muon/dist/layout.h"
+
+namespace muon {
+
+// What one rank registered, as sent in the handshake.
+struct RankParamDesc {
+  std::string name;
+  uint8_t param_dtype = 0;
+  uint8_t state_dtype = 0;
+  uint8_t view = 0;
+  std::vector<int64_t> global_shape;
+  Layout layout;  // group indices refer to the registering rank's groups
+};
+
+struct RankDesc {
+  int world_rank = 0;
+  // Members (world ranks, in group-rank order) of each of this rank's groups.
+  std::vector<std::vector<int>> groups;
+  std::vector<RankParamDesc> params;
+};
+
+std::string SerializeRankDesc(const RankDesc& desc);
+absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::string& who);
+
+enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2 };
+
+// One global matrix as a custom assignment sees it.
+struct MatrixInfo {
+  const std::string* param_name;
+  int64_t index;
+  int64_t rows, cols;
+  double ns_flops;
+  std::vector<int> holders;  // world ranks, ascending
+};
+
+struct PlanOptions {
+  Assignment assignment = Assignment::kBalanced;
+  // kCustom: fills owners (one per matrix) or returns an error.
+  std::function<absl::Status(const std::vector<MatrixInfo>&, std::vector<int>*)> custom;
+  bool async_parallelism = true;
+  int64_t round_bytes = int64_t{256} << 20;
+  int ns_steps = 5;
+};
+
+struct Holder {
+  int rank = 0;
+  Piece piece;
+};
+
+struct PlanParam {
+  std::string name;
+  uint8_t state_dtype = 0;
+  int64_t batch = 1, rows = 0, cols = 0;
+  std::vector<Holder> holders;  // ascending rank
+  int local = -1;               // index among this rank's registered params, or -1
+  int local_holder = -1;        // this rank's entry in holders, or -1
+};
+
+struct Unit {
+  int param = 0;        // index into Plan::params
+  int64_t index = 0;    // matrix within the parameter's view
+  int owner = 0;        // world rank
+  int round = 0;
+  double flops = 0;
+  std::vector<int> senders;    // indices into holders: canonical pieces meeting the matrix
+  std::vector<int> receivers;  // indices into holders: every piece meeting the matrix
+};
+
+struct Plan {
+  std::vector<PlanParam> params;  // sorted by name
+  std::vector<Unit> units;        // global order: by param, then index
+  int rounds = 0;
+  uint64_t digest = 0;
+};
+
+// Builds the plan for `my_rank` from every rank's description (indexed by
+// world rank; a rank's params are in its registration order). Errors name the first inconsistent parameter or group and the ranks
+// involved.
+absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
+                               const PlanOptions& options);
+
+// Owners by greedy largest-first onto the least-loaded candidate (ties: the
+// earlier matrix, the lower rank), or round-robin over each matrix's holders.
+std::vector<int> AssignBalanced(const std::vector<MatrixInfo>& matrices);
+std::vector<int> AssignRoundRobin(const std::vector<MatrixInfo>& matrices);
+
+}  // namespace muon
+
+#endif  // MUON_DIST_PLAN_H_

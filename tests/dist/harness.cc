@@ -1,0 +1,317 @@
+#include "tests/dist/harness.h"
+
+#include <dlpack/dlpack.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+namespace muon_test {
+
+int Mesh::size() const {
+  int n = 1;
+  for (int d : dims) n *= d;
+  return n;
+}
+
+std::vector<int> Mesh::Coords(int rank) const {
+  std::vector<int> c(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    c[d] = rank % dims[d];
+    rank /= dims[d];
+  }
+  return c;
+}
+
+std::vector<int32_t> Mesh::Group(int rank, int d) const {
+  std::vector<int> c = Coords(rank);
+  std::vector<int32_t> out;
+  for (int k = 0; k < dims[d]; ++k) {
+    c[d] = k;
+    int r = 0, stride = 1;
+    for (size_t e = 0; e < dims.size(); ++e) {
+      r += c[e] * stride;
+      stride *= dims[e];
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+int64_t FlatCut(int r, int n, int64_t m) {
+  // Weights 3, 0, 2, 5, 1, 4, 0, 3, ... (cumulative share of m).
+  auto w = [](int k) { return (k * 7 + 3) % 6; };
+  int64_t total = 0, upto = 0;
+  for (int k = 0; k < n; ++k) {
+    total += w(k);
+    if (k < r) upto += w(k);
+  }
+  if (r >= n) return m;
+  return total == 0 ? (r == 0 ? 0 : m) : m * upto / total;
+}
+
+std::vector<int64_t> LocalIndices(const TParam& p, const Mesh& mesh, int rank) {
+  std::vector<int64_t> shape = p.shape;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  std::vector<int64_t> idx(numel);
+  for (int64_t i = 0; i < numel; ++i) idx[i] = i;
+  const std::vector<int> coords = mesh.Coords(rank);
+  for (const TPlacement& pl : p.placements) {
+    const int n = pl.mesh_dim < 0 ? mesh.size() : mesh.dims[pl.mesh_dim];
+    const int r = pl.mesh_dim < 0 ? rank : coords[pl.mesh_dim];
+    if (pl.kind == MUON_PLACEMENT_REPLICATE) continue;
+    if (pl.kind == MUON_PLACEMENT_FLAT_RANGE) {
+      const int64_t m = static_cast<int64_t>(idx.size());
+      const int64_t a = FlatCut(r, n, m), b = FlatCut(r + 1, n, m);
+      idx = std::vector<int64_t>(idx.begin() + a, idx.begin() + b);
+      shape = {b - a};
+      continue;
+    }
+    const int64_t d = shape[pl.dim];
+    int64_t a = 0, b = 0;
+    if (pl.split == MUON_SPLIT_EVEN) {
+      a = r * (d / n);
+      b = a + d / n;
+    } else if (pl.split == MUON_SPLIT_CHUNK) {
+      const int64_t c = (d + n - 1) / n;
+      a = std::min(d, r * c);
+      b = std::min(d, a + c);
+    } else {
+      for (int k = 0; k < r; ++k) a += pl.sizes[k];
+      b = a + pl.sizes[r];
+    }
+    // Keep, in row-major order, the elements whose coordinate along dim is in [a, b).
+    int64_t inner = 1;
+    for (size_t k = pl.dim + 1; k < shape.size(); ++k) inner *= shape[k];
+    std::vector<int64_t> kept;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const int64_t coord = (static_cast<int64_t>(i) / inner) % d;
+      if (coord >= a && coord < b) kept.push_back(idx[i]);
+    }
+    idx.swap(kept);
+    shape[pl.dim] = b - a;
+  }
+  return idx;
+}
+
+float InitValue(const std::string& name, int64_t i) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return 0.05f * std::sin(static_cast<float>((h % 1000) + i) * 0.37f);
+}
+
+float GradValue(const std::string& name, int64_t i, int step) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  const float x = static_cast<float>((h % 997) + i * 13 + step * 101);
+  return std::sin(x * 0.61f) + 0.3f * std::cos(x * 1.7f + static_cast<float>(step));
+}
+
+namespace {
+
+DLTensor Tensor1D(float* data, int64_t* n) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = 1;
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = n;
+  return t;
+}
+
+DLTensor TensorND(float* data, std::vector<int64_t>* shape) {
+  DLTensor t{};
+  t.data = data;
+  t.device = {kDLCPU, 0};
+  t.ndim = static_cast<int32_t>(shape->size());
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = shape->data();
+  return t;
+}
+
+void Options(const RunConfig& cfg, muon_options_t* o) {
+  muon_options_init(o, sizeof *o);
+  o->lr = 0.02;
+  o->weight_decay = 0.1;
+  o->ns_dtype = cfg.ns_dtype;
+  o->assignment = cfg.assignment;
+  o->prefetch_count = cfg.prefetch_count;
+  o->async_parallelism = cfg.async_parallelism;
+  o->round_bytes = cfg.round_bytes;
+  o->assign_fn = cfg.assign_fn;
+}
+
+std::string LastError(const char* what, muon_status_t st) {
+  return std::string(what) + ": " + muon_status_string(st) + ": " + muon_last_error_message();
+}
+
+}  // namespace
+
+std::vector<std::vector<float>> RunReference(const std::vector<TParam>& model,
+                                             const RunConfig& cfg) {
+  muon_options_t o;
+  Options(cfg, &o);
+  o.assignment = MUON_ASSIGNMENT_BALANCED;
+  o.assign_fn = nullptr;
+  muon_optimizer_t* opt = nullptr;
+  if (muon_create(&o, &opt) != MUON_OK) return {};
+  std::vector<std::vector<float>> values(model.size()), grads(model.size());
+  std::vector<std::vector<int64_t>> shapes(model.size());
+  for (size_t k = 0; k < model.size(); ++k) {
+    const TParam& p = model[k];
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    values[k].resize(numel);
+    grads[k].resize(numel);
+    for (int64_t i = 0; i < numel; ++i) values[k][i] = InitValue(p.name, i);
+    shapes[k] = p.shape;
+    DLTensor v = TensorND(values[k].data(), &shapes[k]);
+    DLTensor g = TensorND(grads[k].data(), &shapes[k]);
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    po.name = p.name.c_str();
+    po.matrix_view = p.view;
+    int64_t id;
+    if (muon_register_param(opt, &v, &g, &po, &id) != MUON_OK) {
+      muon_destroy(opt);
+      return {};
+    }
+  }
+  for (int s = 0; s < cfg.steps; ++s) {
+    for (size_t k = 0; k < model.size(); ++k) {
+      for (size_t i = 0; i < grads[k].size(); ++i) {
+        grads[k][i] = GradValue(model[k].name, static_cast<int64_t>(i), s);
+      }
+    }
+    if (muon_step(opt, nullptr) != MUON_OK) {
+      muon_destroy(opt);
+      return {};
+    }
+  }
+  muon_destroy(opt);
+  return values;
+}
+
+std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const Mesh& mesh,
+                                       const RunConfig& cfg) {
+  const int n = mesh.size();
+  muon_inprocess_world_t* world = nullptr;
+  std::vector<RankResult> results(n);
+  if (muon_inprocess_world_create(n, &world) != MUON_OK) {
+    results[0].error = LastError("world", MUON_INTERNAL);
+    return results;
+  }
+  auto run_rank = [&](int rank) {
+    RankResult& res = results[rank];
+    muon_options_t o;
+    Options(cfg, &o);
+    muon_optimizer_t* opt = nullptr;
+    muon_status_t st = muon_create(&o, &opt);
+    if (st != MUON_OK) {
+      res.error = LastError("create", st);
+      return;
+    }
+    muon_comm_t comm;
+    int32_t world_id = -1;
+    st = muon_inprocess_comm(world, nullptr, 0, rank, &comm);
+    if (st == MUON_OK) st = muon_set_world(opt, &comm, &world_id);
+    std::vector<int32_t> group_ids;
+    for (size_t d = 0; st == MUON_OK && d < mesh.dims.size(); ++d) {
+      std::vector<int32_t> members = mesh.Group(rank, static_cast<int>(d));
+      int32_t id = -1;
+      st = muon_inprocess_comm(world, members.data(), static_cast<int32_t>(members.size()), rank,
+                               &comm);
+      if (st == MUON_OK) st = muon_add_group(opt, &comm, &id);
+      group_ids.push_back(id);
+    }
+    if (st != MUON_OK) {
+      res.error = LastError("groups", st);
+      muon_destroy(opt);
+      return;
+    }
+    std::vector<std::vector<float>> grads;
+    std::vector<size_t> which;  // model index of each registered param
+    for (size_t k = 0; k < model.size(); ++k) {
+      const TParam& p = model[k];
+      if (p.registered_on && !p.registered_on(rank)) continue;
+      std::vector<int64_t> idx = LocalIndices(p, mesh, rank);
+      res.indices.push_back(idx);
+      res.names.push_back(p.name);
+      res.params.emplace_back(idx.size());
+      grads.emplace_back(idx.size());
+      which.push_back(k);
+    }
+    std::vector<int64_t> counts(res.params.size());
+    std::vector<std::vector<muon_placement_t>> placements(res.params.size());
+    for (size_t j = 0; j < res.params.size(); ++j) {
+      const TParam& p = model[which[j]];
+      for (size_t i = 0; i < res.indices[j].size(); ++i) {
+        res.params[j][i] = InitValue(p.name, res.indices[j][i]);
+      }
+      counts[j] = static_cast<int64_t>(res.indices[j].size());
+      for (const TPlacement& tp : p.placements) {
+        muon_placement_t pl{};
+        pl.kind = tp.kind;
+        pl.group = tp.mesh_dim < 0 ? world_id : group_ids[tp.mesh_dim];
+        pl.dim = tp.dim;
+        pl.split = tp.split;
+        pl.sizes = tp.sizes.empty() ? nullptr : tp.sizes.data();
+        placements[j].push_back(pl);
+      }
+    }
+    // Flat ranges: this rank's range of the tensor the placement splits.
+    for (size_t j = 0; j < res.params.size(); ++j) {
+      const TParam& p = model[which[j]];
+      TParam prefix = p;
+      prefix.placements.clear();
+      for (size_t q = 0; q < p.placements.size(); ++q) {
+        if (p.placements[q].kind == MUON_PLACEMENT_FLAT_RANGE) {
+          const int64_t m = static_cast<int64_t>(LocalIndices(prefix, mesh, rank).size());
+          const int gn = p.placements[q].mesh_dim < 0 ? n : mesh.dims[p.placements[q].mesh_dim];
+          const int gr = p.placements[q].mesh_dim < 0 ? rank
+                                                      : mesh.Coords(rank)[p.placements[q].mesh_dim];
+          placements[j][q].start = FlatCut(gr, gn, m);
+          placements[j][q].length = FlatCut(gr + 1, gn, m) - placements[j][q].start;
+        }
+        prefix.placements.push_back(p.placements[q]);
+      }
+    }
+    for (size_t j = 0; j < res.params.size() && st == MUON_OK; ++j) {
+      const TParam& p = model[which[j]];
+      DLTensor v = Tensor1D(res.params[j].data(), &counts[j]);
+      DLTensor g = Tensor1D(grads[j].data(), &counts[j]);
+      muon_param_options_t po;
+      muon_param_options_init(&po, sizeof po);
+      po.name = p.name.c_str();
+      po.matrix_view = p.view;
+      po.global_ndim = static_cast<int32_t>(p.shape.size());
+      po.global_shape = p.shape.data();
+      po.num_placements = static_cast<int32_t>(placements[j].size());
+      po.placements = placements[j].data();
+      int64_t id;
+      st = muon_register_param(opt, &v, &g, &po, &id);
+      if (st != MUON_OK) res.error = LastError("register", st);
+    }
+    for (int s = 0; s < cfg.steps && st == MUON_OK; ++s) {
+      for (size_t j = 0; j < grads.size(); ++j) {
+        for (size_t i = 0; i < grads[j].size(); ++i) {
+          grads[j][i] = GradValue(res.names[j], res.indices[j][i], s);
+        }
+      }
+      st = muon_step(opt, nullptr);
+      if (st != MUON_OK) res.error = LastError("step", st);
+    }
+    muon_stats_init(&res.stats, sizeof res.stats);
+    muon_get_stats(opt, &res.stats);
+    muon_destroy(opt);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(run_rank, r);
+  for (auto& t : threads) t.join();
+  muon_inprocess_world_destroy(world);
+  return results;
+}
+
+}  // namespace muon_test

@@ -1,0 +1,85 @@
+// Test harness for the distributed engine: a device mesh of N in-process
+// ranks (threads), parameters described by placements over mesh dimensions,
+// local pieces cut from global tensors by an index computation written here
+// (independent of the library's layout code), and a single-process reference
+// run of the same model.
+#ifndef MUON_TESTS_DIST_HARNESS_H_
+#define MUON_TESTS_DIST_HARNESS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "capi/muon.h"
+
+namespace muon_test {
+
+// A mesh: dims[0] varies fastest. rank = sum coord[d] * stride[d].
+struct Mesh {
+  std::vector<int> dims;
+  int size() const;
+  std::vector<int> Coords(int rank) const;
+  // World ranks of rank's group along mesh dim d, ordered by coord[d].
+  std::vector<int32_t> Group(int rank, int d) const;
+};
+
+struct TPlacement {
+  int kind = MUON_PLACEMENT_SHARD;  // muon_placement_kind_t
+  int mesh_dim = 0;                 // which mesh dim's group (-1: the whole world)
+  int dim = 0;
+  int split = MUON_SPLIT_EVEN;
+  std::vector<int64_t> sizes;  // SPLIT_SIZES
+};
+
+struct TParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int view = MUON_MATRIX_VIEW_2D;
+  std::vector<TPlacement> placements;
+  // Which world ranks register it (null: all).
+  std::function<bool(int rank)> registered_on;
+};
+
+// Flat ranges the harness hands out: rank r of a group of n over m elements
+// gets [cut(r), cut(r + 1)), cuts from uneven weights (some zero) so ranges
+// split rows and some are empty.
+int64_t FlatCut(int r, int n, int64_t m);
+
+// The global flat indices this rank's piece holds, in local order.
+std::vector<int64_t> LocalIndices(const TParam& p, const Mesh& mesh, int rank);
+
+struct RunConfig {
+  int steps = 20;
+  int ns_dtype = MUON_NS_DTYPE_FP32;
+  int assignment = MUON_ASSIGNMENT_BALANCED;
+  int prefetch_count = 1;
+  int async_parallelism = 1;
+  size_t round_bytes = 0;
+  // Optional custom assignment (MUON_ASSIGNMENT_CUSTOM).
+  muon_status_t (*assign_fn)(void*, size_t, const muon_matrix_info_t*, int32_t*) = nullptr;
+};
+
+struct RankResult {
+  std::vector<std::vector<float>> params;  // final local values, per registered param
+  std::vector<std::vector<int64_t>> indices;
+  std::vector<std::string> names;
+  muon_stats_t stats{};
+  std::string error;  // first failure on this rank, empty if none
+};
+
+// Runs the model on the mesh (one thread per rank) and returns each rank's result.
+std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const Mesh& mesh,
+                                       const RunConfig& cfg);
+
+// Runs the model in one process on global tensors; params by name order of `model`.
+std::vector<std::vector<float>> RunReference(const std::vector<TParam>& model,
+                                             const RunConfig& cfg);
+
+// Initial value and gradient of global element i of param `name` at `step`.
+float InitValue(const std::string& name, int64_t i);
+float GradValue(const std::string& name, int64_t i, int step);
+
+}  // namespace muon_test
+
+#endif  // MUON_TESTS_DIST_HARNESS_H_
