@@ -2,6 +2,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -143,6 +144,58 @@ void Options(const RunConfig& cfg, muon_options_t* o) {
   o->assign_fn = cfg.assign_fn;
 }
 
+// A world communicator whose all_to_all_v fails on one call (after moving the data).
+struct FailingComm {
+  muon_comm_t inner;
+  int fail_on;
+  int calls = 0;
+};
+
+muon_status_t FailingA2a(void* ctx, const void* send, const size_t* sb, const size_t* so,
+                         void* recv, const size_t* rb, const size_t* ro, void* stream) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  muon_status_t st = f->inner.all_to_all_v(f->inner.ctx, send, sb, so, recv, rb, ro, stream);
+  if (st == MUON_OK && f->calls++ == f->fail_on) {
+    muon_set_callback_error("injected link failure");
+    return MUON_UNAVAILABLE;
+  }
+  return st;
+}
+
+muon_status_t PassAllGather(void* ctx, const void* s, void* r, size_t b, void* st) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  return f->inner.all_gather(f->inner.ctx, s, r, b, st);
+}
+muon_status_t PassBroadcast(void* ctx, void* buf, size_t b, int32_t root, void* st) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  return f->inner.broadcast(f->inner.ctx, buf, b, root, st);
+}
+muon_status_t PassReduceScatter(void* ctx, const void* s, void* r, size_t c, int32_t d, void* st) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  return f->inner.reduce_scatter(f->inner.ctx, s, r, c, d, st);
+}
+muon_status_t PassBarrier(void* ctx, void* st) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  return f->inner.barrier(f->inner.ctx, st);
+}
+void ReleaseFailing(void* ctx) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  if (f->inner.release) f->inner.release(f->inner.ctx);
+  delete f;
+}
+
+muon_comm_t WrapFailing(const muon_comm_t& inner, int fail_on) {
+  muon_comm_t t = inner;
+  t.ctx = new FailingComm{inner, fail_on};
+  t.all_gather = PassAllGather;
+  t.all_to_all_v = FailingA2a;
+  t.broadcast = PassBroadcast;
+  t.reduce_scatter = PassReduceScatter;
+  t.barrier = PassBarrier;
+  t.release = ReleaseFailing;
+  return t;
+}
+
 std::string LastError(const char* what, muon_status_t st) {
   return std::string(what) + ": " + muon_status_string(st) + ": " + muon_last_error_message();
 }
@@ -207,6 +260,9 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     RankResult& res = results[rank];
     muon_options_t o;
     Options(cfg, &o);
+    int my_rank = rank;
+    o.assign_state = &my_rank;
+    if (cfg.mutate_options) cfg.mutate_options(rank, &o);
     muon_optimizer_t* opt = nullptr;
     muon_status_t st = muon_create(&o, &opt);
     if (st != MUON_OK) {
@@ -216,6 +272,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     muon_comm_t comm;
     int32_t world_id = -1;
     st = muon_inprocess_comm(world, nullptr, 0, rank, &comm);
+    if (st == MUON_OK && cfg.fail_exchange_call >= 0) comm = WrapFailing(comm, cfg.fail_exchange_call);
     if (st == MUON_OK) st = muon_set_world(opt, &comm, &world_id);
     std::vector<int32_t> group_ids;
     for (size_t d = 0; st == MUON_OK && d < mesh.dims.size(); ++d) {
@@ -233,10 +290,29 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     }
     std::vector<std::vector<float>> grads;
     std::vector<size_t> which;  // model index of each registered param
+    std::vector<TParam> mine = model;
+    std::vector<std::pair<int64_t, int64_t>> flat_override(model.size(), {-1, -1});
+    if (cfg.mutate) {
+      for (size_t k = 0; k < mine.size(); ++k) {
+        cfg.mutate(rank, &mine[k], &flat_override[k].first, &flat_override[k].second);
+      }
+    }
     for (size_t k = 0; k < model.size(); ++k) {
-      const TParam& p = model[k];
+      const TParam& p = mine[k];
       if (p.registered_on && !p.registered_on(rank)) continue;
       std::vector<int64_t> idx = LocalIndices(p, mesh, rank);
+      if (flat_override[k].first >= 0) {
+        // A deliberately wrong flat range: the local tensor follows it.
+        TParam prefix = p;
+        while (!prefix.placements.empty() &&
+               prefix.placements.back().kind == MUON_PLACEMENT_FLAT_RANGE) {
+          prefix.placements.pop_back();
+        }
+        std::vector<int64_t> all = LocalIndices(prefix, mesh, rank);
+        const int64_t a = flat_override[k].first, len = flat_override[k].second;
+        idx.assign(all.begin() + std::min<int64_t>(a, all.size()),
+                   all.begin() + std::min<int64_t>(a + len, all.size()));
+      }
       res.indices.push_back(idx);
       res.names.push_back(p.name);
       res.params.emplace_back(idx.size());
@@ -246,7 +322,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     std::vector<int64_t> counts(res.params.size());
     std::vector<std::vector<muon_placement_t>> placements(res.params.size());
     for (size_t j = 0; j < res.params.size(); ++j) {
-      const TParam& p = model[which[j]];
+      const TParam& p = mine[which[j]];
       for (size_t i = 0; i < res.indices[j].size(); ++i) {
         res.params[j][i] = InitValue(p.name, res.indices[j][i]);
       }
@@ -263,7 +339,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     }
     // Flat ranges: this rank's range of the tensor the placement splits.
     for (size_t j = 0; j < res.params.size(); ++j) {
-      const TParam& p = model[which[j]];
+      const TParam& p = mine[which[j]];
       TParam prefix = p;
       prefix.placements.clear();
       for (size_t q = 0; q < p.placements.size(); ++q) {
@@ -274,12 +350,16 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
                                                       : mesh.Coords(rank)[p.placements[q].mesh_dim];
           placements[j][q].start = FlatCut(gr, gn, m);
           placements[j][q].length = FlatCut(gr + 1, gn, m) - placements[j][q].start;
+          if (flat_override[which[j]].first >= 0 && q + 1 == p.placements.size()) {
+            placements[j][q].start = flat_override[which[j]].first;
+            placements[j][q].length = flat_override[which[j]].second;
+          }
         }
         prefix.placements.push_back(p.placements[q]);
       }
     }
     for (size_t j = 0; j < res.params.size() && st == MUON_OK; ++j) {
-      const TParam& p = model[which[j]];
+      const TParam& p = mine[which[j]];
       DLTensor v = Tensor1D(res.params[j].data(), &counts[j]);
       DLTensor g = Tensor1D(grads[j].data(), &counts[j]);
       muon_param_options_t po;
@@ -294,14 +374,33 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       st = muon_register_param(opt, &v, &g, &po, &id);
       if (st != MUON_OK) res.error = LastError("register", st);
     }
+    std::vector<unsigned char> blob;
+    std::vector<std::vector<float>> saved;
     for (int s = 0; s < cfg.steps && st == MUON_OK; ++s) {
       for (size_t j = 0; j < grads.size(); ++j) {
         for (size_t i = 0; i < grads[j].size(); ++i) {
           grads[j][i] = GradValue(res.names[j], res.indices[j][i], s);
         }
       }
+      if (cfg.fail_exchange_call >= 0 && s > 0) {  // a checkpoint before each step
+        size_t size = 0;
+        muon_save_state(opt, nullptr, 0, &size);
+        blob.resize(size);
+        muon_save_state(opt, blob.data(), size, &size);
+        saved = res.params;
+      }
       st = muon_step(opt, nullptr);
       if (st != MUON_OK) res.error = LastError("step", st);
+    }
+    if (st != MUON_OK && cfg.fail_exchange_call >= 0 && !blob.empty()) {
+      muon_status_t again = muon_step(opt, nullptr);
+      res.refused = LastError("step again", again);
+      for (size_t j = 0; j < saved.size(); ++j) {  // in place: the library holds the pointers
+        std::copy(saved[j].begin(), saved[j].end(), res.params[j].begin());
+      }
+      if (muon_load_state(opt, blob.data(), blob.size()) == MUON_OK) {
+        res.recovered = muon_step(opt, nullptr) == MUON_OK;
+      }
     }
     muon_stats_init(&res.stats, sizeof res.stats);
     muon_get_stats(opt, &res.stats);

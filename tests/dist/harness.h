@@ -56,8 +56,18 @@ struct RunConfig {
   int prefetch_count = 1;
   int async_parallelism = 1;
   size_t round_bytes = 0;
-  // Optional custom assignment (MUON_ASSIGNMENT_CUSTOM).
+  // Optional custom assignment (MUON_ASSIGNMENT_CUSTOM); its state is a
+  // pointer to the calling rank's world rank (int).
   muon_status_t (*assign_fn)(void*, size_t, const muon_matrix_info_t*, int32_t*) = nullptr;
+  // Per-rank changes, for the misuse tests: of a parameter before it is
+  // registered (shape, flat range) and of the options.
+  std::function<void(int rank, TParam* p, int64_t* flat_start, int64_t* flat_length)> mutate;
+  std::function<void(int rank, muon_options_t* o)> mutate_options;
+  // >= 0: every rank's world all_to_all_v fails on this call (0-based, counted
+  // over the whole run) with MUON_UNAVAILABLE after moving the data. The run
+  // then checks the refusal of a further step and the recovery by restoring
+  // the checkpoint taken before the failing step.
+  int fail_exchange_call = -1;
 };
 
 struct RankResult {
@@ -66,6 +76,10 @@ struct RankResult {
   std::vector<std::string> names;
   muon_stats_t stats{};
   std::string error;  // first failure on this rank, empty if none
+  // With fail_exchange_call: what a second step said, and whether the step
+  // after restoring the checkpoint succeeded.
+  std::string refused;
+  bool recovered = false;
 };
 
 // Runs the model on the mesh (one thread per rank) and returns each rank's result.
