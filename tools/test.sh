@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: the whole suite, then the C/C++ unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer. Ends with "N passed, N failed".
+# AddressSanitizer + UndefinedBehaviorSanitizer, the threaded multi-rank tests under
+# ThreadSanitizer, and libmuon as a dependency of another workspace. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
@@ -14,7 +15,11 @@ bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 
 echo "== C/C++ unit tests under ASan + UBSan"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
-  //muon/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
+  //muon/... //tests/c_api/... //tests/dist/... 2>&1 | tee -a "$log" || rc=1
+
+echo "== multi-rank (threaded) tests under ThreadSanitizer"
+bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
+  //muon/dist/... //tests/dist/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1

@@ -70,9 +70,13 @@ std::vector<int64_t> LocalIndices(const TParam& p, const Mesh& mesh, int rank) {
       shape = {b - a};
       continue;
     }
+    if (pl.dim < 0 || static_cast<size_t>(pl.dim) >= shape.size()) {
+      return {};  // an invalid layout (misuse tests): the library must refuse it
+    }
     const int64_t d = shape[pl.dim];
     int64_t a = 0, b = 0;
     if (pl.split == MUON_SPLIT_EVEN) {
+      if (d % n != 0) return {};  // invalid (misuse tests)
       a = r * (d / n);
       b = a + d / n;
     } else if (pl.split == MUON_SPLIT_CHUNK) {
