@@ -29,6 +29,12 @@ muon_status_t ToCode(absl::StatusCode code) {
   }
 }
 
+absl::StatusCode FromCode(muon_status_t status) {
+  const int c = static_cast<int>(status);
+  if (c > 0 && c <= 16) return static_cast<absl::StatusCode>(c);
+  return absl::StatusCode::kUnknown;
+}
+
 muon_status_t Report(const char* fn, const absl::Status& s) {
   if (s.ok()) {
     LastError().clear();

@@ -22,6 +22,10 @@ std::string& LastError();
 // anything unknown is MUON_UNKNOWN).
 muon_status_t ToCode(absl::StatusCode code);
 
+// The absl::StatusCode of a muon_status_t (MUON_OK never reaches here;
+// anything unknown is kUnknown).
+absl::StatusCode FromCode(muon_status_t status);
+
 // Records `s` as the thread's last error ("fn: message"; cleared when OK)
 // and returns its code.
 muon_status_t Report(const char* fn, const absl::Status& s);

@@ -309,6 +309,53 @@ MUON_API muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor
                                            const muon_param_options_t* options,
                                            int64_t* param_id);
 
+/* The fully custom path, for layouts no placement list describes: the host
+ * decides who orthogonalizes the matrix, gathers it there and hands the
+ * pieces back, through callbacks that receive `state`. The parameter is one
+ * global_rows x global_cols matrix (matrix_view is ignored); every rank that
+ * holds a piece registers it under the same name (a world is required).
+ * At each step, after momentum, the library calls on every rank that
+ * registered it, in the order of parameter names:
+ *   gather_fn: `local` holds this rank's update values (fp32, local_numel, in
+ *     the local tensor's order). On the rank `owner`, the callback points
+ *     out->data at the whole update matrix (fp32, row-major, host-owned, valid
+ *     until redistribute_fn returns) and sets out->rows and out->cols; the
+ *     library checks them against the registered shape and refuses a
+ *     mismatch. Elsewhere it leaves `out` alone.
+ *   redistribute_fn: on the owner, `full` holds the orthogonalized matrix;
+ *     every rank writes its local_numel values into `local`.
+ * Both are collective among the holders (the host's own communication) and
+ * return MUON_OK or an error (with muon_set_callback_error for detail). */
+typedef struct muon_gathered_t {
+  const float* data;
+  int64_t rows;
+  int64_t cols;
+} muon_gathered_t;
+
+typedef struct muon_custom_layout_t {
+  size_t struct_size;     /* sizeof(muon_custom_layout_t) */
+  void* state;            /* the host's, passed to every callback */
+  int64_t global_rows;
+  int64_t global_cols;
+  /* The world rank that orthogonalizes the matrix, called once at the first
+   * step on every holder; every holder must give the same rank, one of the
+   * holders (checked). */
+  int32_t (*assign_fn)(void* state, const char* param_name, int32_t world_size);
+  muon_status_t (*gather_fn)(void* state, const float* local, int64_t local_numel,
+                             int32_t owner, muon_gathered_t* out, void* stream);
+  muon_status_t (*redistribute_fn)(void* state, const float* full, int64_t rows, int64_t cols,
+                                   int32_t owner, float* local, int64_t local_numel,
+                                   void* stream);
+} muon_custom_layout_t;
+
+/* Registers a parameter on the custom path (see above). `options` gives the
+ * name (required); its layout fields must be unset. */
+MUON_API muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* param,
+                                                  const DLTensor* grad,
+                                                  const muon_param_options_t* options,
+                                                  const muon_custom_layout_t* layout,
+                                                  int64_t* param_id);
+
 /* Number of registered parameters. */
 MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* count);
 
@@ -319,9 +366,19 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  *   O <- NewtonSchulz(U)           (per matrix of the matrix view)
  *   p <- p * (1 - lr * weight_decay)
  *   p <- p - adjusted_lr * O
- * `stream` is ignored for CPU tensors (pass NULL). Fails with
- * MUON_FAILED_PRECONDITION when no parameter is registered. On failure no
- * parameter or state has been changed. */
+ * `stream` is handed to the communicators (NULL for CPU tensors). With a
+ * world, muon_step is collective: every rank of the world calls it, and the
+ * first call runs a setup handshake that checks every rank registered
+ * consistent parameters, layouts, groups and options (errors name the first
+ * parameter or rank that differs, on every rank).
+ * Fails with MUON_FAILED_PRECONDITION when no parameter is registered.
+ * A failure before the exchange (setup, validation, memory) changes nothing.
+ * A communicator or callback failure during the exchange is returned with
+ * the parameter and operation named; momentum buffers and parameters may
+ * then be half-updated, so the optimizer refuses further steps (FAILED_
+ * PRECONDITION) until the host restores state with muon_load_state or
+ * muon_set_state (and its parameters from its own checkpoint). No retry and
+ * no fallback to a non-distributed step ever happens. */
 MUON_API muon_status_t muon_step(muon_optimizer_t* opt, void* stream);
 
 /* Number of completed steps. */

@@ -150,7 +150,7 @@ absl::Status ToCoreOptions(const muon_options_t& c, muon::Options* out) {
       const muon_status_t st = fn(state, table.size(), table.data(), out.data());
       const std::string detail = muon::TakeCallbackError();
       if (st != MUON_OK) {
-        return absl::Status(static_cast<absl::StatusCode>(st),
+        return absl::Status(muon::capi::FromCode(st),
                             absl::StrCat("assign_fn returned ", muon_status_string(st),
                                          detail.empty() ? "" : ": ", detail));
       }
@@ -389,6 +389,69 @@ muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
     }
     auto id = opt->impl->RegisterParam(param, grad, po.name ? po.name : "", po.matrix_view,
                                        has_layout ? &spec : nullptr);
+    if (!id.ok()) return id.status();
+    *param_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* param,
+                                         const DLTensor* grad, const muon_param_options_t* options,
+                                         const muon_custom_layout_t* layout, int64_t* param_id) {
+  return Guard("muon_register_param_custom", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (param_id == nullptr) return NullArg("param_id");
+    if (options == nullptr) return NullArg("options (the name is required)");
+    if (layout == nullptr) return NullArg("layout");
+    absl::Status size_ok = CheckStructSize("options", options->struct_size, kParamOptionsV1Size);
+    if (!size_ok.ok()) return size_ok;
+    if (layout->struct_size < sizeof(muon_custom_layout_t)) {
+      return CheckStructSize("layout", layout->struct_size, sizeof(muon_custom_layout_t));
+    }
+    muon_param_options_t defaults;
+    DefaultParamOptions(&defaults);
+    const muon_param_options_t po = ReadVersioned(options, defaults);
+    const std::string name = po.name ? po.name : "";
+    if (po.global_ndim != 0 || po.num_placements != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", name, "': a custom-path parameter takes no global_shape or placements"));
+    }
+    const muon_custom_layout_t c = *layout;
+    auto path = std::make_shared<muon::CustomPath>();
+    if (c.assign_fn) {
+      path->assign = [c, name](int world) { return c.assign_fn(c.state, name.c_str(), world); };
+    }
+    if (c.gather_fn) {
+      path->gather = [c](const float* local, int64_t n, int owner, const float** full,
+                         int64_t* rows, int64_t* cols, void* stream) -> absl::Status {
+        muon_gathered_t out{nullptr, -1, -1};
+        muon::TakeCallbackError();
+        const muon_status_t st = c.gather_fn(c.state, local, n, owner, &out, stream);
+        const std::string detail = muon::TakeCallbackError();
+        if (st != MUON_OK) {
+          return absl::Status(muon::capi::FromCode(st), detail.empty() ? muon_status_string(st) : detail);
+        }
+        *full = out.data;
+        *rows = out.rows;
+        *cols = out.cols;
+        return absl::OkStatus();
+      };
+    }
+    if (c.redistribute_fn) {
+      path->redistribute = [c](const float* full, int64_t rows, int64_t cols, int owner,
+                               float* local, int64_t n, void* stream) -> absl::Status {
+        muon::TakeCallbackError();
+        const muon_status_t st =
+            c.redistribute_fn(c.state, full, rows, cols, owner, local, n, stream);
+        const std::string detail = muon::TakeCallbackError();
+        if (st != MUON_OK) {
+          return absl::Status(muon::capi::FromCode(st), detail.empty() ? muon_status_string(st) : detail);
+        }
+        return absl::OkStatus();
+      };
+    }
+    auto id = opt->impl->RegisterCustomParam(param, grad, name, c.global_rows, c.global_cols,
+                                             std::move(path));
     if (!id.ok()) return id.status();
     *param_id = *id;
     return absl::OkStatus();

@@ -93,6 +93,7 @@ std::string SerializeRankDesc(const RankDesc& d) {
     o.Put<uint8_t>(p.param_dtype);
     o.Put<uint8_t>(p.state_dtype);
     o.Put<uint8_t>(p.view);
+    o.Put<int32_t>(p.custom_owner);
     o.Ints(p.global_shape);
     o.Ints(p.layout.global_shape);
     o.Put<uint32_t>(static_cast<uint32_t>(p.layout.placements.size()));
@@ -136,7 +137,7 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
     RankParamDesc p;
     uint32_t nplace;
     if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
-        !in.Get(&p.view) || !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) ||
+        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) ||
         !in.Get(&nplace) || nplace > 64) {
       return bad();
     }
@@ -240,6 +241,17 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
             " registered ", ShapeString(p.global_shape), " (view ", p.view,
             "); every rank must register the same parameters with the same global shapes"));
       }
+      if ((p.custom_owner >= 0) != (q.custom_owner >= 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " and rank ", r.world_rank,
+            " registered it differently (one on the custom path, one with a layout)"));
+      }
+      if (p.custom_owner != q.custom_owner) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': assign_fn chose rank ", q.custom_owner, " on rank ", qr,
+            " but rank ", p.custom_owner, " on rank ", r.world_rank,
+            "; it must give the same owner on every rank"));
+      }
       if (p.param_dtype != q.param_dtype || p.state_dtype != q.state_dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
             "param '", p.name, "': ranks ", qr, " and ", r.world_rank,
@@ -248,6 +260,30 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     }
   }
   for (const auto& [name, who] : first) {
+    const RankParamDesc& cd = *who.second;
+    if (cd.custom_owner >= 0) {
+      CustomUnit cu;
+      cu.name = name;
+      cu.owner = cd.custom_owner;
+      cu.rows = cd.global_shape[0];
+      cu.cols = cd.global_shape[1];
+      cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps);
+      std::vector<int> holders;
+      for (const RankDesc& r : ranks) {
+        for (size_t i = 0; i < r.params.size(); ++i) {
+          if (r.params[i].name != name) continue;
+          holders.push_back(r.world_rank);
+          if (r.world_rank == my_rank) cu.local = static_cast<int>(i);
+        }
+      }
+      if (std::find(holders.begin(), holders.end(), cu.owner) == holders.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", name, "': assign_fn chose rank ", cu.owner,
+            ", which did not register it (holders: ", absl::StrJoin(holders, ", "), ")"));
+      }
+      plan.custom.push_back(std::move(cu));
+      continue;
+    }
     PlanParam pp;
     pp.name = name;
     const RankParamDesc& d = *who.second;
@@ -278,6 +314,7 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     }
     for (size_t i = 0; i < r.params.size(); ++i) {
       const RankParamDesc& d = r.params[i];
+      if (d.custom_owner >= 0) continue;
       PlanParam& pp = plan.params[index[d.name]];
       auto piece = ComputePiece(d.layout, sizes, coords,
                                 absl::StrCat("param '", d.name, "' on rank ", r.world_rank));
@@ -383,6 +420,10 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     h = FnvValue(h, u.index);
     h = FnvValue(h, u.owner);
     h = FnvValue(h, u.round);
+  }
+  for (const CustomUnit& c : plan.custom) {
+    h = Fnv(h, c.name.data(), c.name.size());
+    h = FnvValue(h, c.owner);
   }
   plan.digest = h;
   return plan;

@@ -26,6 +26,7 @@ struct RankParamDesc {
   uint8_t view = 0;
   std::vector<int64_t> global_shape;
   Layout layout;  // group indices refer to the registering rank's groups
+  int32_t custom_owner = -1;  // >= 0: on the custom path, orthogonalized there
 };
 
 struct RankDesc {
@@ -82,9 +83,19 @@ struct Unit {
   std::vector<int> receivers;  // indices into holders: every piece meeting the matrix
 };
 
+// A parameter on the custom path: the host moves its data.
+struct CustomUnit {
+  std::string name;
+  int owner = 0;
+  int64_t rows = 0, cols = 0;
+  int local = -1;  // this rank's param index, or -1
+  double flops = 0;
+};
+
 struct Plan {
-  std::vector<PlanParam> params;  // sorted by name
+  std::vector<PlanParam> params;  // sorted by name (layout path)
   std::vector<Unit> units;        // global order: by param, then index
+  std::vector<CustomUnit> custom;  // sorted by name
   int rounds = 0;
   uint64_t digest = 0;
 };

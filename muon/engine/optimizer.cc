@@ -120,6 +120,119 @@ absl::StatusOr<int> Optimizer::GroupSize(int group) const {
   return groups_[group]->size();
 }
 
+absl::Status Optimizer::AddParam(Param p) {
+  // Overlapping storage would be updated twice (or a grad overwritten by the
+  // step): refuse it, naming both tensors.
+  auto overlaps = [](const TensorView& a, const TensorView& b) {
+    const char* a0 = static_cast<const char*>(a.data);
+    const char* b0 = static_cast<const char*>(b.data);
+    return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  };
+  if (overlaps(p.value, p.grad)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param '", p.name, "': param and grad share storage"));
+  }
+  for (const Param& q : params_) {
+    for (const TensorView* mine : {&p.value, &p.grad}) {
+      for (const TensorView* theirs : {&q.value, &q.grad}) {
+        if (overlaps(*mine, *theirs)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
+              " storage overlaps the ", theirs == &q.value ? "param" : "grad",
+              " of param '", q.name, "'"));
+        }
+      }
+    }
+  }
+  try {
+    params_.push_back(std::move(p));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("muon_register_param: out of host memory");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
+                                                       const std::string& name, int64_t rows,
+                                                       int64_t cols,
+                                                       std::shared_ptr<CustomPath> path) {
+  const int64_t id = static_cast<int64_t>(params_.size());
+  if (!distributed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': the custom path needs a world communicator (muon_set_world)"));
+  }
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param ", id, ": a name is required on the custom path"));
+  }
+  if (planned_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': registration is closed after the first step"));
+  }
+  for (const Param& q : params_) {
+    if (q.name == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("param '", name, "': a parameter with this name is registered"));
+    }
+  }
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': global_rows and global_cols must be >= 1 (got ", rows, " x ", cols,
+        ")"));
+  }
+  if (!path || !path->assign || !path->gather || !path->redistribute) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': assign_fn, gather_fn and redistribute_fn are all required"));
+  }
+  const std::vector<int64_t> global = {rows, cols};
+  MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, name, 0, options_.momentum_fp32, &global));
+  if (p.numel() > rows * cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': the local tensor has ", p.numel(), " elements, more than the ",
+        rows, " x ", cols, " matrix"));
+  }
+  p.layout.global_shape = global;
+  p.custom = std::move(path);
+  MUON_RETURN_IF_ERROR(AddParam(std::move(p)));
+  return id;
+}
+
+absl::Status Optimizer::RunCustom(void* stream) {
+  for (const CustomUnit& c : plan_.custom) {
+    if (c.local < 0) continue;
+    Param& p = params_[c.local];
+    const std::string who = absl::StrCat("param '", p.name, "'");
+    const float* full = nullptr;
+    int64_t rows = -1, cols = -1;
+    const bool owner = c.owner == world_->rank();
+    absl::Status st = p.custom->gather(updates_[c.local].data(), p.numel(), c.owner, &full, &rows,
+                                       &cols, stream);
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(who, ": gather_fn failed: ", st.message()));
+    }
+    if (owner) {
+      if (full == nullptr || rows != c.rows || cols != c.cols) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": gather_fn returned a ", rows, " x ", cols, " matrix",
+            full == nullptr ? " with no data" : "", "; the parameter is registered as ", c.rows,
+            " x ", c.cols));
+      }
+      std::copy(full, full + rows * cols, custom_slot_.begin());
+      MUON_RETURN_IF_ERROR(
+          backend_->Orthogonalize(options_.ns, {custom_slot_.data(), 1, c.rows, c.cols}));
+      stats_.matrices_orthogonalized += 1;
+      stats_.ns_flops += c.flops;
+    }
+    st = p.custom->redistribute(owner ? custom_slot_.data() : nullptr, c.rows, c.cols, c.owner,
+                                updates_[c.local].data(), p.numel(), stream);
+    if (!st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat(who, ": redistribute_fn failed: ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int view,
                                                  const DistSpec* dist) {
@@ -165,34 +278,7 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
           " (shape ", ShapeString(p.piece.shape), ")"));
     }
   }
-  // Overlapping storage would be updated twice (or a grad overwritten by the
-  // step): refuse it, naming both tensors.
-  auto overlaps = [](const TensorView& a, const TensorView& b) {
-    const char* a0 = static_cast<const char*>(a.data);
-    const char* b0 = static_cast<const char*>(b.data);
-    return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-  };
-  if (overlaps(p.value, p.grad)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("param '", p.name, "': param and grad share storage"));
-  }
-  for (const Param& q : params_) {
-    for (const TensorView* mine : {&p.value, &p.grad}) {
-      for (const TensorView* theirs : {&q.value, &q.grad}) {
-        if (overlaps(*mine, *theirs)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
-              " storage overlaps the ", theirs == &q.value ? "param" : "grad",
-              " of param '", q.name, "'"));
-        }
-      }
-    }
-  }
-  try {
-    params_.push_back(std::move(p));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("muon_register_param: out of host memory");
-  }
+  MUON_RETURN_IF_ERROR(AddParam(std::move(p)));
   return id;
 }
 
@@ -215,6 +301,15 @@ absl::Status Optimizer::Setup(void* stream) {
     d.view = static_cast<uint8_t>(p.view);
     d.global_shape = p.global_shape;
     d.layout = p.layout;
+    if (p.custom) {
+      const int owner = p.custom->assign(world_->size());
+      if (owner < 0 || owner >= world_->size()) {
+        // Reported after the handshake, so no rank is left waiting.
+        d.custom_owner = world_->size();
+      } else {
+        d.custom_owner = owner;
+      }
+    }
     me.params.push_back(std::move(d));
   }
   // Handshake: every rank's description, padded to the longest.
@@ -295,13 +390,24 @@ absl::Status Optimizer::Setup(void* stream) {
     send_.resize(bytes);
     recv_.resize(bytes);
   }));
+  int64_t custom_most = 0;
+  for (const CustomUnit& c : plan_.custom) {
+    if (c.owner == world_->rank()) custom_most = std::max(custom_most, c.rows * c.cols);
+  }
+  MUON_RETURN_IF_ERROR(Allocating("the custom-path matrix", [&] {
+    custom_slot_.resize(static_cast<size_t>(custom_most));
+  }));
   auto* cpu = static_cast<CpuBackend*>(backend_.get());
+  for (const CustomUnit& c : plan_.custom) {
+    if (c.owner == world_->rank()) MUON_RETURN_IF_ERROR(cpu->Reserve(c.rows, c.cols));
+  }
   for (const RoundTable& t : tables_) {
     for (const ShapeBatch& b : t.batches) MUON_RETURN_IF_ERROR(cpu->Reserve(b.rows, b.cols));
   }
-  stats_.matrices_total = static_cast<int64_t>(plan_.units.size());
+  stats_.matrices_total = static_cast<int64_t>(plan_.units.size() + plan_.custom.size());
   stats_.matrices_owned = 0;
   for (const Unit& u : plan_.units) stats_.matrices_owned += u.owner == world_->rank();
+  for (const CustomUnit& c : plan_.custom) stats_.matrices_owned += c.owner == world_->rank();
   planned_ = true;
   return absl::OkStatus();
 }
@@ -407,7 +513,7 @@ absl::Status Optimizer::Step(void* stream) {
   }
   // Setup fails before any tensor is written.
   if (!planned_) MUON_RETURN_IF_ERROR(Setup(stream));
-  if (plan_.units.empty()) {
+  if (plan_.units.empty() && plan_.custom.empty()) {
     return absl::FailedPreconditionError(
         "muon_step: no parameters are registered on any rank; call muon_register_param first");
   }
@@ -428,7 +534,10 @@ absl::Status Optimizer::Step(void* stream) {
   }
   // From here on state has changed: a failure poisons the optimizer.
   world_->ResetCounters();
+  stats_.matrices_orthogonalized = 0;
+  stats_.ns_flops = 0;
   absl::Status st = RunRounds(stream);
+  if (st.ok()) st = RunCustom(stream);
   if (!st.ok()) {
     poisoned_ = std::string(st.message());
     return st;
@@ -451,8 +560,6 @@ absl::Status Optimizer::Step(void* stream) {
   stats_.bytes_received = c.bytes_received;
   stats_.collectives = c.collectives;
   stats_.rounds = static_cast<int64_t>(tables_.size());
-  stats_.matrices_orthogonalized = 0;
-  stats_.ns_flops = 0;
   for (const RoundTable& t : tables_) {
     stats_.matrices_orthogonalized += t.owned;
     stats_.ns_flops += t.flops;

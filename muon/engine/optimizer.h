@@ -67,6 +67,11 @@ class Optimizer {
                                         const std::string& name, int view,
                                         const DistSpec* dist = nullptr);
 
+  // Registers a parameter on the custom path (needs a world).
+  absl::StatusOr<int64_t> RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
+                                              const std::string& name, int64_t rows,
+                                              int64_t cols, std::shared_ptr<CustomPath> path);
+
   // Runs one step. `stream` is handed to the communicators.
   absl::Status Step(void* stream = nullptr);
 
@@ -87,6 +92,8 @@ class Optimizer {
   absl::Status Setup(void* stream);
   absl::Status RunRounds(void* stream);
   absl::Status Orthogonalize(const RoundTable& t, float* slots);
+  absl::Status RunCustom(void* stream);
+  absl::Status AddParam(Param p);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
   Options options_;
@@ -103,6 +110,7 @@ class Optimizer {
   std::vector<std::vector<float>> updates_;  // per param: U, then the orthogonalized update
   std::vector<std::vector<float>> slots_;    // prefetch_count + 1 working buffers
   std::vector<unsigned char> send_, recv_;
+  std::vector<float> custom_slot_;  // the largest custom-path matrix this rank owns
 
   std::string poisoned_;  // set when a step failed after changing state
   int64_t step_count_ = 0;

@@ -4,6 +4,8 @@
 #define MUON_ENGINE_PARAM_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,18 @@
 namespace muon {
 
 enum class MatrixView { k2D = 0, kFlattenTrailing = 1, kBatchedLeading = 2 };
+
+// The fully custom path (muon_register_param_custom): the host assigns,
+// gathers and redistributes through callbacks.
+struct CustomPath {
+  std::function<int(int world_size)> assign;
+  std::function<absl::Status(const float* local, int64_t n, int owner, const float** full,
+                             int64_t* rows, int64_t* cols, void* stream)>
+      gather;
+  std::function<absl::Status(const float* full, int64_t rows, int64_t cols, int owner,
+                             float* local, int64_t n, void* stream)>
+      redistribute;
+};
 
 struct Param {
   std::string name;
@@ -31,6 +45,7 @@ struct Param {
   // global elements `value` holds (the whole tensor when not distributed).
   Layout layout;
   Piece piece;
+  std::shared_ptr<CustomPath> custom;  // set on the custom path (no layout then)
 
   int64_t numel() const { return value.numel(); }  // local elements
   void* momentum_data() { return momentum.data(); }
