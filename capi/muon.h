@@ -274,6 +274,21 @@ typedef struct muon_placement_t {
   int64_t length;        /* FLAT_RANGE: this rank's element count */
 } muon_placement_t;
 
+/* How a parameter replicated over a data-parallel group is stepped. */
+typedef enum muon_replicated_mode_t {
+  /* The host averaged the gradients (DDP); every replica keeps momentum and
+   * receives the orthogonalized update. */
+  MUON_REPLICATED_HOST_AVERAGED = 0,
+  /* ZeRO-2 style: the placements must be exactly one REPLICATE over a group;
+   * each rank passes its own (un-averaged) gradient. Same-shape parameters
+   * are grouped; for each block of up to group-size of them, one
+   * reduce_scatter averages the gradients (sum in group-rank order, then
+   * divided by the group size) onto their owners (block-cyclic), each owner
+   * keeps the momentum of its parameters only (1/N of the state), steps
+   * them, and one all_gather hands the new values to every replica. */
+  MUON_REPLICATED_ZERO2 = 1
+} muon_replicated_mode_t;
+
 typedef struct muon_param_options_t {
   size_t struct_size;   /* sizeof(muon_param_options_t), set by muon_param_options_init */
   /* UTF-8, copied; used in error messages. With a world communicator it is
@@ -289,6 +304,9 @@ typedef struct muon_param_options_t {
   int32_t num_placements;
   const int64_t* global_shape;
   const muon_placement_t* placements;  /* num_placements entries, copied */
+  /* muon_replicated_mode_t. Default HOST_AVERAGED. */
+  int32_t replicated_mode;
+  int32_t reserved1;    /* must be 0 */
 } muon_param_options_t;
 
 MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,

@@ -341,7 +341,20 @@ muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
       if (po.reserved0 != 0) return absl::InvalidArgumentError("options->reserved0 must be 0");
     }
     muon::DistSpec spec;
+    if (po.reserved1 != 0) return absl::InvalidArgumentError("options->reserved1 must be 0");
+    if (po.replicated_mode != MUON_REPLICATED_HOST_AVERAGED &&
+        po.replicated_mode != MUON_REPLICATED_ZERO2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->replicated_mode: unknown value ", po.replicated_mode,
+          "; use MUON_REPLICATED_HOST_AVERAGED (0) or MUON_REPLICATED_ZERO2 (1)"));
+    }
+    spec.zero2 = po.replicated_mode == MUON_REPLICATED_ZERO2;
     const bool has_layout = po.global_ndim > 0 || po.num_placements > 0;
+    if (spec.zero2 && !has_layout) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", po.name ? po.name : "", "': MUON_REPLICATED_ZERO2 needs global_shape and a "
+          "REPLICATE placement over the data-parallel group"));
+    }
     if (has_layout) {
       const std::string who = absl::StrCat("param '", po.name ? po.name : "", "'");
       if (po.global_ndim <= 0 || po.global_ndim > 16 || po.global_shape == nullptr) {
@@ -412,9 +425,10 @@ muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* 
     DefaultParamOptions(&defaults);
     const muon_param_options_t po = ReadVersioned(options, defaults);
     const std::string name = po.name ? po.name : "";
-    if (po.global_ndim != 0 || po.num_placements != 0) {
+    if (po.global_ndim != 0 || po.num_placements != 0 || po.replicated_mode != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "param '", name, "': a custom-path parameter takes no global_shape or placements"));
+          "param '", name, "': a custom-path parameter takes no global_shape, placements or "
+          "replicated_mode"));
     }
     const muon_custom_layout_t c = *layout;
     auto path = std::make_shared<muon::CustomPath>();

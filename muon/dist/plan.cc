@@ -94,6 +94,7 @@ std::string SerializeRankDesc(const RankDesc& d) {
     o.Put<uint8_t>(p.state_dtype);
     o.Put<uint8_t>(p.view);
     o.Put<int32_t>(p.custom_owner);
+    o.Put<uint8_t>(p.zero2);
     o.Ints(p.global_shape);
     o.Ints(p.layout.global_shape);
     o.Put<uint32_t>(static_cast<uint32_t>(p.layout.placements.size()));
@@ -137,7 +138,7 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
     RankParamDesc p;
     uint32_t nplace;
     if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
-        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) ||
+        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Get(&p.zero2) || !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) ||
         !in.Get(&nplace) || nplace > 64) {
       return bad();
     }
@@ -246,6 +247,11 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
             "param '", p.name, "': rank ", qr, " and rank ", r.world_rank,
             " registered it differently (one on the custom path, one with a layout)"));
       }
+      if (p.zero2 != q.zero2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " and rank ", r.world_rank,
+            " registered it with different replicated modes"));
+      }
       if (p.custom_owner != q.custom_owner) {
         return absl::InvalidArgumentError(absl::StrCat(
             "param '", p.name, "': assign_fn chose rank ", q.custom_owner, " on rank ", qr,
@@ -259,8 +265,26 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
       }
     }
   }
+  // ZeRO-2 parameters move over their own group: every member of a holder's
+  // group must hold them too (so every member runs the same blocks).
+  for (const RankDesc& r : ranks) {
+    for (const RankParamDesc& d : r.params) {
+      if (!d.zero2) continue;
+      const auto& members = r.groups[d.layout.placements[0].group];
+      for (int m : members) {
+        bool holds = false;
+        for (const RankParamDesc& e : ranks[m].params) holds = holds || (e.name == d.name && e.zero2);
+        if (!holds) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", d.name, "': registered in ZeRO-2 mode over a group with rank ", m,
+              " (by rank ", r.world_rank, "), but rank ", m, " did not register it that way"));
+        }
+      }
+    }
+  }
   for (const auto& [name, who] : first) {
     const RankParamDesc& cd = *who.second;
+    if (cd.zero2) continue;
     if (cd.custom_owner >= 0) {
       CustomUnit cu;
       cu.name = name;
@@ -314,7 +338,7 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     }
     for (size_t i = 0; i < r.params.size(); ++i) {
       const RankParamDesc& d = r.params[i];
-      if (d.custom_owner >= 0) continue;
+      if (d.custom_owner >= 0 || d.zero2) continue;
       PlanParam& pp = plan.params[index[d.name]];
       auto piece = ComputePiece(d.layout, sizes, coords,
                                 absl::StrCat("param '", d.name, "' on rank ", r.world_rank));

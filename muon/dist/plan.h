@@ -27,6 +27,7 @@ struct RankParamDesc {
   std::vector<int64_t> global_shape;
   Layout layout;  // group indices refer to the registering rank's groups
   int32_t custom_owner = -1;  // >= 0: on the custom path, orthogonalized there
+  uint8_t zero2 = 0;          // 1: ZeRO-2 replicated mode (outside the plan's units)
 };
 
 struct RankDesc {

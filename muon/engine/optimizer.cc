@@ -43,7 +43,7 @@ absl::Status Allocating(const char* what, Fn&& fn) {
   try {
     fn();
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(absl::StrCat("muon_step: out of host memory for ", what));
+    return absl::ResourceExhaustedError(absl::StrCat("out of host memory for ", what));
   }
   return absl::OkStatus();
 }
@@ -262,6 +262,14 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, std::move(param_name), view,
                                            options_.momentum_fp32,
                                            dist ? &dist->global_shape : nullptr));
+  if (dist != nullptr && dist->zero2) {
+    if (dist->placements.size() != 1 || dist->placements[0].kind != PlacementKind::kReplicate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": MUON_REPLICATED_ZERO2 needs exactly one placement, a REPLICATE over the "
+          "data-parallel group (the whole matrix on every rank of it)"));
+    }
+    p.zero2_group = dist->placements[0].group;
+  }
   if (dist != nullptr) {
     p.layout.global_shape = dist->global_shape;
     p.layout.placements = dist->placements;
@@ -293,6 +301,7 @@ absl::Status Optimizer::Setup(void* stream) {
         g->AllGather(&mine, members.data(), sizeof mine, stream, "setup: group membership"));
     me.groups.emplace_back(members.begin(), members.end());
   }
+  group_members_ = me.groups;
   for (const Param& p : params_) {
     RankParamDesc d;
     d.name = p.name;
@@ -301,6 +310,7 @@ absl::Status Optimizer::Setup(void* stream) {
     d.view = static_cast<uint8_t>(p.view);
     d.global_shape = p.global_shape;
     d.layout = p.layout;
+    d.zero2 = p.zero2_group >= 0 ? 1 : 0;
     if (p.custom) {
       const int owner = p.custom->assign(world_->size());
       if (owner < 0 || owner >= world_->size()) {
@@ -404,6 +414,7 @@ absl::Status Optimizer::Setup(void* stream) {
   for (const RoundTable& t : tables_) {
     for (const ShapeBatch& b : t.batches) MUON_RETURN_IF_ERROR(cpu->Reserve(b.rows, b.cols));
   }
+  MUON_RETURN_IF_ERROR(BuildZero2());
   stats_.matrices_total = static_cast<int64_t>(plan_.units.size() + plan_.custom.size());
   stats_.matrices_owned = 0;
   for (const Unit& u : plan_.units) stats_.matrices_owned += u.owner == world_->rank();
@@ -500,27 +511,172 @@ absl::Status Optimizer::RunRounds(void* stream) {
   return math_error;
 }
 
+absl::Status Optimizer::BuildZero2() {
+  // Group instances in one order every rank agrees on: by member list.
+  std::vector<int> groups;
+  for (const Param& p : params_) {
+    if (p.zero2_group >= 0 &&
+        std::find(groups.begin(), groups.end(), p.zero2_group) == groups.end()) {
+      groups.push_back(p.zero2_group);
+    }
+  }
+  std::sort(groups.begin(), groups.end(), [&](int a, int b) {
+    return group_members_[a] < group_members_[b];
+  });
+  int64_t largest = 0, widest = 0;
+  for (int g : groups) {
+    const int n = groups_[g]->size();
+    std::vector<int> mine;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].zero2_group == g) mine.push_back(static_cast<int>(i));
+    }
+    std::sort(mine.begin(), mine.end(),
+              [&](int a, int b) { return params_[a].name < params_[b].name; });
+    // Same shape and dtype together, in order of first appearance.
+    std::vector<std::vector<int>> buckets;
+    for (int i : mine) {
+      bool placed = false;
+      for (auto& b : buckets) {
+        const Param& q = params_[b[0]];
+        if (q.value.shape == params_[i].value.shape && q.value.dtype == params_[i].value.dtype) {
+          b.push_back(i);
+          placed = true;
+          break;
+        }
+      }
+      if (!placed) buckets.push_back({i});
+    }
+    int64_t k = 0;  // block-cyclic owner counter, running across buckets
+    for (const auto& b : buckets) {
+      for (size_t start = 0; start < b.size(); start += n) {
+        Zero2Block blk;
+        blk.group = g;
+        blk.dtype = params_[b[0]].value.dtype;
+        blk.elems = params_[b[0]].numel();
+        blk.params.assign(n, -1);
+        for (size_t j = start; j < std::min(b.size(), start + n); ++j) {
+          blk.params[k++ % n] = b[j];
+        }
+        largest = std::max(largest, blk.elems);
+        widest = std::max(widest, blk.elems * n);
+        zero2_blocks_.push_back(std::move(blk));
+      }
+    }
+  }
+  auto* cpu = static_cast<CpuBackend*>(backend_.get());
+  for (const Zero2Block& blk : zero2_blocks_) {
+    const int me = groups_[blk.group]->rank();
+    for (size_t c = 0; c < blk.params.size(); ++c) {
+      if (blk.params[c] < 0) continue;
+      Param& p = params_[blk.params[c]];
+      if (static_cast<int>(c) == me) {
+        MUON_RETURN_IF_ERROR(cpu->Reserve(p.rows, p.cols));
+      } else {
+        p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
+        std::vector<unsigned char>().swap(p.momentum);
+      }
+    }
+  }
+  return Allocating("the ZeRO-2 buffers", [&] {
+    zero2_send_.resize(static_cast<size_t>(widest) * 4);
+    zero2_recv_.resize(static_cast<size_t>(widest) * 4);
+    zero2_avg_.resize(static_cast<size_t>(largest));
+  });
+}
+
+absl::Status Optimizer::RunZero2(void* stream) {
+  const double decay = 1.0 - options_.lr * options_.weight_decay;
+  for (const Zero2Block& blk : zero2_blocks_) {
+    Comm& g = *groups_[blk.group];
+    const int n = g.size(), me = g.rank();
+    const size_t bytes = static_cast<size_t>(blk.elems) * SizeOf(blk.dtype);
+    const int first = *std::max_element(blk.params.begin(), blk.params.end());
+    const std::string what =
+        absl::StrCat("ZeRO-2 block of param '", params_[first].name, "'");
+    // Gradients, block c for the owner at coord c, summed onto it.
+    for (int c = 0; c < n; ++c) {
+      unsigned char* dst = zero2_send_.data() + c * bytes;
+      if (blk.params[c] >= 0) {
+        std::memcpy(dst, params_[blk.params[c]].grad.data, bytes);
+      } else {
+        std::memset(dst, 0, bytes);
+      }
+    }
+    const muon_dtype_t dt = blk.dtype == DType::kF32    ? MUON_DTYPE_FLOAT32
+                            : blk.dtype == DType::kBF16 ? MUON_DTYPE_BFLOAT16
+                                                        : MUON_DTYPE_FLOAT16;
+    MUON_RETURN_IF_ERROR(g.ReduceScatter(zero2_send_.data(), zero2_recv_.data(),
+                                         static_cast<size_t>(blk.elems), dt, stream,
+                                         absl::StrCat("averaging gradients of the ", what)));
+    if (blk.params[me] >= 0) {
+      Param& p = params_[blk.params[me]];
+      const size_t i = static_cast<size_t>(blk.params[me]);
+      for (int64_t e = 0; e < blk.elems; ++e) {
+        zero2_avg_[e] =
+            RoundTo(blk.dtype, LoadAsFloat(blk.dtype, zero2_recv_.data(), e) / static_cast<float>(n));
+      }
+      MomentumArgs m;
+      m.grad_dtype = DType::kF32;  // the average, already rounded to the grad dtype
+      m.grad = zero2_avg_.data();
+      m.buf_dtype = p.state_dtype;
+      m.buf = p.momentum_data();
+      m.n = p.numel();
+      m.momentum = options_.momentum;
+      m.nesterov = options_.nesterov;
+      m.out = updates_[i].data();
+      MUON_RETURN_IF_ERROR(backend_->Momentum(m));
+      MUON_RETURN_IF_ERROR(
+          backend_->Orthogonalize(options_.ns, {updates_[i].data(), p.batch, p.rows, p.cols}));
+      ApplyArgs a;
+      a.param_dtype = p.value.dtype;
+      a.param = p.value.data;
+      a.n = p.numel();
+      a.update = updates_[i].data();
+      a.decay = decay;
+      a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
+      MUON_RETURN_IF_ERROR(backend_->Apply(a));
+      stats_.matrices_orthogonalized += p.batch;
+      stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options_.ns.steps);
+    }
+    // The owners' new values to every replica.
+    unsigned char* mine = zero2_send_.data();
+    if (blk.params[me] >= 0) {
+      std::memcpy(mine, params_[blk.params[me]].value.data, bytes);
+    } else {
+      std::memset(mine, 0, bytes);
+    }
+    MUON_RETURN_IF_ERROR(g.AllGather(mine, zero2_recv_.data(), bytes, stream,
+                                     absl::StrCat("sharing the new values of the ", what)));
+    for (int c = 0; c < n; ++c) {
+      if (c == me || blk.params[c] < 0) continue;
+      std::memcpy(params_[blk.params[c]].value.data, zero2_recv_.data() + c * bytes, bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Optimizer::Step(void* stream) {
   if (!poisoned_.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "muon_step: refused because an earlier step failed mid-way (", poisoned_,
+        "refused because an earlier step failed mid-way (", poisoned_,
         "); parameters and state may be half-updated: restore both from a checkpoint "
         "(muon_load_state or muon_set_state) before stepping again"));
   }
   if (params_.empty() && !distributed_) {
     return absl::FailedPreconditionError(
-        "muon_step: no parameters are registered; call muon_register_param first");
+        "no parameters are registered; call muon_register_param first");
   }
   // Setup fails before any tensor is written.
   if (!planned_) MUON_RETURN_IF_ERROR(Setup(stream));
-  if (plan_.units.empty() && plan_.custom.empty()) {
+  if (plan_.units.empty() && plan_.custom.empty() && zero2_blocks_.empty()) {
     return absl::FailedPreconditionError(
-        "muon_step: no parameters are registered on any rank; call muon_register_param first");
+        "no parameters are registered on any rank; call muon_register_param first");
   }
 
   const double decay = 1.0 - options_.lr * options_.weight_decay;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
+    if (p.zero2_group >= 0) continue;  // stepped by its owner after the reduce-scatter
     MomentumArgs m;
     m.grad_dtype = p.grad.dtype;
     m.grad = p.grad.data;
@@ -533,17 +689,20 @@ absl::Status Optimizer::Step(void* stream) {
     MUON_RETURN_IF_ERROR(backend_->Momentum(m));
   }
   // From here on state has changed: a failure poisons the optimizer.
+  for (auto& g : groups_) g->ResetCounters();
   world_->ResetCounters();
   stats_.matrices_orthogonalized = 0;
   stats_.ns_flops = 0;
   absl::Status st = RunRounds(stream);
   if (st.ok()) st = RunCustom(stream);
+  if (st.ok()) st = RunZero2(stream);
   if (!st.ok()) {
     poisoned_ = std::string(st.message());
     return st;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
+    if (p.zero2_group >= 0) continue;  // applied by RunZero2
     ApplyArgs a;
     a.param_dtype = p.value.dtype;
     a.param = p.value.data;
@@ -554,11 +713,18 @@ absl::Status Optimizer::Step(void* stream) {
     MUON_RETURN_IF_ERROR(backend_->Apply(a));
   }
   ++step_count_;
-  const CommCounters& c = world_->counters();
   stats_.steps = step_count_;
-  stats_.bytes_sent = c.bytes_sent;
-  stats_.bytes_received = c.bytes_received;
-  stats_.collectives = c.collectives;
+  stats_.bytes_sent = stats_.bytes_received = stats_.collectives = 0;
+  std::vector<const Comm*> counted;
+  auto count = [&](const Comm* c) {
+    if (std::find(counted.begin(), counted.end(), c) != counted.end()) return;
+    counted.push_back(c);
+    stats_.bytes_sent += c->counters().bytes_sent;
+    stats_.bytes_received += c->counters().bytes_received;
+    stats_.collectives += c->counters().collectives;
+  };
+  count(world_.get());
+  for (const auto& g : groups_) count(g.get());
   stats_.rounds = static_cast<int64_t>(tables_.size());
   for (const RoundTable& t : tables_) {
     stats_.matrices_orthogonalized += t.owned;
@@ -577,6 +743,11 @@ absl::StatusOr<const Param*> Optimizer::GetParam(int64_t id) const {
 
 absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {
   MUON_ASSIGN_OR_RETURN(const Param* p, GetParam(id));
+  if (!p->holds_state) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", p->name, "': its momentum lives on its ZeRO-2 owner, another rank of its "
+        "data-parallel group; read or write it there"));
+  }
   const std::string who = absl::StrCat("state tensor for param '", p->name, "'");
   MUON_ASSIGN_OR_RETURN(TensorView v, ViewCpuTensor(t, who));
   if (v.shape != p->value.shape) {

@@ -28,6 +28,7 @@ namespace muon {
 struct DistSpec {
   std::vector<int64_t> global_shape;
   std::vector<Placement> placements;
+  bool zero2 = false;  // ZeRO-2 replicated mode (placements: one Replicate)
 };
 
 struct StepStats {
@@ -93,6 +94,8 @@ class Optimizer {
   absl::Status RunRounds(void* stream);
   absl::Status Orthogonalize(const RoundTable& t, float* slots);
   absl::Status RunCustom(void* stream);
+  absl::Status BuildZero2();
+  absl::Status RunZero2(void* stream);
   absl::Status AddParam(Param p);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
@@ -101,6 +104,7 @@ class Optimizer {
   std::shared_ptr<Comm> world_;               // a self communicator until SetWorld
   bool distributed_ = false;
   std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
+  std::vector<std::vector<int>> group_members_;  // world ranks of each group (after setup)
   std::vector<Param> params_;
 
   // Built at the first step.
@@ -111,6 +115,18 @@ class Optimizer {
   std::vector<std::vector<float>> slots_;    // prefetch_count + 1 working buffers
   std::vector<unsigned char> send_, recv_;
   std::vector<float> custom_slot_;  // the largest custom-path matrix this rank owns
+
+  // ZeRO-2 blocks: up to group-size same-shape parameters, owner coord c
+  // steps params[c] (-1: none).
+  struct Zero2Block {
+    int group = 0;
+    DType dtype = DType::kF32;
+    int64_t elems = 0;
+    std::vector<int> params;
+  };
+  std::vector<Zero2Block> zero2_blocks_;
+  std::vector<unsigned char> zero2_send_, zero2_recv_;
+  std::vector<float> zero2_avg_;
 
   std::string poisoned_;  // set when a step failed after changing state
   int64_t step_count_ = 0;

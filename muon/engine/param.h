@@ -46,6 +46,9 @@ struct Param {
   Layout layout;
   Piece piece;
   std::shared_ptr<CustomPath> custom;  // set on the custom path (no layout then)
+  // ZeRO-2 replicated mode: the group it is replicated over, or -1.
+  int zero2_group = -1;
+  bool holds_state = true;  // false for ZeRO-2 parameters another rank owns
 
   int64_t numel() const { return value.numel(); }  // local elements
   void* momentum_data() { return momentum.data(); }

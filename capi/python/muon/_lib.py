@@ -141,6 +141,8 @@ class muon_param_options_t(ctypes.Structure):
         ("num_placements", ctypes.c_int32),
         ("global_shape", ctypes.POINTER(ctypes.c_int64)),
         ("placements", ctypes.POINTER(muon_placement_t)),
+        ("replicated_mode", ctypes.c_int32),
+        ("reserved1", ctypes.c_int32),
     ]
 
 
