@@ -106,6 +106,29 @@ def muon_dependencies():
         build_file = Label("//third_party/openblas:openblas.BUILD"),
         package_hint = "libopenblas-dev",
     )
+    # Only //capi:libmuon_mpi.so and the MPI tests use it (libmuon.so never does).
+    _maybe(
+        system_library,
+        name = "mpi",
+        headers = ["mpi.h", "mpi_portable_platform.h"],
+        include_dirs = [
+            "/usr/lib/x86_64-linux-gnu/openmpi/include",
+            "/usr/lib/aarch64-linux-gnu/openmpi/include",
+            "/usr/include/openmpi-x86_64",
+            "/usr/include/openmpi-aarch64",
+            "/usr/include/openmpi",
+        ],
+        lib_patterns = ["libmpi.so"],
+        lib_dirs = [
+            "/usr/lib/x86_64-linux-gnu/openmpi/lib",
+            "/usr/lib/aarch64-linux-gnu/openmpi/lib",
+            "/usr/lib64/openmpi/lib",
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu",
+        ],
+        build_file = Label("//third_party/mpi:mpi.BUILD"),
+        package_hint = "libopenmpi-dev (and openmpi-bin for mpirun)",
+    )
     _maybe(
         system_library,
         name = "dlpack",

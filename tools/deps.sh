@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev         # GoogleTest
   libopenblas-dev      # CBLAS for the CPU backend
   libdlpack-dev        # DLPack's header (DLTensor in the C ABI)
+  libopenmpi-dev openmpi-bin  # the MPI adapter (libmuon_mpi.so) and its mpirun test
   python3 python3-numpy python3-pytest python3-torch  # the Python package and its tests
 )
 

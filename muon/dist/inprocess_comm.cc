@@ -72,13 +72,18 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
   }
   // Between the two rendezvous nobody writes calls_, and every buffer posted
   // stays valid: the owners wait in the second rendezvous.
+  // Nothing may leave before the second rendezvous: the others would wait.
   absl::Status verdict;
   try {
     verdict = Check();
+    if (verdict.ok()) Copy(me);
   } catch (const std::bad_alloc&) {
-    verdict = absl::ResourceExhaustedError("out of host memory while checking the arguments");
+    verdict = absl::ResourceExhaustedError(
+        absl::StrCat(OpName(static_cast<int>(call.op)), ": out of host memory"));
+  } catch (...) {
+    verdict = absl::InternalError(
+        absl::StrCat(OpName(static_cast<int>(call.op)), ": unexpected exception"));
   }
-  if (verdict.ok()) Copy(me);
   {
     std::unique_lock<std::mutex> lock(mu_);
     Rendezvous(lock);

@@ -38,13 +38,85 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, adjust_lr) == 88, opt_adjust_lr
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, ns_dtype) == 92, opt_ns_dtype);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, momentum_fp32) == 96, opt_momentum_fp32);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved0) == 100, opt_reserved0);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 104, opt_sizeof);
+/* 0.2: grown at the end. */
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assignment) == 104, opt_assignment);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, prefetch_count) == 108, opt_prefetch_count);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, async_parallelism) == 112, opt_async_parallelism);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved1) == 116, opt_reserved1);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, round_bytes) == 120, opt_round_bytes);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_fn) == 128, opt_assign_fn);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_state) == 136, opt_assign_state);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 144, opt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, struct_size) == 0, popt_struct_size);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, name) == 8, popt_name);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, matrix_view) == 16, popt_matrix_view);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, reserved0) == 20, popt_reserved0);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 24, popt_sizeof);
+/* 0.2: grown at the end. */
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, global_ndim) == 24, popt_global_ndim);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, num_placements) == 28, popt_num_placements);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, global_shape) == 32, popt_global_shape);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, placements) == 40, popt_placements);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, replicated_mode) == 48, popt_replicated_mode);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, reserved1) == 52, popt_reserved1);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 56, popt_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, kind) == 0, pl_kind);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, group) == 4, pl_group);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, dim) == 8, pl_dim);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, split) == 12, pl_split);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, sizes) == 16, pl_sizes);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, start) == 24, pl_start);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, length) == 32, pl_length);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_placement_t) == 40, pl_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, param_name) == 0, mi_param_name);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, index) == 8, mi_index);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, rows) == 16, mi_rows);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, cols) == 24, mi_cols);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, ns_flops) == 32, mi_ns_flops);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, holders) == 40, mi_holders);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, num_holders) == 48, mi_num_holders);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_matrix_info_t, reserved0) == 52, mi_reserved0);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_matrix_info_t) == 56, mi_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, struct_size) == 0, comm_struct_size);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, ctx) == 8, comm_ctx);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, rank) == 16, comm_rank);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, size) == 20, comm_size);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, all_gather) == 24, comm_all_gather);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, all_to_all_v) == 32, comm_all_to_all_v);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, broadcast) == 40, comm_broadcast);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, reduce_scatter) == 48, comm_reduce_scatter);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, barrier) == 56, comm_barrier);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_comm_t, release) == 64, comm_release);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_comm_t) == 72, comm_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, struct_size) == 0, st_struct_size);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, steps) == 8, st_steps);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, bytes_sent) == 16, st_bytes_sent);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, bytes_received) == 24, st_bytes_received);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, collectives) == 32, st_collectives);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, rounds) == 40, st_rounds);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_orthogonalized) == 48, st_orthogonalized);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, ns_flops) == 56, st_ns_flops);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_total) == 64, st_matrices_total);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_owned) == 72, st_matrices_owned);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_stats_t) == 80, st_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, data) == 0, ga_data);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, rows) == 8, ga_rows);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, cols) == 16, ga_cols);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_gathered_t) == 24, ga_sizeof);
+
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, struct_size) == 0, cl_struct_size);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, state) == 8, cl_state);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, global_rows) == 16, cl_global_rows);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, global_cols) == 24, cl_global_cols);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, assign_fn) == 32, cl_assign_fn);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, gather_fn) == 40, cl_gather_fn);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_custom_layout_t, redistribute_fn) == 48, cl_redistribute_fn);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_custom_layout_t) == 56, cl_sizeof);
 #endif
 
 /* Enum values are ABI too. */
@@ -60,6 +132,20 @@ MUON_TEST_STATIC_ASSERT(MUON_NS_DTYPE_BF16 == 0 && MUON_NS_DTYPE_FP32 == 1, ns_d
 MUON_TEST_STATIC_ASSERT(MUON_MATRIX_VIEW_2D == 0 && MUON_MATRIX_VIEW_FLATTEN_TRAILING == 1 &&
                             MUON_MATRIX_VIEW_BATCHED_LEADING == 2,
                         matrix_view_values);
+MUON_TEST_STATIC_ASSERT(MUON_UNIMPLEMENTED == 12 && MUON_UNAVAILABLE == 14, status_codes_0_2);
+MUON_TEST_STATIC_ASSERT(MUON_ASSIGNMENT_BALANCED == 0 && MUON_ASSIGNMENT_ROUND_ROBIN == 1 &&
+                            MUON_ASSIGNMENT_CUSTOM == 2,
+                        assignment_values);
+MUON_TEST_STATIC_ASSERT(MUON_PLACEMENT_SHARD == 0 && MUON_PLACEMENT_FLAT_RANGE == 1 &&
+                            MUON_PLACEMENT_REPLICATE == 2,
+                        placement_kind_values);
+MUON_TEST_STATIC_ASSERT(MUON_REPLICATED_HOST_AVERAGED == 0 && MUON_REPLICATED_ZERO2 == 1,
+                        replicated_mode_values);
+MUON_TEST_STATIC_ASSERT(MUON_SPLIT_EVEN == 0 && MUON_SPLIT_CHUNK == 1 && MUON_SPLIT_SIZES == 2,
+                        split_values);
+MUON_TEST_STATIC_ASSERT(MUON_DTYPE_FLOAT32 == 0 && MUON_DTYPE_BFLOAT16 == 1 &&
+                            MUON_DTYPE_FLOAT16 == 2,
+                        dtype_values);
 
 /* ------------------------------------------------------------------------ */
 /* A tiny checker                                                            */
@@ -374,11 +460,73 @@ static void test_train_save_load(void) {
   muon_destroy(NULL);
 }
 
+/* The communicator entry points from C: an in-process world of one rank
+ * (its table outlives the world handle), argument errors, and NCCL, which
+ * this process has not loaded. */
+static void test_communicators(void) {
+  muon_inprocess_world_t* const sentinel = (muon_inprocess_world_t*)&g_failures;
+  muon_inprocess_world_t* world = sentinel;
+  muon_comm_t c, untouched;
+  int32_t list[1] = {0}, two[2] = {0, 0};
+  unsigned char send[4] = {1, 2, 3, 4}, recv[4] = {0, 0, 0, 0};
+  size_t bytes[1] = {3}, offsets[1] = {1}, zero[1] = {0};
+  uint16_t bf16_in[2] = {0x3f80, 0x4000}, bf16_out[2] = {0, 0}; /* 1.0, 2.0 */
+  int fake_nccl_comm = 0;
+
+  CHECK_STATUS(muon_inprocess_world_create(0, &world), MUON_INVALID_ARGUMENT, "world size 0");
+  CHECK_STATUS(muon_inprocess_world_create(2, NULL), MUON_INVALID_ARGUMENT, "out");
+  CHECK(world == sentinel);
+  CHECK_STATUS(muon_inprocess_world_create(1, &world), MUON_OK, NULL);
+  if (world == sentinel || world == NULL) return;
+
+  memset(&c, 0x5a, sizeof c);
+  memcpy(&untouched, &c, sizeof c);
+  CHECK_STATUS(muon_inprocess_comm(NULL, NULL, 0, 0, &c), MUON_INVALID_ARGUMENT, "world");
+  CHECK_STATUS(muon_inprocess_comm(world, NULL, 0, 0, NULL), MUON_INVALID_ARGUMENT, "out");
+  CHECK_STATUS(muon_inprocess_comm(world, list, 0, 0, &c), MUON_INVALID_ARGUMENT, "num_ranks");
+  CHECK_STATUS(muon_inprocess_comm(world, two, 2, 0, &c), MUON_INVALID_ARGUMENT, "num_ranks");
+  CHECK_STATUS(muon_inprocess_comm(world, NULL, 0, 1, &c), MUON_INVALID_ARGUMENT, "rank 1");
+  CHECK(memcmp(&c, &untouched, sizeof c) == 0); /* untouched on error */
+
+  CHECK_STATUS(muon_inprocess_comm(world, list, 1, 0, &c), MUON_OK, NULL);
+  muon_inprocess_world_destroy(world); /* the table keeps the world alive */
+  muon_inprocess_world_destroy(NULL);
+  CHECK(c.struct_size == sizeof(muon_comm_t));
+  CHECK(c.rank == 0 && c.size == 1);
+  CHECK(c.ctx != NULL && c.release != NULL);
+
+  CHECK(c.all_gather(c.ctx, send, recv, 4, NULL) == MUON_OK);
+  CHECK(memcmp(send, recv, 4) == 0);
+  memset(recv, 0, sizeof recv);
+  CHECK(c.all_to_all_v(c.ctx, send, bytes, zero, recv, bytes, offsets, NULL) == MUON_OK);
+  CHECK(recv[0] == 0 && recv[1] == 1 && recv[2] == 2 && recv[3] == 3);
+  CHECK(c.broadcast(c.ctx, send, 4, 0, NULL) == MUON_OK);
+  CHECK(c.broadcast(c.ctx, send, 4, 1, NULL) == MUON_INVALID_ARGUMENT);
+  CHECK(c.reduce_scatter(c.ctx, bf16_in, bf16_out, 2, MUON_DTYPE_BFLOAT16, NULL) == MUON_OK);
+  CHECK(bf16_out[0] == 0x3f80 && bf16_out[1] == 0x4000);
+  CHECK(c.reduce_scatter(c.ctx, bf16_in, bf16_out, 2, 3, NULL) == MUON_INVALID_ARGUMENT);
+  CHECK(c.barrier(c.ctx, NULL) == MUON_OK);
+  c.release(c.ctx);
+
+  /* A callback may attach detail; any text, or NULL, is accepted. */
+  muon_set_callback_error("detail");
+  muon_set_callback_error(NULL);
+
+  /* No NCCL in this process: unavailable, and the message says why. */
+  CHECK_STATUS(muon_comm_from_nccl(NULL, &c), MUON_INVALID_ARGUMENT, "nccl_comm");
+  CHECK_STATUS(muon_comm_from_nccl(&fake_nccl_comm, NULL), MUON_INVALID_ARGUMENT, "out");
+  memcpy(&untouched, &c, sizeof c);
+  CHECK_STATUS(muon_comm_from_nccl(&fake_nccl_comm, &c), MUON_UNAVAILABLE, "no NCCL is loaded");
+  CHECK(strstr(muon_last_error_message(), "libnccl.so.2") != NULL);
+  CHECK(memcmp(&c, &untouched, sizeof c) == 0);
+}
+
 int main(void) {
   test_version_and_strings();
   test_struct_sizes_and_init();
   test_create_errors();
   test_train_save_load();
+  test_communicators();
   if (g_failures != 0) {
     fprintf(stderr, "c99_test: %d check(s) failed\n", g_failures);
     return 1;

@@ -6,6 +6,7 @@
 // Usage: dlopen_test <path to libmuon.so> <path to capi/muon.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capi/muon.h"
@@ -21,28 +23,38 @@ namespace {
 
 // Every function of capi/muon.h. The header scan below fails the test when
 // the header declares one that is missing here.
-#define MUON_ALL_FUNCTIONS(X)  \
-  X(muon_status_string)        \
-  X(muon_last_error_message)   \
-  X(muon_get_version)          \
-  X(muon_options_init)         \
-  X(muon_sizeof_options)       \
-  X(muon_sizeof_param_options) \
-  X(muon_create)               \
-  X(muon_destroy)              \
-  X(muon_get_options)          \
-  X(muon_set_lr)               \
-  X(muon_set_weight_decay)     \
-  X(muon_set_momentum)         \
-  X(muon_param_options_init)   \
-  X(muon_register_param)       \
-  X(muon_num_params)           \
-  X(muon_step)                 \
-  X(muon_step_count)           \
-  X(muon_get_state_dtype)      \
-  X(muon_get_state)            \
-  X(muon_set_state)            \
-  X(muon_save_state)           \
+#define MUON_ALL_FUNCTIONS(X)    \
+  X(muon_status_string)          \
+  X(muon_last_error_message)     \
+  X(muon_get_version)            \
+  X(muon_options_init)           \
+  X(muon_sizeof_options)         \
+  X(muon_sizeof_param_options)   \
+  X(muon_create)                 \
+  X(muon_destroy)                \
+  X(muon_get_options)            \
+  X(muon_set_lr)                 \
+  X(muon_set_weight_decay)       \
+  X(muon_set_momentum)           \
+  X(muon_param_options_init)     \
+  X(muon_register_param)         \
+  X(muon_register_param_custom)  \
+  X(muon_num_params)             \
+  X(muon_step)                   \
+  X(muon_step_count)             \
+  X(muon_set_callback_error)     \
+  X(muon_set_world)              \
+  X(muon_add_group)              \
+  X(muon_stats_init)             \
+  X(muon_get_stats)              \
+  X(muon_inprocess_world_create) \
+  X(muon_inprocess_world_destroy) \
+  X(muon_inprocess_comm)         \
+  X(muon_comm_from_nccl)         \
+  X(muon_get_state_dtype)        \
+  X(muon_get_state)              \
+  X(muon_set_state)              \
+  X(muon_save_state)             \
   X(muon_load_state)
 
 // Typed pointers: decltype of the header's declarations checks that the
@@ -53,7 +65,7 @@ struct Api {
 #undef MUON_FIELD
 };
 
-int g_failures = 0;
+std::atomic<int> g_failures{0};  // CHECK runs on the rank threads too
 
 #define CHECK(cond)                                                                 \
   do {                                                                              \
@@ -136,7 +148,7 @@ int main(int argc, char** argv) {
   // Internal symbols stay hidden.
   CHECK(dlsym(handle, "_ZN4muon9Optimizer4StepEv") == nullptr);
   if (g_failures != 0) {
-    std::fprintf(stderr, "dlopen_test: %d failure(s) resolving the API\n", g_failures);
+    std::fprintf(stderr, "dlopen_test: %d failure(s) resolving the API\n", g_failures.load());
     return 1;
   }
 
@@ -224,10 +236,92 @@ int main(int argc, char** argv) {
 
   api.muon_destroy(opt);
   api.muon_destroy(nullptr);
+
+  // Distributed through the resolved pointers: two in-process ranks hold the
+  // row halves of one 8 x 6 matrix; the result equals a single-process run.
+  {
+    const int64_t rows = 8, cols = 6;
+    std::vector<float> full(rows * cols), full_g(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      full[i] = std::sin(0.37f * i);
+      full_g[i] = std::cos(0.61f * i);
+    }
+    const std::vector<float> init = full;
+    muon_options_t o;
+    api.muon_options_init(&o, sizeof o);
+    o.ns_dtype = MUON_NS_DTYPE_FP32;
+    muon_optimizer_t* ref = nullptr;
+    CHECK(api.muon_create(&o, &ref) == MUON_OK);
+    int64_t full_shape[2] = {rows, cols}, rid = -1;
+    DLTensor tf = CpuF32(full.data(), full_shape), tfg = CpuF32(full_g.data(), full_shape);
+    muon_param_options_t rpo;
+    api.muon_param_options_init(&rpo, sizeof rpo);
+    rpo.name = "w";
+    CHECK(api.muon_register_param(ref, &tf, &tfg, &rpo, &rid) == MUON_OK);
+    CHECK(api.muon_step(ref, nullptr) == MUON_OK);
+    api.muon_destroy(ref);
+
+    muon_inprocess_world_t* world = nullptr;
+    CHECK(api.muon_inprocess_world_create(2, &world) == MUON_OK);
+    muon_comm_t tables[2];
+    for (int r = 0; r < 2; ++r) {
+      CHECK(api.muon_inprocess_comm(world, nullptr, 0, r, &tables[r]) == MUON_OK);
+    }
+    api.muon_inprocess_world_destroy(world);
+    std::vector<std::vector<float>> pieces(2);
+    std::vector<muon_stats_t> stats(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        const int64_t half = rows / 2;
+        pieces[r].assign(init.begin() + r * half * cols, init.begin() + (r + 1) * half * cols);
+        std::vector<float> g(full_g.begin() + r * half * cols,
+                             full_g.begin() + (r + 1) * half * cols);
+        int64_t shape[2] = {half, cols};
+        DLTensor tp = CpuF32(pieces[r].data(), shape), tg = CpuF32(g.data(), shape);
+        muon_optimizer_t* d = nullptr;
+        if (api.muon_create(&o, &d) != MUON_OK) {
+          CHECK(false);
+          tables[r].release(tables[r].ctx);
+          return;
+        }
+        int32_t gid = -1;
+        muon_placement_t shard{};
+        muon_param_options_t po2;
+        api.muon_param_options_init(&po2, sizeof po2);
+        int64_t pid = -1;
+        bool ok = api.muon_set_world(d, &tables[r], &gid) == MUON_OK;
+        shard.kind = MUON_PLACEMENT_SHARD;
+        shard.group = gid;
+        shard.dim = 0;
+        shard.split = MUON_SPLIT_EVEN;
+        po2.name = "w";
+        po2.global_ndim = 2;
+        po2.global_shape = full_shape;
+        po2.num_placements = 1;
+        po2.placements = &shard;
+        ok = ok && api.muon_register_param(d, &tp, &tg, &po2, &pid) == MUON_OK;
+        ok = ok && api.muon_step(d, nullptr) == MUON_OK;
+        ok = ok && api.muon_stats_init(&stats[r], sizeof stats[r]) == MUON_OK;
+        ok = ok && api.muon_get_stats(d, &stats[r]) == MUON_OK;
+        if (!ok) std::fprintf(stderr, "rank %d: %s\n", r, api.muon_last_error_message());
+        CHECK(ok);
+        api.muon_destroy(d);  // releases tables[r]
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    CHECK(pieces[0].size() + pieces[1].size() == full.size());
+    std::vector<float> joined = pieces[0];
+    joined.insert(joined.end(), pieces[1].begin(), pieces[1].end());
+    CHECK(joined == full);
+    CHECK(joined != init);
+    CHECK(stats[0].matrices_total == 1 && stats[1].matrices_total == 1);
+    CHECK(stats[0].matrices_owned + stats[1].matrices_owned == 1);
+  }
   CHECK(dlclose(handle) == 0);
 
   if (g_failures != 0) {
-    std::fprintf(stderr, "dlopen_test: %d check(s) failed\n", g_failures);
+    std::fprintf(stderr, "dlopen_test: %d check(s) failed\n", g_failures.load());
     return 1;
   }
   std::printf("dlopen_test: %zu functions resolved, optimizer ran\n", declared.size());

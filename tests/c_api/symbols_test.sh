@@ -1,12 +1,18 @@
 #!/bin/bash
 # The shared library exports the C API and nothing else, every function the
-# header declares is exported, and the SONAME is libmuon.so.1.
+# header declares is exported, the SONAME is right, and (optionally) no
+# dependency matches a forbidden pattern.
 #
-# Usage: symbols_test.sh <path to libmuon.so> <path to capi/muon.h>
+# Usage: symbols_test.sh <library> <header> [<soname> [<minimum functions>
+#                        [<forbidden NEEDED regex>]]]
+# Defaults: libmuon.so.1, 20, none.
 set -euo pipefail
 
 lib="$1"
 header="$2"
+want_soname="${3:-libmuon.so.1}"
+min_functions="${4:-20}"
+forbidden_needed="${5:-}"
 fail=0
 
 for tool in nm readelf; do
@@ -33,14 +39,14 @@ fi
 # 2. Every MUON_API function of the header is exported (as code).
 declared="$(grep '^MUON_API ' "$header" | grep -o 'muon_[a-z0-9_]*(' | tr -d '(' | sort -u)"
 n_declared="$(grep -c . <<<"$declared" || true)"
-if (( n_declared < 20 )); then
+if (( n_declared < min_functions )); then
   echo "FAIL: found only $n_declared MUON_API functions in $header; is the scan broken?" >&2
   fail=1
 fi
 functions="$(nm -D --defined-only "$lib" | awk 'NF >= 3 && $2 == "T" { print $3 }' | sed 's/@.*//')"
 while read -r name; do
   if ! grep -qx "$name" <<<"$functions"; then
-    echo "FAIL: $name is declared in muon.h but not exported as a function" >&2
+    echo "FAIL: $name is declared in $(basename "$header") but not exported as a function" >&2
     fail=1
   fi
 done <<<"$declared"
@@ -48,16 +54,31 @@ done <<<"$declared"
 # And nothing is exported that the header does not declare.
 while read -r name; do
   if ! grep -qx "$name" <<<"$declared"; then
-    echo "FAIL: $name is exported but not declared in muon.h" >&2
+    echo "FAIL: $name is exported but not declared in $(basename "$header")" >&2
     fail=1
   fi
 done <<<"$defined"
 
 # 3. SONAME.
 soname="$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')"
-if [[ "$soname" != "libmuon.so.1" ]]; then
-  echo "FAIL: SONAME is '$soname', expected libmuon.so.1" >&2
+if [[ "$soname" != "$want_soname" ]]; then
+  echo "FAIL: SONAME is '$soname', expected $want_soname" >&2
   fail=1
+fi
+
+# 4. Dependencies it must not have (libmuon.so: no MPI, NCCL or CUDA runtime).
+needed="$(readelf -d "$lib" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p')"
+if [[ -z "$needed" ]]; then
+  echo "FAIL: readelf found no NEEDED entries in $lib" >&2
+  fail=1
+fi
+if [[ -n "$forbidden_needed" ]]; then
+  bad="$(grep -E "$forbidden_needed" <<<"$needed" || true)"
+  if [[ -n "$bad" ]]; then
+    echo "FAIL: $lib depends on:" >&2
+    sed 's/^/  /' <<<"$bad" >&2
+    fail=1
+  fi
 fi
 
 if (( fail )); then

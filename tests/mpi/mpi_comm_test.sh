@@ -1,0 +1,25 @@
+#!/bin/bash
+# Runs mpi_comm_test on 4 processes with mpirun (OpenMPI). Skips, saying so,
+# only when mpirun is not installed (Debian: openmpi-bin).
+#
+# Usage: mpi_comm_test.sh <path to the mpi_comm_test binary>
+set -euo pipefail
+
+bin="$1"
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "SKIPPED: mpirun is not installed (apt-get install openmpi-bin); the MPI adapter was not run"
+  exit 0
+fi
+
+# OpenMPI puts its session directory (with Unix sockets, whose paths are
+# limited to ~100 bytes) under TMPDIR: keep it short.
+session=$(mktemp -d /tmp/muon_mpi.XXXXXX)
+trap 'rm -rf "$session"' EXIT
+export TMPDIR="$session"
+export OMPI_MCA_tmpdir_base="$session"
+
+# Loopback TCP and shared memory only: no network probing, no InfiniBand warnings.
+exec mpirun --allow-run-as-root --oversubscribe -np 4 \
+  --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+  --mca btl_vader_single_copy_mechanism none \
+  "$bin"
