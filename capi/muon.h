@@ -501,7 +501,10 @@ MUON_API void muon_inprocess_world_destroy(muon_inprocess_world_t* world);
 
 /* Fills *out with world rank `rank`'s communicator over the group of world
  * ranks `ranks[0 .. num_ranks)` (ranks == NULL: the whole world, in order);
- * `rank` must be in the list; out->rank is its position there. */
+ * `rank` must be in the list; out->rank is its position there. As with NCCL
+ * and MPI communicators, the k-th call a rank makes for a given list joins
+ * the k-th group over that list: two tables over the same ranks (say the
+ * world and a data-parallel group of the same members) stay separate. */
 MUON_API muon_status_t muon_inprocess_comm(muon_inprocess_world_t* world, const int32_t* ranks,
                                            int32_t num_ranks, int32_t rank, muon_comm_t* out);
 
