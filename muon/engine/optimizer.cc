@@ -511,6 +511,32 @@ absl::Status Optimizer::RunRounds(void* stream) {
   return math_error;
 }
 
+absl::Status Optimizer::MomentumOf(size_t i, DType grad_dtype, const void* grad) {
+  Param& p = params_[i];
+  MomentumArgs m;
+  m.grad_dtype = grad_dtype;
+  m.grad = grad;
+  m.buf_dtype = p.state_dtype;
+  m.buf = p.momentum_data();
+  m.n = p.numel();
+  m.momentum = options_.momentum;
+  m.nesterov = options_.nesterov;
+  m.out = updates_[i].data();
+  return backend_->Momentum(m);
+}
+
+absl::Status Optimizer::ApplyTo(size_t i, double decay) {
+  Param& p = params_[i];
+  ApplyArgs a;
+  a.param_dtype = p.value.dtype;
+  a.param = p.value.data;
+  a.n = p.numel();
+  a.update = updates_[i].data();
+  a.decay = decay;
+  a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
+  return backend_->Apply(a);
+}
+
 absl::Status Optimizer::BuildZero2() {
   // Group instances in one order every rank agrees on: by member list.
   std::vector<int> groups;
@@ -615,26 +641,11 @@ absl::Status Optimizer::RunZero2(void* stream) {
         zero2_avg_[e] =
             RoundTo(blk.dtype, LoadAsFloat(blk.dtype, zero2_recv_.data(), e) / static_cast<float>(n));
       }
-      MomentumArgs m;
-      m.grad_dtype = DType::kF32;  // the average, already rounded to the grad dtype
-      m.grad = zero2_avg_.data();
-      m.buf_dtype = p.state_dtype;
-      m.buf = p.momentum_data();
-      m.n = p.numel();
-      m.momentum = options_.momentum;
-      m.nesterov = options_.nesterov;
-      m.out = updates_[i].data();
-      MUON_RETURN_IF_ERROR(backend_->Momentum(m));
+      // The average, already rounded to the grad dtype, enters as fp32.
+      MUON_RETURN_IF_ERROR(MomentumOf(i, DType::kF32, zero2_avg_.data()));
       MUON_RETURN_IF_ERROR(
           backend_->Orthogonalize(options_.ns, {updates_[i].data(), p.batch, p.rows, p.cols}));
-      ApplyArgs a;
-      a.param_dtype = p.value.dtype;
-      a.param = p.value.data;
-      a.n = p.numel();
-      a.update = updates_[i].data();
-      a.decay = decay;
-      a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
-      MUON_RETURN_IF_ERROR(backend_->Apply(a));
+      MUON_RETURN_IF_ERROR(ApplyTo(i, decay));
       stats_.matrices_orthogonalized += p.batch;
       stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options_.ns.steps);
     }
@@ -677,16 +688,7 @@ absl::Status Optimizer::Step(void* stream) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (p.zero2_group >= 0) continue;  // stepped by its owner after the reduce-scatter
-    MomentumArgs m;
-    m.grad_dtype = p.grad.dtype;
-    m.grad = p.grad.data;
-    m.buf_dtype = p.state_dtype;
-    m.buf = p.momentum_data();
-    m.n = p.numel();
-    m.momentum = options_.momentum;
-    m.nesterov = options_.nesterov;
-    m.out = updates_[i].data();
-    MUON_RETURN_IF_ERROR(backend_->Momentum(m));
+    MUON_RETURN_IF_ERROR(MomentumOf(i, p.grad.dtype, p.grad.data));
   }
   // From here on state has changed: a failure poisons the optimizer.
   for (auto& g : groups_) g->ResetCounters();
@@ -703,14 +705,7 @@ absl::Status Optimizer::Step(void* stream) {
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
     if (p.zero2_group >= 0) continue;  // applied by RunZero2
-    ApplyArgs a;
-    a.param_dtype = p.value.dtype;
-    a.param = p.value.data;
-    a.n = p.numel();
-    a.update = updates_[i].data();
-    a.decay = decay;
-    a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
-    MUON_RETURN_IF_ERROR(backend_->Apply(a));
+    MUON_RETURN_IF_ERROR(ApplyTo(i, decay));
   }
   ++step_count_;
   stats_.steps = step_count_;

@@ -95,6 +95,10 @@ class Optimizer {
   absl::Status Orthogonalize(const RoundTable& t, float* slots);
   absl::Status RunCustom(void* stream);
   absl::Status BuildZero2();
+  // Momentum of param i from `grad` into its update buffer; decay and the
+  // update from that buffer onto the param.
+  absl::Status MomentumOf(size_t i, DType grad_dtype, const void* grad);
+  absl::Status ApplyTo(size_t i, double decay);
   absl::Status RunZero2(void* stream);
   absl::Status AddParam(Param p);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;

@@ -11,31 +11,6 @@
 namespace muon_test {
 namespace {
 
-TPlacement Shard(int mesh_dim, int dim, int split = MUON_SPLIT_EVEN,
-                 std::vector<int64_t> sizes = {}) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_SHARD;
-  p.mesh_dim = mesh_dim;
-  p.dim = dim;
-  p.split = split;
-  p.sizes = std::move(sizes);
-  return p;
-}
-
-TPlacement Flat(int mesh_dim) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_FLAT_RANGE;
-  p.mesh_dim = mesh_dim;
-  return p;
-}
-
-TPlacement Replicate(int mesh_dim) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_REPLICATE;
-  p.mesh_dim = mesh_dim;
-  return p;
-}
-
 struct Case {
   std::string name;
   Mesh mesh;

@@ -32,6 +32,32 @@ struct TPlacement {
   std::vector<int64_t> sizes;  // SPLIT_SIZES
 };
 
+inline TPlacement Shard(int mesh_dim, int dim, int split = MUON_SPLIT_EVEN,
+                        std::vector<int64_t> sizes = {}) {
+  TPlacement p;
+  p.kind = MUON_PLACEMENT_SHARD;
+  p.mesh_dim = mesh_dim;
+  p.dim = dim;
+  p.split = split;
+  p.sizes = std::move(sizes);
+  return p;
+}
+
+// The harness hands out the ranges itself (FlatCut).
+inline TPlacement Flat(int mesh_dim) {
+  TPlacement p;
+  p.kind = MUON_PLACEMENT_FLAT_RANGE;
+  p.mesh_dim = mesh_dim;
+  return p;
+}
+
+inline TPlacement Replicate(int mesh_dim) {
+  TPlacement p;
+  p.kind = MUON_PLACEMENT_REPLICATE;
+  p.mesh_dim = mesh_dim;
+  return p;
+}
+
 struct TParam {
   std::string name;
   std::vector<int64_t> shape;

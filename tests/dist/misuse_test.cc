@@ -11,29 +11,6 @@
 namespace muon_test {
 namespace {
 
-TPlacement Shard(int mesh_dim, int dim, int split = MUON_SPLIT_EVEN) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_SHARD;
-  p.mesh_dim = mesh_dim;
-  p.dim = dim;
-  p.split = split;
-  return p;
-}
-
-TPlacement Flat(int mesh_dim) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_FLAT_RANGE;
-  p.mesh_dim = mesh_dim;
-  return p;
-}
-
-TPlacement Replicate(int mesh_dim) {
-  TPlacement p;
-  p.kind = MUON_PLACEMENT_REPLICATE;
-  p.mesh_dim = mesh_dim;
-  return p;
-}
-
 bool Has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Every rank failed, and every message contains each of `parts`.
