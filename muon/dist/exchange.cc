@@ -49,6 +49,28 @@ size_t Total(const std::vector<size_t>& v) {
   return n;
 }
 
+// The parts of `runs` outside `cover` (global runs sorted by offset, not
+// overlapping), keeping each part's local position.
+std::vector<LocatedRun> Subtract(const std::vector<LocatedRun>& runs, const std::vector<Run>& cover) {
+  if (cover.empty()) return runs;
+  std::vector<LocatedRun> out;
+  for (const LocatedRun& lr : runs) {
+    int64_t at = lr.run.offset;
+    const int64_t end = lr.run.offset + lr.run.length;
+    auto it = std::upper_bound(cover.begin(), cover.end(), at,
+                               [](int64_t v, const Run& c) { return v < c.offset; });
+    if (it != cover.begin()) --it;
+    for (; it != cover.end() && it->offset < end && at < end; ++it) {
+      const int64_t c0 = it->offset, c1 = it->offset + it->length;
+      if (c1 <= at) continue;
+      if (c0 > at) out.push_back({lr.local + (at - lr.run.offset), {at, c0 - at}});
+      at = std::max(at, c1);
+    }
+    if (at < end) out.push_back({lr.local + (at - lr.run.offset), {at, end - at}});
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
@@ -89,31 +111,68 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       }
     }
   }
+  // This rank's entry among each parameter's holders (found from my_rank, so
+  // any rank's copy of the plan serves).
+  std::vector<int> mine(plan.params.size(), -1);
+  for (size_t p = 0; p < plan.params.size(); ++p) {
+    const auto& holders = plan.params[p].holders;
+    for (size_t h = 0; h < holders.size(); ++h) {
+      if (holders[h].rank == my_rank) mine[p] = static_cast<int>(h);
+    }
+  }
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     const PlanParam& pp = plan.params[u.param];
+    const int my_holder = mine[u.param];
     const int64_t per = pp.rows * pp.cols;
     const int64_t begin = u.index * per, end = begin + per;
     const DType state = static_cast<DType>(pp.state_dtype);
     RoundTable& t = tables[u.round];
-    bool involved = u.owner == my_rank;
-    for (int h : u.senders) {
-      const Holder& holder = pp.holders[h];
-      for (const LocatedRun& lr : Intersect(holder.piece.runs, begin, end)) {
-        if (holder.rank == my_rank) {
-          t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
-          involved = true;
-        }
-        if (u.owner == my_rank) {
-          t.gather_recv[holder.rank].push_back(
-              {slot_of[i] + lr.run.offset - begin, lr.run.length, state});
+    const bool owner = u.owner == my_rank;
+    bool involved = owner;
+    const bool i_send =
+        my_holder >= 0 && std::find(u.senders.begin(), u.senders.end(), my_holder) != u.senders.end();
+    const bool i_receive = my_holder >= 0 && std::find(u.receivers.begin(), u.receivers.end(),
+                                                       my_holder) != u.receivers.end();
+    if (owner || i_send) {
+      // The owner fills what it holds from its own piece (a copy to itself,
+      // no traffic); the canonical holders send only the rest.
+      int owner_holder = -1;
+      for (int h : u.receivers) {
+        if (pp.holders[h].rank == u.owner) owner_holder = h;
+      }
+      std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
+      std::vector<Run> cover;
+      if (owner_holder >= 0) {
+        sends.push_back({owner_holder, Intersect(pp.holders[owner_holder].piece.runs, begin, end)});
+        for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
+        std::sort(cover.begin(), cover.end(),
+                  [](const Run& a, const Run& b) { return a.offset < b.offset; });
+      }
+      for (int h : u.senders) {
+        if (h == owner_holder || (!owner && h != my_holder)) continue;
+        sends.push_back({h, Subtract(Intersect(pp.holders[h].piece.runs, begin, end), cover)});
+      }
+      for (const auto& [h, runs] : sends) {
+        const int from = pp.holders[h].rank;
+        for (const LocatedRun& lr : runs) {
+          if (from == my_rank) {
+            t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
+            involved = true;
+          }
+          if (owner) {
+            t.gather_recv[from].push_back(
+                {slot_of[i] + lr.run.offset - begin, lr.run.length, state});
+          }
         }
       }
     }
+    // Every holder (each copy) receives its elements of the result.
     for (int h : u.receivers) {
       const Holder& holder = pp.holders[h];
+      if (!owner && !(i_receive && holder.rank == my_rank)) continue;
       for (const LocatedRun& lr : Intersect(holder.piece.runs, begin, end)) {
-        if (u.owner == my_rank) {
+        if (owner) {
           t.scatter_send[holder.rank].push_back(
               {slot_of[i] + lr.run.offset - begin, lr.run.length, ns_wire});
         }
