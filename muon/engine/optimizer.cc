@@ -538,6 +538,7 @@ absl::Status Optimizer::ApplyTo(size_t i, double decay) {
 }
 
 absl::Status Optimizer::BuildZero2() {
+  zero2_blocks_.clear();  // a setup that failed earlier may have built some
   // Group instances in one order every rank agrees on: by member list.
   std::vector<int> groups;
   for (const Param& p : params_) {
