@@ -374,6 +374,17 @@ MUON_API muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const D
                                                   const muon_custom_layout_t* layout,
                                                   int64_t* param_id);
 
+/* Points a registered parameter at new storage between steps (hosts whose
+ * framework reallocates a tensor, e.g. torch's zero_grad(set_to_none=True)
+ * followed by a fresh .grad). `param` and `grad` must have the registered
+ * shape and dtype and follow the same rules as at registration. `grad` may be
+ * NULL without a world: the parameter is skipped by the next steps (no
+ * momentum update, no change), as torch skips parameters without a gradient,
+ * until a gradient is bound again. With a world every rank steps every
+ * parameter, so NULL is refused. */
+MUON_API muon_status_t muon_rebind_param(muon_optimizer_t* opt, int64_t param_id,
+                                         const DLTensor* param, const DLTensor* grad);
+
 /* Number of registered parameters. */
 MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* count);
 

@@ -472,6 +472,15 @@ muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* 
   });
 }
 
+muon_status_t muon_rebind_param(muon_optimizer_t* opt, int64_t param_id, const DLTensor* param,
+                                const DLTensor* grad) {
+  return Guard("muon_rebind_param", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (param == nullptr) return NullArg("param");
+    return opt->impl->RebindParam(param_id, param, grad);
+  });
+}
+
 muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* count) {
   return Guard("muon_num_params", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");

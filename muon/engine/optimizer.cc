@@ -511,6 +511,39 @@ absl::Status Optimizer::RunRounds(void* stream) {
   return math_error;
 }
 
+absl::Status Optimizer::RebindParam(int64_t id, const DLTensor* value, const DLTensor* grad) {
+  MUON_ASSIGN_OR_RETURN(const Param* found, GetParam(id));
+  Param& p = params_[static_cast<size_t>(id)];
+  (void)found;
+  const std::string who = absl::StrCat("param '", p.name, "'");
+  MUON_ASSIGN_OR_RETURN(TensorView v, ViewCpuTensor(value, who));
+  if (v.shape != p.value.shape || v.dtype != p.value.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": the new tensor is ", DTypeName(v.dtype), " ", ShapeString(v.shape),
+        ", the registered one ", DTypeName(p.value.dtype), " ", ShapeString(p.value.shape)));
+  }
+  if (grad == nullptr) {
+    if (distributed_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": a gradient is required with a world (every rank steps every parameter); "
+          "bind a zero gradient instead"));
+    }
+    p.value = v;
+    p.active = false;
+    return absl::OkStatus();
+  }
+  MUON_ASSIGN_OR_RETURN(TensorView g, ViewCpuTensor(grad, absl::StrCat("grad of ", who)));
+  if (g.shape != p.grad.shape || g.dtype != p.grad.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grad of ", who, ": the new tensor is ", DTypeName(g.dtype), " ", ShapeString(g.shape),
+        ", the registered one ", DTypeName(p.grad.dtype), " ", ShapeString(p.grad.shape)));
+  }
+  p.value = v;
+  p.grad = g;
+  p.active = true;
+  return absl::OkStatus();
+}
+
 absl::Status Optimizer::MomentumOf(size_t i, DType grad_dtype, const void* grad) {
   Param& p = params_[i];
   MomentumArgs m;
@@ -688,7 +721,7 @@ absl::Status Optimizer::Step(void* stream) {
   const double decay = 1.0 - options_.lr * options_.weight_decay;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    if (p.zero2_group >= 0) continue;  // stepped by its owner after the reduce-scatter
+    if (p.zero2_group >= 0 || !p.active) continue;  // zero2: stepped by its owner later
     MUON_RETURN_IF_ERROR(MomentumOf(i, p.grad.dtype, p.grad.data));
   }
   // From here on state has changed: a failure poisons the optimizer.
@@ -705,7 +738,7 @@ absl::Status Optimizer::Step(void* stream) {
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    if (p.zero2_group >= 0) continue;  // applied by RunZero2
+    if (p.zero2_group >= 0 || !p.active) continue;  // zero2: applied by RunZero2
     MUON_RETURN_IF_ERROR(ApplyTo(i, decay));
   }
   ++step_count_;

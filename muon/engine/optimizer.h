@@ -73,6 +73,10 @@ class Optimizer {
                                               const std::string& name, int64_t rows,
                                               int64_t cols, std::shared_ptr<CustomPath> path);
 
+  // Points param `id` at new storage (same shape and dtype); a null grad
+  // (single-process only) skips it until a gradient is bound again.
+  absl::Status RebindParam(int64_t id, const DLTensor* value, const DLTensor* grad);
+
   // Runs one step. `stream` is handed to the communicators.
   absl::Status Step(void* stream = nullptr);
 

@@ -49,6 +49,7 @@ struct Param {
   // ZeRO-2 replicated mode: the group it is replicated over, or -1.
   int zero2_group = -1;
   bool holds_state = true;  // false for ZeRO-2 parameters another rank owns
+  bool active = true;       // false while no gradient is bound (skipped by steps)
 
   int64_t numel() const { return value.numel(); }  // local elements
   void* momentum_data() { return momentum.data(); }

@@ -39,6 +39,7 @@ namespace {
   X(muon_param_options_init)     \
   X(muon_register_param)         \
   X(muon_register_param_custom)  \
+  X(muon_rebind_param)           \
   X(muon_num_params)             \
   X(muon_step)                   \
   X(muon_step_count)             \
