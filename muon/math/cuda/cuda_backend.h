@@ -1,0 +1,43 @@
+// The CUDA backend: the MathBackend operations on DEVICE pointers, ordered on
+// one stream. Newton-Schulz runs as strided-batched cuBLAS GEMMs over every
+// same-shape matrix of a batch (bf16 inputs with fp32 accumulation, or fp32),
+// the norm and scaling stay on the device, and the workspace is allocated
+// once and reused. Nothing here synchronizes the device.
+#ifndef MUON_MATH_CUDA_CUDA_BACKEND_H_
+#define MUON_MATH_CUDA_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "muon/math/backend.h"
+
+namespace muon {
+
+class CudaBackend final : public MathBackend {
+ public:
+  // Fails with Unavailable (saying why) when no CUDA device can be used.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create();
+  ~CudaBackend() override;
+
+  // Every later call is ordered on `stream` (a cudaStream_t; NULL: the
+  // legacy default stream).
+  absl::Status SetStream(void* stream);
+
+  absl::Status Momentum(const MomentumArgs& args) override;
+  absl::Status Apply(const ApplyArgs& args) override;
+  absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+
+  // Grows the workspace for `count` matrices of rows x cols; later calls up
+  // to that size allocate nothing. ResourceExhausted on out-of-memory.
+  absl::Status Reserve(int64_t count, int64_t rows, int64_t cols, NsDtype dtype);
+
+ private:
+  CudaBackend() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_MATH_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,169 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "muon/math/cuda/ns_kernels.h"
+
+namespace muon {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float Load(int type, const void* base, int64_t i) {
+  switch (type) {
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    case kF16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void Store(int type, void* base, int64_t i, float v) {
+  switch (type) {
+    case kBF16:
+      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+      break;
+    case kF16:
+      static_cast<__half*>(base)[i] = __float2half_rn(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+  }
+}
+
+__device__ __forceinline__ float Round(int type, float v) {
+  switch (type) {
+    case kBF16:
+      return __bfloat162float(__float2bfloat16_rn(v));
+    case kF16:
+      return __half2float(__float2half_rn(v));
+    default:
+      return v;
+  }
+}
+
+// torch's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w).
+__device__ __forceinline__ float Lerp(float self, float end, float w) {
+  return (w < 0.5f && w > -0.5f) ? self + w * (end - self) : end - (end - self) * (1.0f - w);
+}
+
+unsigned Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+
+__global__ void MomentumKernel(int grad_type, const void* grad, int buf_type, void* buf,
+                               int64_t n, float w_buf, float w_out, bool nesterov, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = Load(grad_type, grad, i);
+    const float b = Round(buf_type, Lerp(Load(buf_type, buf, i), g, w_buf));
+    Store(buf_type, buf, i, b);
+    out[i] = nesterov ? Round(buf_type, Lerp(g, b, w_out)) : b;
+  }
+}
+
+__global__ void ApplyKernel(int param_type, void* param, int64_t n, const float* update,
+                            float decay, float alpha) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float p = Round(param_type, Load(param_type, param, i) * decay);
+    Store(param_type, param, i, p + alpha * update[i]);
+  }
+}
+
+__global__ void PrepareKernel(const float* u, int64_t count, int64_t rows, int64_t cols,
+                              int x_type, void* x) {
+  const bool t = rows > cols;
+  const int64_t m = t ? cols : rows, n = t ? rows : cols, per = m * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count * per;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t k = e / per, r = (e % per) / n, c = e % n;  // x[k][r][c]
+    const float v = t ? u[k * per + c * cols + r] : u[k * per + r * cols + c];
+    Store(x_type, x, e, v);
+  }
+}
+
+__global__ void FinishKernel(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
+                             float* u) {
+  const bool t = rows > cols;
+  const int64_t m = t ? cols : rows, n = t ? rows : cols, per = m * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count * per;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t k = e / per, r = (e % per) / n, c = e % n;
+    const float v = Load(x_type, x, e);
+    if (t) {
+      u[k * per + c * cols + r] = v;
+    } else {
+      u[k * per + r * cols + c] = v;
+    }
+  }
+}
+
+// One block per matrix: a fixed-order reduction, then the division.
+__global__ void NormalizeKernel(int x_type, void* x, int64_t elems, float eps) {
+  __shared__ float partial[kThreads];
+  const int64_t base = blockIdx.x * elems;
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
+    const float v = Load(x_type, x, base + i);
+    acc += v * v;
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  float norm = Round(x_type, sqrtf(partial[0]));
+  norm = Round(x_type, fmaxf(norm, eps));
+  for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
+    Store(x_type, x, base + i, Load(x_type, x, base + i) / norm);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
+                           float w_buf, float w_out, bool nesterov, float* out,
+                           cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  MomentumKernel<<<Blocks(n), kThreads, 0, stream>>>(grad_type, grad, buf_type, buf, n, w_buf,
+                                                     w_out, nesterov, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
+                        float alpha, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(param_type, param, n, update, decay, alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t rows, int64_t cols, int x_type,
+                          void* x, cudaStream_t stream) {
+  const int64_t n = count * rows * cols;
+  if (n == 0) return cudaSuccess;
+  PrepareKernel<<<Blocks(n), kThreads, 0, stream>>>(u, count, rows, cols, x_type, x);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNormalize(int x_type, void* x, int64_t count, int64_t elems, float eps,
+                            cudaStream_t stream) {
+  if (count == 0 || elems == 0) return cudaSuccess;
+  NormalizeKernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(x_type, x, elems, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
+                         float* u, cudaStream_t stream) {
+  const int64_t n = count * rows * cols;
+  if (n == 0) return cudaSuccess;
+  FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, count, rows, cols, u);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace muon

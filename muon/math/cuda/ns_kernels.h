@@ -1,0 +1,44 @@
+// The CUDA kernels of the GPU backend, behind plain launch functions (this
+// header is included by host C++ compiled without nvcc). Every launch is
+// stream-ordered and returns the launch error; none synchronizes.
+#ifndef MUON_MATH_CUDA_NS_KERNELS_H_
+#define MUON_MATH_CUDA_NS_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace muon {
+namespace cuda {
+
+// Element types, numbered like muon::DType: 0 float32, 1 bfloat16, 2 float16.
+enum ElemType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// buf <- lerp(buf, grad, w_buf) (rounded to buf_type);
+// out <- nesterov ? lerp(grad, buf, w_out) : buf (fp32, rounded to buf_type).
+cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
+                           float w_buf, float w_out, bool nesterov, float* out,
+                           cudaStream_t stream);
+
+// param <- round(param * decay); param <- round(param + alpha * update).
+cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
+                        float alpha, cudaStream_t stream);
+
+// x[k] (m x n, in `x_type`) <- u[k] (rows x cols, fp32), transposed when
+// rows > cols (so m = min, n = max), for k < count.
+cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t rows, int64_t cols, int x_type,
+                          void* x, cudaStream_t stream);
+
+// x[k] <- x[k] / max(||x[k]||_F, eps), the norm in fp32 (rounded to bf16 when
+// x_type is bf16, as torch's bf16 norm is); deterministic reduction order.
+cudaError_t LaunchNormalize(int x_type, void* x, int64_t count, int64_t elems, float eps,
+                            cudaStream_t stream);
+
+// u[k] (rows x cols, fp32) <- x[k], undoing the transpose of LaunchPrepare.
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
+                         float* u, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace muon
+
+#endif  // MUON_MATH_CUDA_NS_KERNELS_H_
