@@ -199,6 +199,12 @@ MUON_API muon_status_t muon_options_init(muon_options_t* options, size_t struct_
 /* sizeof the structs as this library build sees them (for binding checks). */
 MUON_API size_t muon_sizeof_options(void);
 MUON_API size_t muon_sizeof_param_options(void);
+MUON_API size_t muon_sizeof_comm(void);
+MUON_API size_t muon_sizeof_stats(void);
+MUON_API size_t muon_sizeof_custom_layout(void);
+MUON_API size_t muon_sizeof_gathered(void);
+MUON_API size_t muon_sizeof_matrix_info(void);
+MUON_API size_t muon_sizeof_placement(void);
 
 /* ------------------------------------------------------------------------ */
 /* Optimizer                                                                 */
@@ -357,7 +363,8 @@ typedef struct muon_custom_layout_t {
   int64_t global_cols;
   /* The world rank that orthogonalizes the matrix, called once at the first
    * step on every holder; every holder must give the same rank, one of the
-   * holders (checked). */
+   * holders (checked). A negative return is an error (attach detail with
+   * muon_set_callback_error); the step then fails on every rank. */
   int32_t (*assign_fn)(void* state, const char* param_name, int32_t world_size);
   muon_status_t (*gather_fn)(void* state, const float* local, int64_t local_numel,
                              int32_t owner, muon_gathered_t* out, void* stream);
@@ -435,9 +442,12 @@ typedef enum muon_dtype_t {
  * Threading: the library calls the collectives of one optimizer from the
  * thread that calls muon_step (or, with prefetch_count > 0, from one helper
  * thread of the optimizer while muon_step runs); calls on one group never
- * overlap. `release` (optional) is called exactly once, when the last
- * optimizer using the table is destroyed, or by muon_add_group/
- * muon_set_world when they fail; the library never frees `ctx` otherwise. */
+ * overlap. `release` (optional) is called once for every muon_set_world or
+ * muon_add_group call the table was given to: when that optimizer is
+ * destroyed, or before the call returns if it fails. A host that gives one
+ * context to several calls (several optimizers, or the world and a group)
+ * counts references itself, or passes release = NULL and frees `ctx` after
+ * the optimizers are destroyed. The library never frees `ctx` otherwise. */
 typedef struct muon_comm_t {
   size_t struct_size;  /* sizeof(muon_comm_t) */
   void* ctx;           /* passed to every callback */

@@ -208,6 +208,12 @@ void muon_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
 
 size_t muon_sizeof_options(void) { return sizeof(muon_options_t); }
 size_t muon_sizeof_param_options(void) { return sizeof(muon_param_options_t); }
+size_t muon_sizeof_comm(void) { return sizeof(muon_comm_t); }
+size_t muon_sizeof_stats(void) { return sizeof(muon_stats_t); }
+size_t muon_sizeof_custom_layout(void) { return sizeof(muon_custom_layout_t); }
+size_t muon_sizeof_gathered(void) { return sizeof(muon_gathered_t); }
+size_t muon_sizeof_matrix_info(void) { return sizeof(muon_matrix_info_t); }
+size_t muon_sizeof_placement(void) { return sizeof(muon_placement_t); }
 
 muon_status_t muon_options_init(muon_options_t* options, size_t struct_size) {
   return Guard("muon_options_init", [&]() -> absl::Status {
@@ -433,7 +439,10 @@ muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* 
     const muon_custom_layout_t c = *layout;
     auto path = std::make_shared<muon::CustomPath>();
     if (c.assign_fn) {
-      path->assign = [c, name](int world) { return c.assign_fn(c.state, name.c_str(), world); };
+      path->assign = [c, name](int world) {
+        muon::TakeCallbackError();
+        return c.assign_fn(c.state, name.c_str(), world);
+      };
     }
     if (c.gather_fn) {
       path->gather = [c](const float* local, int64_t n, int owner, const float** full,

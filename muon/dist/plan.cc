@@ -284,7 +284,10 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   }
   for (const auto& [name, who] : first) {
     const RankParamDesc& cd = *who.second;
-    if (cd.zero2) continue;
+    if (cd.zero2) {
+      plan.zero2_matrices += cd.view == 2 ? cd.global_shape[0] : 1;
+      continue;
+    }
     if (cd.custom_owner >= 0) {
       CustomUnit cu;
       cu.name = name;

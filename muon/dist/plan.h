@@ -97,6 +97,7 @@ struct Plan {
   std::vector<PlanParam> params;  // sorted by name (layout path)
   std::vector<Unit> units;        // global order: by param, then index
   std::vector<CustomUnit> custom;  // sorted by name
+  int64_t zero2_matrices = 0;      // matrices of ZeRO-2 parameters (stepped outside units)
   int rounds = 0;
   uint64_t digest = 0;
 };

@@ -291,6 +291,9 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
 }
 
 absl::Status Optimizer::Setup(void* stream) {
+  // A local problem found before the handshake is reported after it, so that
+  // every rank reaches the same collectives.
+  absl::Status local_error;
   // Group memberships, as world ranks.
   RankDesc me;
   me.world_rank = world_->rank();
@@ -315,7 +318,13 @@ absl::Status Optimizer::Setup(void* stream) {
       const int owner = p.custom->assign(world_->size());
       if (owner < 0 || owner >= world_->size()) {
         // Reported after the handshake, so no rank is left waiting.
-        d.custom_owner = world_->size();
+        const std::string detail = TakeCallbackError();
+        if (local_error.ok()) {
+          local_error = absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "': assign_fn returned ", owner, "; it must be a world rank in [0, ",
+              world_->size(), ")", detail.empty() ? "" : ": ", detail));
+        }
+        d.custom_owner = 0;
       } else {
         d.custom_owner = owner;
       }
@@ -339,6 +348,7 @@ absl::Status Optimizer::Setup(void* stream) {
   // Every rank now holds the same data and reaches the same verdict; a rank
   // that fails alone (a custom assignment) still joins the digest exchange.
   absl::Status built = [&]() -> absl::Status {
+    if (!local_error.ok()) return local_error;
     std::vector<RankDesc> ranks;
     const std::string my_fp = Fingerprint(options_);
     for (int r = 0; r < n; ++r) {
@@ -415,10 +425,15 @@ absl::Status Optimizer::Setup(void* stream) {
     for (const ShapeBatch& b : t.batches) MUON_RETURN_IF_ERROR(cpu->Reserve(b.rows, b.cols));
   }
   MUON_RETURN_IF_ERROR(BuildZero2());
-  stats_.matrices_total = static_cast<int64_t>(plan_.units.size() + plan_.custom.size());
+  stats_.matrices_total =
+      static_cast<int64_t>(plan_.units.size() + plan_.custom.size()) + plan_.zero2_matrices;
   stats_.matrices_owned = 0;
   for (const Unit& u : plan_.units) stats_.matrices_owned += u.owner == world_->rank();
   for (const CustomUnit& c : plan_.custom) stats_.matrices_owned += c.owner == world_->rank();
+  for (const Zero2Block& blk : zero2_blocks_) {
+    const int mine = blk.params[groups_[blk.group]->rank()];
+    if (mine >= 0) stats_.matrices_owned += params_[mine].batch;
+  }
   planned_ = true;
   return absl::OkStatus();
 }

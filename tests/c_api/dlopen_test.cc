@@ -30,6 +30,12 @@ namespace {
   X(muon_options_init)           \
   X(muon_sizeof_options)         \
   X(muon_sizeof_param_options)   \
+  X(muon_sizeof_comm)            \
+  X(muon_sizeof_stats)           \
+  X(muon_sizeof_custom_layout)   \
+  X(muon_sizeof_gathered)        \
+  X(muon_sizeof_matrix_info)     \
+  X(muon_sizeof_placement)       \
   X(muon_create)                 \
   X(muon_destroy)                \
   X(muon_get_options)            \

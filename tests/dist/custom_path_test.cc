@@ -28,6 +28,7 @@ struct Host {
   int64_t wrong_rows = 0;                  // > 0: the owner reports this many rows
   int owner_choice = 1;
   bool disagree = false;
+  bool refuse = false;  // assign_fn fails (returns -1 with a message)
 };
 
 struct RankState {
@@ -40,6 +41,10 @@ int64_t NumRows(int r) { return r == 3 ? 4 : 2; }
 
 int32_t Assign(void* s, const char*, int32_t) {
   auto* st = static_cast<RankState*>(s);
+  if (st->host->refuse) {
+    muon_set_callback_error("no owner known for this matrix");
+    return -1;
+  }
   return st->host->disagree ? st->rank % 2 : st->host->owner_choice;
 }
 
@@ -171,6 +176,18 @@ TEST(CustomPath, OwnersMustAgree) {
   auto out = RunRanks(host, 1);
   for (int r = 0; r < host.ranks; ++r) {
     EXPECT_NE(out.errors[r].find("param 'custom': assign_fn chose rank"), std::string::npos)
+        << out.errors[r];
+  }
+}
+
+TEST(CustomPath, FailingAssignmentIsReportedOnEveryRank) {
+  Host host;
+  host.refuse = true;
+  auto out = RunRanks(host, 1);
+  for (int r = 0; r < host.ranks; ++r) {
+    EXPECT_NE(out.errors[r].find("param 'custom': assign_fn returned -1"), std::string::npos)
+        << out.errors[r];
+    EXPECT_NE(out.errors[r].find("no owner known for this matrix"), std::string::npos)
         << out.errors[r];
   }
 }

@@ -157,6 +157,8 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
     ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
     orthogonalized += stats[r].matrices_orthogonalized;
     refusals += state_refusals[r];
+    EXPECT_EQ(stats[r].matrices_total, static_cast<int64_t>(Model().size()));
+    EXPECT_EQ(stats[r].matrices_owned, stats[r].matrices_orthogonalized);
     // Two blocks of 4 and one of 2 (8x6), one of 3 (5x7): one reduce-scatter
     // and one all-gather per block.
     EXPECT_EQ(stats[r].collectives, 2 * 3) << "rank " << r;
