@@ -1,6 +1,15 @@
 """libmuon from Python: the Muon optimizer through the library's C ABI (ctypes).
 
-    import muon
+torch layer: muon.Muon, a torch.optim.Optimizer with torch.optim.Muon's
+signature (plus distributed_config):
+
+    opt = muon.Muon(model_matrices, lr=0.02)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+Low level (mirrors capi/muon.h): muon.Optimizer over numpy arrays or torch
+tensors, the placements Shard / FlatRange / Replicate, Communicator (a
+communicator written in Python) and InProcessWorld (ranks as threads).
+
     with muon.Optimizer(lr=0.02, weight_decay=0.01) as opt:
         for p in matrices:               # 2-D (or N-D with a matrix_view) tensors
             p.grad = torch.zeros_like(p)  # gradients are borrowed: keep them in place
@@ -14,7 +23,37 @@ repository's bazel-bin, or through the system loader (see _lib.py).
 
 from ._lib import path as library_path
 from ._optimizer import Optimizer, MuonError, version
+from ._comm import Communicator, FlatRange, InProcessComm, InProcessWorld, Replicate, Shard
+from ._dist import TorchDistComm
+from ._config import (DistributedConfig, create_auto_config, create_devicemesh_config,
+                      create_dtensor_config, create_processgroup_config)
 
 __version__ = "%d.%d.%d" % version()
 
-__all__ = ["Optimizer", "MuonError", "library_path", "version", "__version__"]
+__all__ = [
+    "Communicator",
+    "FlatRange",
+    "InProcessComm",
+    "InProcessWorld",
+    "MuonError",
+    "Optimizer",
+    "Replicate",
+    "Shard",
+    "__version__",
+    "library_path",
+    "version",
+]
+__all__ += ["TorchDistComm", "DistributedConfig", "create_auto_config",
+            "create_devicemesh_config", "create_dtensor_config", "create_processgroup_config"]
+
+__all__.append("Muon")
+
+
+def __getattr__(name):
+    # The torch layer imports torch: loaded on first use, so that the low level
+    # stays usable (and quick to import) with numpy alone.
+    if name == "Muon":
+        from ._torch import Muon
+        globals()["Muon"] = Muon
+        return Muon
+    raise AttributeError("module 'muon' has no attribute %r" % name)

@@ -87,6 +87,45 @@ MATRIX_VIEW_2D = 0
 MATRIX_VIEW_FLATTEN_TRAILING = 1
 MATRIX_VIEW_BATCHED_LEADING = 2
 
+ASSIGNMENT_BALANCED = 0
+ASSIGNMENT_ROUND_ROBIN = 1
+ASSIGNMENT_CUSTOM = 2
+
+PLACEMENT_SHARD = 0
+PLACEMENT_FLAT_RANGE = 1
+PLACEMENT_REPLICATE = 2
+
+SPLIT_EVEN = 0
+SPLIT_CHUNK = 1
+SPLIT_SIZES = 2
+
+REPLICATED_HOST_AVERAGED = 0
+REPLICATED_ZERO2 = 1
+
+DTYPE_FLOAT32 = 0
+DTYPE_BFLOAT16 = 1
+DTYPE_FLOAT16 = 2
+
+status_t = ctypes.c_int  # muon_status_t is a C enum
+
+
+class muon_matrix_info_t(ctypes.Structure):
+    _fields_ = [
+        ("param_name", ctypes.c_char_p),
+        ("index", ctypes.c_int64),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("ns_flops", ctypes.c_double),
+        ("holders", ctypes.POINTER(ctypes.c_int32)),
+        ("num_holders", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
+    ]
+
+
+# muon_options_t.assign_fn(assign_state, num_matrices, matrices, owners)
+ASSIGN_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.POINTER(muon_matrix_info_t), ctypes.POINTER(ctypes.c_int32))
+
 
 class muon_options_t(ctypes.Structure):
     _fields_ = [
@@ -113,7 +152,7 @@ class muon_options_t(ctypes.Structure):
         ("async_parallelism", ctypes.c_int32),
         ("reserved1", ctypes.c_int32),
         ("round_bytes", ctypes.c_size_t),
-        ("assign_fn", ctypes.c_void_p),
+        ("assign_fn", ASSIGN_FN),
         ("assign_state", ctypes.c_void_p),
     ]
 
@@ -146,12 +185,95 @@ class muon_param_options_t(ctypes.Structure):
     ]
 
 
+class muon_gathered_t(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),  # const float*
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+    ]
+
+
+# The custom path's callbacks (muon_custom_layout_t). Float pointers are
+# declared void* so that callbacks receive plain addresses (int or None).
+CUSTOM_ASSIGN_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p,
+                                    ctypes.c_int32)
+CUSTOM_GATHER_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_int32, ctypes.POINTER(muon_gathered_t),
+                                    ctypes.c_void_p)
+CUSTOM_REDISTRIBUTE_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+                                          ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
+
+
+class muon_custom_layout_t(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("state", ctypes.c_void_p),
+        ("global_rows", ctypes.c_int64),
+        ("global_cols", ctypes.c_int64),
+        ("assign_fn", CUSTOM_ASSIGN_FN),
+        ("gather_fn", CUSTOM_GATHER_FN),
+        ("redistribute_fn", CUSTOM_REDISTRIBUTE_FN),
+    ]
+
+
+# muon_comm_t's collectives. Buffers are void* (plain addresses); the count
+# and offset arrays are size_t*.
+_size_p = ctypes.POINTER(ctypes.c_size_t)
+COMM_ALL_GATHER_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_size_t, ctypes.c_void_p)
+COMM_ALL_TO_ALL_V_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p, _size_p,
+                                        _size_p, ctypes.c_void_p, _size_p, _size_p,
+                                        ctypes.c_void_p)
+COMM_BROADCAST_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.c_int32, ctypes.c_void_p)
+COMM_REDUCE_SCATTER_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                                          ctypes.c_void_p)
+COMM_BARRIER_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_void_p)
+COMM_RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class muon_comm_t(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("ctx", ctypes.c_void_p),
+        ("rank", ctypes.c_int32),
+        ("size", ctypes.c_int32),
+        ("all_gather", COMM_ALL_GATHER_FN),
+        ("all_to_all_v", COMM_ALL_TO_ALL_V_FN),
+        ("broadcast", COMM_BROADCAST_FN),
+        ("reduce_scatter", COMM_REDUCE_SCATTER_FN),
+        ("barrier", COMM_BARRIER_FN),
+        ("release", COMM_RELEASE_FN),
+    ]
+
+
+class muon_stats_t(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("steps", ctypes.c_int64),
+        ("bytes_sent", ctypes.c_int64),
+        ("bytes_received", ctypes.c_int64),
+        ("collectives", ctypes.c_int64),
+        ("rounds", ctypes.c_int64),
+        ("matrices_orthogonalized", ctypes.c_int64),
+        ("ns_flops", ctypes.c_double),
+        ("matrices_total", ctypes.c_int64),
+        ("matrices_owned", ctypes.c_int64),
+    ]
+
+
 class muon_optimizer(ctypes.Structure):
     """Incomplete C struct; only pointers to it are used."""
 
 
+class muon_inprocess_world(ctypes.Structure):
+    """Incomplete C struct; only pointers to it are used."""
+
+
 opt_p = ctypes.POINTER(muon_optimizer)
-status_t = ctypes.c_int  # muon_status_t is a C enum
+world_p = ctypes.POINTER(muon_inprocess_world)
 
 # name: (restype, argtypes), in the order of capi/muon.h.
 _SIGNATURES = {
@@ -161,6 +283,12 @@ _SIGNATURES = {
     "muon_options_init": (status_t, [ctypes.POINTER(muon_options_t), ctypes.c_size_t]),
     "muon_sizeof_options": (ctypes.c_size_t, []),
     "muon_sizeof_param_options": (ctypes.c_size_t, []),
+    "muon_sizeof_comm": (ctypes.c_size_t, []),
+    "muon_sizeof_stats": (ctypes.c_size_t, []),
+    "muon_sizeof_custom_layout": (ctypes.c_size_t, []),
+    "muon_sizeof_gathered": (ctypes.c_size_t, []),
+    "muon_sizeof_matrix_info": (ctypes.c_size_t, []),
+    "muon_sizeof_placement": (ctypes.c_size_t, []),
     "muon_create": (status_t, [ctypes.POINTER(muon_options_t), ctypes.POINTER(opt_p)]),
     "muon_destroy": (None, [opt_p]),
     "muon_get_options": (status_t, [opt_p, ctypes.POINTER(muon_options_t)]),
@@ -173,9 +301,29 @@ _SIGNATURES = {
         status_t,
         [opt_p, ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor),
          ctypes.POINTER(muon_param_options_t), ctypes.POINTER(ctypes.c_int64)]),
+    "muon_register_param_custom": (
+        status_t,
+        [opt_p, ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor),
+         ctypes.POINTER(muon_param_options_t), ctypes.POINTER(muon_custom_layout_t),
+         ctypes.POINTER(ctypes.c_int64)]),
+    "muon_rebind_param": (
+        status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor)]),
     "muon_num_params": (status_t, [opt_p, ctypes.POINTER(ctypes.c_size_t)]),
     "muon_step": (status_t, [opt_p, ctypes.c_void_p]),
     "muon_step_count": (status_t, [opt_p, ctypes.POINTER(ctypes.c_int64)]),
+    "muon_set_callback_error": (None, [ctypes.c_char_p]),
+    "muon_set_world": (
+        status_t, [opt_p, ctypes.POINTER(muon_comm_t), ctypes.POINTER(ctypes.c_int32)]),
+    "muon_add_group": (
+        status_t, [opt_p, ctypes.POINTER(muon_comm_t), ctypes.POINTER(ctypes.c_int32)]),
+    "muon_stats_init": (status_t, [ctypes.POINTER(muon_stats_t), ctypes.c_size_t]),
+    "muon_get_stats": (status_t, [opt_p, ctypes.POINTER(muon_stats_t)]),
+    "muon_inprocess_world_create": (status_t, [ctypes.c_int32, ctypes.POINTER(world_p)]),
+    "muon_inprocess_world_destroy": (None, [world_p]),
+    "muon_inprocess_comm": (
+        status_t, [world_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int32,
+                   ctypes.POINTER(muon_comm_t)]),
+    "muon_comm_from_nccl": (status_t, [ctypes.c_void_p, ctypes.POINTER(muon_comm_t)]),
     "muon_get_state_dtype": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLDataType)]),
     "muon_get_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_set_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
@@ -229,14 +377,24 @@ def _declare(lib):
         fn.argtypes = argtypes
 
 
+def _mismatch(lib, struct, theirs):
+    return ImportError(
+        "muon: the ctypes mirror of %s has %d bytes but %s says %s; the bindings do not "
+        "match this library build" % (struct.__name__, ctypes.sizeof(struct), lib._name, theirs))
+
+
 def _check_struct_sizes(lib):
     for struct, fn in ((muon_options_t, lib.muon_sizeof_options),
-                       (muon_param_options_t, lib.muon_sizeof_param_options)):
-        ours, theirs = ctypes.sizeof(struct), fn()
-        if ours != theirs:
-            raise ImportError(
-                "muon: the ctypes mirror of %s has %d bytes but %s says %d; the bindings do not "
-                "match this library build" % (struct.__name__, ours, lib._name, theirs))
+                       (muon_param_options_t, lib.muon_sizeof_param_options),
+                       (muon_comm_t, lib.muon_sizeof_comm),
+                       (muon_stats_t, lib.muon_sizeof_stats),
+                       (muon_custom_layout_t, lib.muon_sizeof_custom_layout),
+                       (muon_gathered_t, lib.muon_sizeof_gathered),
+                       (muon_matrix_info_t, lib.muon_sizeof_matrix_info),
+                       (muon_placement_t, lib.muon_sizeof_placement)):
+        theirs = fn()
+        if ctypes.sizeof(struct) != theirs:
+            raise _mismatch(lib, struct, theirs)
 
 
 lib, path = _load()

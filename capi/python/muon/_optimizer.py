@@ -1,6 +1,7 @@
 """Optimizer: one libmuon optimizer handle, driven from Python."""
 
 import ctypes
+import operator
 
 from . import _lib
 from ._tensor import TensorView, is_numpy, is_torch
@@ -32,10 +33,14 @@ class MuonError(RuntimeError):
         return "%s: %s" % (self.status, self.message) if self.message else self.status
 
 
+def _error(status):
+    message = _lib_handle.muon_last_error_message()
+    return MuonError(status, message.decode("utf-8", "replace") if message else "")
+
+
 def _check(status):
     if status != 0:
-        message = _lib_handle.muon_last_error_message()
-        raise MuonError(status, message.decode("utf-8", "replace") if message else "")
+        raise _error(status)
 
 
 def version():
@@ -61,6 +66,15 @@ _MATRIX_VIEW = {
     "flatten_trailing": _lib.MATRIX_VIEW_FLATTEN_TRAILING,
     "batched_leading": _lib.MATRIX_VIEW_BATCHED_LEADING,
 }
+_ASSIGNMENT = {
+    "balanced": _lib.ASSIGNMENT_BALANCED,
+    "round_robin": _lib.ASSIGNMENT_ROUND_ROBIN,
+}
+_REPLICATED_MODE = {
+    "host_averaged": _lib.REPLICATED_HOST_AVERAGED,
+    "zero2": _lib.REPLICATED_ZERO2,
+}
+_STAT_FIELDS = tuple(name for name, _ in _lib.muon_stats_t._fields_ if name != "struct_size")
 
 
 def _choice(kind, value, table):
@@ -99,6 +113,31 @@ def _set_coefficients(o, spec):
     return table
 
 
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _float_matrix(x):
+    """What a gather_fn returned, as a float32 C-contiguous 2-D numpy array
+    (no copy when it already is one)."""
+    import numpy
+
+    if is_torch(x):
+        if x.device.type != "cpu":
+            raise TypeError("gather_fn returned a tensor on %s; the library reads host memory"
+                            % x.device)
+        import torch
+        x = x.detach().to(torch.float32).contiguous().numpy()  # the array keeps the tensor alive
+    arr = numpy.ascontiguousarray(x, dtype=numpy.float32)
+    if arr.ndim != 2:
+        raise ValueError("gather_fn must return a (rows, cols) matrix, got shape %s"
+                         % (tuple(arr.shape),))
+    return arr
+
+
 class _Registered:
     __slots__ = ("name", "param", "grad", "track_torch_grad")
 
@@ -109,38 +148,61 @@ class _Registered:
         self.track_torch_grad = track_torch_grad
 
 
+def _tracks(param, grad):
+    """Whether step() should check that param.grad is still `grad` (torch swaps
+    a parameter's .grad after zero_grad(set_to_none=True))."""
+    return grad is not None and is_torch(param) and getattr(param, "grad", None) is grad
+
+
 class Optimizer:
     """The Muon optimizer over host-owned matrices: one libmuon handle.
 
     This is the low-level interface (register arrays, step); it works with numpy
     alone. With torch, register a parameter itself (an nn.Parameter, rather
     than p.data) with its .grad: step() then also checks that p.grad is still
-    the registered tensor (autograd swaps it after zero_grad(set_to_none=True)).
+    the registered tensor (autograd swaps it after zero_grad(set_to_none=True));
+    rebind() points the library at the new one.
 
     Parameters and gradients (numpy arrays or torch CPU tensors, float32,
     bfloat16 or float16, row-major contiguous) are registered once and then
     borrowed: the library keeps their data pointers, reads the gradients at
     every step() and updates the parameters in place. This object keeps a
-    reference to every registered array, so they live as long as it does.
+    reference to every registered array, every communicator it was given and
+    every ctypes callback the library calls, so they live as long as it does.
 
     Arguments left as None take the library's defaults (capi/muon.h): lr 1e-3,
     weight_decay 0.1, momentum 0.95, nesterov True, ns_steps 5,
     ns_coefficients (3.4445, -4.7750, 2.0315), eps 1e-7, adjust_lr "original",
-    ns_dtype "bf16", momentum_fp32 False.
+    ns_dtype "bf16", momentum_fp32 False, assignment "balanced",
+    prefetch_count 1, async_parallelism True, round_bytes 0 (256 MiB).
 
     ns_coefficients: an (a, b, c) tuple for every iteration, a list of (a, b, c)
     rows (row i for iteration i, the last row reused after the end), or
     "polar_express". adjust_lr: "original", "match_rms_adamw", or None / "none"
     (no adjustment). ns_dtype: "bf16" (as torch.optim.Muon) or "fp32".
 
-    Not thread-safe: use one optimizer from one thread at a time.
+    Distributed engine (with set_world): assignment is "balanced",
+    "round_robin" or a callable that receives one dict per matrix of the job
+    ({param_name, index, rows, cols, ns_flops, holders}, in the library's
+    order: by parameter name, then index) and returns the owner's world rank
+    for each, the same on every rank. prefetch_count, async_parallelism and
+    round_bytes tune the exchange pipeline (results are bit-identical).
+
+    Not thread-safe: use one optimizer from one thread at a time (ranks run as
+    threads each use their own).
     """
 
     def __init__(self, lr=None, weight_decay=None, momentum=None, nesterov=None, ns_steps=None,
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
-                 momentum_fp32=None):
+                 momentum_fp32=None, assignment=None, prefetch_count=None,
+                 async_parallelism=None, round_bytes=None):
         self._handle = None
         self._params = []
+        self._comms = []        # communicator objects given to set_world / add_group
+        self._group_ids = {}    # id(communicator object) -> group id
+        self._keep = []         # ctypes callbacks and arrays the library calls or reads
+        self._callback_errors = []  # (where, exception) raised by Python callbacks
+        self._world = None      # (rank, size) of the world communicator
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
 
         o = _lib.muon_options_t()
@@ -154,7 +216,7 @@ class Optimizer:
         if nesterov is not None:
             o.nesterov = 1 if nesterov else 0
         if ns_steps is not None:
-            o.ns_steps = int(ns_steps)
+            o.ns_steps = operator.index(ns_steps)
         if eps is not None:
             o.eps = float(eps)
         o.adjust_lr = _choice("adjust_lr", "none" if adjust_lr is None else adjust_lr,
@@ -163,6 +225,20 @@ class Optimizer:
             o.ns_dtype = _choice("ns_dtype", ns_dtype, _NS_DTYPE)
         if momentum_fp32 is not None:
             o.momentum_fp32 = 1 if momentum_fp32 else 0
+        if assignment is not None:
+            if callable(assignment):
+                o.assignment = _lib.ASSIGNMENT_CUSTOM
+                callback = self._assignment_trampoline(assignment)
+                o.assign_fn = callback
+                self._keep.append(callback)
+            else:
+                o.assignment = _choice("assignment", assignment, _ASSIGNMENT)
+        if prefetch_count is not None:
+            o.prefetch_count = operator.index(prefetch_count)
+        if async_parallelism is not None:
+            o.async_parallelism = 1 if async_parallelism else 0
+        if round_bytes is not None:
+            o.round_bytes = operator.index(round_bytes)
         table = None
         if ns_coefficients is not None:
             table = _set_coefficients(o, ns_coefficients)
@@ -174,11 +250,16 @@ class Optimizer:
     # -- lifetime ----------------------------------------------------------
 
     def close(self):
-        """Destroys the optimizer and releases the registered arrays. Idempotent."""
+        """Destroys the optimizer and releases the registered arrays, communicators
+        and callbacks. Idempotent."""
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
             self._destroy(handle)
+        # Only once the library is gone: it may call or read these until then.
         self._params = []
+        self._comms = []
+        self._group_ids = {}
+        self._keep = []
 
     def __del__(self):
         try:
@@ -205,12 +286,13 @@ class Optimizer:
     # -- hyper-parameters -----------------------------------------------------
 
     def options(self):
-        """The current options as a dict (ns_table itself is not handed out)."""
+        """The current options as a dict (ns_table and assign_fn are not handed out)."""
         o = _lib.muon_options_t()
         _check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
         _check(_lib_handle.muon_get_options(self._h(), ctypes.byref(o)))
         return {name: getattr(o, name) for name, _ in o._fields_
-                if name not in ("struct_size", "ns_table", "reserved0")}
+                if name not in ("struct_size", "ns_table", "reserved0", "reserved1",
+                                "assign_fn", "assign_state")}
 
     @property
     def lr(self):
@@ -236,35 +318,233 @@ class Optimizer:
     def momentum(self, value):
         _check(_lib_handle.muon_set_momentum(self._h(), float(value)))
 
+    # -- communicators -----------------------------------------------------------
+
+    @staticmethod
+    def _table_of(comm):
+        if isinstance(comm, _lib.muon_comm_t):
+            return comm  # a raw table: the library takes over its release
+        table = getattr(comm, "table", None)
+        if not isinstance(table, _lib.muon_comm_t):
+            raise TypeError("muon: expected a communicator (a muon.Communicator, an "
+                            "InProcessWorld.comm(...) or an object with a muon_comm_t .table), "
+                            "got %s" % type(comm).__name__)
+        return table
+
+    def set_world(self, comm):
+        """Sets the world communicator (every rank taking part in step()); returns its
+        group id, usable in placements. Set once, before registering parameters."""
+        h = self._h()
+        table = self._table_of(comm)
+        gid = ctypes.c_int32()
+        _check(_lib_handle.muon_set_world(h, ctypes.byref(table), ctypes.byref(gid)))
+        self._adopt(comm, gid.value)
+        self._world = (table.rank, table.size)
+        return gid.value
+
+    def add_group(self, comm):
+        """Adds a group (TP, FSDP, DP, ...) for placements; returns its id. Every rank
+        adds its groups in the same order."""
+        h = self._h()
+        table = self._table_of(comm)
+        gid = ctypes.c_int32()
+        _check(_lib_handle.muon_add_group(h, ctypes.byref(table), ctypes.byref(gid)))
+        self._adopt(comm, gid.value)
+        return gid.value
+
+    def _adopt(self, comm, gid):
+        self._comms.append(comm)  # its callbacks and context stay alive with this optimizer
+        if not isinstance(comm, _lib.muon_comm_t):
+            self._group_ids.setdefault(id(comm), gid)
+
+    def _resolve_group(self, group):
+        try:
+            return operator.index(group)
+        except TypeError:
+            pass
+        gid = self._group_ids.get(id(group))
+        if gid is None:
+            raise TypeError("muon: a placement's group must be a group id or a communicator "
+                            "given to this optimizer's set_world/add_group; got %r" % (group,))
+        return gid
+
+    @property
+    def world_rank(self):
+        """This rank in the world (None without a world)."""
+        return self._world[0] if self._world else None
+
+    @property
+    def world_size(self):
+        """Ranks in the world (None without a world)."""
+        return self._world[1] if self._world else None
+
     # -- parameters -------------------------------------------------------------
 
-    def register(self, param, grad, name=None, matrix_view="2d"):
+    def _param_options(self, name):
+        po = _lib.muon_param_options_t()
+        _check(_lib_handle.muon_param_options_init(ctypes.byref(po), ctypes.sizeof(po)))
+        if name is not None:
+            po.name = str(name).encode("utf-8")
+        return po
+
+    def _views(self, param, grad, name):
+        if is_numpy(param) and not param.flags.writeable:
+            raise ValueError("muon: param %r is a read-only array; the optimizer updates "
+                             "parameters in place" % (name or "?"))
+        return TensorView(param), TensorView(grad)
+
+    def register(self, param, grad, name=None, matrix_view="2d", global_shape=None,
+                 placements=None, replicated_mode="host_averaged"):
         """Registers a parameter and its gradient; returns the parameter's id.
 
         matrix_view: "2d" (default), "flatten_trailing" ((d0, d1, ...) as one
         d0 x (d1*...) matrix) or "batched_leading" ((n, d1, d2, ...) as n
         matrices d1 x (d2*...)). Registration closes at the first step().
+
+        Distributed (after set_world): `param` and `grad` are this rank's piece
+        of the global tensor of shape `global_shape`, cut out by `placements`
+        (muon.Shard / muon.FlatRange / muon.Replicate, outermost first, each
+        over a group id). `name` is the parameter's identity across ranks.
+        replicated_mode: "host_averaged" (the host averaged the gradients, DDP)
+        or "zero2" (placements are exactly one Replicate; each rank passes its
+        own gradient; the engine averages them and keeps 1/N of the momentum).
         """
         h = self._h()
-        if is_numpy(param) and not param.flags.writeable:
-            raise ValueError("muon: param %r is a read-only array; the optimizer updates "
-                             "parameters in place" % (name or "?"))
-        pv, gv = TensorView(param), TensorView(grad)
-        po = _lib.muon_param_options_t()
-        _check(_lib_handle.muon_param_options_init(ctypes.byref(po), ctypes.sizeof(po)))
-        if name is not None:
-            po.name = str(name).encode("utf-8")
+        pv, gv = self._views(param, grad, name)
+        po = self._param_options(name)
         po.matrix_view = _choice("matrix_view", matrix_view, _MATRIX_VIEW) \
             if not isinstance(matrix_view, int) else matrix_view
+        po.replicated_mode = _choice("replicated_mode", replicated_mode, _REPLICATED_MODE) \
+            if not isinstance(replicated_mode, int) else replicated_mode
+        keep = []
+        if global_shape is not None:
+            shape = [operator.index(d) for d in global_shape]
+            array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+            keep.append(array)
+            po.global_ndim = len(shape)
+            po.global_shape = ctypes.cast(array, ctypes.POINTER(ctypes.c_int64))
+        if placements:
+            placements = list(placements)
+            array = (_lib.muon_placement_t * len(placements))()
+            for i, pl in enumerate(placements):
+                if not hasattr(pl, "_fill"):
+                    raise TypeError("muon: placement %d is %r; use muon.Shard, muon.FlatRange or "
+                                    "muon.Replicate" % (i, pl))
+                keep.append(pl._fill(array[i], self._resolve_group))
+            keep.append(array)
+            po.num_placements = len(placements)
+            po.placements = ctypes.cast(array, ctypes.POINTER(_lib.muon_placement_t))
         pid = ctypes.c_int64()
         _check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
                                                ctypes.byref(pid)))
-        # torch autograd may swap a parameter's .grad for a new tensor (zero_grad with
-        # set_to_none=True); then the library would read a stale buffer. Watch for it.
-        track = is_torch(param) and getattr(param, "grad", None) is grad
+        del keep  # copied by the library
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
-                                        pv, gv, track))
+                                        pv, gv, _tracks(param, grad)))
         return pid.value
+
+    def register_custom(self, param, grad, name, rows, cols, assign_fn, gather_fn,
+                        redistribute_fn):
+        """Registers a parameter on the custom path: one rows x cols matrix of which
+        this rank holds `param` (its gradient `grad`), moved by the host's callables.
+        Needs a world; every rank holding a piece registers it under `name`.
+
+          assign_fn(name, world_size) -> int: the world rank that orthogonalizes
+            the matrix (one holding a piece; the same on every holder). Called
+            once, at the first step.
+          gather_fn(local, owner) -> full or None: `local` is a float32 view of
+            this rank's update values (the param's shape; read it, do not write
+            it). On the rank `owner`,
+            return the whole (rows, cols) float32 matrix (C-contiguous; a torch
+            CPU tensor or anything numpy converts is accepted), kept alive here
+            until redistribute_fn has run; elsewhere return None.
+          redistribute_fn(full_or_None, owner, local_out) -> None: `full` is the
+            orthogonalized (rows, cols) matrix on the owner (to read), None
+            elsewhere; fill the float32 view `local_out` with this rank's values.
+
+        gather_fn and redistribute_fn are collective among the holders (the host's
+        own communication). An exception raised in them fails the step with the
+        exception's type and text in the message.
+        """
+        h = self._h()
+        from . import _comm
+
+        pv, gv = self._views(param, grad, name)
+        po = self._param_options(name)
+        shape = tuple(int(s) for s in getattr(param, "shape", ()))
+        numel = _prod(shape)
+        sink = self._callback_errors
+        label = "param '%s'" % name
+        held = [None]  # the owner's gathered matrix, until redistribute_fn returns
+
+        def local_shape(n):
+            return shape if n == numel else (int(n),)
+
+        def c_assign(state, param_name, world_size):
+            try:
+                owner = operator.index(assign_fn(name, int(world_size)))
+                return owner if -2 ** 31 <= owner < 2 ** 31 else -1
+            except BaseException as e:  # noqa: B902 - reported as an invalid owner
+                sink.append(("assign_fn of %s" % label, e))
+                return -1
+
+        def c_gather(state, local, n, owner, out, stream):
+            try:
+                full = gather_fn(_comm.view(local, local_shape(n), "<f4"),
+                                 int(owner))
+                held[0] = None
+                if full is not None:
+                    arr = _float_matrix(full)
+                    held[0] = arr
+                    out[0].data = arr.ctypes.data
+                    out[0].rows, out[0].cols = arr.shape
+                return 0
+            except BaseException as e:  # noqa: B902 - turned into a status
+                return _comm.callback_failed(e, "gather_fn of %s" % label, sink)
+
+        def c_redistribute(state, full, rows, cols, owner, local, n, stream):
+            try:
+                matrix = _comm.view(full, (rows, cols), "<f4") if full else None
+                redistribute_fn(matrix, int(owner),
+                                _comm.view(local, local_shape(n), "<f4"))
+                return 0
+            except BaseException as e:  # noqa: B902 - turned into a status
+                return _comm.callback_failed(e, "redistribute_fn of %s" % label, sink)
+            finally:
+                held[0] = None
+
+        layout = _lib.muon_custom_layout_t()
+        layout.struct_size = ctypes.sizeof(layout)
+        layout.state = None
+        layout.global_rows = operator.index(rows)
+        layout.global_cols = operator.index(cols)
+        callbacks = (_lib.CUSTOM_ASSIGN_FN(c_assign), _lib.CUSTOM_GATHER_FN(c_gather),
+                     _lib.CUSTOM_REDISTRIBUTE_FN(c_redistribute))
+        layout.assign_fn, layout.gather_fn, layout.redistribute_fn = callbacks
+        pid = ctypes.c_int64()
+        _check(_lib_handle.muon_register_param_custom(h, pv.ref, gv.ref, ctypes.byref(po),
+                                                      ctypes.byref(layout), ctypes.byref(pid)))
+        self._keep.append(callbacks)
+        self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad)))
+        return pid.value
+
+    def rebind(self, param_id, param, grad):
+        """Points a registered parameter at new storage between steps (same shape
+        and dtype as registered). `grad` None (single process only): the
+        parameter is skipped by the next steps, as torch skips parameters
+        without a gradient, until a gradient is bound again."""
+        h = self._h()
+        pid = operator.index(param_id)
+        name = self._params[pid].name if 0 <= pid < len(self._params) else None
+        pv = TensorView(param)
+        if is_numpy(param) and not param.flags.writeable:
+            raise ValueError("muon: param %r is a read-only array; the optimizer updates "
+                             "parameters in place" % (name or "?"))
+        gv = TensorView(grad) if grad is not None else None
+        _check(_lib_handle.muon_rebind_param(h, pid, pv.ref, gv.ref if gv is not None else None))
+        record = self._params[pid]  # the id is valid: the call succeeded
+        record.param = pv
+        record.grad = gv  # an unbound gradient is never read again: let it go
+        record.track_torch_grad = _tracks(param, grad)
 
     @property
     def num_params(self):
@@ -275,7 +555,41 @@ class Optimizer:
     def __len__(self):
         return self.num_params
 
+    def param_name(self, param_id):
+        """The name a parameter was registered under."""
+        return self._params[operator.index(param_id)].name
+
     # -- stepping ---------------------------------------------------------------
+
+    def _assignment_trampoline(self, fn):
+        sink = self._callback_errors
+
+        def c_assign(state, count, matrices, owners):
+            try:
+                table = []
+                for i in range(count):
+                    m = matrices[i]
+                    table.append({
+                        "param_name": m.param_name.decode("utf-8", "replace"),
+                        "index": m.index,
+                        "rows": m.rows,
+                        "cols": m.cols,
+                        "ns_flops": m.ns_flops,
+                        "holders": [m.holders[j] for j in range(m.num_holders)],
+                    })
+                chosen = list(fn(table))
+                if len(chosen) != count:
+                    raise ValueError("the assignment returned %d owners for %d matrices"
+                                     % (len(chosen), count))
+                ranks = [operator.index(r) for r in chosen]
+                for i, r in enumerate(ranks):
+                    owners[i] = r
+                return 0
+            except BaseException as e:  # noqa: B902 - turned into a status
+                from . import _comm
+                return _comm.callback_failed(e, "the assignment callable", sink)
+
+        return _lib.ASSIGN_FN(c_assign)
 
     def _check_torch_storage(self):
         for r in self._params:
@@ -284,20 +598,46 @@ class Optimizer:
                 raise MuonError("FAILED_PRECONDITION",
                                 "param '%s': its storage moved since registration (was "
                                 "param.data reassigned?); the library updates the registered "
-                                "storage" % r.name)
+                                "storage (rebind() points it at the new one)" % r.name)
             if r.track_torch_grad:
                 g = p.grad
                 if g is None or g.data_ptr() != r.grad.data_ptr:
                     raise MuonError("FAILED_PRECONDITION",
                                     "param '%s': its .grad is no longer the registered tensor "
                                     "(set to None or replaced); zero gradients in place, e.g. "
-                                    "p.grad.zero_() or zero_grad(set_to_none=False)" % r.name)
+                                    "p.grad.zero_() or zero_grad(set_to_none=False), or "
+                                    "rebind() the new one" % r.name)
+
+    def _take_callback_errors(self):
+        taken = list(self._callback_errors)
+        del self._callback_errors[:len(taken)]
+        for comm in self._comms:
+            take = getattr(comm, "_muon_take_errors", None)
+            if take is not None:
+                taken.extend(take())
+        return taken
 
     def step(self):
-        """One Muon step over every registered parameter."""
+        """One Muon step over every registered parameter (collective with a world).
+
+        A failure raises MuonError; one caused by a Python callback (a
+        Communicator method, a custom-path callable, the assignment) has that
+        exception as its __cause__."""
         h = self._h()
         self._check_torch_storage()
-        _check(_lib_handle.muon_step(h, None))
+        status = _lib_handle.muon_step(h, None)
+        raised = self._take_callback_errors()
+        if status != 0:
+            err = _error(status)
+            if not raised:
+                raise err
+            from . import _comm
+            missing = ["%s (in %s)" % (_comm.describe(e), where) for where, e in raised
+                       if _comm.describe(e) not in err.message]
+            if missing:
+                err = MuonError(err.code, "%s; Python callback raised %s"
+                                % (err.message, "; ".join(missing)))
+            raise err from raised[0][1]
 
     @property
     def step_count(self):
@@ -305,7 +645,23 @@ class Optimizer:
         _check(_lib_handle.muon_step_count(self._h(), ctypes.byref(n)))
         return n.value
 
+    def stats(self):
+        """What moved and what was computed on this rank (muon_get_stats): steps;
+        for the last step bytes_sent, bytes_received, collectives, rounds,
+        matrices_orthogonalized, ns_flops; planned: matrices_total, matrices_owned."""
+        s = _lib.muon_stats_t()
+        _check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
+        _check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))
+        return {name: getattr(s, name) for name in _STAT_FIELDS}
+
     # -- state ---------------------------------------------------------------------
+
+    def state_dtype(self, param_id):
+        """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
+        dt = _lib.DLDataType()
+        _check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
+        return {(_lib.kDLFloat, 32): "float32", (_lib.kDLFloat, 16): "float16",
+                (_lib.kDLBfloat, 16): "bfloat16"}[(dt.code, dt.bits)]
 
     def get_state(self, param_id, out=None):
         """A copy of a parameter's momentum buffer.

@@ -1,0 +1,865 @@
+"""Distributed configs for muon.Muon: how each rank's parameters map to the
+library's distributed engine (capi/muon.h).
+
+A config implements two methods that muon.Muon calls once per param group:
+
+  _options() -> dict
+      extra keyword arguments of the low-level muon.Optimizer
+      (prefetch_count, async_parallelism);
+  _attach(optimizer, named_params)
+      sets the world, adds the groups and registers every (name, param) of the
+      group, in the order given, with its grad buffer (allocated when
+      param.grad is None).
+
+DistributedConfig wraps three torch-level callables over the custom path
+(muon_register_param_custom). The create_*_config helpers describe common
+layouts with placements (muon_register_param with a global shape), so the
+library moves the pieces itself: TP as Shard(tp_dim), FSDP as Shard(0, chunk)
+or FlatRange, DP and CP as Replicate, EP by registering experts only where
+they live, PP by each stage registering its own parameters.
+
+_attach is collective: muon.Muon calls it at the first step() of each param
+group, so every rank of the world must step the same number of param groups,
+in the same order. Layout errors are found there and raised on every rank.
+"""
+
+import collections
+import math
+import zlib
+
+__all__ = [
+    "DistributedConfig",
+    "create_processgroup_config",
+    "create_auto_config",
+    "create_devicemesh_config",
+    "create_dtensor_config",
+]
+
+
+def _torch():
+    import torch
+    import torch.distributed as dist
+    return torch, dist
+
+
+def _require_dist(what):
+    _, dist = _torch()
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("muon.%s: torch.distributed is not initialized; call "
+                           "torch.distributed.init_process_group first" % what)
+    return dist
+
+
+def _check_pipeline_options(async_gpu_parallelism, prefetch_count):
+    if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or \
+            prefetch_count < 0:
+        raise ValueError("muon: prefetch_count must be an int >= 0, got %r" % (prefetch_count,))
+    return bool(async_gpu_parallelism), int(prefetch_count)
+
+
+def _matrix_ndim_error(name, shape):
+    return ("param '%s' has %d dimension(s) (shape %s); Muon orthogonalizes matrices only: "
+            "optimize 0-D and 1-D parameters (biases, norms) with AdamW"
+            % (name, len(shape), tuple(shape)))
+
+
+def _matrix_view(ndim):
+    # As muon.Muon registers parameters in one process: 2-D as they are, N-D
+    # flattened to (d0, d1*...*dk).
+    return "2d" if ndim == 2 else "flatten_trailing"
+
+
+def _grad_buffer(param):
+    """The param's grad tensor, allocated (zeros) when there is none: the library
+    borrows its storage."""
+    torch, _ = _torch()
+    if param.grad is None:
+        param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
+    return param.grad
+
+
+def _lookup(table, name, param):
+    """table: None, a dict keyed by the param object or its name, or a callable
+    (name, param) -> value (None: no entry). Returns (found, value)."""
+    if table is None:
+        return False, None
+    if callable(table) and not isinstance(table, dict):
+        value = table(name, param)
+        return value is not None, value
+    for key, value in table.items():
+        if key is param or (isinstance(key, str) and key == name):
+            return True, value
+    return False, None
+
+
+def _lookup_any(table, name, default_name, param, convert):
+    """A dict entry keyed by the param, its name or muon.Muon's name for it; or a
+    callable's answer for (name, param). None when there is none."""
+    found, value = _lookup(table, name, param)
+    if not found and isinstance(table, dict) and default_name != name:
+        found, value = _lookup(table, default_name, param)
+    return convert(value) if found else None
+
+
+class _Config:
+    """The pipeline options every config carries."""
+
+    def __init__(self, async_gpu_parallelism=True, prefetch_count=1):
+        self.async_gpu_parallelism, self.prefetch_count = _check_pipeline_options(
+            async_gpu_parallelism, prefetch_count)
+
+    def _options(self):
+        return {"prefetch_count": self.prefetch_count,
+                "async_parallelism": self.async_gpu_parallelism}
+
+
+# ---------------------------------------------------------------------------
+# DistributedConfig: the custom path
+# ---------------------------------------------------------------------------
+
+
+class DistributedConfig(_Config):
+    """Zero-redundancy Muon over layouts the host gathers itself.
+
+    assign_fn(param, state, world_size) -> int
+        the world rank that orthogonalizes `param` (called once, at the first
+        step, on every rank holding a piece; all must agree, and it must be
+        one of them);
+    gather_fn(local_update, param, owner, state) -> full tensor or None
+        local_update: a float32 tensor of the local param's shape holding this
+        rank's momentum-updated values (valid during the call only). On the
+        rank `owner` return the whole update (any float dtype; reshaped to the
+        (rows, cols) matrix); elsewhere return None (ignored). Collective
+        among the ranks holding the param: use your own process groups;
+    redistribute_fn(full_update_or_None, param, owner, state) -> local tensor
+        full_update: on the owner, a float32 (rows, cols) tensor holding the
+        orthogonalized update; None elsewhere. Return this rank's piece of it
+        (as many elements as the local param has).
+
+    state: anything, passed to the callables. When it is a dict, these keys
+    are read too: "global_shapes" (a dict keyed by param or name, or a
+    callable (name, param) -> shape) gives the whole matrix's shape of a
+    param (default: the local shape: a replicated or local param);
+    "names" (the same forms) gives a param's name, its identity across ranks
+    (default: muon.Muon's "group{g}.param{i}"); "world_pg" the
+    torch.distributed group of every rank stepping Muon (default: the world),
+    or "world_comm" a muon.Communicator to use instead.
+
+    The params are registered at the first step(). The callables run inside
+    step(), in the order of parameter names, possibly on a helper thread of
+    the library (prefetch_count > 0).
+    An exception they raise fails the step with muon.MuonError naming the
+    parameter and the exception.
+    """
+
+    def __init__(self, assign_fn, gather_fn, redistribute_fn, state=None,
+                 async_gpu_parallelism=True, prefetch_count=1):
+        for what, fn in (("assign_fn", assign_fn), ("gather_fn", gather_fn),
+                         ("redistribute_fn", redistribute_fn)):
+            if not callable(fn):
+                raise TypeError("muon.DistributedConfig: %s must be callable, got %s"
+                                % (what, type(fn).__name__))
+        super().__init__(async_gpu_parallelism, prefetch_count)
+        self.assign_fn = assign_fn
+        self.gather_fn = gather_fn
+        self.redistribute_fn = redistribute_fn
+        self.state = state
+        # The tensors over the library's buffers handed to the callables, held a
+        # little longer: if the callables pass them to torch.distributed, gloo's
+        # worker thread must not drop the last reference (see _dist.py).
+        self._recent = collections.deque(maxlen=4)
+
+    def _state_entry(self, key):
+        return self.state.get(key) if isinstance(self.state, dict) else None
+
+    def _world(self):
+        comm = self._state_entry("world_comm")
+        if comm is not None:
+            return comm
+        _require_dist("DistributedConfig")
+        from ._dist import TorchDistComm
+        return TorchDistComm(self._state_entry("world_pg"))
+
+    def _attach(self, optimizer, named_params):
+        optimizer.set_world(self._world())
+        seen = set()
+        for default_name, param in named_params:
+            found, name = _lookup(self._state_entry("names"), default_name, param)
+            name = str(name) if found else default_name
+            if name in seen:
+                raise ValueError("muon.DistributedConfig: two parameters are named '%s'" % name)
+            seen.add(name)
+            shape = _lookup_any(self._state_entry("global_shapes"), name, default_name, param,
+                                lambda s: tuple(int(d) for d in s)) or tuple(param.shape)
+            if len(shape) < 2:
+                raise ValueError("muon.DistributedConfig: " + _matrix_ndim_error(name, shape))
+            rows, cols = shape[0], math.prod(shape[1:])
+            grad = _grad_buffer(param)
+            optimizer.register_custom(param, grad, name, rows, cols,
+                                      *self._callbacks(name, param, rows, cols))
+
+    def _callbacks(self, name, param, rows, cols):
+        torch, _ = _torch()
+        cfg = self
+        local_shape = tuple(param.shape)
+
+        def assign(param_name, world_size):
+            owner = cfg.assign_fn(param, cfg.state, int(world_size))
+            if isinstance(owner, bool) or not isinstance(owner, int):
+                try:
+                    owner = int(owner)
+                except Exception:
+                    raise TypeError("assign_fn returned %r for param '%s'; it must return a "
+                                    "world rank (int)" % (owner, name)) from None
+            return owner
+
+        def gather(local, owner):
+            update = torch.from_numpy(local).view(local_shape)
+            cfg._recent.append(update)
+            full = cfg.gather_fn(update, param, int(owner), cfg.state)
+            if full is None:
+                return None
+            if not isinstance(full, torch.Tensor):
+                raise TypeError("gather_fn returned %s for param '%s'; return a tensor (on "
+                                "the owner) or None" % (type(full).__name__, name))
+            if full.numel() != rows * cols:
+                raise ValueError("gather_fn returned %d elements (shape %s) for param '%s'; "
+                                 "the whole matrix has %d x %d" % (full.numel(),
+                                                                   tuple(full.shape), name,
+                                                                   rows, cols))
+            full = full.detach().to(device="cpu", dtype=torch.float32).contiguous()
+            return full.reshape(rows, cols).numpy()
+
+        def redistribute(full, owner, local_out):
+            full_t = torch.from_numpy(full) if full is not None else None
+            cfg._recent.append(full_t)
+            piece = cfg.redistribute_fn(full_t, param, int(owner), cfg.state)
+            if not isinstance(piece, torch.Tensor):
+                raise TypeError("redistribute_fn returned %s for param '%s'; return this "
+                                "rank's piece as a tensor" % (type(piece).__name__, name))
+            if piece.numel() != local_out.size:
+                raise ValueError("redistribute_fn returned %d elements (shape %s) for param "
+                                 "'%s'; this rank holds %d (shape %s)"
+                                 % (piece.numel(), tuple(piece.shape), name, local_out.size,
+                                    local_shape))
+            out = torch.from_numpy(local_out.reshape(-1))
+            out.copy_(piece.detach().reshape(-1).to(device="cpu", dtype=torch.float32))
+
+        return assign, gather, redistribute
+
+
+# ---------------------------------------------------------------------------
+# Placements from process groups
+# ---------------------------------------------------------------------------
+
+_ROLE_TEXT = {"dp": "data-parallel (dp_pg)", "cp": "context-parallel (cp_pg)",
+              "ep": "expert-parallel (ep_pg)", "tp": "tensor-parallel (tp_pg)",
+              "fsdp": "FSDP (fsdp_pg)", "pp": "pipeline (pp_pg)"}
+
+
+def _chunk_sizes(total, n):
+    """torch.chunk's sizes of `total` over n (ceil each, tail short, possibly empty)."""
+    step = -(-total // n) if total else 0
+    return [max(0, min(step, total - r * step)) for r in range(n)]
+
+
+def _crc(t):
+    """A checksum of a tensor's bytes (replica checks)."""
+    torch, _ = _torch()
+    data = t.detach().to("cpu").contiguous().reshape(-1)
+    if data.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        data = data.to(torch.float32)
+    return zlib.crc32(data.view(torch.uint8).numpy().tobytes())
+
+
+class _ProcessGroupConfig(_Config):
+    """What create_processgroup_config returns (see there)."""
+
+    def __init__(self, groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
+                 global_shapes, verify_replicas, async_gpu_parallelism, prefetch_count,
+                 index_tables=None, name_fn=None):
+        super().__init__(async_gpu_parallelism, prefetch_count)
+        self.groups = groups  # role -> process group (None when absent)
+        self.world_pg = world_pg
+        self.tp_dims = tp_dims
+        self.fsdp_mode = fsdp_mode
+        self.names = names
+        self.replicated_mode = replicated_mode
+        self.global_shapes = global_shapes
+        self.verify_replicas = verify_replicas
+        # create_auto_config: tables keyed by the param's index over all param
+        # groups, in the order muon.Muon attaches them.
+        self._index_tables = index_tables or {}
+        self._name_fn = name_fn
+        self._index = {}
+
+    # -- per-param lookups ----------------------------------------------------------
+
+    def _param_index(self, param):
+        return self._index.setdefault(id(param), len(self._index))
+
+    def _name(self, default_name, param):
+        if self._name_fn is not None:
+            return self._name_fn(self, default_name, param)
+        if self.names is not None:
+            found, name = _lookup(self.names, default_name, param)
+            if not found:
+                raise _ParamError("param '%s' (shape %s) has no entry in `names`"
+                                  % (default_name, tuple(param.shape)))
+            return str(name)
+        pp = self.groups.get("pp")
+        if pp is not None:
+            _, dist = _torch()
+            return "stage%d.%s" % (dist.get_rank(pp), default_name)
+        return default_name
+
+    def _tp_dim(self, name, default_name, param):
+        table = self._index_tables.get("tp_dims")
+        if table is not None:
+            if isinstance(table, int):
+                return table
+            idx = self._param_index(param)
+            return int(table[idx]) if idx in table else None
+        return _lookup_any(self.tp_dims, name, default_name, param, int)
+
+    def _global_shape(self, name, default_name, param):
+        return _lookup_any(self.global_shapes, name, default_name, param,
+                           lambda shape: tuple(int(d) for d in shape))
+
+    # -- attach ---------------------------------------------------------------------
+
+    def _attach(self, optimizer, named_params):
+        dist = _require_dist("create_processgroup_config")
+        from ._dist import TorchDistComm
+        import muon
+
+        groups = {role: pg for role, pg in self.groups.items() if pg is not None}
+        errors = []  # this rank's problems; raised on every rank after the collectives
+        world_size = dist.get_world_size(self.world_pg)
+        sizes = {role: dist.get_world_size(pg) for role, pg in groups.items()}
+        product = math.prod(sizes.values()) if sizes else 1
+        if product != world_size:
+            errors.append("the group sizes (%s) multiply to %d but the world has %d ranks; "
+                          "every rank must be in exactly one group of each kind"
+                          % (", ".join("%s %d" % (_ROLE_TEXT[r], s) for r, s in sizes.items())
+                             or "no groups", product, world_size))
+
+        # Names, local shapes and checks that need no communication.
+        entries = []  # dicts, one per param, in the given order
+        taken = {}
+        for default_name, param in named_params:
+            e = {"default": default_name, "param": param, "bad": False}
+            entries.append(e)
+            try:
+                e["name"] = self._name(default_name, param)
+            except Exception as err:  # noqa: BLE001  (reported on every rank below)
+                e["name"] = default_name
+                e["bad"] = True
+                errors.append(str(err) if isinstance(err, _ParamError) else
+                              "param '%s': naming it raised %s: %s"
+                              % (default_name, type(err).__name__, err))
+                continue
+            if e["name"] in taken:
+                errors.append("params '%s' and '%s' are both named '%s'"
+                              % (taken[e["name"]], default_name, e["name"]))
+                e["bad"] = True
+            taken[e["name"]] = default_name
+            e["local"] = tuple(param.shape)
+            try:
+                e["global"] = self._global_shape(e["name"], default_name, param)
+                e["tp_dim"] = self._tp_dim(e["name"], default_name, param) if "tp" in groups \
+                    else None
+            except Exception as err:  # noqa: BLE001
+                errors.append("param '%s': reading global_shapes/tp_dims raised %s: %s"
+                              % (e["name"], type(err).__name__, err))
+                e["bad"] = True
+                continue
+            flat = self.fsdp_mode == "flat" and "fsdp" in groups
+            if flat and e["global"] is None:
+                errors.append("param '%s': fsdp_mode='flat' needs its global shape; pass "
+                              "global_shapes={param or name: shape, ...}" % e["name"])
+                e["bad"] = True
+                continue
+            ndim_shape = e["global"] if e["global"] is not None else e["local"]
+            if len(ndim_shape) < 2:
+                errors.append(_matrix_ndim_error(e["name"], ndim_shape))
+                e["bad"] = True
+                continue
+            if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
+                errors.append("param '%s': tp dim %d does not exist in shape %s"
+                              % (e["name"], e["tp_dim"], tuple(ndim_shape)))
+                e["bad"] = True
+            e["crc"] = _crc(param) if self.verify_replicas else 0
+
+        my_rank = dist.get_rank(self.world_pg)
+
+        def gather(role, payload):
+            """payload (a dict name -> value) of every member of the group, in group-rank
+            order; .world lists their ranks in the world (for messages)."""
+            out = [None] * sizes[role]
+            dist.all_gather_object(out, (my_rank, payload), group=groups[role])
+            gathered = _Gathered(d for _, d in out)
+            gathered.world = [r for r, _ in out]
+            return gathered
+
+        good = [e for e in entries if not e["bad"]]
+
+        # FSDP: the TP piece's shape (what FSDP splits) from every member's local shape.
+        if "fsdp" in groups:
+            n = sizes["fsdp"]
+            me = dist.get_rank(groups["fsdp"])
+            everyone = gather("fsdp", {e["name"]: e["local"] for e in good})
+            for e in good:
+                missing = everyone.ranks_without(e["name"])
+                if missing:
+                    errors.append("param '%s' is sharded over the FSDP group but rank(s) "
+                                  "%s do not have it" % (e["name"], missing))
+                    e["bad"] = True
+                    continue
+                if self.fsdp_mode == "flat":
+                    piece = self._tp_piece(e, sizes.get("tp", 1))
+                    if piece is None:
+                        errors.append("param '%s': global dim %d (%d) does not split evenly "
+                                      "over %d TP ranks" % (e["name"], e["tp_dim"],
+                                                            e["global"][e["tp_dim"]],
+                                                            sizes["tp"]))
+                        e["bad"] = True
+                        continue
+                    total = math.prod(piece)
+                    step = -(-total // n)
+                    start = min(me * step, total)
+                    e["piece"] = piece
+                    e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
+                    continue
+                shapes = [tuple(d[e["name"]]) for d in everyone]
+                if any(len(s) != len(e["local"]) or s[1:] != e["local"][1:] for s in shapes):
+                    errors.append("param '%s': FSDP ranks hold pieces of shapes %s; FSDP "
+                                  "splits dim 0 only" % (e["name"], shapes))
+                    e["bad"] = True
+                    continue
+                dim0 = [s[0] for s in shapes]
+                e["piece"] = (sum(dim0),) + e["local"][1:]
+                e["fsdp"] = ("shard", "chunk" if dim0 == _chunk_sizes(sum(dim0), n) else dim0)
+        else:
+            for e in good:
+                e["piece"] = e["local"]
+        good = [e for e in good if not e["bad"]]
+
+        # TP: the global shape from every member's TP piece, or a replica check.
+        if "tp" in groups:
+            everyone = gather("tp", {e["name"]: (e["piece"], e["crc"]) for e in good})
+            for e in good:
+                missing = everyone.ranks_without(e["name"])
+                if missing:
+                    errors.append("param '%s' is missing on rank(s) %s of its "
+                                  "TP group; every TP rank holds every TP-sharded or "
+                                  "replicated param" % (e["name"], missing))
+                    e["bad"] = True
+                    continue
+                pieces = [tuple(d[e["name"]][0]) for d in everyone]
+                d = e["tp_dim"]
+                if d is None:
+                    if self._replica_mismatch(e, everyone, "tensor-parallel", errors,
+                                              "; is it TP-sharded but missing from tp_dims?"):
+                        continue
+                    e["global_inferred"] = e["piece"]
+                    e["tp"] = None
+                    continue
+                if any(len(p) != len(e["piece"]) or p[:d] + p[d + 1:] !=
+                       e["piece"][:d] + e["piece"][d + 1:] for p in pieces):
+                    errors.append("param '%s': TP ranks hold pieces of shapes %s, which do not "
+                                  "differ in dim %d only" % (e["name"], pieces, d))
+                    e["bad"] = True
+                    continue
+                split = [p[d] for p in pieces]
+                g = list(e["piece"])
+                g[d] = sum(split)
+                e["global_inferred"] = tuple(g)
+                e["tp"] = (d, "even" if len(set(split)) == 1 else split)
+        else:
+            for e in good:
+                e["global_inferred"] = e["piece"]
+                e["tp"] = None
+        good = [e for e in good if not e["bad"]]
+
+        # EP: a name on every EP rank is a dense (replicated) param, on one an expert.
+        if "ep" in groups:
+            everyone = gather("ep", {e["name"]: (e["piece"], e["crc"]) for e in good})
+            for e in good:
+                holders = [everyone.world[r] for r, d in enumerate(everyone) if e["name"] in d]
+                if len(holders) == len(everyone):
+                    e["expert"] = False
+                    self._replica_mismatch(e, everyone, "expert-parallel", errors,
+                                           "; expert params need distinct names on different "
+                                           "EP ranks (names=...)")
+                elif len(holders) == 1:
+                    e["expert"] = True
+                else:
+                    errors.append("param '%s' is held by EP ranks %s of %d: a param is either "
+                                  "dense (on every EP rank) or an expert (on one)"
+                                  % (e["name"], holders, len(everyone)))
+                    e["bad"] = True
+        good = [e for e in good if not e["bad"]]
+
+        # DP, CP: replicas.
+        for role, text in (("dp", "data-parallel"), ("cp", "context-parallel")):
+            if role not in groups:
+                continue
+            everyone = gather(role, {e["name"]: (e["piece"], e["crc"]) for e in good})
+            for e in good:
+                missing = everyone.ranks_without(e["name"])
+                if missing:
+                    errors.append("param '%s' is replicated over the %s group but rank(s) "
+                                  "%s do not have it" % (e["name"], text, missing))
+                    e["bad"] = True
+                    continue
+                self._replica_mismatch(e, everyone, text, errors, "")
+        good = [e for e in good if not e["bad"]]
+
+        # The world, the groups and the registrations.
+        registered = False
+        if not errors:
+            try:
+                optimizer.set_world(TorchDistComm(self.world_pg))
+                gid = {role: optimizer.add_group(TorchDistComm(groups[role]))
+                       for role in ("dp", "cp", "ep", "tp", "fsdp") if role in groups}
+                for e in entries:
+                    self._register(muon, optimizer, gid, e)
+                registered = True
+            except Exception as err:  # noqa: BLE001  (reported on every rank below)
+                errors.append("%s: %s" % (type(err).__name__, err))
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, errors, group=self.world_pg)
+        by_message = {}  # message -> the ranks that report it, in first-seen order
+        for r, errs in enumerate(everyone):
+            for msg in errs or []:
+                by_message.setdefault(msg, []).append(r)
+        problems = ["%s %s: %s" % ("ranks" if len(rs) > 1 else "rank",
+                                   ", ".join(str(r) for r in rs), msg)
+                    for msg, rs in by_message.items()]
+        if problems or not registered:
+            raise ValueError("muon distributed config: the layout is inconsistent (every rank "
+                             "raises this):\n  " + "\n  ".join(problems))
+
+    def _tp_piece(self, e, tp_size):
+        """The TP piece's shape from the global shape (flat mode)."""
+        g = list(e["global"])
+        d = e["tp_dim"]
+        if d is not None:
+            if g[d] % tp_size:
+                return None
+            g[d] //= tp_size
+        return tuple(g)
+
+    def _replica_mismatch(self, e, everyone, text, errors, hint):
+        shapes = [tuple(d[e["name"]][0]) for d in everyone]
+        if any(s != tuple(e["piece"]) for s in shapes):
+            errors.append("param '%s' is replicated over the %s group but its ranks hold "
+                          "shapes %s%s" % (e["name"], text, shapes, hint))
+            e["bad"] = True
+            return True
+        if self.verify_replicas:
+            crcs = [d[e["name"]][1] for d in everyone]
+            if len(set(crcs)) != 1:
+                differ = [everyone.world[r] for r, c in enumerate(crcs) if c != crcs[0]]
+                errors.append("param '%s' is replicated over the %s group but its values on "
+                              "rank(s) %s differ from rank %d's%s (verify_replicas=False skips "
+                              "this check)" % (e["name"], text, differ, everyone.world[0],
+                                               hint))
+                e["bad"] = True
+                return True
+        return False
+
+    def _register(self, muon, optimizer, gid, e):
+        param = e["param"]
+        if e.get("fsdp", (None,))[0] == "flat":
+            global_shape = e["global"]
+        else:
+            global_shape = e["global_inferred"]
+            if e["global"] is not None and tuple(e["global"]) != tuple(global_shape):
+                raise ValueError("param '%s': global_shapes says %s but the ranks' pieces add "
+                                 "up to %s" % (e["name"], tuple(e["global"]),
+                                               tuple(global_shape)))
+        placements = []
+        if "dp" in gid:
+            placements.append(muon.Replicate(gid["dp"]))
+        if "cp" in gid:
+            placements.append(muon.Replicate(gid["cp"]))
+        if "ep" in gid and not e["expert"]:
+            placements.append(muon.Replicate(gid["ep"]))
+        if "tp" in gid:
+            if e["tp"] is None:
+                placements.append(muon.Replicate(gid["tp"]))
+            else:
+                placements.append(muon.Shard(gid["tp"], e["tp"][0], split=e["tp"][1]))
+        if "fsdp" in gid:
+            kind = e["fsdp"]
+            if kind[0] == "flat":
+                placements.append(muon.FlatRange(gid["fsdp"], kind[1], kind[2]))
+            else:
+                placements.append(muon.Shard(gid["fsdp"], 0, split=kind[1]))
+        optimizer.register(param, _grad_buffer(param), name=e["name"],
+                           matrix_view=_matrix_view(len(global_shape)),
+                           global_shape=tuple(global_shape), placements=placements,
+                           replicated_mode=self.replicated_mode)
+
+
+class _ParamError(ValueError):
+    pass
+
+
+class _Gathered(list):
+    """Every group member's payload, in group-rank order; .world: their world ranks."""
+
+    world = ()
+
+    def ranks_without(self, name):
+        return [self.world[r] for r, d in enumerate(self) if name not in d]
+
+
+def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,
+                               pp_pg=None, *, world_pg=None, tp_dims=None, fsdp_mode="chunk",
+                               names=None, replicated_mode="host_averaged",
+                               global_shapes=None, verify_replicas=True,
+                               async_gpu_parallelism=True, prefetch_count=1):
+    """A config for layouts made of torch.distributed process groups.
+
+    Each rank passes the groups it is a member of (None for a kind not used);
+    the sizes of the groups given multiply to the world's. Every Muon param of
+    this rank is registered with placements, outermost first:
+
+      dp_pg, cp_pg   Replicate: the host averaged the gradients over these
+                     groups before step() (DDP; CP), or, with
+                     replicated_mode="zero2" and only one such group, the
+                     library averages raw gradients itself (ZeRO-2);
+      ep_pg          params held by every EP rank are Replicate over it; an
+                     expert (a name held by one EP rank) is registered there
+                     only. Give experts distinct names (`names`);
+      tp_pg          Shard(tp_dim) for params in `tp_dims` (a dict keyed by
+                     param or name, or a callable (name, param) -> dim or
+                     None), Replicate for the others;
+      fsdp_pg        fsdp_mode "chunk": the local param is dim 0's piece of
+                     ceil(rows / n) rows, the tail short or empty (torch.chunk,
+                     FSDP2); other splits of dim 0 are read from the ranks;
+                     "flat": the local param holds elements [r*c, r*c + c)
+                     (c = ceil(numel / n), clipped, possibly none) of the
+                     row-major flattening of the TP piece (ZeRO, FSDP1,
+                     Megatron's distributed optimizer), in any shape with that
+                     many elements (1-D flat shards included);
+                     needs global_shapes;
+      pp_pg          each stage registers its own params; names default to
+                     "stage{pp rank}." + muon.Muon's name.
+
+    The global shape of a sharded param is read from the ranks' pieces (one
+    all_gather_object per group at construction) unless global_shapes (a
+    dict keyed by param or name, or a callable) gives it. verify_replicas
+    checks that replicated params hold the same values on every replica at
+    construction (a TP-sharded param missing from tp_dims shows up here).
+
+    world_pg: the group of every rank stepping Muon (default: the world).
+    The first step() of muon.Muon with this config registers the params; it
+    is collective over the world, and any inconsistency raises ValueError on
+    every rank, naming the ranks and the param.
+    """
+    if fsdp_mode not in ("chunk", "flat"):
+        raise ValueError("muon: fsdp_mode must be 'chunk' or 'flat', got %r" % (fsdp_mode,))
+    if replicated_mode not in ("host_averaged", "zero2"):
+        raise ValueError("muon: replicated_mode must be 'host_averaged' or 'zero2', got %r"
+                         % (replicated_mode,))
+    if tp_dims is not None and tp_pg is None:
+        raise ValueError("muon: tp_dims given without tp_pg")
+    for what, table in (("tp_dims", tp_dims), ("names", names),
+                        ("global_shapes", global_shapes)):
+        if table is not None and not isinstance(table, dict) and not callable(table):
+            raise TypeError("muon: %s must be a dict (keyed by param or name) or a callable "
+                            "(name, param) -> value, got %s" % (what, type(table).__name__))
+    groups = {"dp": dp_pg, "cp": cp_pg, "ep": ep_pg, "tp": tp_pg, "fsdp": fsdp_pg, "pp": pp_pg}
+    return _ProcessGroupConfig(groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
+                               global_shapes, verify_replicas, async_gpu_parallelism,
+                               prefetch_count)
+
+
+def create_auto_config(fsdp_process_group=None, tp_process_group=None,
+                       ddp_process_group=None, ep_process_group=None, cp_process_group=None,
+                       tp_dim_per_param=None, expert_assignments=None,
+                       async_gpu_parallelism=True, prefetch_count=1, *,
+                       pp_process_group=None, world_process_group=None, fsdp_mode="chunk",
+                       replicated_mode="host_averaged", global_shapes=None,
+                       verify_replicas=True):
+    """create_processgroup_config under the names of torch's distributed-Muon design.
+
+    tp_dim_per_param: an int (every param is TP-sharded on that dim) or a
+    dict {param index: dim} (index over all params given to muon.Muon, param
+    groups in order); params not listed are replicated over TP.
+    expert_assignments: a dict {param index: expert id}: those params are
+    experts, named "expert{id}." + muon.Muon's name, so the same expert has the
+    same name on its replicas and different experts differ.
+    """
+    if isinstance(tp_dim_per_param, bool) or not (
+            tp_dim_per_param is None or isinstance(tp_dim_per_param, (int, dict))):
+        raise TypeError("muon: tp_dim_per_param must be an int or a dict {param index: dim}")
+    if expert_assignments is not None and not isinstance(expert_assignments, dict):
+        raise TypeError("muon: expert_assignments must be a dict {param index: expert id}")
+    if tp_dim_per_param is not None and tp_process_group is None:
+        raise ValueError("muon: tp_dim_per_param given without tp_process_group")
+    cfg = create_processgroup_config(
+        fsdp_process_group, tp_process_group, ddp_process_group, ep_process_group,
+        cp_process_group, pp_process_group, world_pg=world_process_group, fsdp_mode=fsdp_mode,
+        replicated_mode=replicated_mode, global_shapes=global_shapes,
+        verify_replicas=verify_replicas, async_gpu_parallelism=async_gpu_parallelism,
+        prefetch_count=prefetch_count)
+    if tp_dim_per_param is not None:
+        cfg._index_tables["tp_dims"] = tp_dim_per_param
+    if expert_assignments is not None:
+        experts = dict(expert_assignments)
+
+        def name_fn(config, default_name, param):
+            idx = config._param_index(param)
+            name = default_name
+            if config.groups.get("pp") is not None:
+                _, dist = _torch()
+                name = "stage%d.%s" % (dist.get_rank(config.groups["pp"]), name)
+            if idx in experts:
+                name = "expert%s.%s" % (experts[idx], name)
+            return name
+
+        cfg._name_fn = name_fn
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# DeviceMesh and DTensor (torch >= 2.x)
+# ---------------------------------------------------------------------------
+
+
+def _torch_version():
+    torch, _ = _torch()
+    return torch.__version__
+
+
+def _device_mesh_class():
+    try:
+        from torch.distributed.device_mesh import DeviceMesh  # torch >= 2.2
+        return DeviceMesh
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._tensor import DeviceMesh  # torch 2.0, 2.1
+        return DeviceMesh
+    except ImportError:
+        return None
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor  # torch >= 2.4
+        return DTensor
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._tensor import DTensor  # torch 2.0 - 2.3
+        return DTensor
+    except ImportError:
+        return None
+
+
+_MESH_ROLES = {"dp": "dp", "ddp": "dp", "replicate": "dp", "dp_replicate": "dp",
+               "cp": "cp", "ep": "ep", "tp": "tp", "fsdp": "fsdp", "shard": "fsdp",
+               "dp_shard": "fsdp", "pp": "pp"}
+
+
+def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
+                             fsdp_mode="chunk", names=None, replicated_mode="host_averaged",
+                             global_shapes=None, verify_replicas=True,
+                             async_gpu_parallelism=True, prefetch_count=1):
+    """create_processgroup_config with the groups of a DeviceMesh (torch >= 2.x).
+
+    mesh_dim_names: the role of each mesh dimension, from "dp" (or "ddp",
+    "replicate"), "fsdp" (or "shard"), "tp", "cp", "ep", "pp"; default: the
+    mesh's own dim names.
+    """
+    if _device_mesh_class() is None:
+        raise RuntimeError(
+            "muon.create_devicemesh_config needs torch.distributed's DeviceMesh (torch >= 2.x); "
+            "this torch is %s, which has none: use create_processgroup_config with process "
+            "groups from torch.distributed.new_group" % _torch_version())
+    names_of_dims = tuple(mesh_dim_names or getattr(device_mesh, "mesh_dim_names", None) or ())
+    if len(names_of_dims) != device_mesh.ndim:
+        raise ValueError("muon: the mesh has %d dims; give one role per dim in mesh_dim_names"
+                         % device_mesh.ndim)
+    groups = {}
+    for dim, role_name in enumerate(names_of_dims):
+        role = _MESH_ROLES.get(str(role_name).lower())
+        if role is None:
+            raise ValueError("muon: mesh dim %d is named %r; use one of %s"
+                             % (dim, role_name, sorted(_MESH_ROLES)))
+        if role in groups:
+            raise ValueError("muon: two mesh dims have the role %r" % role)
+        groups[role + "_pg"] = device_mesh.get_group(dim)
+    return create_processgroup_config(
+        tp_dims=tp_dims, fsdp_mode=fsdp_mode, names=names, replicated_mode=replicated_mode,
+        global_shapes=global_shapes, verify_replicas=verify_replicas,
+        async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count, **groups)
+
+
+def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names=None,
+                          replicated_mode="host_averaged"):
+    """A config that reads each param's layout from the DTensor it is (torch >= 2.x):
+    every mesh dim's Shard(d) becomes muon.Shard(group, d, "chunk") (DTensor splits
+    like torch.chunk), Replicate becomes muon.Replicate(group). The local tensors are
+    registered with the DTensor's global shape."""
+    if _dtensor_class() is None:
+        raise RuntimeError(
+            "muon.create_dtensor_config needs torch.distributed's DTensor (torch >= 2.x); "
+            "this torch is %s, which has none: use create_processgroup_config with process "
+            "groups from torch.distributed.new_group" % _torch_version())
+    return _DTensorConfig(names, replicated_mode, async_gpu_parallelism, prefetch_count)
+
+
+class _DTensorConfig(_Config):
+    def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count):
+        super().__init__(async_gpu_parallelism, prefetch_count)
+        self.names = names
+        self.replicated_mode = replicated_mode
+
+    def _attach(self, optimizer, named_params):
+        _require_dist("create_dtensor_config")
+        from ._dist import TorchDistComm
+        import muon
+        DTensor = _dtensor_class()
+        torch, _ = _torch()
+        optimizer.set_world(TorchDistComm(None))
+        # Groups first (the library takes no group after a registration), one per
+        # mesh dim, in the order the params meet them (the same on every rank).
+        group_ids = {}
+        for _, param in named_params:
+            if isinstance(param, DTensor):
+                mesh = param.device_mesh
+                for dim in range(mesh.ndim):
+                    key = (id(mesh), dim)
+                    if key not in group_ids:
+                        group_ids[key] = optimizer.add_group(TorchDistComm(mesh.get_group(dim)))
+        for default_name, param in named_params:
+            found, name = _lookup(self.names, default_name, param)
+            name = str(name) if found else default_name
+            if not isinstance(param, DTensor):
+                raise TypeError("muon.create_dtensor_config: param '%s' is not a DTensor" % name)
+            if param.ndim < 2:
+                raise ValueError(_matrix_ndim_error(name, tuple(param.shape)))
+            mesh = param.device_mesh
+            placements = []
+            for dim, pl in enumerate(param.placements):
+                gid = group_ids[(id(mesh), dim)]
+                if pl.is_shard():
+                    placements.append(muon.Shard(gid, pl.dim, split="chunk"))
+                elif pl.is_replicate():
+                    placements.append(muon.Replicate(gid))
+                else:
+                    raise ValueError("param '%s': placement %s on mesh dim %d is neither Shard "
+                                     "nor Replicate" % (name, pl, dim))
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            optimizer.register(param.to_local(), param.grad.to_local(), name=name,
+                               matrix_view=_matrix_view(param.ndim),
+                               global_shape=tuple(param.shape), placements=placements,
+                               replicated_mode=self.replicated_mode)

@@ -1,0 +1,492 @@
+"""muon.Muon: a torch.optim.Optimizer whose step runs in libmuon.
+
+With distributed_config=None it behaves like torch.optim.Muon (PyTorch >= 2.9):
+the same signature and defaults, param groups with their own hyper-parameters,
+LR schedulers, zero_grad(set_to_none=True/False), parameters without a
+gradient skipped, and state_dict()/load_state_dict() in torch's format
+(state[index]["momentum_buffer"]). One low-level muon.Optimizer per param
+group borrows the parameters and gradients in place (no copies).
+"""
+
+import numbers
+import operator
+
+import torch
+
+from . import _optimizer
+
+_DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+_ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+_NS_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Changing these in a param group rebuilds its library optimizer (momentum kept);
+# lr, weight_decay and momentum are set on it before each step.
+_REBUILD_KEYS = ("nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype")
+
+_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+
+
+def _real(name, value):
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError("Tensor %s must be 1-element" % name)
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("muon.Muon: %s must be a real number, got %s (%r)"
+                        % (name, type(value).__name__, value))
+    return float(value)
+
+
+def _ns_dtype(value):
+    key = str(value).lower()
+    if key.startswith("torch."):
+        key = key[len("torch."):]
+    if key not in _NS_DTYPES:
+        raise ValueError("muon.Muon: ns_dtype %r is not supported; use 'bf16' (as "
+                         "torch.optim.Muon) or 'fp32'" % (value,))
+    return _NS_DTYPES[key]
+
+
+def _coefficients_key(spec):
+    """A comparable form of ns_coefficients (a tuple, rows of tuples, or a preset)."""
+    if isinstance(spec, str):
+        return spec
+    try:
+        rows = list(spec)
+    except TypeError:
+        raise TypeError("muon.Muon: ns_coefficients must be an (a, b, c) tuple, a list of them "
+                        "or 'polar_express', got %r" % (spec,)) from None
+    if not any(hasattr(v, "__len__") for v in rows):
+        if len(rows) != 3:
+            raise ValueError("muon.Muon: ns_coefficients must be (a, b, c), got %d values"
+                             % len(rows))
+        return tuple(_real("ns_coefficients", v) for v in rows)
+    if not rows or any(not hasattr(row, "__len__") or len(row) != 3 for row in rows):
+        raise ValueError("muon.Muon: ns_coefficients rows must each be (a, b, c), got %r"
+                         % (spec,))
+    return tuple(tuple(_real("ns_coefficients", v) for v in row) for row in rows)
+
+
+def _lowlevel_kwargs(group):
+    """The muon.Optimizer arguments of a param group (validated beforehand)."""
+    adjust = group["adjust_lr_fn"]
+    return dict(
+        lr=_real("lr", group["lr"]),
+        weight_decay=_real("weight_decay", group["weight_decay"]),
+        momentum=_real("momentum", group["momentum"]),
+        nesterov=bool(group["nesterov"]),
+        ns_steps=operator.index(group["ns_steps"]),
+        ns_coefficients=group["ns_coefficients"],
+        eps=_real("eps", group["eps"]),
+        adjust_lr="original" if adjust is None else adjust,
+        ns_dtype=_ns_dtype(group["ns_dtype"]),
+    )
+
+
+def _check_group(group):
+    """torch.optim.Muon's checks (same messages), then the library's own."""
+    lr = _real("lr", group["lr"])
+    if not 0.0 <= lr:
+        raise ValueError("Learning rate should be >= 0 but is: %s" % lr)
+    momentum = _real("momentum", group["momentum"])
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError("momentum should be in [0, 1) but is: %s" % momentum)
+    weight_decay = _real("weight_decay", group["weight_decay"])
+    if not 0.0 <= weight_decay:
+        raise ValueError("weight decay should be >= 0 but is: %s" % weight_decay)
+    eps = _real("eps", group["eps"])
+    if not eps > 0.0:
+        raise ValueError("eps should be > 0 but is: %s" % eps)
+    try:
+        ns_steps = operator.index(group["ns_steps"])
+    except TypeError:
+        raise TypeError("muon.Muon: ns_steps must be an int, got %s"
+                        % type(group["ns_steps"]).__name__) from None
+    if not 0 <= ns_steps < 100:
+        raise ValueError("ns_steps should be in [0, 100) but is: %d" % ns_steps)
+    if group["adjust_lr_fn"] not in _ADJUST_LR_FNS:
+        raise ValueError("Adjust learning rate function %s is not supported"
+                         % group["adjust_lr_fn"])
+    _ns_dtype(group["ns_dtype"])
+    _coefficients_key(group["ns_coefficients"])
+    try:  # everything else the library checks (finite coefficients, ...)
+        _optimizer.Optimizer(**_lowlevel_kwargs(group)).close()
+    except _optimizer.MuonError as e:
+        raise ValueError("muon.Muon: %s" % e.message) from None
+
+
+def _check_param(p, distributed):
+    # With a distributed config the local tensor may be a 1-D flat shard
+    # (ZeRO, FSDP1, Megatron's distributed optimizer); the config checks the
+    # global shape instead.
+    if p.ndim != 2 and not distributed:
+        raise ValueError("Muon only supports 2D parameters whereas we found a parameter with "
+                         "size: %s" % (p.size(),))
+    if torch.is_complex(p):
+        raise ValueError("Muon does not support complex parameters (got %s)" % p.dtype)
+    if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError("muon.Muon: parameter of size %s has dtype %s; libmuon steps float32, "
+                        "bfloat16 and float16 parameters" % (tuple(p.shape), p.dtype))
+    if distributed:
+        return  # the config registers the local pieces; the library checks them
+    if p.device.type != "cpu":
+        raise ValueError("muon.Muon: parameter of size %s is on %s; this libmuon computes on "
+                         "the CPU" % (tuple(p.shape), p.device))
+    if not p.is_contiguous():
+        raise ValueError("muon.Muon: parameter of size %s is not contiguous (strides %s); the "
+                         "library updates parameters in place, without copies"
+                         % (tuple(p.shape), p.stride()))
+
+
+def _local(t):
+    """The local tensor of a DTensor-like tensor, else the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+class _Group:
+    """The library optimizer of one param group and what it is bound to."""
+
+    __slots__ = ("opt", "params", "ids", "grads", "param_ptrs", "rebuild_key", "pushed",
+                 "zeros")
+
+    def __init__(self, opt, params, rebuild_key):
+        self.opt = opt
+        self.params = list(params)  # the group's params when built
+        self.ids = []               # library id of each (None: not registered on this rank)
+        self.grads = []             # the grad tensor bound for each (None: unbound)
+        self.param_ptrs = []        # the param storage bound for each
+        self.rebuild_key = rebuild_key
+        self.pushed = None          # (lr, weight_decay, momentum) the library has
+        self.zeros = {}             # distributed: zero grads bound for params without one
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (torch.optim.Muon's update rule and signature) stepped by libmuon.
+
+    Muon(params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+         ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
+         adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16")
+
+    params: 2-D parameters (biases, norms and embeddings belong to AdamW), or
+    param groups (dicts) with their own values of the options. adjust_lr_fn:
+    None or "original" (lr * sqrt(max(1, rows / cols))) or "match_rms_adamw"
+    (lr * 0.2 * sqrt(max(rows, cols))). ns_dtype: "bf16" (Newton-Schulz as
+    torch.optim.Muon computes it) or "fp32". ns_coefficients may also be a
+    list of (a, b, c) rows, one per iteration, or "polar_express".
+
+    Hyper-parameters are read from each param group before every step, so
+    LR schedulers work. A parameter whose .grad is None is skipped, as torch
+    does; a .grad that torch replaced (zero_grad(set_to_none=True) then
+    backward) is rebound, never copied. The momentum buffers live in the
+    library: state_dict() copies them out in torch's format, and
+    load_state_dict() copies them back; `self.state` holds them only while
+    those calls run.
+
+    distributed_config: an object with `_options()` (extra muon.Optimizer
+    arguments) and `_attach(optimizer, named_params)` (sets the world, adds
+    groups and registers every (name, param), see docs/python_api.md); every
+    rank then steps every parameter (a missing gradient counts as zero).
+    """
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=_DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
+                 adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16"):
+        if distributed_config is not None and not (
+                callable(getattr(distributed_config, "_attach", None))
+                and callable(getattr(distributed_config, "_options", None))):
+            raise TypeError("muon.Muon: distributed_config must provide _options() and "
+                            "_attach(optimizer, named_params), got %s"
+                            % type(distributed_config).__name__)
+        self._config = distributed_config
+        self._groups = []      # per param group index: _Group, or None until its first step
+        self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
+        self._pending = {}     # id(param) -> momentum to set at build (None: zero)
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
+        _check_group(defaults)
+        super().__init__(params, defaults)
+
+    # -- param groups ----------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        count = len(self.param_groups)
+        super().add_param_group(param_group)
+        try:
+            group = self.param_groups[-1]
+            _check_group(group)
+            for p in group["params"]:
+                _check_param(p, self._config is not None)
+        except BaseException:
+            del self.param_groups[count:]  # nothing half-added
+            raise
+
+    # -- the library optimizers ---------------------------------------------------
+
+    @staticmethod
+    def _rebuild_key(group):
+        return (bool(group["nesterov"]), _coefficients_key(group["ns_coefficients"]),
+                _real("eps", group["eps"]), operator.index(group["ns_steps"]),
+                group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]))
+
+    def _name(self, gi, i):
+        return "group%d.param%d" % (gi, i)
+
+    def _build(self, gi, group):
+        params = group["params"]
+        kwargs = _lowlevel_kwargs(group)
+        if self._config is not None:
+            kwargs.update(self._config._options() or {})
+        opt = _optimizer.Optimizer(**kwargs)
+        try:
+            g = _Group(opt, params, self._rebuild_key(group))
+            if self._config is None:
+                self._register_single(g, gi, params)
+            else:
+                self._register_distributed(g, gi, params)
+            self._apply_pending(g)
+        except BaseException:
+            opt.close()
+            raise
+        while len(self._groups) <= gi:
+            self._groups.append(None)
+        self._groups[gi] = g
+        return g
+
+    def _register_single(self, g, gi, params):
+        placeholders = []
+        for i, p in enumerate(params):
+            grad = p.grad
+            if grad is None or grad.is_sparse:
+                # The library wants a gradient at registration: an empty one,
+                # unbound right after (the parameter is then skipped).
+                grad = torch.empty_like(p, memory_format=torch.contiguous_format)
+                placeholders.append(i)
+            g.ids.append(g.opt.register(p, grad, name=self._name(gi, i)))
+            g.grads.append(grad)
+            g.param_ptrs.append(p.data_ptr())
+        for i in placeholders:
+            g.opt.rebind(g.ids[i], params[i], None)
+            g.grads[i] = None
+
+    def _register_distributed(self, g, gi, params):
+        named = [(self._name(gi, i), p) for i, p in enumerate(params)]
+        self._config._attach(g.opt, named)
+        records = g.opt._params
+        by_object = {id(r.param.obj): k for k, r in enumerate(records)}
+        by_name = {r.name: k for k, r in enumerate(records)}
+        by_pointer = {r.param.data_ptr: k for k, r in enumerate(records) if r.param.data_ptr}
+        for name, p in named:
+            k = by_object.get(id(p))
+            if k is None:
+                k = by_name.get(name)
+            if k is None:
+                local = _local(p)
+                k = by_pointer.get(local.data_ptr()) if local.numel() else None
+            g.ids.append(k)
+            g.grads.append(records[k].grad.obj if k is not None else None)
+            g.param_ptrs.append(records[k].param.data_ptr if k is not None else 0)
+
+    def _state_dtype(self, g, pid):
+        return _DTYPES[g.opt.state_dtype(pid)]
+
+    def _apply_pending(self, g):
+        for p, pid in zip(g.params, g.ids):
+            if pid is None or id(p) not in self._pending:
+                continue
+            value = self._pending.pop(id(p))
+            dtype = self._state_dtype(g, pid)
+            shape = tuple(g.opt._params[pid].param.obj.shape)
+            if value is None:
+                value = torch.zeros(shape, dtype=dtype)
+            else:
+                value = _local(value).detach().to(device="cpu", dtype=dtype).contiguous()
+            g.opt.set_state(pid, value)
+
+    def _group_for_step(self, gi, group):
+        g = self._groups[gi] if gi < len(self._groups) else None
+        if g is not None:
+            same_params = len(g.params) == len(group["params"]) and all(
+                a is b for a, b in zip(g.params, group["params"]))
+            if not same_params or g.rebuild_key != self._rebuild_key(group):
+                self._rebuild(gi, g)
+                g = None
+        if g is None:
+            g = self._build(gi, group)
+        return g
+
+    def _rebuild(self, gi, g):
+        """A group whose params or fixed options changed: a new library optimizer,
+        with the momentum buffers carried over."""
+        for p, pid in zip(g.params, g.ids):
+            if pid is not None and self._has_state.get(id(p)):
+                self._pending[id(p)] = g.opt.get_state(pid)
+        g.opt.close()
+        self._groups[gi] = None
+
+    def _push_hyper(self, g, group):
+        values = (_real("lr", group["lr"]), _real("weight_decay", group["weight_decay"]),
+                  _real("momentum", group["momentum"]))
+        if values != g.pushed:
+            g.opt.lr, g.opt.weight_decay, g.opt.momentum = values
+            g.pushed = values
+
+    # -- binding gradients --------------------------------------------------------------
+
+    def _bind_single(self, g, params):
+        """Rebinds what torch replaced; returns the params that have a gradient."""
+        active = []
+        for i, p in enumerate(params):
+            grad = p.grad
+            if grad is not None and grad.is_sparse:
+                raise RuntimeError("Muon does not support sparse gradients")
+            moved = p.data_ptr() != g.param_ptrs[i]
+            if grad is None:
+                if g.grads[i] is not None or moved:
+                    g.opt.rebind(g.ids[i], p, None)
+                    g.grads[i], g.param_ptrs[i] = None, p.data_ptr()
+                continue
+            if moved or grad is not g.grads[i]:
+                g.opt.rebind(g.ids[i], p, grad)
+                g.grads[i], g.param_ptrs[i] = grad, p.data_ptr()
+            active.append(p)
+        return active
+
+    def _bind_distributed(self, g, params):
+        """Every rank steps every parameter: a missing gradient is bound as zeros."""
+        stepped = []
+        for i, p in enumerate(params):
+            pid = g.ids[i]
+            if pid is None:
+                continue
+            record = g.opt._params[pid]
+            registered = record.param.obj
+            current = p if registered is p else _local(p)
+            moved = current.data_ptr() != g.param_ptrs[i]
+            grad = p.grad
+            if grad is not None:
+                grad = grad if registered is p else _local(grad)
+            else:
+                grad = g.zeros.get(i)
+                if grad is None:
+                    grad = g.zeros[i] = torch.zeros_like(
+                        current, memory_format=torch.contiguous_format)
+            if moved or record.grad is None or grad.data_ptr() != record.grad.data_ptr:
+                g.opt.rebind(pid, current if moved else registered, grad)
+                g.param_ptrs[i] = current.data_ptr()
+            g.grads[i] = grad
+            stepped.append(p)
+        return stepped
+
+    def _unbind_missing_grads(self):
+        for g in self._groups:
+            if g is None:
+                continue
+            for i, p in enumerate(g.params):
+                if g.grads[i] is not None and p.grad is None:
+                    # Unbound now, so the dropped gradient's memory can be freed.
+                    g.opt.rebind(g.ids[i], p, None)
+                    g.grads[i], g.param_ptrs[i] = None, p.data_ptr()
+
+    # -- torch.optim.Optimizer ---------------------------------------------------------
+
+    def zero_grad(self, *args, **kwargs):
+        super().zero_grad(*args, **kwargs)
+        if self._config is None:
+            self._unbind_missing_grads()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Muon step for every param group; returns closure()'s loss if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for gi, group in enumerate(self.param_groups):
+            if not group["params"] and self._config is None:
+                continue  # (distributed: stepped anyway, the step is collective)
+            g = self._group_for_step(gi, group)
+            self._push_hyper(g, group)
+            if self._config is None:
+                stepped = self._bind_single(g, group["params"])
+                if not stepped:
+                    continue  # torch does nothing for a group without gradients
+            else:
+                stepped = self._bind_distributed(g, group["params"])
+            g.opt.step()
+            for p in stepped:
+                self._has_state[id(p)] = True
+                if _increment_version is not None:
+                    _increment_version(p)  # updated in place, as torch's optimizers do
+        return loss
+
+    def stats(self):
+        """What moved and what was computed in the last step on this rank, summed
+        over the param groups (the library's muon_get_stats)."""
+        total = {}
+        for g in getattr(self, "_groups", []):
+            if g is None or getattr(g, "opt", None) is None:
+                continue
+            for k, v in g.opt.stats().items():
+                if k == "steps":
+                    total[k] = max(total.get(k, 0), v)
+                else:
+                    total[k] = total.get(k, 0) + v
+        return total
+
+    def state_dict(self):
+        added = []  # (param, what self.state held for it before)
+        for gi, group in enumerate(self.param_groups):
+            g = self._groups[gi] if gi < len(self._groups) else None
+            for i, p in enumerate(group["params"]):
+                buf = None
+                if id(p) in self._pending:
+                    buf = self._pending[id(p)]
+                    buf = None if buf is None else buf.clone()
+                elif (g is not None and self._has_state.get(id(p)) and i < len(g.ids)
+                      and g.params[i] is p and g.ids[i] is not None):
+                    buf = g.opt.get_state(g.ids[i])
+                if buf is not None:
+                    before = self.state.get(p)
+                    self.state[p] = dict(before or {}, momentum_buffer=buf)
+                    added.append((p, before))
+        try:
+            return super().state_dict()
+        finally:
+            # The dict returned keeps the copies; the library has the live buffers.
+            for p, before in added:
+                if before is None:
+                    self.state.pop(p, None)
+                else:
+                    self.state[p] = before
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's applies.
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            _check_group(group)
+        for group in self.param_groups:
+            for p in group["params"]:
+                entry = self.state.get(p)
+                buf = entry.pop("momentum_buffer", None) if entry is not None else None
+                if entry is not None and not entry:
+                    del self.state[p]
+                self._pending[id(p)] = buf
+                if buf is None:
+                    self._has_state.pop(id(p), None)
+                else:
+                    self._has_state[id(p)] = True
+        for g in self._groups:
+            if g is not None:
+                self._apply_pending(g)
+
+    def __del__(self):
+        for g in getattr(self, "_groups", ()):
+            if g is not None:
+                try:
+                    g.opt.close()
+                except Exception:
+                    pass

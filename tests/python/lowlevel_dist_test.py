@@ -1,0 +1,708 @@
+"""The low-level distributed API from Python: ranks as Python threads.
+
+Each rank registers only its piece of every matrix (muon.Shard / FlatRange /
+Replicate over the world and its groups) and steps; the pieces must equal,
+bit for bit, the matching elements of a single-process muon.Optimizer run
+over the whole matrices with the same gradients. The communicators are the
+library's in-process adapter (muon.InProcessWorld) or a muon.Communicator
+written here in Python (threading barriers and shared numpy buffers), whose
+collectives the library calls through ctypes, from the optimizer's helper
+thread too. Also: a callback that raises, the custom path
+(register_custom) and a custom assignment callable.
+"""
+
+import ctypes
+import threading
+
+import numpy
+import pytest
+import torch
+
+import muon
+from muon import _lib
+
+STEPS = 4
+TIMEOUT = 60  # seconds; a rank waiting longer means a hang, reported as a failure
+
+# ---------------------------------------------------------------------------
+# Ranks as threads
+# ---------------------------------------------------------------------------
+
+
+def run_ranks(n, body):
+    """Runs body(rank) on n threads; returns (results, errors) per rank."""
+    results, errors = [None] * n, [None] * n
+
+    def wrap(rank):
+        try:
+            results[rank] = body(rank)
+        except BaseException as e:  # noqa: B902 - reported by the test
+            errors[rank] = e
+
+    threads = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    hung = [r for r, t in enumerate(threads) if t.is_alive()]
+    if hung:
+        pytest.fail("ranks %s did not finish within %d s" % (hung, TIMEOUT))
+    return results, errors
+
+
+def no_errors(errors):
+    for rank, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError("rank %d failed: %r" % (rank, e)) from e
+
+
+# ---------------------------------------------------------------------------
+# A communicator written in Python
+# ---------------------------------------------------------------------------
+
+
+class Hub:
+    """What the members of one group share: a barrier and a slot per member."""
+
+    def __init__(self, n):
+        self.barrier = threading.Barrier(n, timeout=TIMEOUT)
+        self.slots = [None] * n
+
+
+def bf16_to_f32(u8):
+    return (u8.view(numpy.uint16).astype(numpy.uint32) << 16).view(numpy.float32)
+
+
+def f32_to_bf16(x):
+    bits = x.astype(numpy.float32).view(numpy.uint32)
+    rounded = (bits + numpy.uint32(0x7FFF) + ((bits >> 16) & numpy.uint32(1))) >> 16
+    return rounded.astype(numpy.uint16).view(numpy.uint8)
+
+
+_DECODE = {
+    "float32": lambda b: b.view(numpy.float32),
+    "float16": lambda b: b.view(numpy.float16).astype(numpy.float32),
+    "bfloat16": bf16_to_f32,
+}
+_ENCODE = {
+    "float32": lambda x: x.astype(numpy.float32).view(numpy.uint8),
+    "float16": lambda x: x.astype(numpy.float16).view(numpy.uint8),
+    "bfloat16": f32_to_bf16,
+}
+
+
+class ThreadComm(muon.Communicator):
+    """Every collective: post the arguments, wait for all, copy from the others'
+    buffers, wait again (so no buffer is read after its owner returned)."""
+
+    def __init__(self, hub, rank):
+        self.hub, self.rank, self.size = hub, rank, len(hub.slots)
+        self.calls = {}
+
+    def _count(self, name):
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _post(self, item):
+        self.hub.slots[self.rank] = item
+        self.hub.barrier.wait()
+        return list(self.hub.slots)
+
+    def _done(self):
+        self.hub.barrier.wait()
+
+    def all_gather(self, send, recv):
+        self._count("all_gather")
+        assert send.dtype == numpy.uint8 and recv.size == send.size * self.size
+        for r, s in enumerate(self._post(send)):
+            recv[r * send.size:(r + 1) * send.size] = s
+        self._done()
+
+    def all_to_all_v(self, send, send_counts, send_offsets, recv, recv_counts, recv_offsets):
+        self._count("all_to_all_v")
+        posted = self._post((send, send_counts, send_offsets))
+        for p, (s, counts, offsets) in enumerate(posted):
+            n = recv_counts[p]
+            assert counts[self.rank] == n
+            a = offsets[self.rank]
+            recv[recv_offsets[p]:recv_offsets[p] + n] = s[a:a + n]
+        self._done()
+
+    def broadcast(self, buf, root):
+        self._count("broadcast")
+        posted = self._post(buf)
+        if self.rank != root:
+            buf[:] = posted[root]
+        self._done()
+
+    def reduce_scatter(self, send, recv, count, dtype):
+        self._count("reduce_scatter")
+        posted = self._post(send)
+        itemsize = recv.size // max(count, 1)
+        mine = slice(self.rank * count * itemsize, (self.rank + 1) * count * itemsize)
+        total = _DECODE[dtype](numpy.ascontiguousarray(posted[0][mine])).copy()
+        for s in posted[1:]:  # rank order, in float32, rounded once
+            total += _DECODE[dtype](numpy.ascontiguousarray(s[mine]))
+        recv[:] = _ENCODE[dtype](total)
+        self._done()
+
+    def barrier(self):
+        self._count("barrier")
+        self.hub.barrier.wait()
+
+
+# ---------------------------------------------------------------------------
+# Layouts: a TP 2 x FSDP 2 mesh of 4 ranks (tp = rank % 2, fsdp = rank // 2)
+# ---------------------------------------------------------------------------
+
+# (name, global shape, matrix view, placements from the global tensor down):
+# ("shard", group, dim, split) / ("rep", group) / ("flat", group, cuts), where a
+# flat range's cuts are the n + 1 boundaries of the ranks' ranges.
+MODEL = [
+    ("attn.qkv", (12, 8), "2d", [("shard", "tp", 0, "even"), ("shard", "fsdp", 0, "chunk")]),
+    ("attn.out", (8, 12), "2d", [("shard", "tp", 1, "even"), ("shard", "fsdp", 0, "chunk")]),
+    ("embed", (10, 6), "2d", [("rep", "tp"), ("shard", "fsdp", 0, "chunk")]),
+    ("mlp.up", (9, 4), "2d", [("rep", "tp"), ("shard", "fsdp", 0, [6, 3])]),
+    ("zero.flat", (7, 5), "2d", [("flat", "world", [0, 9, 20, 20, 35])]),  # rank 2: empty
+    ("experts", (2, 4, 6), "batched_leading", [("shard", "tp", 0, "even"), ("rep", "fsdp")]),
+    ("tall", (16, 4), "2d", [("shard", "fsdp", 0, "even"), ("flat", "tp", [0, 13, 32])]),
+]
+WORLD = 4
+
+
+def mesh_groups(rank):
+    """World ranks of this rank's groups, in the order every rank creates them."""
+    tp = [2 * (rank // 2), 2 * (rank // 2) + 1]
+    fsdp = [rank % 2, rank % 2 + 2]
+    return {"world": list(range(WORLD)), "tp": tp, "fsdp": fsdp}
+
+
+def local_indices(shape, placements, rank):
+    """Indices (into the flattened global tensor) of this rank's piece, in the
+    piece's shape."""
+    groups = mesh_groups(rank)
+    idx = numpy.arange(int(numpy.prod(shape))).reshape(shape)
+    for pl in placements:
+        members = groups[pl[1]]
+        gr, gn = members.index(rank), len(members)
+        if pl[0] == "rep":
+            continue
+        if pl[0] == "flat":
+            cuts = pl[2]
+            idx = idx.reshape(-1)[cuts[gr]:cuts[gr + 1]]
+            continue
+        dim, split = pl[2], pl[3]
+        d = idx.shape[dim]
+        if split == "even":
+            a = gr * (d // gn)
+            b = a + d // gn
+        elif split == "chunk":
+            c = -(-d // gn)
+            a = min(d, gr * c)
+            b = min(d, a + c)
+        else:
+            a = sum(split[:gr])
+            b = a + split[gr]
+        idx = numpy.take(idx, numpy.arange(a, b), axis=dim)
+    return numpy.ascontiguousarray(idx)
+
+
+def placements_for(spec, ids, rank):
+    groups = mesh_groups(rank)
+    out = []
+    for pl in spec:
+        gid = ids[pl[1]]
+        if pl[0] == "rep":
+            out.append(muon.Replicate(gid))
+        elif pl[0] == "shard":
+            out.append(muon.Shard(gid, pl[2], pl[3]))
+        else:
+            gr = groups[pl[1]].index(rank)
+            cuts = pl[2]
+            out.append(muon.FlatRange(gid, cuts[gr], cuts[gr + 1] - cuts[gr]))
+    return out
+
+
+def initial_values(seed=0):
+    rng = numpy.random.default_rng(seed)
+    return {name: (0.5 * rng.standard_normal(shape)).astype(numpy.float32)
+            for name, shape, _, _ in MODEL}
+
+
+def gradients(steps, seed=1):
+    rng = numpy.random.default_rng(seed)
+    return [{name: rng.standard_normal(shape).astype(numpy.float32)
+             for name, shape, _, _ in MODEL} for _ in range(steps)]
+
+
+def single_process(options, init, grads, model=MODEL):
+    params = {name: init[name].copy() for name, _, _, _ in model}
+    bufs = {name: numpy.zeros_like(init[name]) for name, _, _, _ in model}
+    with muon.Optimizer(**options) as opt:
+        for name, _, view, _ in model:
+            opt.register(params[name], bufs[name], name=name, matrix_view=view)
+        for step_grads in grads:
+            for name in bufs:
+                bufs[name][...] = step_grads[name]
+            opt.step()
+    return params
+
+
+def make_comms(kind, rank, shared):
+    """This rank's (world, tp, fsdp) communicators: the in-process adapter or
+    ThreadComm over hubs shared by the members."""
+    groups = mesh_groups(rank)
+    if kind == "inprocess":
+        world = shared["world"]
+        return {g: world.comm(rank, None if g == "world" else groups[g])
+                for g in ("world", "tp", "fsdp")}
+    comms = {}
+    for g in ("world", "tp", "fsdp"):
+        key = (g, tuple(groups[g]))
+        with shared["lock"]:
+            hub = shared.setdefault(key, Hub(len(groups[g])))
+        comms[g] = ThreadComm(hub, groups[g].index(rank))
+    return comms
+
+
+def shared_state(kind):
+    return {"world": muon.InProcessWorld(WORLD)} if kind == "inprocess" else {
+        "lock": threading.Lock()}
+
+
+def distributed(kind, options, init, grads, model=MODEL, before_step=None):
+    """Every rank registers its pieces and steps; returns per rank
+    {name: (indices, final piece)}, the stats and the communicators."""
+    shared = shared_state(kind)
+
+    def body(rank):
+        comms = make_comms(kind, rank, shared)
+        with muon.Optimizer(**options) as opt:
+            ids = {"world": opt.set_world(comms["world"])}
+            ids["tp"] = opt.add_group(comms["tp"])
+            ids["fsdp"] = opt.add_group(comms["fsdp"])
+            assert opt.world_rank == rank and opt.world_size == WORLD
+            pieces = {}
+            for name, shape, view, spec in model:
+                idx = local_indices(shape, spec, rank)
+                piece = init[name].reshape(-1)[idx]
+                grad = numpy.zeros_like(piece)
+                opt.register(piece, grad, name=name, matrix_view=view, global_shape=shape,
+                             placements=placements_for(spec, ids, rank))
+                pieces[name] = (idx, piece, grad)
+            for step, step_grads in enumerate(grads):
+                for name, (idx, _, grad) in pieces.items():
+                    grad[...] = step_grads[name].reshape(-1)[idx]
+                if before_step is not None:
+                    before_step(rank, step, comms)
+                opt.step()
+            stats = opt.stats()
+        return {name: (idx, piece) for name, (idx, piece, _) in pieces.items()}, stats, comms
+
+    results, errors = run_ranks(WORLD, body)
+    return results, errors
+
+
+def assert_pieces_match(results, reference):
+    for rank, (pieces, _, _) in enumerate(results):
+        for name, (idx, piece) in pieces.items():
+            want = reference[name].reshape(-1)[idx]
+            assert piece.shape == want.shape
+            # Bit for bit: compare the float32 words.
+            diff = numpy.flatnonzero(piece.view(numpy.uint32) != want.view(numpy.uint32))
+            assert diff.size == 0, "rank %d, %s: %d of %d elements differ, e.g. %r vs %r" % (
+                rank, name, diff.size, piece.size, piece.reshape(-1)[diff[0]],
+                want.reshape(-1)[diff[0]])
+
+
+# ---------------------------------------------------------------------------
+# Equality with single-process Muon
+# ---------------------------------------------------------------------------
+
+BASE = dict(lr=0.02, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("kind", ["inprocess", "python"])
+@pytest.mark.parametrize("extra", [
+    dict(),                                              # bf16 Newton-Schulz, prefetch 1
+    dict(ns_dtype="fp32", prefetch_count=0, async_parallelism=False, assignment="round_robin"),
+], ids=["bf16-prefetch", "fp32-serial-round-robin"])
+def test_tp_fsdp_flat_layouts_match_single_process(kind, extra):
+    options = dict(BASE, **extra)
+    init, grads = initial_values(), gradients(STEPS)
+    reference = single_process(options, init, grads)
+    results, errors = distributed(kind, options, init, grads)
+    no_errors(errors)
+    assert_pieces_match(results, reference)
+    # Every matrix is orthogonalized exactly once, by the rank that owns it.
+    matrices = sum(2 if view == "batched_leading" else 1 for _, _, view, _ in MODEL)
+    stats = [s for _, s, _ in results]
+    assert all(s["matrices_total"] == matrices and s["steps"] == STEPS for s in stats)
+    assert sum(s["matrices_owned"] for s in stats) == matrices
+    assert sum(s["matrices_orthogonalized"] for s in stats) == matrices
+    assert all(s["matrices_orthogonalized"] == s["matrices_owned"] for s in stats)
+    if kind == "python":
+        calls = results[0][2]["world"].calls
+        assert calls.get("all_gather", 0) > 0 and calls.get("all_to_all_v", 0) > 0, calls
+        moved = sum(s["bytes_sent"] for s in stats)
+        assert moved == sum(s["bytes_received"] for s in stats) and moved > 0
+
+
+def test_custom_assignment_callable():
+    seen = []
+    lock = threading.Lock()
+
+    def last_holder(matrices):
+        with lock:
+            seen.append(matrices)
+        return [m["holders"][-1] for m in matrices]
+
+    options = dict(BASE, assignment=last_holder)
+    init, grads = initial_values(), gradients(2)
+    reference = single_process(dict(BASE), init, grads)
+    results, errors = distributed("inprocess", options, init, grads)
+    no_errors(errors)
+    assert_pieces_match(results, reference)
+    assert len(seen) == WORLD  # once per rank, at the first step
+    table = seen[0]
+    assert all(t == table for t in seen)  # the same table on every rank
+    names = [m["param_name"] for m in table]
+    assert names == sorted(names) and set(names) == {name for name, _, _, _ in MODEL}
+    experts = [m for m in table if m["param_name"] == "experts"]
+    assert [m["index"] for m in experts] == [0, 1]
+    assert [m["holders"] for m in experts] == [[0, 2], [1, 3]]  # TP shard, replicated on FSDP
+    qkv = next(m for m in table if m["param_name"] == "attn.qkv")
+    assert (qkv["rows"], qkv["cols"], qkv["holders"]) == (12, 8, [0, 1, 2, 3])
+    assert qkv["ns_flops"] > 0
+    owned = [s["matrices_owned"] for _, s, _ in results]
+    assert owned == [sum(1 for m in table if m["holders"][-1] == r) for r in range(WORLD)]
+
+
+def test_custom_assignment_errors_surface():
+    def wrong(matrices):
+        raise KeyError("no owner for %s" % matrices[0]["param_name"])
+
+    init, grads = initial_values(), gradients(1)
+    _, errors = distributed("inprocess", dict(BASE, assignment=wrong), init, grads)
+    for e in errors:
+        assert isinstance(e, muon.MuonError), repr(e)
+        assert "KeyError" in e.message and "no owner for" in e.message, e.message
+        assert isinstance(e.__cause__, KeyError)
+
+
+def test_zero2_bf16_through_python_reduce_scatter():
+    # Each rank passes its own gradient; the engine averages them with the
+    # Python reduce_scatter (bf16: summed in float32 in rank order, rounded once),
+    # steps the parameters it owns and all-gathers the new values.
+    n = 2
+    shapes = [("z.a", (8, 8)), ("z.b", (8, 8)), ("z.c", (8, 8)), ("z.d", (6, 10))]
+    gen = torch.Generator().manual_seed(5)
+    init = {name: (0.5 * torch.randn(shape, generator=gen)).bfloat16() for name, shape in shapes}
+    grads = [[{name: torch.randn(shape, generator=gen).bfloat16() for name, shape in shapes}
+              for _ in range(n)] for _ in range(STEPS)]
+    # Single process on the averaged gradients.
+    ref = {name: t.clone() for name, t in init.items()}
+    bufs = {name: torch.zeros_like(t) for name, t in init.items()}
+    with muon.Optimizer(**BASE) as opt:
+        for name, _ in shapes:
+            opt.register(ref[name], bufs[name], name=name)
+        for per_rank in grads:
+            for name, _ in shapes:
+                total = per_rank[0][name].float()
+                for r in range(1, n):
+                    total = total + per_rank[r][name].float()
+                bufs[name].copy_(total.bfloat16() / n)  # / 2: exact in bf16
+            opt.step()
+
+    hub = Hub(n)
+
+    def body(rank):
+        comm = ThreadComm(hub, rank)
+        with muon.Optimizer(**BASE) as opt:
+            world = opt.set_world(comm)
+            params = {name: t.clone() for name, t in init.items()}
+            pgrads = {name: torch.zeros_like(t) for name, t in init.items()}
+            for name, shape in shapes:
+                opt.register(params[name], pgrads[name], name=name, global_shape=shape,
+                             placements=[muon.Replicate(world)], replicated_mode="zero2")
+            for per_rank in grads:
+                for name, _ in shapes:
+                    pgrads[name].copy_(per_rank[rank][name])
+                opt.step()
+            return params, opt.stats(), dict(comm.calls)
+
+    results, errors = run_ranks(n, body)
+    no_errors(errors)
+    for rank, (params, stats, calls) in enumerate(results):
+        for name, _ in shapes:
+            assert torch.equal(params[name].view(torch.int16), ref[name].view(torch.int16)), (
+                rank, name)
+        assert calls.get("reduce_scatter", 0) > 0 and calls.get("all_gather", 0) > 0
+    # Each matrix orthogonalized once per step, by one of the ranks.
+    assert sum(s["matrices_orthogonalized"] for _, s, _ in results) == len(shapes)
+
+
+# ---------------------------------------------------------------------------
+# Failures in Python callbacks
+# ---------------------------------------------------------------------------
+
+
+class FailingComm(ThreadComm):
+    armed = False
+
+    def all_to_all_v(self, *args):
+        if self.armed:  # on every rank, before anyone waits: nobody hangs
+            raise ValueError("injected failure on rank %d" % self.rank)
+        return super().all_to_all_v(*args)
+
+
+def test_callback_exception_becomes_muon_error_naming_the_param():
+    n = 2
+    init = {"only.weight": numpy.ones((8, 6), numpy.float32)}
+    grads = [{"only.weight": numpy.full((8, 6), 0.5, numpy.float32)}] * 3
+    hub = Hub(n)
+    failures = [None] * n
+    after = [None] * n
+
+    def body(rank):
+        comm = FailingComm(hub, rank)
+        with muon.Optimizer(**BASE) as opt:
+            world = opt.set_world(comm)
+            piece = init["only.weight"][4 * rank:4 * rank + 4].copy()
+            grad = grads[0]["only.weight"][4 * rank:4 * rank + 4].copy()
+            opt.register(piece, grad, name="only.weight", global_shape=(8, 6),
+                         placements=[muon.Shard(world, 0)])
+            opt.step()
+            comm.armed = True
+            try:
+                opt.step()
+            except muon.MuonError as e:
+                failures[rank] = e
+            try:
+                opt.step()
+            except muon.MuonError as e:
+                after[rank] = e
+
+    _, errors = run_ranks(n, body)
+    no_errors(errors)
+    for rank in range(n):
+        e = failures[rank]
+        assert e is not None, "rank %d: the failing step did not raise" % rank
+        assert e.status == "UNKNOWN"
+        assert "param 'only.weight'" in e.message, e.message
+        assert "all_to_all_v" in e.message, e.message
+        assert "ValueError: injected failure on rank %d" % rank in e.message, e.message
+        assert isinstance(e.__cause__, ValueError)
+        # The optimizer refuses to go on from half-updated state.
+        assert after[rank] is not None and after[rank].status == "FAILED_PRECONDITION"
+
+
+def test_communicator_needs_rank_and_size():
+    class Incomplete(muon.Communicator):
+        pass
+
+    with muon.Optimizer() as opt:
+        with pytest.raises(TypeError, match="rank"):
+            opt.set_world(Incomplete())
+
+    class Wrong(muon.Communicator):
+        rank, size = 2, 2
+
+    with pytest.raises(ValueError, match="rank 2 and size 2"):
+        Wrong().table
+    with muon.Optimizer() as opt:
+        with pytest.raises(TypeError, match="communicator"):
+            opt.set_world(object())
+
+
+def test_placement_values_are_checked():
+    with pytest.raises(ValueError, match="split"):
+        muon.Shard(0, 0, "uneven")
+    with pytest.raises(TypeError):
+        muon.Shard(0, 0, [1.5, 2])
+    assert muon.Shard(1, 0, [3, 2]) == muon.Shard(1, 0, (3, 2))
+    assert repr(muon.FlatRange(0, 4, 5)) == "FlatRange(group=0, start=4, length=5)"
+    world = muon.InProcessWorld(1)
+    comm = world.comm(0)
+    with muon.Optimizer() as opt:
+        assert opt.set_world(comm) == 0
+        # A placement may name the communicator object given to set_world.
+        p, g = numpy.zeros((4, 4), numpy.float32), numpy.ones((4, 4), numpy.float32)
+        opt.register(p, g, name="w", global_shape=(4, 4), placements=[muon.Shard(comm, 0)])
+        with pytest.raises(TypeError, match="group"):
+            opt.register(numpy.zeros((4, 4), numpy.float32), numpy.ones((4, 4), numpy.float32),
+                         name="v", global_shape=(4, 4), placements=[muon.Shard(object(), 0)])
+        with pytest.raises(muon.MuonError, match="'v'"):  # group 7 does not exist
+            opt.register(numpy.zeros((4, 4), numpy.float32), numpy.ones((4, 4), numpy.float32),
+                         name="v", global_shape=(4, 4), placements=[muon.Shard(7, 0)])
+        opt.step()
+        assert opt.stats()["matrices_owned"] == 1
+
+
+# ---------------------------------------------------------------------------
+# The custom path
+# ---------------------------------------------------------------------------
+
+ROWS, COLS = 10, 6
+
+
+def custom_rows(rank):
+    """Rank r holds rows [2r, 2r + 2), rank 3 rows 6..9: a layout only the host knows."""
+    return slice(2 * rank, 2 * rank + (4 if rank == 3 else 2))
+
+
+def test_register_custom_matches_single_process():
+    n, owner_choice = 4, 1
+    rng = numpy.random.default_rng(7)
+    init = (0.5 * rng.standard_normal((ROWS, COLS))).astype(numpy.float32)
+    grads = [rng.standard_normal((ROWS, COLS)).astype(numpy.float32) for _ in range(STEPS)]
+    options = dict(BASE, ns_dtype="fp32")
+    reference = single_process(options, {"custom": init}, [{"custom": g} for g in grads],
+                               model=[("custom", (ROWS, COLS), "2d", [])])["custom"]
+
+    world = muon.InProcessWorld(n)
+    gathered = numpy.zeros((ROWS, COLS), numpy.float32)
+    result = numpy.zeros((ROWS, COLS), numpy.float32)
+    host = threading.Barrier(n, timeout=TIMEOUT)
+    asked = []
+
+    def body(rank):
+        rows = custom_rows(rank)
+
+        def assign(name, world_size):
+            asked.append((name, world_size))
+            return owner_choice
+
+        def gather(local, owner):
+            assert local.dtype == numpy.float32 and local.shape == (rows.stop - rows.start, COLS)
+            gathered[rows] = local
+            host.wait()
+            return gathered if rank == owner else None
+
+        def redistribute(full, owner, local_out):
+            assert (full is not None) == (rank == owner)
+            if full is not None:
+                assert full.shape == (ROWS, COLS)
+                result[...] = full
+            host.wait()
+            local_out[...] = result[rows]
+            host.wait()
+
+        with muon.Optimizer(**options) as opt:
+            opt.set_world(world.comm(rank))
+            piece = init[rows].copy()
+            grad = numpy.zeros_like(piece)
+            assert opt.register_custom(piece, grad, "custom", ROWS, COLS, assign, gather,
+                                       redistribute) == 0
+            for g in grads:
+                grad[...] = g[rows]
+                opt.step()
+            return piece, opt.stats()
+
+    results, errors = run_ranks(n, body)
+    no_errors(errors)
+    assert sorted(asked) == [("custom", n)] * n
+    for rank, (piece, stats) in enumerate(results):
+        want = reference[custom_rows(rank)]
+        assert numpy.array_equal(piece.view(numpy.uint32), want.view(numpy.uint32)), rank
+        assert stats["matrices_owned"] == (1 if rank == owner_choice else 0)
+    assert sum(s["matrices_orthogonalized"] for _, s in results) == 1
+
+
+@pytest.mark.parametrize("failing", ["gather", "redistribute", "assign", "shape"])
+def test_register_custom_failures(failing):
+    n = 1 if failing == "shape" else 2  # "shape": the owner alone, so nobody waits on it
+    world = muon.InProcessWorld(n)
+    host = threading.Barrier(n, timeout=TIMEOUT)
+    full = numpy.zeros((4, COLS), numpy.float32)
+
+    def body(rank):
+        rows = slice(2 * rank, 2 * rank + 2)
+
+        def assign(name, world_size):
+            if failing == "assign":
+                raise LookupError("no owner for %s" % name)
+            return 0
+
+        def gather(local, owner):
+            if failing == "gather":
+                raise RuntimeError("gather broke")
+            full[rows] = local
+            host.wait()
+            if rank != owner:
+                return None
+            return full[:3] if failing == "shape" else torch.from_numpy(full)
+
+        def redistribute(matrix, owner, local_out):
+            if failing == "redistribute":
+                raise ZeroDivisionError("redistribute broke")
+            host.wait()
+            local_out[...] = full[rows]
+
+        with muon.Optimizer(lr=0.02) as opt:
+            opt.set_world(world.comm(rank))
+            piece = numpy.ones((2, COLS), numpy.float32)
+            opt.register_custom(piece, numpy.ones_like(piece), "odd.matrix", 4, COLS, assign,
+                                gather, redistribute)
+            opt.step()
+
+    _, errors = run_ranks(n, body)
+    expected = {
+        "gather": ("gather_fn", "RuntimeError: gather broke", RuntimeError),
+        "redistribute": ("redistribute_fn", "ZeroDivisionError: redistribute broke",
+                         ZeroDivisionError),
+        "assign": ("assign_fn", "LookupError: no owner for odd.matrix", LookupError),
+    }
+    for rank, e in enumerate(errors):
+        if failing == "shape":  # what the owner's gather returned is checked
+            assert isinstance(e, muon.MuonError), repr(e)
+            assert "param 'odd.matrix': gather_fn returned a 3 x 6 matrix" in e.message
+            assert "registered as 4 x 6" in e.message
+            continue
+        assert isinstance(e, muon.MuonError), repr(e)
+        fragment, text, cause = expected[failing]
+        assert "odd.matrix" in e.message and fragment in e.message, e.message
+        assert text in e.message, e.message
+        assert isinstance(e.__cause__, cause)
+
+
+# ---------------------------------------------------------------------------
+# The bindings' structs
+# ---------------------------------------------------------------------------
+
+
+def test_struct_layouts_follow_the_header():
+    # No muon_sizeof_* exists for these; their LP64 layouts from capi/muon.h.
+    layout = _lib.muon_custom_layout_t
+    assert ctypes.sizeof(layout) == 56
+    assert (layout.global_rows.offset, layout.assign_fn.offset, layout.gather_fn.offset,
+            layout.redistribute_fn.offset) == (16, 32, 40, 48)
+    assert ctypes.sizeof(_lib.muon_gathered_t) == 24
+    info = _lib.muon_matrix_info_t
+    assert ctypes.sizeof(info) == 56
+    assert (info.ns_flops.offset, info.holders.offset, info.num_holders.offset) == (32, 40, 48)
+    comm = _lib.muon_comm_t
+    assert (comm.rank.offset, comm.all_gather.offset, comm.release.offset) == (16, 24, 64)
+    assert ctypes.sizeof(_lib.muon_stats_t) == 80
+    assert _lib.muon_options_t.assign_fn.offset + 16 == ctypes.sizeof(_lib.muon_options_t)
+
+
+def test_inprocess_comm_objects():
+    world = muon.InProcessWorld(3)
+    c = world.comm(2, [2, 0])
+    assert (c.rank, c.size, c.world_rank, c.ranks) == (0, 2, 2, (2, 0))
+    assert not c.table.release  # released by the object, not by each optimizer
+    with pytest.raises(muon.MuonError, match="rank"):
+        world.comm(1, [2, 0])  # 1 is not in the list
+    # One communicator serves several optimizers in turn (as one per param group).
+    solo = muon.InProcessWorld(1)
+    comm = solo.comm(0)
+    params = []
+    for k in range(2):
+        opt = muon.Optimizer(lr=0.1)
+        opt.set_world(comm)
+        p = numpy.zeros((3, 3), numpy.float32)
+        opt.register(p, numpy.eye(3, dtype=numpy.float32), name="w%d" % k)
+        opt.step()
+        params.append(p)
+        opt.close()
+    assert numpy.array_equal(params[0], params[1]) and params[0].any()
