@@ -398,6 +398,11 @@ absl::Status Optimizer::Setup(void* stream) {
   // Tables and every buffer the step needs, allocated once.
   const DType ns_wire = options_.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
   tables_ = BuildRoundTables(plan_, world_->rank(), n, ns_wire);
+  // The tables hold every span this rank moves; the job-wide pieces (one run
+  // per row of every rank's piece) are not needed any more.
+  for (PlanParam& pp : plan_.params) {
+    for (Holder& h : pp.holders) std::vector<Run>().swap(h.piece.runs);
+  }
   int64_t most_slots = 0;
   for (const RoundTable& t : tables_) most_slots = std::max(most_slots, t.slot_floats);
   const size_t ring = static_cast<size_t>(options_.dist.prefetch_count) + 1;
