@@ -1,0 +1,20 @@
+// An independent reference for tests: Newton-Schulz in double precision with
+// naive loops, straight from the definition in DESIGN.md section 4 (transpose
+// tall matrices, normalize with the eps clamp, iterate, transpose back).
+#ifndef MUON_MATH_TESTING_REFERENCE_NS_H_
+#define MUON_MATH_TESTING_REFERENCE_NS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "muon/math/ns_config.h"
+
+namespace muon {
+
+// `u` is a rows x cols row-major matrix; the result has the same layout.
+std::vector<double> ReferenceNewtonSchulz(const std::vector<double>& u, int64_t rows,
+                                          int64_t cols, const NsConfig& config);
+
+}  // namespace muon
+
+#endif  // MUON_MATH_TESTING_REFERENCE_NS_H_
