@@ -495,7 +495,14 @@ absl::Status Optimizer::RunRounds(void* stream) {
         if (op.first) cv.wait(lock, [&] { return computed > op.second || stop; });
         if (stop) return;
       }
-      absl::Status st = run_op(op);
+      absl::Status st;
+      try {  // nothing may escape a thread: it would end the host process
+        st = run_op(op);
+      } catch (const std::exception& e) {
+        st = absl::InternalError(absl::StrCat("exchange thread: ", e.what()));
+      } catch (...) {
+        st = absl::InternalError("exchange thread: unexpected exception");
+      }
       std::lock_guard<std::mutex> lock(mu);
       if (!st.ok()) {
         comm_error = st;
