@@ -1,5 +1,7 @@
 #include "muon/dist/comm.h"
 
+#include "muon/dist/comm_table.h"
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -45,17 +47,9 @@ muon_status_t SelfBarrier(void*, void*) { return MUON_OK; }
 }  // namespace
 
 muon_comm_t SelfCommTable() {
-  muon_comm_t t;
-  std::memset(&t, 0, sizeof t);
-  t.struct_size = sizeof t;
-  t.rank = 0;
-  t.size = 1;
-  t.all_gather = SelfAllGather;
-  t.all_to_all_v = SelfAllToAllV;
-  t.broadcast = SelfBroadcast;
-  t.reduce_scatter = SelfReduceScatter;
-  t.barrier = SelfBarrier;
-  return t;
+  return MakeCommTable(nullptr, 0, 1,
+                       {SelfAllGather, SelfAllToAllV, SelfBroadcast, SelfReduceScatter,
+                        SelfBarrier, nullptr});
 }
 
 void SetCallbackError(const char* message) { t_callback_error = message ? message : ""; }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "muon/common/dtype.h"
 #include "muon/dist/comm.h"
+#include "muon/dist/comm_table.h"
 #include "muon/dist/ordered_sum.h"
 
 namespace muon {
@@ -477,19 +478,9 @@ absl::Status MakeInProcessComm(const std::shared_ptr<InProcessWorld>& world,
   ctx->world = world;
   ctx->group = *std::move(group);
   ctx->me = me;
-  muon_comm_t t;
-  std::memset(&t, 0, sizeof t);
-  t.struct_size = sizeof t;
-  t.rank = me;
-  t.size = ctx->group->size();
-  t.all_gather = CAllGather;
-  t.all_to_all_v = CAllToAllV;
-  t.broadcast = CBroadcast;
-  t.reduce_scatter = CReduceScatter;
-  t.barrier = CBarrier;
-  t.release = CRelease;
-  t.ctx = ctx.release();
-  *out = t;
+  const int rank_in_group = me, group_size = ctx->group->size();
+  *out = MakeCommTable(ctx.release(), rank_in_group, group_size,
+                       {CAllGather, CAllToAllV, CBroadcast, CReduceScatter, CBarrier, CRelease});
   return absl::OkStatus();
 }
 

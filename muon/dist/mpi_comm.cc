@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/dtype.h"
+#include "muon/dist/comm_table.h"
 #include "muon/dist/ordered_sum.h"
 
 namespace muon {
@@ -332,19 +333,9 @@ absl::Status MakeMpiComm(void* mpi_comm, muon_comm_t* out) {
   MPI_Comm_rank(dup, &ctx->rank);
   MPI_Comm_size(dup, &ctx->size);
 
-  muon_comm_t t;
-  std::memset(&t, 0, sizeof t);
-  t.struct_size = sizeof t;
-  t.rank = ctx->rank;
-  t.size = ctx->size;
-  t.all_gather = CAllGather;
-  t.all_to_all_v = CAllToAllV;
-  t.broadcast = CBroadcast;
-  t.reduce_scatter = CReduceScatter;
-  t.barrier = CBarrier;
-  t.release = CRelease;
-  t.ctx = ctx.release();
-  *out = t;
+  const int rank_in_group = ctx->rank, group_size = ctx->size;
+  *out = MakeCommTable(ctx.release(), rank_in_group, group_size,
+                       {CAllGather, CAllToAllV, CBroadcast, CReduceScatter, CBarrier, CRelease});
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/dist/comm.h"
+#include "muon/dist/comm_table.h"
 
 namespace muon {
 namespace {
@@ -287,19 +288,8 @@ absl::Status MakeNcclComm(void* nccl_comm, muon_comm_t* out) {
   ctx->rank = rank;
   ctx->size = size;
 
-  muon_comm_t t;
-  std::memset(&t, 0, sizeof t);
-  t.struct_size = sizeof t;
-  t.rank = rank;
-  t.size = size;
-  t.all_gather = CAllGather;
-  t.all_to_all_v = CAllToAllV;
-  t.broadcast = CBroadcast;
-  t.reduce_scatter = CReduceScatter;
-  t.barrier = CBarrier;
-  t.release = CRelease;
-  t.ctx = ctx.release();
-  *out = t;
+  *out = MakeCommTable(ctx.release(), rank, size,
+                       {CAllGather, CAllToAllV, CBroadcast, CReduceScatter, CBarrier, CRelease});
   return absl::OkStatus();
 }
 
