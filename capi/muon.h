@@ -32,10 +32,29 @@
  * unmoved until the optimizer is destroyed. The host writes gradients in place
  * before each muon_step; the library updates parameters in place.
  *
- * Devices and streams: this version computes on the CPU (kDLCPU tensors). The
- * `stream` argument of muon_step is reserved for stream-ordered GPU work and
- * is ignored for CPU tensors (pass NULL). Tensors on any other device are
- * refused at registration.
+ * Devices and streams: parameters may be host tensors (kDLCPU, or pinned
+ * kDLCUDAHost) or CUDA tensors (kDLCUDA). The first registered parameter picks
+ * the optimizer's device; every later one must be on the same device (one
+ * optimizer per GPU). CUDA tensors are computed on that GPU by the plugin
+ * libmuon_cuda.so, which libmuon.so loads at the first CUDA registration
+ * from, in order: the path in the environment variable MUON_CUDA_PLUGIN, the
+ * directory of libmuon.so, the dynamic loader's search path. libmuon.so itself
+ * links no CUDA library; when the plugin or a usable GPU is missing, the
+ * registration fails with MUON_UNAVAILABLE saying why and nothing changes.
+ * On a GPU:
+ *   - muon_step enqueues its work on `stream` (a cudaStream_t; NULL is the
+ *     legacy default stream) and returns without waiting for the device. The
+ *     gradients must be ready in stream order on `stream`; the parameters are
+ *     updated in stream order on it. The communicators receive the same
+ *     stream and device buffers (the NCCL adapter enqueues on it).
+ *   - Device memory (momentum at registration, the step's buffers at the
+ *     first step) is allocated once; later steps allocate nothing. The first
+ *     step also waits for the device once (setup).
+ *   - The CUDA device is made current for each call and the caller's current
+ *     device is restored, so any thread may call.
+ *   - The MUON_REPLICATED_ZERO2 mode and the custom path take host tensors only
+ *     in this version (MUON_UNIMPLEMENTED for CUDA tensors).
+ * For host tensors `stream` is only handed to the communicators (pass NULL).
  */
 #ifndef LIBMUON_MUON_H_
 #define LIBMUON_MUON_H_
@@ -319,7 +338,8 @@ MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,
                                                size_t struct_size);
 
 /* Registers a parameter and its gradient. Both are borrowed (see above) and
- * must: live on the CPU (kDLCPU); have the same shape and the same dtype, one
+ * must: live on the optimizer's device (see "Devices and streams" above; the
+ * first parameter picks it); have the same shape and the same dtype, one
  * of float32, bfloat16 or float16; be row-major contiguous (strides NULL or
  * compact; any stride is accepted on dimensions of size 1); have at least two
  * dimensions (0-D and 1-D parameters belong to AdamW), and exactly two unless
@@ -544,8 +564,11 @@ MUON_API muon_status_t muon_comm_from_nccl(void* nccl_comm, muon_comm_t* out);
 MUON_API muon_status_t muon_get_state_dtype(const muon_optimizer_t* opt, int64_t param_id,
                                             DLDataType* dtype);
 
-/* Copies a parameter's momentum buffer into `dst`, a host-owned CPU tensor of
- * the parameter's shape and the state dtype (contiguous). */
+/* Copies a parameter's momentum buffer into `dst`, a contiguous tensor of the
+ * parameter's shape and the state dtype, in host memory or on the optimizer's
+ * GPU. A host tensor is filled before the call returns (on a GPU it first
+ * waits for the last step's stream); a GPU tensor is filled in stream order
+ * on the stream of the last muon_step. */
 MUON_API muon_status_t muon_get_state(const muon_optimizer_t* opt, int64_t param_id,
                                       const DLTensor* dst);
 
@@ -553,7 +576,8 @@ MUON_API muon_status_t muon_get_state(const muon_optimizer_t* opt, int64_t param
 MUON_API muon_status_t muon_set_state(muon_optimizer_t* opt, int64_t param_id,
                                       const DLTensor* src);
 
-/* Whole-optimizer state as one self-describing byte blob: a header, the step
+/* Whole-optimizer state as one self-describing byte blob (host memory; on a
+ * GPU the call waits for the last step's stream): a header, the step
  * count, and for every parameter its name, shape, dtype and momentum bytes.
  * With buffer == NULL, *size receives the bytes needed. Otherwise `capacity`
  * must be at least that and *size receives the bytes written. Hyper-parameters

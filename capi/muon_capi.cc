@@ -625,7 +625,8 @@ muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer, size_t 
       return absl::OutOfRangeError(absl::StrCat("capacity ", capacity, " is too small; the state needs ",
                                                 needed, " bytes (call with buffer = NULL to ask)"));
     }
-    opt->impl->SaveState(static_cast<unsigned char*>(buffer));
+    absl::Status saved = opt->impl->SaveState(static_cast<unsigned char*>(buffer));
+    if (!saved.ok()) return saved;
     *size = needed;
     return absl::OkStatus();
   });

@@ -20,12 +20,31 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::string DeviceString(const DLDevice& d) {
+  return d.device_type == kDLCUDA ? absl::StrCat("cuda:", d.device_id) : "cpu";
+}
+
 absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& what) {
-  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": DLTensor pointer is NULL"));
-  if (t->device.device_type != kDLCPU) {
+  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, what));
+  if (!v.on_host()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": tensor is on device type ", static_cast<int>(t->device.device_type),
-        " (DLPack); this build computes on the CPU and accepts only kDLCPU tensors"));
+        what, ": tensor is on ", DeviceString(v.device),
+        "; pass host memory (kDLCPU or kDLCUDAHost) here"));
+  }
+  return v;
+}
+
+absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what) {
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": DLTensor pointer is NULL"));
+  const DLDeviceType type = t->device.device_type;
+  if (type != kDLCPU && type != kDLCUDAHost && type != kDLCUDA) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": tensor is on DLPack device type ", static_cast<int>(type),
+        "; libmuon accepts kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3) tensors"));
+  }
+  if (type == kDLCUDA && t->device.device_id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": CUDA device ordinal ", t->device.device_id, " is negative"));
   }
   if (t->ndim < 0 || t->ndim > 16) {
     return absl::InvalidArgumentError(
@@ -65,6 +84,7 @@ absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& w
     return absl::InvalidArgumentError(absl::StrCat(what, ": data pointer is NULL"));
   }
   v.data = static_cast<char*>(t->data) + t->byte_offset;
+  if (type == kDLCUDA) v.device = t->device;
   return v;
 }
 

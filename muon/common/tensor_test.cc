@@ -62,7 +62,11 @@ TEST(ViewCpuTensor, RefusesBadInput) {
 
   DLTensor gpu = MakeTensor(data, shape, 2);
   gpu.device = {kDLCUDA, 0};
-  EXPECT_TRUE(Mentions(ViewCpuTensor(&gpu, "p").status(), "kDLCPU"));
+  EXPECT_TRUE(Mentions(ViewCpuTensor(&gpu, "p").status(), "is on cuda:0"));
+
+  DLTensor vulkan = MakeTensor(data, shape, 2);
+  vulkan.device = {kDLVulkan, 0};
+  EXPECT_TRUE(Mentions(ViewTensor(&vulkan, "p").status(), "device type 7"));
 
   DLTensor ints = MakeTensor(data, shape, 2);
   ints.dtype = {kDLInt, 32, 1};
@@ -77,6 +81,29 @@ TEST(ViewCpuTensor, RefusesBadInput) {
 
   DLTensor null_shape = MakeTensor(data, nullptr, 2);
   EXPECT_TRUE(Mentions(ViewCpuTensor(&null_shape, "p").status(), "shape pointer is NULL"));
+}
+
+}  // namespace
+}  // namespace muon
+
+namespace muon {
+namespace {
+
+TEST(ViewTensor, KeepsTheCudaDevice) {
+  float data[4];
+  int64_t shape[2] = {2, 2};
+  DLTensor t = MakeTensor(data, shape, 2);
+  t.device = {kDLCUDA, 3};
+  auto v = ViewTensor(&t, "p");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_FALSE(v->on_host());
+  EXPECT_EQ(v->device.device_id, 3);
+  EXPECT_EQ(DeviceString(v->device), "cuda:3");
+  // Pinned host memory is host memory.
+  t.device = {kDLCUDAHost, 0};
+  v = ViewCpuTensor(&t, "p");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->on_host());
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,21 +28,6 @@ void SpanLayout(const std::vector<std::vector<SpanT>>& per_peer, std::vector<siz
     (*bytes)[p] = Bytes(per_peer[p]);
     at += (*bytes)[p];
   }
-}
-
-void Pack(const float* src, int64_t n, DType wire, unsigned char* dst) {
-  for (int64_t i = 0; i < n; ++i) StoreFromFloat(wire, dst, i, src[i]);
-}
-
-void Unpack(const unsigned char* src, int64_t n, DType wire, float* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = LoadAsFloat(wire, src, i);
-}
-
-absl::Status Exchange(Comm& comm, const std::vector<size_t>& sb, const std::vector<size_t>& so,
-                      const std::vector<size_t>& rb, const std::vector<size_t>& ro,
-                      std::vector<unsigned char>* send, std::vector<unsigned char>* recv,
-                      void* stream, const std::string& op) {
-  return comm.AllToAllV(send->data(), sb, so, recv->data(), rb, ro, stream, op);
 }
 
 size_t Total(const std::vector<size_t>& v) {
@@ -214,55 +201,106 @@ size_t MaxExchangeBytes(const std::vector<RoundTable>& tables) {
   return m;
 }
 
-absl::Status RunGather(const RoundTable& t, Comm& comm, const std::vector<float*>& updates,
-                       float* slots, std::vector<unsigned char>* send,
-                       std::vector<unsigned char>* recv, void* stream) {
+namespace {
+
+// Copies from fp32 spans of `base` (param update buffers or slots) into the
+// wire bytes of one direction's send buffer, peer after peer.
+template <typename SpanT, typename BaseFn>
+std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
+                            const std::vector<size_t>& offsets, unsigned char* send, BaseFn base) {
+  std::vector<CopyOp> ops;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    unsigned char* at = send + offsets[p];
+    for (const SpanT& s : per_peer[p]) {
+      ops.push_back({base(s) + s.pos, at, s.length, DType::kF32, s.wire, DType::kF32});
+      at += s.length * SizeOf(s.wire);
+    }
+  }
+  return ops;
+}
+
+template <typename SpanT, typename BaseFn>
+std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
+                              const std::vector<size_t>& offsets, const unsigned char* recv,
+                              BaseFn base) {
+  std::vector<CopyOp> ops;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    const unsigned char* at = recv + offsets[p];
+    for (const SpanT& s : per_peer[p]) {
+      ops.push_back({at, base(s) + s.pos, s.length, s.wire, DType::kF32, DType::kF32});
+      at += s.length * SizeOf(s.wire);
+    }
+  }
+  return ops;
+}
+
+absl::StatusOr<BoundExchange::Direction> BindDirection(
+    Device& device, std::vector<CopyOp> pack, std::vector<CopyOp> unpack,
+    std::vector<size_t> sb, std::vector<size_t> so, std::vector<size_t> rb,
+    std::vector<size_t> ro, std::string label) {
+  BoundExchange::Direction d;
+  absl::StatusOr<std::unique_ptr<CopyProgram>> p = device.Prepare(pack);
+  if (!p.ok()) return p.status();
+  d.pack = std::move(*p);
+  p = device.Prepare(unpack);
+  if (!p.ok()) return p.status();
+  d.unpack = std::move(*p);
+  d.send_bytes = std::move(sb);
+  d.send_offsets = std::move(so);
+  d.recv_bytes = std::move(rb);
+  d.recv_offsets = std::move(ro);
+  d.label = std::move(label);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
+                                           const std::vector<float*>& updates, float* slots,
+                                           unsigned char* send, unsigned char* recv,
+                                           bool single_rank) {
+  // A world of one rank exchanges with itself: the unpack reads the packed
+  // bytes where they are, and no collective is called.
+  const unsigned char* incoming = single_rank ? send : recv;
+  auto update_of = [&](const LocalSpan& s) { return updates[s.param]; };
+  auto slot_of = [&](const SlotSpan&) { return slots; };
+  BoundExchange b;
+  b.single_rank = single_rank;
   std::vector<size_t> sb, so, rb, ro;
   SpanLayout(t.gather_send, &sb, &so);
   SpanLayout(t.gather_recv, &rb, &ro);
-  for (size_t p = 0; p < t.gather_send.size(); ++p) {
-    unsigned char* at = send->data() + so[p];
-    for (const LocalSpan& s : t.gather_send[p]) {
-      Pack(updates[s.param] + s.pos, s.length, s.wire, at);
-      at += s.length * SizeOf(s.wire);
-    }
-  }
-  absl::Status st = Exchange(comm, sb, so, rb, ro, send, recv, stream,
-                             absl::StrCat("gathering ", t.label));
-  if (!st.ok()) return st;
-  for (size_t p = 0; p < t.gather_recv.size(); ++p) {
-    const unsigned char* at = recv->data() + ro[p];
-    for (const SlotSpan& s : t.gather_recv[p]) {
-      Unpack(at, s.length, s.wire, slots + s.pos);
-      at += s.length * SizeOf(s.wire);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RunScatter(const RoundTable& t, Comm& comm, const std::vector<float*>& updates,
-                        const float* slots, std::vector<unsigned char>* send,
-                        std::vector<unsigned char>* recv, void* stream) {
-  std::vector<size_t> sb, so, rb, ro;
+  if (single_rank) ro = so;
+  absl::StatusOr<BoundExchange::Direction> d = BindDirection(
+      device, PackOps(t.gather_send, so, send, update_of),
+      UnpackOps(t.gather_recv, ro, incoming, slot_of), sb, so, rb, ro,
+      absl::StrCat("gathering ", t.label));
+  if (!d.ok()) return d.status();
+  b.gather = std::move(*d);
   SpanLayout(t.scatter_send, &sb, &so);
   SpanLayout(t.scatter_recv, &rb, &ro);
-  for (size_t p = 0; p < t.scatter_send.size(); ++p) {
-    unsigned char* at = send->data() + so[p];
-    for (const SlotSpan& s : t.scatter_send[p]) {
-      Pack(slots + s.pos, s.length, s.wire, at);
-      at += s.length * SizeOf(s.wire);
-    }
+  if (single_rank) ro = so;
+  d = BindDirection(device,
+                    PackOps(t.scatter_send, so, send,
+                            [&](const SlotSpan&) { return static_cast<const float*>(slots); }),
+                    UnpackOps(t.scatter_recv, ro, incoming, update_of), sb, so, rb, ro,
+                    absl::StrCat("scattering ", t.label));
+  if (!d.ok()) return d.status();
+  b.scatter = std::move(*d);
+  return b;
+}
+
+absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
+                         Device& device, const unsigned char* send, unsigned char* recv,
+                         void* stream) {
+  absl::Status st = device.Run(*d.pack);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
+  if (!b.single_rank) {
+    st = comm.AllToAllV(send, d.send_bytes, d.send_offsets, recv, d.recv_bytes, d.recv_offsets,
+                        stream, d.label);
+    if (!st.ok()) return st;
   }
-  absl::Status st = Exchange(comm, sb, so, rb, ro, send, recv, stream,
-                             absl::StrCat("scattering ", t.label));
-  if (!st.ok()) return st;
-  for (size_t p = 0; p < t.scatter_recv.size(); ++p) {
-    const unsigned char* at = recv->data() + ro[p];
-    for (const LocalSpan& s : t.scatter_recv[p]) {
-      Unpack(at, s.length, s.wire, updates[s.param] + s.pos);
-      at += s.length * SizeOf(s.wire);
-    }
-  }
+  st = device.Run(*d.unpack);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
   return absl::OkStatus();
 }
 

@@ -12,11 +12,13 @@
 #define MUON_DIST_EXCHANGE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "muon/common/dtype.h"
+#include "muon/device/device.h"
 #include "muon/dist/comm.h"
 #include "muon/dist/plan.h"
 
@@ -61,15 +63,33 @@ struct RoundTable {
 std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
                                          DType ns_wire);
 
-// Runs one direction of a round over `comm`: packs from the sources, calls
-// all_to_all_v once, unpacks into the destinations. `updates[p]` is this
-// rank's param p's fp32 update buffer.
-absl::Status RunGather(const RoundTable& t, Comm& comm, const std::vector<float*>& updates,
-                       float* slots, std::vector<unsigned char>* send,
-                       std::vector<unsigned char>* recv, void* stream);
-absl::Status RunScatter(const RoundTable& t, Comm& comm, const std::vector<float*>& updates,
-                        const float* slots, std::vector<unsigned char>* send,
-                        std::vector<unsigned char>* recv, void* stream);
+// One round's exchange bound to this rank's buffers, prepared once at
+// setup: per direction, the pack copies (fp32 sources -> wire bytes of the
+// send buffer), the all_to_all_v byte counts and offsets, and the unpack
+// copies (wire bytes -> fp32 destinations). Running it allocates nothing.
+struct BoundExchange {
+  struct Direction {
+    std::unique_ptr<CopyProgram> pack, unpack;
+    std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
+    std::string label;  // "gathering <round label>", for errors
+  };
+  Direction gather, scatter;
+  bool single_rank = false;  // a world of one: no collective, unpack from send
+};
+
+// `updates[p]` is this rank's param p's fp32 update buffer; `slots` the
+// round's working buffer of owned matrices; `send`/`recv` hold
+// MaxExchangeBytes(tables) bytes. All are memory of `device`.
+absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
+                                           const std::vector<float*>& updates, float* slots,
+                                           unsigned char* send, unsigned char* recv,
+                                           bool single_rank);
+
+// Runs one direction (b.gather or b.scatter): pack, one all_to_all_v over
+// `comm` on `stream`, unpack.
+absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
+                         Device& device, const unsigned char* send, unsigned char* recv,
+                         void* stream);
 
 // Largest send / receive byte counts over all rounds and directions.
 size_t MaxExchangeBytes(const std::vector<RoundTable>& tables);

@@ -65,14 +65,16 @@ size_t StateBlobSize(const std::vector<Param>& params) {
   return n;
 }
 
-void WriteStateBlob(const std::vector<Param>& params, int64_t step_count, unsigned char* out) {
+void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
+                    const std::vector<const void*>& momentum, unsigned char* out) {
   Writer w(out);
   w.Bytes(kMagic, sizeof kMagic);
   w.Put<uint32_t>(kFormat);
   w.Put<uint32_t>(0);
   w.Put<int64_t>(step_count);
   w.Put<uint64_t>(params.size());
-  for (const Param& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Param& p = params[i];
     w.Put<uint32_t>(static_cast<uint32_t>(p.name.size()));
     w.Bytes(p.name.data(), p.name.size());
     w.Put<uint8_t>(static_cast<uint8_t>(p.state_dtype));
@@ -81,7 +83,7 @@ void WriteStateBlob(const std::vector<Param>& params, int64_t step_count, unsign
     w.Put<uint32_t>(static_cast<uint32_t>(p.value.shape.size()));
     for (int64_t d : p.value.shape) w.Put<int64_t>(d);
     w.Put<uint64_t>(p.momentum.size());
-    w.Bytes(p.momentum.data(), p.momentum.size());
+    w.Bytes(momentum[i], p.momentum.size());
   }
 }
 

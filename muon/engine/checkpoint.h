@@ -18,8 +18,10 @@ namespace muon {
 
 size_t StateBlobSize(const std::vector<Param>& params);
 
-// Writes the blob into out[0, StateBlobSize(params)).
-void WriteStateBlob(const std::vector<Param>& params, int64_t step_count, unsigned char* out);
+// Writes the blob into out[0, StateBlobSize(params)); momentum[i] is a host
+// copy of params[i].momentum (the buffer itself on the host device).
+void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
+                    const std::vector<const void*>& momentum, unsigned char* out);
 
 // Where each parameter's momentum bytes sit in a checked blob.
 struct ParsedState {

@@ -67,20 +67,30 @@ std::vector<Param> TwoParams(Storage* a, Storage* b) {
   EXPECT_TRUE(pa.ok() && pb.ok());
   params.push_back(std::move(pa).value());
   params.push_back(std::move(pb).value());
-  // Recognizable momentum bytes.
+  // Recognizable momentum bytes, in host-device buffers.
+  auto host = MakeHostDevice();
   for (size_t k = 0; k < params.size(); ++k) {
+    auto buf = DeviceBuffer::Make(host, params[k].momentum_bytes(), "momentum");
+    EXPECT_TRUE(buf.ok());
+    params[k].momentum = std::move(buf).value();
     for (size_t i = 0; i < params[k].momentum.size(); ++i) {
-      params[k].momentum[i] = static_cast<unsigned char>(17 * k + i);
+      params[k].momentum.as<unsigned char>()[i] = static_cast<unsigned char>(17 * k + i);
     }
   }
   return params;
+}
+
+std::vector<const void*> Momenta(const std::vector<Param>& params) {
+  std::vector<const void*> m;
+  for (const Param& p : params) m.push_back(p.momentum.data());
+  return m;
 }
 
 TEST(StateBlob, LayoutIsTheDocumentedOne) {
   Storage a({3, 5}), b({2, 4, 3}, {kDLBfloat, 16, 1});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params), 0xee);
-  WriteStateBlob(params, 42, blob.data());
+  WriteStateBlob(params, 42, Momenta(params), blob.data());
 
   Cursor c(blob);
   EXPECT_EQ(c.Text(8), "MUONSTAT");
@@ -118,7 +128,7 @@ TEST(StateBlob, ParsePointsIntoTheBlob) {
   Storage a({3, 5}), b({2, 4, 3});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params));
-  WriteStateBlob(params, 7, blob.data());
+  WriteStateBlob(params, 7, Momenta(params), blob.data());
   auto parsed = ParseStateBlob(params, blob.data(), blob.size());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->step_count, 7);
@@ -135,7 +145,7 @@ TEST(StateBlob, NoParameters) {
   const std::vector<Param> none;
   EXPECT_EQ(StateBlobSize(none), 32u);
   std::vector<unsigned char> blob(StateBlobSize(none));
-  WriteStateBlob(none, -3, blob.data());
+  WriteStateBlob(none, -3, {}, blob.data());
   auto parsed = ParseStateBlob(none, blob.data(), blob.size());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->step_count, -3);
@@ -146,7 +156,7 @@ TEST(StateBlob, ParseRefusesABlobOfOtherParams) {
   Storage a({3, 5}), b({2, 4, 3});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params));
-  WriteStateBlob(params, 1, blob.data());
+  WriteStateBlob(params, 1, Momenta(params), blob.data());
 
   // Same names, first shape transposed.
   Storage a2({5, 3}), b2({2, 4, 3});

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/device/cuda_loader.h"
 #include "muon/engine/checkpoint.h"
-#include "muon/math/cpu/cpu_backend.h"
 
 namespace muon {
 namespace {
@@ -50,8 +50,7 @@ absl::Status Allocating(const char* what, Fn&& fn) {
 
 }  // namespace
 
-Optimizer::Optimizer(const Options& options)
-    : options_(options), backend_(std::make_unique<CpuBackend>()) {}
+Optimizer::Optimizer(const Options& options) : options_(options), device_(MakeHostDevice()) {}
 
 Optimizer::~Optimizer() = default;
 
@@ -152,6 +151,35 @@ absl::Status Optimizer::AddParam(Param p) {
   return absl::OkStatus();
 }
 
+absl::Status Optimizer::PlaceParam(Param* p) {
+  const std::string where = DeviceString(p->value.device);
+  if (params_.empty() && where != device_->name()) {
+    // The first parameter picks the device (a later failure leaves the host).
+    absl::StatusOr<std::shared_ptr<Device>> d = OpenCudaDevice(p->value.device.device_id);
+    if (!d.ok()) {
+      return absl::Status(d.status().code(), absl::StrCat("param '", p->name, "': is a ", where,
+                                                          " tensor, but ", d.status().message()));
+    }
+    device_ = std::move(d).value();
+  }
+  if (where != device_->name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", p->name, "': is on ", where, " but the parameters registered before it are on ",
+        device_->name(), "; one optimizer steps the parameters of one device"));
+  }
+  if (!device_->is_host() && (p->custom || p->zero2_group >= 0)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "param '", p->name, "': ", p->custom ? "the custom path" : "MUON_REPLICATED_ZERO2",
+        " takes host tensors only in this version; register ", where,
+        " tensors with placements"));
+  }
+  absl::StatusOr<DeviceBuffer> m = DeviceBuffer::Make(
+      device_, p->momentum_bytes(), absl::StrCat("the momentum buffer of param '", p->name, "'"));
+  if (!m.ok()) return m.status();
+  p->momentum = std::move(m).value();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
                                                        const std::string& name, int64_t rows,
                                                        int64_t cols,
@@ -193,6 +221,7 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
   }
   p.layout.global_shape = global;
   p.custom = std::move(path);
+  MUON_RETURN_IF_ERROR(PlaceParam(&p));
   MUON_RETURN_IF_ERROR(AddParam(std::move(p)));
   return id;
 }
@@ -205,7 +234,7 @@ absl::Status Optimizer::RunCustom(void* stream) {
     const float* full = nullptr;
     int64_t rows = -1, cols = -1;
     const bool owner = c.owner == world_->rank();
-    absl::Status st = p.custom->gather(updates_[c.local].data(), p.numel(), c.owner, &full, &rows,
+    absl::Status st = p.custom->gather(updates_[c.local].as<float>(), p.numel(), c.owner, &full, &rows,
                                        &cols, stream);
     if (!st.ok()) {
       return absl::Status(st.code(), absl::StrCat(who, ": gather_fn failed: ", st.message()));
@@ -219,12 +248,12 @@ absl::Status Optimizer::RunCustom(void* stream) {
       }
       std::copy(full, full + rows * cols, custom_slot_.begin());
       MUON_RETURN_IF_ERROR(
-          backend_->Orthogonalize(options_.ns, {custom_slot_.data(), 1, c.rows, c.cols}));
+          device_->math().Orthogonalize(options_.ns, {custom_slot_.data(), 1, c.rows, c.cols}));
       stats_.matrices_orthogonalized += 1;
       stats_.ns_flops += c.flops;
     }
     st = p.custom->redistribute(owner ? custom_slot_.data() : nullptr, c.rows, c.cols, c.owner,
-                                updates_[c.local].data(), p.numel(), stream);
+                                updates_[c.local].as<float>(), p.numel(), stream);
     if (!st.ok()) {
       return absl::Status(st.code(),
                           absl::StrCat(who, ": redistribute_fn failed: ", st.message()));
@@ -286,6 +315,7 @@ absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DL
           " (shape ", ShapeString(p.piece.shape), ")"));
     }
   }
+  MUON_RETURN_IF_ERROR(PlaceParam(&p));
   MUON_RETURN_IF_ERROR(AddParam(std::move(p)));
   return id;
 }
@@ -405,16 +435,38 @@ absl::Status Optimizer::Setup(void* stream) {
   }
   int64_t most_slots = 0;
   for (const RoundTable& t : tables_) most_slots = std::max(most_slots, t.slot_floats);
-  const size_t ring = static_cast<size_t>(options_.dist.prefetch_count) + 1;
-  MUON_RETURN_IF_ERROR(Allocating("the step's buffers", [&] {
-    updates_.resize(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) updates_[i].resize(params_[i].numel());
-    slots_.assign(std::min(ring, tables_.size() > 0 ? tables_.size() : size_t{1}),
-                  std::vector<float>(most_slots));
-    const size_t bytes = MaxExchangeBytes(tables_);
-    send_.resize(bytes);
-    recv_.resize(bytes);
-  }));
+  const size_t ring = std::min(static_cast<size_t>(options_.dist.prefetch_count) + 1,
+                               std::max<size_t>(tables_.size(), 1));
+  // Every buffer of the step, on the device, once (a setup that failed
+  // earlier may have made some).
+  updates_.clear();
+  slots_.clear();
+  bound_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    MUON_ASSIGN_OR_RETURN(
+        DeviceBuffer b,
+        DeviceBuffer::Make(device_, static_cast<size_t>(params_[i].numel()) * sizeof(float),
+                           absl::StrCat("the update buffer of param '", params_[i].name, "'")));
+    updates_.push_back(std::move(b));
+  }
+  for (size_t k = 0; k < ring; ++k) {
+    MUON_ASSIGN_OR_RETURN(DeviceBuffer b,
+                          DeviceBuffer::Make(device_, static_cast<size_t>(most_slots) * sizeof(float),
+                                             "the working buffer of owned matrices"));
+    slots_.push_back(std::move(b));
+  }
+  const size_t exchange_bytes = MaxExchangeBytes(tables_);
+  MUON_ASSIGN_OR_RETURN(send_, DeviceBuffer::Make(device_, exchange_bytes, "the send buffer"));
+  MUON_ASSIGN_OR_RETURN(recv_, DeviceBuffer::Make(device_, exchange_bytes, "the receive buffer"));
+  std::vector<float*> updates(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) updates[i] = updates_[i].as<float>();
+  for (size_t r = 0; r < tables_.size(); ++r) {
+    MUON_ASSIGN_OR_RETURN(BoundExchange b,
+                          BindExchange(tables_[r], *device_, updates, slots_[r % ring].as<float>(),
+                                       send_.as<unsigned char>(), recv_.as<unsigned char>(),
+                                       world_->size() == 1));
+    bound_.push_back(std::move(b));
+  }
   int64_t custom_most = 0;
   for (const CustomUnit& c : plan_.custom) {
     if (c.owner == world_->rank()) custom_most = std::max(custom_most, c.rows * c.cols);
@@ -422,12 +474,14 @@ absl::Status Optimizer::Setup(void* stream) {
   MUON_RETURN_IF_ERROR(Allocating("the custom-path matrix", [&] {
     custom_slot_.resize(static_cast<size_t>(custom_most));
   }));
-  auto* cpu = static_cast<CpuBackend*>(backend_.get());
+  MathBackend& math = device_->math();
   for (const CustomUnit& c : plan_.custom) {
-    if (c.owner == world_->rank()) MUON_RETURN_IF_ERROR(cpu->Reserve(c.rows, c.cols));
+    if (c.owner == world_->rank()) MUON_RETURN_IF_ERROR(math.Reserve(options_.ns, 1, c.rows, c.cols));
   }
   for (const RoundTable& t : tables_) {
-    for (const ShapeBatch& b : t.batches) MUON_RETURN_IF_ERROR(cpu->Reserve(b.rows, b.cols));
+    for (const ShapeBatch& b : t.batches) {
+      MUON_RETURN_IF_ERROR(math.Reserve(options_.ns, b.count, b.rows, b.cols));
+    }
   }
   MUON_RETURN_IF_ERROR(BuildZero2());
   stats_.matrices_total =
@@ -446,18 +500,16 @@ absl::Status Optimizer::Setup(void* stream) {
 absl::Status Optimizer::Orthogonalize(const RoundTable& t, float* slots) {
   for (const ShapeBatch& b : t.batches) {
     MUON_RETURN_IF_ERROR(
-        backend_->Orthogonalize(options_.ns, {slots + b.offset, b.count, b.rows, b.cols}));
+        device_->math().Orthogonalize(options_.ns, {slots + b.offset, b.count, b.rows, b.cols}));
   }
   return absl::OkStatus();
 }
 
 absl::Status Optimizer::RunRounds(void* stream) {
-  std::vector<float*> updates(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) updates[i] = updates_[i].data();
   const int rounds = static_cast<int>(tables_.size());
   const int ring = static_cast<int>(slots_.size());
   const int prefetch = std::min(options_.dist.prefetch_count, std::max(0, rounds - 1));
-  auto slot = [&](int r) { return slots_[r % ring].data(); };
+  auto slot = [&](int r) { return slots_[r % ring].as<float>(); };
 
   // The exchanges in the one order every rank issues them: gathers run up to
   // `prefetch` rounds ahead of the math; round r's scatter follows its math.
@@ -468,9 +520,9 @@ absl::Status Optimizer::RunRounds(void* stream) {
     if (r + prefetch + 1 < rounds) ops.push_back({false, r + prefetch + 1});
   }
   auto run_op = [&](const std::pair<bool, int>& op) {
-    const RoundTable& t = tables_[op.second];
-    return op.first ? RunScatter(t, *world_, updates, slot(op.second), &send_, &recv_, stream)
-                    : RunGather(t, *world_, updates, slot(op.second), &send_, &recv_, stream);
+    const BoundExchange& b = bound_[op.second];
+    return RunExchange(b, op.first ? b.scatter : b.gather, *world_, *device_,
+                       send_.as<unsigned char>(), recv_.as<unsigned char>(), stream);
   };
 
   if (prefetch == 0) {
@@ -543,7 +595,12 @@ absl::Status Optimizer::RebindParam(int64_t id, const DLTensor* value, const DLT
   Param& p = params_[static_cast<size_t>(id)];
   (void)found;
   const std::string who = absl::StrCat("param '", p.name, "'");
-  MUON_ASSIGN_OR_RETURN(TensorView v, ViewCpuTensor(value, who));
+  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(value, who));
+  if (DeviceString(v.device) != device_->name()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": the new tensor is on ",
+                                                   DeviceString(v.device), ", the optimizer's on ",
+                                                   device_->name()));
+  }
   if (v.shape != p.value.shape || v.dtype != p.value.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": the new tensor is ", DTypeName(v.dtype), " ", ShapeString(v.shape),
@@ -559,7 +616,12 @@ absl::Status Optimizer::RebindParam(int64_t id, const DLTensor* value, const DLT
     p.active = false;
     return absl::OkStatus();
   }
-  MUON_ASSIGN_OR_RETURN(TensorView g, ViewCpuTensor(grad, absl::StrCat("grad of ", who)));
+  MUON_ASSIGN_OR_RETURN(TensorView g, ViewTensor(grad, absl::StrCat("grad of ", who)));
+  if (DeviceString(g.device) != device_->name()) {
+    return absl::InvalidArgumentError(absl::StrCat("grad of ", who, ": the new tensor is on ",
+                                                   DeviceString(g.device), ", the optimizer's on ",
+                                                   device_->name()));
+  }
   if (g.shape != p.grad.shape || g.dtype != p.grad.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "grad of ", who, ": the new tensor is ", DTypeName(g.dtype), " ", ShapeString(g.shape),
@@ -577,12 +639,12 @@ absl::Status Optimizer::MomentumOf(size_t i, DType grad_dtype, const void* grad)
   m.grad_dtype = grad_dtype;
   m.grad = grad;
   m.buf_dtype = p.state_dtype;
-  m.buf = p.momentum_data();
+  m.buf = p.momentum.data();
   m.n = p.numel();
   m.momentum = options_.momentum;
   m.nesterov = options_.nesterov;
-  m.out = updates_[i].data();
-  return backend_->Momentum(m);
+  m.out = updates_[i].as<float>();
+  return device_->math().Momentum(m);
 }
 
 absl::Status Optimizer::ApplyTo(size_t i, double decay) {
@@ -591,10 +653,10 @@ absl::Status Optimizer::ApplyTo(size_t i, double decay) {
   a.param_dtype = p.value.dtype;
   a.param = p.value.data;
   a.n = p.numel();
-  a.update = updates_[i].data();
+  a.update = updates_[i].as<float>();
   a.decay = decay;
   a.lr_adjusted = AdjustedLr(options_.lr, options_.adjust_lr, p.rows, p.cols);
-  return backend_->Apply(a);
+  return device_->math().Apply(a);
 }
 
 absl::Status Optimizer::BuildZero2() {
@@ -650,17 +712,16 @@ absl::Status Optimizer::BuildZero2() {
       }
     }
   }
-  auto* cpu = static_cast<CpuBackend*>(backend_.get());
   for (const Zero2Block& blk : zero2_blocks_) {
     const int me = groups_[blk.group]->rank();
     for (size_t c = 0; c < blk.params.size(); ++c) {
       if (blk.params[c] < 0) continue;
       Param& p = params_[blk.params[c]];
       if (static_cast<int>(c) == me) {
-        MUON_RETURN_IF_ERROR(cpu->Reserve(p.rows, p.cols));
+        MUON_RETURN_IF_ERROR(device_->math().Reserve(options_.ns, p.batch, p.rows, p.cols));
       } else {
         p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
-        std::vector<unsigned char>().swap(p.momentum);
+        p.momentum.Reset();
       }
     }
   }
@@ -704,8 +765,8 @@ absl::Status Optimizer::RunZero2(void* stream) {
       }
       // The average, already rounded to the grad dtype, enters as fp32.
       MUON_RETURN_IF_ERROR(MomentumOf(i, DType::kF32, zero2_avg_.data()));
-      MUON_RETURN_IF_ERROR(
-          backend_->Orthogonalize(options_.ns, {updates_[i].data(), p.batch, p.rows, p.cols}));
+      MUON_RETURN_IF_ERROR(device_->math().Orthogonalize(
+          options_.ns, {updates_[i].as<float>(), p.batch, p.rows, p.cols}));
       MUON_RETURN_IF_ERROR(ApplyTo(i, decay));
       stats_.matrices_orthogonalized += p.batch;
       stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options_.ns.steps);
@@ -738,6 +799,7 @@ absl::Status Optimizer::Step(void* stream) {
     return absl::FailedPreconditionError(
         "no parameters are registered; call muon_register_param first");
   }
+  MUON_RETURN_IF_ERROR(device_->SetStream(stream));
   // Setup fails before any tensor is written.
   if (!planned_) MUON_RETURN_IF_ERROR(Setup(stream));
   if (plan_.units.empty() && plan_.custom.empty() && zero2_blocks_.empty()) {
@@ -805,7 +867,12 @@ absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** 
         "data-parallel group; read or write it there"));
   }
   const std::string who = absl::StrCat("state tensor for param '", p->name, "'");
-  MUON_ASSIGN_OR_RETURN(TensorView v, ViewCpuTensor(t, who));
+  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, who));
+  if (!v.on_host() && DeviceString(v.device) != device_->name()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": is on ", DeviceString(v.device),
+                                                   "; pass host memory or a tensor on ",
+                                                   device_->name()));
+  }
   if (v.shape != p->value.shape) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": shape ", ShapeString(v.shape),
                                                    " differs from the parameter's ",
@@ -823,29 +890,52 @@ absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** 
 absl::Status Optimizer::CopyStateOut(int64_t id, const DLTensor* dst) const {
   Param* p = nullptr;
   MUON_RETURN_IF_ERROR(CheckStateTensor(id, dst, &p));
-  auto v = ViewCpuTensor(dst, "state tensor");
-  if (!p->momentum.empty()) std::memcpy(v->data, p->momentum.data(), p->momentum.size());
-  return absl::OkStatus();
+  auto v = ViewTensor(dst, "state tensor");
+  if (p->momentum.empty()) return absl::OkStatus();
+  return v->on_host() ? device_->ToHost(v->data, p->momentum.data(), p->momentum.size())
+                      : device_->CopyBytes(v->data, p->momentum.data(), p->momentum.size());
 }
 
 absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
   Param* p = nullptr;
   MUON_RETURN_IF_ERROR(CheckStateTensor(id, src, &p));
-  auto v = ViewCpuTensor(src, "state tensor");
-  if (!p->momentum.empty()) std::memcpy(p->momentum.data(), v->data, p->momentum.size());
+  auto v = ViewTensor(src, "state tensor");
+  if (!p->momentum.empty()) {
+    MUON_RETURN_IF_ERROR(
+        v->on_host() ? device_->FromHost(p->momentum.data(), v->data, p->momentum.size())
+                     : device_->CopyBytes(p->momentum.data(), v->data, p->momentum.size()));
+  }
   poisoned_.clear();
   return absl::OkStatus();
 }
 
 size_t Optimizer::StateBlobSize() const { return muon::StateBlobSize(params_); }
 
-void Optimizer::SaveState(unsigned char* out) const { WriteStateBlob(params_, step_count_, out); }
+absl::Status Optimizer::SaveState(unsigned char* out) const {
+  std::vector<const void*> momentum(params_.size());
+  std::vector<std::vector<unsigned char>> staged;  // host copies of device momentum
+  if (!device_->is_host()) {
+    MUON_RETURN_IF_ERROR(Allocating("staging the state", [&] { staged.resize(params_.size()); }));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const DeviceBuffer& m = params_[i].momentum;
+    momentum[i] = m.data();
+    if (device_->is_host() || m.empty()) continue;
+    MUON_RETURN_IF_ERROR(Allocating("staging the state", [&] { staged[i].resize(m.size()); }));
+    MUON_RETURN_IF_ERROR(device_->ToHost(staged[i].data(), m.data(), m.size()));
+    momentum[i] = staged[i].data();
+  }
+  WriteStateBlob(params_, step_count_, momentum, out);
+  return absl::OkStatus();
+}
 
 absl::Status Optimizer::LoadState(const unsigned char* data, size_t size) {
   MUON_ASSIGN_OR_RETURN(ParsedState parsed, ParseStateBlob(params_, data, size));
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
-    if (!p.momentum.empty()) std::memcpy(p.momentum.data(), parsed.momentum[i], p.momentum.size());
+    if (!p.momentum.empty()) {
+      MUON_RETURN_IF_ERROR(device_->FromHost(p.momentum.data(), parsed.momentum[i], p.momentum.size()));
+    }
   }
   step_count_ = parsed.step_count;
   poisoned_.clear();

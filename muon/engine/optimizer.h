@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "muon/device/device.h"
 #include "muon/dist/comm.h"
 #include "muon/dist/exchange.h"
 #include "muon/dist/layout.h"
@@ -89,7 +90,7 @@ class Optimizer {
   absl::Status CopyStateOut(int64_t id, const DLTensor* dst) const;
   absl::Status CopyStateIn(int64_t id, const DLTensor* src);
   size_t StateBlobSize() const;
-  void SaveState(unsigned char* out) const;
+  absl::Status SaveState(unsigned char* out) const;
   absl::Status LoadState(const unsigned char* data, size_t size);
 
  private:
@@ -105,10 +106,14 @@ class Optimizer {
   absl::Status ApplyTo(size_t i, double decay);
   absl::Status RunZero2(void* stream);
   absl::Status AddParam(Param p);
+  // Checks that `p` lives on this optimizer's device (the first parameter
+  // picks it: the host, or a CUDA device through the plugin) and allocates its
+  // momentum there.
+  absl::Status PlaceParam(Param* p);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
   Options options_;
-  std::unique_ptr<MathBackend> backend_;
+  std::shared_ptr<Device> device_;  // the host until a CUDA tensor is registered
   std::shared_ptr<Comm> world_;               // a self communicator until SetWorld
   bool distributed_ = false;
   std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
@@ -119,10 +124,15 @@ class Optimizer {
   bool planned_ = false;
   Plan plan_;
   std::vector<RoundTable> tables_;
-  std::vector<std::vector<float>> updates_;  // per param: U, then the orthogonalized update
-  std::vector<std::vector<float>> slots_;    // prefetch_count + 1 working buffers
-  std::vector<unsigned char> send_, recv_;
-  std::vector<float> custom_slot_;  // the largest custom-path matrix this rank owns
+  // Device memory: per param its fp32 update (U, then the orthogonalized
+  // update); prefetch_count + 1 working buffers of owned matrices; the
+  // exchange's send and receive buffers; and each round's exchange bound to
+  // them.
+  std::vector<DeviceBuffer> updates_;
+  std::vector<DeviceBuffer> slots_;
+  DeviceBuffer send_, recv_;
+  std::vector<BoundExchange> bound_;
+  std::vector<float> custom_slot_;  // the largest custom-path matrix this rank owns (host)
 
   // ZeRO-2 blocks: up to group-size same-shape parameters, owner coord c
   // steps params[c] (-1: none).

@@ -717,12 +717,13 @@ TEST(StateBlob, RoundTrip) {
   for (int64_t id : {0, 1}) {
     const Param* ps = *src.opt->GetParam(id);
     const Param* pd = *dst.opt->GetParam(id);
-    EXPECT_EQ(ps->momentum, pd->momentum) << id;
+    ASSERT_EQ(ps->momentum.size(), pd->momentum.size()) << id;
+    EXPECT_EQ(0, std::memcmp(ps->momentum.data(), pd->momentum.data(), ps->momentum.size())) << id;
   }
   // The state is not trivially zero.
   const Param* p0 = *src.opt->GetParam(0);
-  EXPECT_TRUE(std::any_of(p0->momentum.begin(), p0->momentum.end(),
-                          [](unsigned char c) { return c != 0; }));
+  const auto* m0 = p0->momentum.as<unsigned char>();
+  EXPECT_TRUE(std::any_of(m0, m0 + p0->momentum.size(), [](unsigned char c) { return c != 0; }));
 }
 
 // Byte offsets in the blob of Model, from the documented layout.

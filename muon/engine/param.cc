@@ -12,8 +12,13 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
                                 const std::vector<int64_t>* global_shape) {
   const std::string who = absl::StrCat("param '", name, "'");
   Param p;
-  MUON_ASSIGN_OR_RETURN(p.value, ViewCpuTensor(value, who));
-  MUON_ASSIGN_OR_RETURN(p.grad, ViewCpuTensor(grad, absl::StrCat("grad of ", who)));
+  MUON_ASSIGN_OR_RETURN(p.value, ViewTensor(value, who));
+  MUON_ASSIGN_OR_RETURN(p.grad, ViewTensor(grad, absl::StrCat("grad of ", who)));
+  if (DeviceString(p.grad.device) != DeviceString(p.value.device)) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": grad is on ",
+                                                   DeviceString(p.grad.device), ", param on ",
+                                                   DeviceString(p.value.device)));
+  }
   if (p.grad.shape != p.value.shape) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": grad shape ", ShapeString(p.grad.shape),
                                                    " differs from param shape ",
@@ -78,12 +83,6 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
     if (p.piece.numel > 0) p.piece.runs.push_back({0, p.piece.numel});
   }
   p.state_dtype = momentum_fp32 ? DType::kF32 : p.grad.dtype;
-  try {
-    p.momentum.assign(static_cast<size_t>(p.numel()) * SizeOf(p.state_dtype), 0);
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(who, ": out of host memory for the momentum buffer"));
-  }
   return p;
 }
 

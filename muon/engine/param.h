@@ -1,5 +1,5 @@
 // A registered parameter: its borrowed tensors, its matrix view and its
-// momentum buffer (owned).
+// momentum buffer (owned, in the memory of the optimizer's device).
 #ifndef MUON_ENGINE_PARAM_H_
 #define MUON_ENGINE_PARAM_H_
 
@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "muon/common/tensor.h"
+#include "muon/device/device.h"
 #include "muon/dist/layout.h"
 
 namespace muon {
@@ -40,7 +41,9 @@ struct Param {
   int64_t rows = 0;
   int64_t cols = 0;
   DType state_dtype = DType::kF32;
-  std::vector<unsigned char> momentum;  // numel() elements of state_dtype, zero at start
+  // numel() elements of state_dtype, zero at start; allocated by the
+  // optimizer on its device (empty for ZeRO-2 parameters another rank owns).
+  DeviceBuffer momentum;
   // Distributed: how the global tensor is split down to `value`, and the
   // global elements `value` holds (the whole tensor when not distributed).
   Layout layout;
@@ -52,12 +55,11 @@ struct Param {
   bool active = true;       // false while no gradient is bound (skipped by steps)
 
   int64_t numel() const { return value.numel(); }  // local elements
-  void* momentum_data() { return momentum.data(); }
-  const void* momentum_data() const { return momentum.data(); }
+  size_t momentum_bytes() const { return static_cast<size_t>(numel()) * SizeOf(state_dtype); }
 };
 
-// Checks the tensors and builds a Param (momentum zeroed, piece = the whole
-// tensor). The matrix view applies to `global_shape` (the local shape when
+// Checks the tensors and builds a Param (no momentum buffer yet, piece = the
+// whole tensor). Both tensors must be on the same device. The matrix view applies to `global_shape` (the local shape when
 // null). The errors name the parameter and the cause: bad tensors, shape or
 // dtype mismatch between param and grad, fewer than 2 dims (use AdamW), more
 // than 2 dims without a matrix view, unknown view.

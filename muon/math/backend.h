@@ -58,6 +58,12 @@ class MathBackend {
 
   // Orthogonalizes every matrix of `batch` in place with `config`.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;
+
+  // Grows the workspace for a batch of `count` rows x cols matrices, so that
+  // later Orthogonalize calls up to that size allocate nothing.
+  // ResourceExhausted when memory is short.
+  virtual absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
+                               int64_t cols) = 0;
 };
 
 // FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with

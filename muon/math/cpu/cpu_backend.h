@@ -20,6 +20,10 @@ class CpuBackend final : public MathBackend {
   // Reserves the workspace for matrices up to rows x cols so that later calls
   // allocate nothing. Fails with ResourceExhausted when memory is short.
   absl::Status Reserve(int64_t rows, int64_t cols);
+  // The CPU orthogonalizes one matrix at a time: the count does not matter.
+  absl::Status Reserve(const NsConfig&, int64_t, int64_t rows, int64_t cols) override {
+    return Reserve(rows, cols);
+  }
 
  private:
   void OrthogonalizeOne(const NsConfig& config, float* u, int64_t rows, int64_t cols);

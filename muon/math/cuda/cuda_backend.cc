@@ -106,7 +106,9 @@ absl::Status CudaBackend::Apply(const ApplyArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Reserve(int64_t count, int64_t rows, int64_t cols, NsDtype dtype) {
+absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t rows,
+                                  int64_t cols) {
+  const NsDtype dtype = config.dtype;
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
   const size_t elem = dtype == NsDtype::kBF16 ? 2 : 4;
@@ -124,7 +126,7 @@ absl::Status CudaBackend::Reserve(int64_t count, int64_t rows, int64_t cols, NsD
 
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
-  auto reserved = Reserve(batch.count, batch.rows, batch.cols, config.dtype);
+  auto reserved = Reserve(config, batch.count, batch.rows, batch.cols);
   if (!reserved.ok()) return reserved;
   const bool bf16 = config.dtype == NsDtype::kBF16;
   const int x_type = bf16 ? cuda::kBF16 : cuda::kF32;

@@ -28,9 +28,8 @@ class CudaBackend final : public MathBackend {
   absl::Status Apply(const ApplyArgs& args) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
 
-  // Grows the workspace for `count` matrices of rows x cols; later calls up
-  // to that size allocate nothing. ResourceExhausted on out-of-memory.
-  absl::Status Reserve(int64_t count, int64_t rows, int64_t cols, NsDtype dtype);
+  absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
+                       int64_t cols) override;
 
  private:
   CudaBackend() = default;

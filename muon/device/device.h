@@ -1,0 +1,110 @@
+// Where a step's tensors live: device memory, the element copies of the
+// exchange, and the math, all ordered on one stream. The engine runs the same
+// pipeline on every device; a device only allocates, copies and computes.
+//
+// Two implementations: HostDevice (CPU memory, the CPU backend; this library)
+// and CudaDevice (GPU memory, the CUDA backend; the libmuon_cuda.so plugin,
+// loaded by cuda_loader.h when the first CUDA tensor is registered).
+#ifndef MUON_DEVICE_DEVICE_H_
+#define MUON_DEVICE_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muon/common/dtype.h"
+#include "muon/math/backend.h"
+
+namespace muon {
+
+// One element-wise copy of n elements: dst[i] = src[i] converted from
+// src_type to dst_type, rounded through `via` on the way (a wire dtype the
+// value travels in when a copy stands in for pack + unpack). Copies of one
+// program never overlap in dst.
+struct CopyOp {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t n = 0;
+  DType src_type = DType::kF32;
+  DType dst_type = DType::kF32;
+  DType via = DType::kF32;
+};
+
+// A list of copies prepared once (on a GPU: its descriptors uploaded) and
+// run every step as one launch.
+class CopyProgram {
+ public:
+  virtual ~CopyProgram() = default;
+  virtual int64_t elements() const = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "cpu" or "cuda:<ordinal>", for messages.
+  virtual std::string name() const = 0;
+  virtual bool is_host() const = 0;
+  virtual MathBackend& math() = 0;
+
+  // Orders every later call on `stream` (a cudaStream_t on a GPU; ignored on
+  // the host).
+  virtual absl::Status SetStream(void* stream) = 0;
+
+  // Zero-filled device memory; ResourceExhausted naming `what` when short.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) = 0;
+  virtual void Free(void* ptr) = 0;
+
+  virtual absl::StatusOr<std::unique_ptr<CopyProgram>> Prepare(const std::vector<CopyOp>& ops) = 0;
+  // Runs a prepared program, stream-ordered.
+  virtual absl::Status Run(const CopyProgram& program) = 0;
+
+  // Byte copies between host and device memory. Synchronous: the stream's
+  // earlier work is finished first (state save/load and tests only, never in
+  // a step).
+  virtual absl::Status ToHost(void* host, const void* device, size_t bytes) = 0;
+  virtual absl::Status FromHost(void* device, const void* host, size_t bytes) = 0;
+  // Stream-ordered copy between two device buffers.
+  virtual absl::Status CopyBytes(void* dst, const void* src, size_t bytes) = 0;
+};
+
+// Device memory owned by a buffer (move-only). Keeps its device alive.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer() { Reset(); }
+
+  static absl::StatusOr<DeviceBuffer> Make(std::shared_ptr<Device> device, size_t bytes,
+                                           const std::string& what);
+  void Reset();
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  bool empty() const { return bytes_ == 0; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  std::shared_ptr<Device> device_;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// The CPU device: host memory and the OpenBLAS backend.
+std::shared_ptr<Device> MakeHostDevice();
+
+// Runs `ops` on host memory (the host device's program, also the reference
+// the GPU copy kernel is tested against).
+void RunCopiesOnHost(const std::vector<CopyOp>& ops);
+
+}  // namespace muon
+
+#endif  // MUON_DEVICE_DEVICE_H_
