@@ -534,7 +534,14 @@ MUON_API muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t*
  * every member of a group calls muon_inprocess_comm with the same rank
  * list, and gets its own table. Tables stay valid until released (an
  * optimizer releases the tables it was given); the world is freed when it
- * is destroyed and every table of it is released. */
+ * is destroyed and every table of it is released.
+ * GPU buffers: once a CUDA optimizer exists in the process (the plugin is
+ * loaded), the copies go through the CUDA runtime (any memory, several ranks
+ * on one GPU included): each collective first waits for the caller's stream,
+ * enqueues its copies on it and waits for them before returning, so a call
+ * blocks the host (a test and single-process adapter, not a fast path).
+ * reduce_scatter sums host memory only. Without the plugin, buffers must be
+ * host memory and the stream NULL. */
 typedef struct muon_inprocess_world muon_inprocess_world_t;
 
 MUON_API muon_status_t muon_inprocess_world_create(int32_t size, muon_inprocess_world_t** out);

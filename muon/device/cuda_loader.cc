@@ -57,6 +57,9 @@ Plugin LoadPlugin() {
     }
     Plugin p;
     p.entry = reinterpret_cast<CudaPluginEntry>(sym);
+    if (void* ops = dlsym(handle, kCudaPluginMemoryOps); ops != nullptr) {
+      InstallMemoryOps(reinterpret_cast<CudaPluginMemoryOps>(ops)(kCudaPluginAbi));
+    }
     return p;  // stays loaded: devices it made may live until exit
   }
   Plugin p;

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "muon/device/device.h"
+#include "muon/device/memory_ops.h"
 
 namespace muon {
 
@@ -23,6 +24,9 @@ inline constexpr int kCudaPluginAbi = 1;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);
+// Its memory ops (memory_ops.h), installed when the plugin is loaded.
+inline constexpr char kCudaPluginMemoryOps[] = "muon_cuda_plugin_memory_ops";
+using CudaPluginMemoryOps = const MemoryOps* (*)(int abi);
 
 // The device for CUDA ordinal `ordinal`. Unavailable, saying why, when the
 // plugin cannot be loaded or no usable GPU is present.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "muon/common/dtype.h"
+#include "muon/device/memory_ops.h"
 #include "muon/dist/comm.h"
 #include "muon/dist/comm_table.h"
 #include "muon/dist/ordered_sum.h"
@@ -68,7 +69,15 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
           "communicator must not overlap"));
     }
     busy_[me] = 1;
+  }
+  // GPU buffers: this rank's send data must be complete before a peer reads it.
+  const MemoryOps* ops = InstalledMemoryOps();
+  absl::Status synced;
+  if (ops != nullptr) synced = MemoryOpsError(*ops, ops->sync(call.stream), "waiting for the stream");
+  {
+    std::unique_lock<std::mutex> lock(mu_);
     calls_[me] = call;
+    calls_[me].failed = !synced.ok();
     Rendezvous(lock);
   }
   // Between the two rendezvous nobody writes calls_, and every buffer posted
@@ -76,8 +85,8 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
   // Nothing may leave before the second rendezvous: the others would wait.
   absl::Status verdict;
   try {
-    verdict = Check();
-    if (verdict.ok()) Copy(me);
+    verdict = synced.ok() ? Check(ops) : synced;
+    if (verdict.ok()) verdict = Copy(me, ops);
   } catch (const std::bad_alloc&) {
     verdict = absl::ResourceExhaustedError(
         absl::StrCat(OpName(static_cast<int>(call.op)), ": out of host memory"));
@@ -93,7 +102,7 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
   return verdict;
 }
 
-absl::Status InProcessGroup::Check() const {
+absl::Status InProcessGroup::Check(const MemoryOps* ops) const {
   const int n = size();
   auto who = [&](int r) {
     return absl::StrCat("group rank ", r, " (world rank ", world_ranks_[r], ")");
@@ -106,10 +115,13 @@ absl::Status InProcessGroup::Check() const {
     }
   }
   for (int r = 0; r < n; ++r) {
-    if (calls_[r].stream != nullptr) {
+    if (calls_[r].failed) {
+      return absl::InternalError(absl::StrCat(who(r), " could not finish its stream's work"));
+    }
+    if (calls_[r].stream != nullptr && ops == nullptr) {
       return absl::UnimplementedError(absl::StrCat(
-          who(r), " passed a non-NULL stream: the in-process communicator copies host memory "
-                  "only (CPU tensors, stream NULL)"));
+          who(r), " passed a non-NULL stream, but no GPU device is loaded in this process: "
+                  "the in-process communicator then copies host memory only"));
     }
   }
   const Call& c0 = calls_[0];
@@ -245,21 +257,31 @@ absl::Status InProcessGroup::Check() const {
   return absl::InternalError("unknown collective");
 }
 
-void InProcessGroup::Copy(int me) const {
+absl::Status InProcessGroup::Copy(int me, const MemoryOps* ops) const {
   const int n = size();
   const Call& mine = calls_[me];
+  // With GPU memory possible, copies are enqueued on this rank's stream and
+  // finished before the second rendezvous (no peer reuses a buffer early).
+  int error = 0;
+  auto copy = [&](void* dst, const void* src, size_t bytes) {
+    if (ops == nullptr) {
+      CopyBytes(dst, src, bytes);
+    } else if (error == 0 && bytes != 0 && dst != src) {
+      error = ops->copy(dst, src, bytes, mine.stream);
+    }
+  };
   switch (mine.op) {
     case Op::kBarrier:
-      return;
+      break;
     case Op::kAllGather:
       for (int r = 0; r < n; ++r) {
-        CopyBytes(static_cast<char*>(mine.recv) + static_cast<size_t>(r) * mine.bytes,
-                  calls_[r].send, mine.bytes);
+        copy(static_cast<char*>(mine.recv) + static_cast<size_t>(r) * mine.bytes, calls_[r].send,
+             mine.bytes);
       }
-      return;
+      break;
     case Op::kBroadcast:
-      if (me != mine.root) CopyBytes(mine.recv, calls_[mine.root].recv, mine.bytes);
-      return;
+      if (me != mine.root) copy(mine.recv, calls_[mine.root].recv, mine.bytes);
+      break;
     case Op::kReduceScatter: {
       DType t = DType::kF32;
       ReduceDTypeFromC(mine.dtype, &t);
@@ -267,20 +289,28 @@ void InProcessGroup::Copy(int me) const {
       std::vector<const void*> blocks(n);
       for (int r = 0; r < n; ++r) {
         blocks[r] = static_cast<const char*>(calls_[r].send) + static_cast<size_t>(me) * block;
+        if (ops != nullptr && mine.count != 0 &&
+            (!ops->host_readable(blocks[r]) || !ops->host_readable(mine.recv))) {
+          return absl::UnimplementedError(
+              "reduce_scatter: the in-process communicator sums host memory only");
+        }
       }
       SumInRankOrder(t, blocks.data(), n, mine.count, mine.recv);
-      return;
+      break;
     }
     case Op::kAllToAllV:
       for (int p = 0; p < n; ++p) {
         const size_t bytes = mine.recv_bytes[p];
         if (bytes == 0) continue;
         const Call& from = calls_[p];
-        CopyBytes(static_cast<char*>(mine.recv) + mine.recv_offsets[p],
-                  static_cast<const char*>(from.send) + from.send_offsets[me], bytes);
+        copy(static_cast<char*>(mine.recv) + mine.recv_offsets[p],
+             static_cast<const char*>(from.send) + from.send_offsets[me], bytes);
       }
-      return;
+      break;
   }
+  if (ops == nullptr) return absl::OkStatus();
+  if (error == 0) error = ops->sync(mine.stream);
+  return MemoryOpsError(*ops, error, OpName(static_cast<int>(mine.op)));
 }
 
 absl::Status InProcessGroup::AllGather(int me, const void* send, void* recv, size_t bytes,

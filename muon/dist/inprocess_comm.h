@@ -20,7 +20,8 @@
 // member with an error instead of touching memory: different collectives,
 // all_gather byte counts or broadcast roots that differ, all_to_all_v counts
 // that do not pair up, reduce_scatter counts or dtypes that differ, NULL
-// buffers, a non-NULL stream (buffers must be host memory), and two
+// buffers, a non-NULL stream while no GPU device is loaded (buffers must be
+// host memory then; see muon/device/memory_ops.h for GPU buffers), and two
 // overlapping calls by the same member. A member that never calls is a host
 // bug: the others wait for it.
 #ifndef MUON_DIST_INPROCESS_COMM_H_
@@ -37,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "capi/muon.h"
+#include "muon/device/memory_ops.h"
 
 namespace muon {
 
@@ -75,14 +77,16 @@ class InProcessGroup {
     const size_t* recv_bytes = nullptr;
     const size_t* recv_offsets = nullptr;
     void* stream = nullptr;
+    bool failed = false;  // the rank could not finish its stream's work
   };
 
   // Posts `call` as member `me`, waits for all, checks the posted calls and
   // runs the copy of `me` when they are consistent, then waits for all again.
   absl::Status Run(int me, const Call& call);
   // The same verdict on every member: OK, or what is inconsistent.
-  absl::Status Check() const;
-  void Copy(int me) const;
+  // `ops`: the installed GPU memory ops (memory_ops.h), or NULL.
+  absl::Status Check(const MemoryOps* ops) const;
+  absl::Status Copy(int me, const MemoryOps* ops) const;
   // Waits until all members have called it (a reusable barrier); `lock` holds mu_.
   void Rendezvous(std::unique_lock<std::mutex>& lock);
 

@@ -5,6 +5,8 @@
 #include <memory>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "muon/device/cuda/cuda_device.h"
 #include "muon/device/cuda_loader.h"
 
@@ -36,4 +38,34 @@ extern "C" __attribute__((visibility("default"))) int muon_cuda_plugin_create_de
   } catch (...) {
     return Fail(absl::StatusCode::kInternal, "unexpected exception", error, error_size);
   }
+}
+
+namespace {
+
+int Sync(void* stream) { return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); }
+
+int Copy(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0 || dst == src) return 0;
+  return static_cast<int>(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
+
+int HostReadable(const void* ptr) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError();  // clear it: an unknown pointer is plain host memory
+    return 1;
+  }
+  return a.type == cudaMemoryTypeDevice ? 0 : 1;
+}
+
+const char* ErrorString(int e) { return cudaGetErrorString(static_cast<cudaError_t>(e)); }
+
+const muon::MemoryOps kOps = {&Sync, &Copy, &HostReadable, &ErrorString};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const muon::MemoryOps*
+muon_cuda_plugin_memory_ops(int abi) {
+  return abi == muon::kCudaPluginAbi ? &kOps : nullptr;
 }
