@@ -617,15 +617,30 @@ class Optimizer:
                 taken.extend(take())
         return taken
 
-    def step(self):
+    def _stream_of(self, stream):
+        """The cudaStream_t value muon_step gets: `stream` as given (an int, or
+        an object with .cuda_stream such as torch.cuda.Stream), else for CUDA
+        torch tensors torch's current stream on their device, else NULL."""
+        if stream is not None:
+            return getattr(stream, "cuda_stream", stream) or None
+        for r in self._params:
+            p = r.param.obj
+            if is_torch(p) and p.is_cuda:
+                import torch
+                return torch.cuda.current_stream(p.device).cuda_stream or None
+        return None
+
+    def step(self, stream=None):
         """One Muon step over every registered parameter (collective with a world).
 
+        For CUDA tensors the work is enqueued on `stream` (default: torch's
+        current stream of their device) and the call does not wait for the GPU.
         A failure raises MuonError; one caused by a Python callback (a
         Communicator method, a custom-path callable, the assignment) has that
         exception as its __cause__."""
         h = self._h()
         self._check_torch_storage()
-        status = _lib_handle.muon_step(h, None)
+        status = _lib_handle.muon_step(h, self._stream_of(stream))
         raised = self._take_callback_errors()
         if status != 0:
             err = _error(status)
