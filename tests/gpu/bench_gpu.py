@@ -1,0 +1,130 @@
+"""GPU benchmark: libmuon against torch in the same run; prints one table.
+
+1. Newton-Schulz (5 steps, bf16, torch's coefficients) on 1024², 4096²,
+   8192², 4096x14336 and the Llama-3-8B matrix set: libmuon's CUDA backend
+   (ns_bench, strided-batched over same-shape matrices) against
+   torch.optim._muon._zeropower_via_newtonschulz called per matrix, as
+   torch.optim.Muon does. ms per call and effective TFLOP/s counting
+   4 m^2 n + 2 m^3 per iteration (m <= n).
+2. A full optimizer step over the Llama-3-8B matrix set (bf16 parameters):
+   muon.Muon.step against torch.optim.Muon.step.
+
+   run_python.sh tests/gpu/bench_gpu.py --ns-bench bazel-bin/tests/gpu/ns_bench
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = os.path.join(HERE, "..", "..", "bench", "models")
+A, B, C = 3.4445, -4.7750, 2.0315
+STEPS = 5
+
+
+def flops(rows, cols):
+    m, n = min(rows, cols), max(rows, cols)
+    return STEPS * (4 * m * m * n + 2 * m ** 3)
+
+
+def llama_set(layers):
+    with open(os.path.join(MODELS, "llama3-8b.json")) as f:
+        model = json.load(f)
+    out = {}
+    for p in model["params"]:
+        if p["role"] == "matrix":
+            shape = tuple(p["shape"])
+            out[shape] = out.get(shape, 0) + p["count"] * layers // model["layers"]
+    return [(count, r, c) for (r, c), count in out.items()]
+
+
+def time_cuda(fn, iters):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) / iters
+
+
+def torch_ns(batches, iters):
+    from torch.optim._muon import _zeropower_via_newtonschulz as zp
+    mats = []
+    for count, r, c in batches:
+        x = torch.randn(r, c, device="cuda")
+        mats += [x] * count  # the same matrix, as ns_bench does
+
+    def run():
+        for x in mats:
+            zp(x, (A, B, C), STEPS, 1e-7)
+    return time_cuda(run, iters)
+
+
+def ours_ns(ns_bench, batches, iters):
+    specs = ["%dx%dx%d" % b for b in batches]
+    out = subprocess.run([ns_bench, "--iters", str(iters)] + specs, check=True,
+                         capture_output=True, text=True).stdout
+    return sum(float(line.split()[4]) for line in out.splitlines() if line.startswith("ns "))
+
+
+def full_step(layers, iters):
+    import muon
+    shapes = [(r, c) for count, r, c in llama_set(layers) for _ in range(count)]
+    results = {}
+    for name in ("torch", "libmuon"):
+        params = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02)
+                  for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = (torch.optim.Muon(params, lr=0.02) if name == "torch"
+               else muon.Muon(params, lr=0.02))
+        results[name] = time_cuda(opt.step, iters)
+        del opt, params
+        torch.cuda.empty_cache()
+    return results, len(shapes)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns-bench", required=True, help="path of the built ns_bench")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=32, help="Llama-3-8B layers (32: the whole set)")
+    ap.add_argument("--peak", type=float, default=989.0,
+                    help="the GPU's dense bf16 peak in TFLOP/s (H100/H200 SXM datasheet: 989)")
+    ap.add_argument("--skip-step", action="store_true")
+    args = ap.parse_args()
+    name = torch.cuda.get_device_name(0)
+    print("GPU: %s; torch %s; %s" % (name, torch.__version__, time.strftime("%Y-%m-%d")))
+    cases = [("1024x1024", [(1, 1024, 1024)]), ("4096x4096", [(1, 4096, 4096)]),
+             ("8192x8192", [(1, 8192, 8192)]), ("4096x14336", [(1, 4096, 14336)]),
+             ("Llama-3-8B set (%d layers)" % args.layers, llama_set(args.layers))]
+    print("| Newton-Schulz, 5 steps, bf16 | torch ms | libmuon ms | speed-up | torch TFLOP/s "
+          "| libmuon TFLOP/s | libmuon % of peak |")
+    print("|---|---|---|---|---|---|---|")
+    for label, batches in cases:
+        total = sum(count * flops(r, c) for count, r, c in batches)
+        t = torch_ns(batches, args.iters)
+        o = ours_ns(args.ns_bench, batches, args.iters)
+        print("| %s | %.3f | %.3f | %.2fx | %.0f | %.0f | %.0f%% |" % (
+            label, t, o, t / o, total / t / 1e9, total / o / 1e9, 100 * total / o / 1e9 / args.peak))
+        sys.stdout.flush()
+    if not args.skip_step:
+        res, n = full_step(args.layers, args.iters)
+        print("\n| Full step, Llama-3-8B matrix set (%d matrices, bf16 params) | ms |" % n)
+        print("|---|---|")
+        print("| torch.optim.Muon.step | %.1f |" % res["torch"])
+        print("| muon.Muon.step (libmuon) | %.1f |" % res["libmuon"])
+        print("| speed-up | %.2fx |" % (res["torch"] / res["libmuon"]))
+
+
+if __name__ == "__main__":
+    main()
