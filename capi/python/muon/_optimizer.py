@@ -410,6 +410,7 @@ class Optimizer:
         own gradient; the engine averages them and keeps 1/N of the momentum).
         """
         h = self._h()
+        self._check_comms_take(param, name)
         pv, gv = self._views(param, grad, name)
         po = self._param_options(name)
         po.matrix_view = _choice("matrix_view", matrix_view, _MATRIX_VIEW) \
@@ -616,6 +617,21 @@ class Optimizer:
             if take is not None:
                 taken.extend(take())
         return taken
+
+    def _check_comms_take(self, param, name):
+        """A communicator written in Python reads the library's buffers as host
+        memory: refuse GPU tensors with it before the library could hand it
+        device pointers."""
+        if not (is_torch(param) and param.is_cuda):
+            return
+        from . import _comm
+        for comm in self._comms:
+            if isinstance(comm, _comm.Communicator):
+                raise TypeError(
+                    "muon: param %r is a CUDA tensor, but communicator %s is written in Python "
+                    "and moves host memory only; use muon.InProcessWorld or an NCCL "
+                    "communicator (muon_comm_from_nccl) with GPU tensors"
+                    % (name, type(comm).__name__))
 
     def _stream_of(self, stream):
         """The cudaStream_t value muon_step gets: `stream` as given (an int, or
