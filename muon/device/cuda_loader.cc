@@ -28,6 +28,7 @@ std::string OwnDirectory() {
 
 struct Plugin {
   CudaPluginEntry entry = nullptr;
+  const MemoryOps* ops = nullptr;  // installed once a device opens
   std::string error;  // why it could not be loaded
 };
 
@@ -58,7 +59,7 @@ Plugin LoadPlugin() {
     Plugin p;
     p.entry = reinterpret_cast<CudaPluginEntry>(sym);
     if (void* ops = dlsym(handle, kCudaPluginMemoryOps); ops != nullptr) {
-      InstallMemoryOps(reinterpret_cast<CudaPluginMemoryOps>(ops)(kCudaPluginAbi));
+      p.ops = reinterpret_cast<CudaPluginMemoryOps>(ops)(kCudaPluginAbi);
     }
     return p;  // stays loaded: devices it made may live until exit
   }
@@ -85,6 +86,9 @@ absl::StatusOr<std::shared_ptr<Device>> OpenCudaDevice(int ordinal) {
                                   : absl::StatusCode::kInternal,
                         error[0] != '\0' ? error : "the CUDA plugin made no device");
   }
+  // A GPU is usable: from now on the in-process communicator may be handed
+  // its memory (not before: without a GPU its copies would fail).
+  if (plugin->ops != nullptr) InstallMemoryOps(plugin->ops);
   return std::shared_ptr<Device>(device);
 }
 

@@ -24,7 +24,7 @@ inline constexpr int kCudaPluginAbi = 1;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);
-// Its memory ops (memory_ops.h), installed when the plugin is loaded.
+// Its memory ops (memory_ops.h), installed once a CUDA device opens.
 inline constexpr char kCudaPluginMemoryOps[] = "muon_cuda_plugin_memory_ops";
 using CudaPluginMemoryOps = const MemoryOps* (*)(int abi);
 

@@ -1,7 +1,7 @@
 // Byte copies that work on any memory the process can address (host or GPU),
 // for the in-process communicator when its ranks pass GPU buffers. Without a
 // GPU device loaded there are none and host memcpy is all there is; the CUDA
-// plugin installs its ops when it is loaded (cuda_loader.h).
+// loader installs the plugin's ops once a CUDA device opens (cuda_loader.h).
 #ifndef MUON_DEVICE_MEMORY_OPS_H_
 #define MUON_DEVICE_MEMORY_OPS_H_
 

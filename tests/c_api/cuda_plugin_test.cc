@@ -81,6 +81,20 @@ TEST(CudaPlugin, CudaTensorWithoutAUsableGpuIsRefused) {
   ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
   EXPECT_NE(value[0], 1.0f);
   muon_destroy(opt);
+
+  // The failed GPU attempt leaves the in-process communicator on host copies.
+  muon_inprocess_world_t* world = nullptr;
+  ASSERT_EQ(muon_inprocess_world_create(1, &world), MUON_OK);
+  muon_comm_t comm;
+  ASSERT_EQ(muon_inprocess_comm(world, nullptr, 0, 0, &comm), MUON_OK);
+  const float send[2] = {3.0f, -1.0f};
+  float recv[2] = {0.0f, 0.0f};
+  EXPECT_EQ(comm.all_gather(comm.ctx, send, recv, sizeof send, nullptr), MUON_OK)
+      << muon_last_error_message();
+  EXPECT_EQ(recv[0], 3.0f);
+  EXPECT_EQ(recv[1], -1.0f);
+  comm.release(comm.ctx);
+  muon_inprocess_world_destroy(world);
 }
 
 TEST(CudaPlugin, OneOptimizerStepsTheParametersOfOneDevice) {
