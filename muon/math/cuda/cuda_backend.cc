@@ -39,7 +39,7 @@ absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   } while (0)
 
 // A device buffer that only grows.
-struct DeviceBuffer {
+struct WorkBuffer {
   void* ptr = nullptr;
   size_t bytes = 0;
   absl::Status Reserve(size_t want) {
@@ -51,7 +51,7 @@ struct DeviceBuffer {
     bytes = want;
     return absl::OkStatus();
   }
-  ~DeviceBuffer() {
+  ~WorkBuffer() {
     if (ptr != nullptr) cudaFree(ptr);
   }
 };
@@ -61,7 +61,12 @@ struct DeviceBuffer {
 struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;
   cudaStream_t stream = nullptr;
-  DeviceBuffer x, x_next, gram, poly;
+  WorkBuffer x, x_next, gram, poly;
+  // cuBLAS's own workspace, set explicitly so that it never allocates inside
+  // a step (cublasSetStream drops the workspace it had; 32 MiB as cuBLAS
+  // advises for Hopper).
+  WorkBuffer blas_workspace;
+  static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
   ~Impl() {
     if (blas != nullptr) cublasDestroy(blas);
   }
@@ -78,6 +83,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
   b->impl_ = std::make_unique<Impl>();
   MUON_CUBLAS(cublasCreate(&b->impl_->blas), "creating the cuBLAS handle");
   MUON_CUBLAS(cublasSetPointerMode(b->impl_->blas, CUBLAS_POINTER_MODE_HOST), "cuBLAS pointer mode");
+  auto ws = b->impl_->blas_workspace.Reserve(Impl::kBlasWorkspaceBytes);
+  if (!ws.ok()) return ws;
+  MUON_CUBLAS(cublasSetWorkspace(b->impl_->blas, b->impl_->blas_workspace.ptr,
+                                 b->impl_->blas_workspace.bytes),
+              "setting the cuBLAS workspace");
   return b;
 }
 
@@ -86,6 +96,8 @@ CudaBackend::~CudaBackend() = default;
 absl::Status CudaBackend::SetStream(void* stream) {
   impl_->stream = static_cast<cudaStream_t>(stream);
   MUON_CUBLAS(cublasSetStream(impl_->blas, impl_->stream), "binding cuBLAS to the stream");
+  MUON_CUBLAS(cublasSetWorkspace(impl_->blas, impl_->blas_workspace.ptr, impl_->blas_workspace.bytes),
+              "setting the cuBLAS workspace");
   return absl::OkStatus();
 }
 
@@ -113,11 +125,11 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   const size_t n = static_cast<size_t>(std::max(rows, cols));
   const size_t elem = dtype == NsDtype::kBF16 ? 2 : 4;
   const size_t k = static_cast<size_t>(count);
-  for (DeviceBuffer* b : {&impl_->x, &impl_->x_next}) {
+  for (WorkBuffer* b : {&impl_->x, &impl_->x_next}) {
     auto st = b->Reserve(k * m * n * elem);
     if (!st.ok()) return st;
   }
-  for (DeviceBuffer* b : {&impl_->gram, &impl_->poly}) {
+  for (WorkBuffer* b : {&impl_->gram, &impl_->poly}) {
     auto st = b->Reserve(k * m * m * elem);
     if (!st.ok()) return st;
   }
