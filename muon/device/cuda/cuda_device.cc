@@ -9,20 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/device/cuda/copy_kernels.h"
+#include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/cuda_backend.h"
 
 namespace muon {
 namespace {
-
-absl::Status CudaError(cudaError_t e, const std::string& what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  const std::string msg =
-      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-  if (e == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(absl::StrCat(msg, ": out of GPU memory"));
-  }
-  return absl::InternalError(msg);
-}
 
 // Makes `ordinal` the calling thread's current device for a scope and puts
 // the previous one back (the host's threads keep their own choice).
@@ -106,16 +97,16 @@ class CudaDevice final : public Device {
 
   absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
     OnDevice on(ordinal_);
-    if (auto st = CudaError(on.status(), "selecting the GPU"); !st.ok()) return st;
+    if (auto st = CudaStatus(on.status(), "selecting the GPU"); !st.ok()) return st;
     void* p = nullptr;
-    if (auto st = CudaError(cudaMalloc(&p, bytes), absl::StrCat("allocating ", what, " (",
+    if (auto st = CudaStatus(cudaMalloc(&p, bytes), absl::StrCat("allocating ", what, " (",
                                                                   bytes, " bytes on ", name(), ")"));
         !st.ok()) {
       return st;
     }
     // Zeroed on the step's stream before anything else uses it; setup only.
-    absl::Status st = CudaError(cudaMemsetAsync(p, 0, bytes, stream_), "zeroing " + what);
-    if (st.ok()) st = CudaError(cudaStreamSynchronize(stream_), "zeroing " + what);
+    absl::Status st = CudaStatus(cudaMemsetAsync(p, 0, bytes, stream_), "zeroing " + what);
+    if (st.ok()) st = CudaStatus(cudaStreamSynchronize(stream_), "zeroing " + what);
     if (!st.ok()) {
       cudaFree(p);
       return st;
@@ -153,7 +144,7 @@ class CudaDevice final : public Device {
     if (!mem.ok()) return mem.status();
     program->chunks_ = static_cast<cuda::CopyChunk*>(*mem);
     OnDevice on(ordinal_);
-    absl::Status st = CudaError(cudaMemcpy(program->chunks_, chunks.data(), bytes,
+    absl::Status st = CudaStatus(cudaMemcpy(program->chunks_, chunks.data(), bytes,
                                            cudaMemcpyHostToDevice),
                                 "uploading the exchange's copy descriptors");
     if (!st.ok()) return st;
@@ -164,14 +155,14 @@ class CudaDevice final : public Device {
     const auto& p = static_cast<const CudaProgram&>(program);
     if (p.count_ == 0) return absl::OkStatus();
     OnDevice on(ordinal_);
-    return CudaError(cuda::LaunchCopyChunks(p.chunks_, p.count_, stream_), "the exchange copy kernel");
+    return CudaStatus(cuda::LaunchCopyChunks(p.chunks_, p.count_, stream_), "the exchange copy kernel");
   }
 
   absl::Status ToHost(void* host, const void* device, size_t bytes) override {
     OnDevice on(ordinal_);
-    absl::Status st = CudaError(cudaStreamSynchronize(stream_), "waiting for the step's stream");
+    absl::Status st = CudaStatus(cudaStreamSynchronize(stream_), "waiting for the step's stream");
     if (st.ok() && bytes > 0) {
-      st = CudaError(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost),
+      st = CudaStatus(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost),
                      "copying optimizer state to the host");
     }
     return st;
@@ -179,9 +170,9 @@ class CudaDevice final : public Device {
 
   absl::Status FromHost(void* device, const void* host, size_t bytes) override {
     OnDevice on(ordinal_);
-    absl::Status st = CudaError(cudaStreamSynchronize(stream_), "waiting for the step's stream");
+    absl::Status st = CudaStatus(cudaStreamSynchronize(stream_), "waiting for the step's stream");
     if (st.ok() && bytes > 0) {
-      st = CudaError(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice),
+      st = CudaStatus(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice),
                      "copying optimizer state to the GPU");
     }
     return st;
@@ -190,7 +181,7 @@ class CudaDevice final : public Device {
   absl::Status CopyBytes(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
     OnDevice on(ordinal_);
-    return CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
                      "copying on the GPU");
   }
 
@@ -214,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal) {
         absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " are visible)"));
   }
   OnDevice on(ordinal);
-  if (auto st = CudaError(on.status(), absl::StrCat("selecting CUDA device ", ordinal)); !st.ok()) {
+  if (auto st = CudaStatus(on.status(), absl::StrCat("selecting CUDA device ", ordinal)); !st.ok()) {
     return st;
   }
   absl::StatusOr<std::unique_ptr<CudaBackend>> math = CudaBackend::Create();

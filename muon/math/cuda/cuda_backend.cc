@@ -7,17 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/ns_kernels.h"
 
 namespace muon {
 namespace {
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg + ": out of GPU memory");
-  return absl::InternalError(msg);
-}
 
 absl::Status CublasStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
