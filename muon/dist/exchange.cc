@@ -279,9 +279,7 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
   SpanLayout(t.scatter_send, &sb, &so);
   SpanLayout(t.scatter_recv, &rb, &ro);
   if (single_rank) ro = so;
-  d = BindDirection(device,
-                    PackOps(t.scatter_send, so, send,
-                            [&](const SlotSpan&) { return static_cast<const float*>(slots); }),
+  d = BindDirection(device, PackOps(t.scatter_send, so, send, slot_of),
                     UnpackOps(t.scatter_recv, ro, incoming, update_of), sb, so, rb, ro,
                     absl::StrCat("scattering ", t.label));
   if (!d.ok()) return d.status();

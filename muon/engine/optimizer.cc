@@ -595,17 +595,24 @@ absl::Status Optimizer::RebindParam(int64_t id, const DLTensor* value, const DLT
   Param& p = params_[static_cast<size_t>(id)];
   (void)found;
   const std::string who = absl::StrCat("param '", p.name, "'");
-  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(value, who));
-  if (DeviceString(v.device) != device_->name()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": the new tensor is on ",
-                                                   DeviceString(v.device), ", the optimizer's on ",
-                                                   device_->name()));
-  }
-  if (v.shape != p.value.shape || v.dtype != p.value.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": the new tensor is ", DTypeName(v.dtype), " ", ShapeString(v.shape),
-        ", the registered one ", DTypeName(p.value.dtype), " ", ShapeString(p.value.shape)));
-  }
+  // A new tensor must match the registered one: device, dtype and shape.
+  auto view_like = [&](const DLTensor* t, const TensorView& registered,
+                       const std::string& what) -> absl::StatusOr<TensorView> {
+    MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, what));
+    if (DeviceString(v.device) != device_->name()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the new tensor is on ",
+                                                     DeviceString(v.device),
+                                                     ", the optimizer's on ", device_->name()));
+    }
+    if (v.shape != registered.shape || v.dtype != registered.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the new tensor is ", DTypeName(v.dtype), " ", ShapeString(v.shape),
+          ", the registered one ", DTypeName(registered.dtype), " ",
+          ShapeString(registered.shape)));
+    }
+    return v;
+  };
+  MUON_ASSIGN_OR_RETURN(TensorView v, view_like(value, p.value, who));
   if (grad == nullptr) {
     if (distributed_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -616,17 +623,7 @@ absl::Status Optimizer::RebindParam(int64_t id, const DLTensor* value, const DLT
     p.active = false;
     return absl::OkStatus();
   }
-  MUON_ASSIGN_OR_RETURN(TensorView g, ViewTensor(grad, absl::StrCat("grad of ", who)));
-  if (DeviceString(g.device) != device_->name()) {
-    return absl::InvalidArgumentError(absl::StrCat("grad of ", who, ": the new tensor is on ",
-                                                   DeviceString(g.device), ", the optimizer's on ",
-                                                   device_->name()));
-  }
-  if (g.shape != p.grad.shape || g.dtype != p.grad.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "grad of ", who, ": the new tensor is ", DTypeName(g.dtype), " ", ShapeString(g.shape),
-        ", the registered one ", DTypeName(p.grad.dtype), " ", ShapeString(p.grad.shape)));
-  }
+  MUON_ASSIGN_OR_RETURN(TensorView g, view_like(grad, p.grad, absl::StrCat("grad of ", who)));
   p.value = v;
   p.grad = g;
   p.active = true;
