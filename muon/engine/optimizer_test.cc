@@ -1038,6 +1038,17 @@ TEST(Rebind, NewStorageIsUsedAndNullGradSkips) {
   auto st = (*a)->RebindParam(0, &w, &gn);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("param 'w'"), std::string::npos) << st;
+  st = (*a)->RebindParam(0, &pn, &w);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("grad of param 'w': the new tensor is float32 [4, 6]"),
+            std::string::npos)
+      << st;
+  DLTensor on_gpu = pn;
+  on_gpu.device = {kDLCUDA, 0};
+  st = (*a)->RebindParam(0, &on_gpu, &gn);
+  EXPECT_NE(st.message().find("param 'w': the new tensor is on cuda:0, the optimizer's on cpu"),
+            std::string::npos)
+      << st;
   EXPECT_EQ((*a)->RebindParam(7, &pn, &gn).code(), absl::StatusCode::kNotFound);
 }
 
