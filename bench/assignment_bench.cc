@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "muon/common/dtype.h"
-#include "muon/dist/exchange.h"
-#include "muon/dist/layout.h"
-#include "muon/dist/plan.h"
+#include "muon/sharding/exchange.h"
+#include "muon/sharding/layout.h"
+#include "muon/sharding/plan.h"
 
 namespace {
 

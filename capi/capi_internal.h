@@ -1,6 +1,7 @@
 // What every extern "C" entry point of libmuon shares: the thread-local
-// error message behind muon_last_error_message, the conversion of
-// absl::Status to muon_status_t, and the exception firewall.
+// error message behind muon_last_error_message, the report of an
+// absl::Status as a muon_status_t (through codes.h), and the exception
+// firewall.
 #ifndef MUON_CAPI_CAPI_INTERNAL_H_
 #define MUON_CAPI_CAPI_INTERNAL_H_
 
@@ -17,14 +18,6 @@ namespace capi {
 
 // The calling thread's last error message (empty after a successful call).
 std::string& LastError();
-
-// The muon_status_t of an absl::StatusCode (codes share their numbers;
-// anything unknown is MUON_UNKNOWN).
-muon_status_t ToCode(absl::StatusCode code);
-
-// The absl::StatusCode of a muon_status_t (MUON_OK never reaches here;
-// anything unknown is kUnknown).
-absl::StatusCode FromCode(muon_status_t status);
 
 // Records `s` as the thread's last error ("fn: message"; cleared when OK)
 // and returns its code.

@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "capi/capi_internal.h"
 #include "capi/muon.h"
-#include "muon/dist/comm.h"
-#include "muon/dist/inprocess_comm.h"
-#include "muon/dist/nccl_comm.h"
+#include "muon/comm/callback_error.h"
+#include "muon/comm/inprocess_comm.h"
+#include "muon/comm/nccl_comm.h"
 
 struct muon_inprocess_world {
   std::shared_ptr<muon::InProcessWorld> impl;

@@ -3,7 +3,7 @@
 
 #include "absl/status/status.h"
 #include "capi/capi_internal.h"
-#include "muon/dist/mpi_comm.h"
+#include "muon/comm/mpi_comm.h"
 
 extern "C" {
 

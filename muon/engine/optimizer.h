@@ -1,10 +1,15 @@
-// The optimizer: registration, the step pipeline and state.
+// The optimizer: a coordinator over the registry of parameters (registry.h),
+// the options, and the steppers built at the first step (setup.h). One step
+// reads like torch.optim.Muon's loop:
 //
-// One step, as data (DESIGN.md section 2): gradients -> momentum on each
-// local piece -> pieces travel to each matrix's owner (one all-to-all per
-// round) -> the owner orthogonalizes whole matrices, batched by shape ->
-// update pieces travel back -> decay and update applied to each local piece.
-// A single-process optimizer runs the same pipeline over a world of one rank.
+//   momentum into each local piece's update buffer   (local_update.h)
+//   every stepper: pieces to each matrix's owner, Newton-Schulz there, the
+//     results back                                     (stepper.h)
+//   decay and the update onto each local piece         (local_update.h)
+//   stats
+//
+// A single-process optimizer runs the same steps over a world of one rank.
+// The optimizer itself never communicates: the setup and the steppers do.
 #ifndef MUON_ENGINE_OPTIMIZER_H_
 #define MUON_ENGINE_OPTIMIZER_H_
 
@@ -14,23 +19,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "muon/device/device.h"
-#include "muon/dist/comm.h"
-#include "muon/dist/exchange.h"
-#include "muon/dist/layout.h"
-#include "muon/dist/plan.h"
+#include "muon/comm/comm.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
-#include "muon/math/backend.h"
+#include "muon/engine/registry.h"
+#include "muon/engine/setup.h"
 
 namespace muon {
-
-// The distributed layout a parameter is registered with.
-struct DistSpec {
-  std::vector<int64_t> global_shape;
-  std::vector<Placement> placements;
-  bool zero2 = false;  // ZeRO-2 replicated mode (placements: one Replicate)
-};
 
 struct StepStats {
   int64_t steps = 0;
@@ -55,38 +50,32 @@ class Optimizer {
   absl::Status SetWeightDecay(double weight_decay);
   absl::Status SetMomentum(double momentum);
 
-  // The world (every rank of the step) and further groups; each returns the
-  // group id placements use. Closed once a parameter is registered.
-  absl::StatusOr<int> SetWorld(std::shared_ptr<Comm> world);
-  absl::StatusOr<int> AddGroup(std::shared_ptr<Comm> group);
-  int num_groups() const { return static_cast<int>(groups_.size()); }
-  absl::StatusOr<int> GroupSize(int group) const;
-
-  // Registers a parameter; returns its id. An empty name becomes "param<id>"
-  // (a name is required once a world is set). `dist` (optional) gives the
-  // global shape and placements. Closed after the first step.
+  // Communicators and parameters (see registry.h). Registration is closed
+  // after the first step.
+  absl::StatusOr<int> SetWorld(std::shared_ptr<Comm> world) { return registry_.SetWorld(world); }
+  absl::StatusOr<int> AddGroup(std::shared_ptr<Comm> group) { return registry_.AddGroup(group); }
+  int num_groups() const { return registry_.num_groups(); }
+  absl::StatusOr<int> GroupSize(int group) const { return registry_.GroupSize(group); }
   absl::StatusOr<int64_t> RegisterParam(const DLTensor* value, const DLTensor* grad,
                                         const std::string& name, int view,
                                         const DistSpec* dist = nullptr);
-
-  // Registers a parameter on the custom path (needs a world).
   absl::StatusOr<int64_t> RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
                                               const std::string& name, int64_t rows,
                                               int64_t cols, std::shared_ptr<CustomPath> path);
+  absl::Status RebindParam(int64_t id, const DLTensor* value, const DLTensor* grad) {
+    return registry_.Rebind(id, value, grad);
+  }
 
-  // Points param `id` at new storage (same shape and dtype); a null grad
-  // (single-process only) skips it until a gradient is bound again.
-  absl::Status RebindParam(int64_t id, const DLTensor* value, const DLTensor* grad);
-
-  // Runs one step. `stream` is handed to the communicators.
+  // Runs one step. `stream` orders the device's work and is handed to the
+  // communicators.
   absl::Status Step(void* stream = nullptr);
 
-  size_t num_params() const { return params_.size(); }
+  size_t num_params() const { return registry_.params().size(); }
   int64_t step_count() const { return step_count_; }
   const StepStats& stats() const { return stats_; }
 
   // State access. Errors name the parameter.
-  absl::StatusOr<const Param*> GetParam(int64_t id) const;
+  absl::StatusOr<const Param*> GetParam(int64_t id) const { return registry_.Get(id); }
   absl::Status CopyStateOut(int64_t id, const DLTensor* dst) const;
   absl::Status CopyStateIn(int64_t id, const DLTensor* src);
   size_t StateBlobSize() const;
@@ -94,58 +83,17 @@ class Optimizer {
   absl::Status LoadState(const unsigned char* data, size_t size);
 
  private:
-  explicit Optimizer(const Options& options);
-  absl::Status Setup(void* stream);
-  absl::Status RunRounds(void* stream);
-  absl::Status Orthogonalize(const RoundTable& t, float* slots);
-  absl::Status RunCustom(void* stream);
-  absl::Status BuildZero2();
-  // Momentum of param i from `grad` into its update buffer; decay and the
-  // update from that buffer onto the param.
-  absl::Status MomentumOf(size_t i, DType grad_dtype, const void* grad);
-  absl::Status ApplyTo(size_t i, double decay);
-  absl::Status RunZero2(void* stream);
-  absl::Status AddParam(Param p);
-  // Checks that `p` lives on this optimizer's device (the first parameter
-  // picks it: the host, or a CUDA device through the plugin) and allocates its
-  // momentum there.
-  absl::Status PlaceParam(Param* p);
+  Optimizer(const Options& options, std::shared_ptr<Comm> self);
+  // Whether step i's momentum and update are computed here (ZeRO-2
+  // parameters are stepped whole by their stepper; unbound ones skipped).
+  bool StepsLocally(const Param& p) const { return p.zero2_group < 0 && p.active; }
+  absl::Status Orthogonalize(void* stream);
+  void CountStats();
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
   Options options_;
-  std::shared_ptr<Device> device_;  // the host until a CUDA tensor is registered
-  std::shared_ptr<Comm> world_;               // a self communicator until SetWorld
-  bool distributed_ = false;
-  std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
-  std::vector<std::vector<int>> group_members_;  // world ranks of each group (after setup)
-  std::vector<Param> params_;
-
-  // Built at the first step.
-  bool planned_ = false;
-  Plan plan_;
-  std::vector<RoundTable> tables_;
-  // Device memory: per param its fp32 update (U, then the orthogonalized
-  // update); prefetch_count + 1 working buffers of owned matrices; the
-  // exchange's send and receive buffers; and each round's exchange bound to
-  // them.
-  std::vector<DeviceBuffer> updates_;
-  std::vector<DeviceBuffer> slots_;
-  DeviceBuffer send_, recv_;
-  std::vector<BoundExchange> bound_;
-  std::vector<float> custom_slot_;  // the largest custom-path matrix this rank owns (host)
-
-  // ZeRO-2 blocks: up to group-size same-shape parameters, owner coord c
-  // steps params[c] (-1: none).
-  struct Zero2Block {
-    int group = 0;
-    DType dtype = DType::kF32;
-    int64_t elems = 0;
-    std::vector<int> params;
-  };
-  std::vector<Zero2Block> zero2_blocks_;
-  std::vector<unsigned char> zero2_send_, zero2_recv_;
-  std::vector<float> zero2_avg_;
-
+  Registry registry_;
+  std::unique_ptr<StepSetup> setup_;  // built at the first step
   std::string poisoned_;  // set when a step failed after changing state
   int64_t step_count_ = 0;
   StepStats stats_;

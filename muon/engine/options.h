@@ -7,13 +7,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "muon/dist/plan.h"
+#include "muon/sharding/assignment.h"
 #include "muon/math/ns_config.h"
 
 namespace muon {
-
-using CustomAssignFn =
-    std::function<absl::Status(const std::vector<MatrixInfo>&, std::vector<int>*)>;
 
 enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2 };
 

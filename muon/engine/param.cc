@@ -30,51 +30,11 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
                                                    DTypeName(p.value.dtype)));
   }
   p.global_shape = global_shape ? *global_shape : p.value.shape;
-  const std::vector<int64_t>& s = p.global_shape;
-  if (s.size() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": has ", s.size(), " dimension(s) ", ShapeString(s),
-        "; Muon orthogonalizes matrices only, optimize 0-D and 1-D parameters "
-        "(biases, norms) with AdamW"));
-  }
-  if (view < 0 || view > 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": matrix_view ", view,
-        " is unknown; use MUON_MATRIX_VIEW_2D (0), FLATTEN_TRAILING (1) or BATCHED_LEADING (2)"));
-  }
+  MUON_ASSIGN_OR_RETURN(const MatrixShape m, ViewAsMatrices(p.global_shape, view, who));
   p.view = static_cast<MatrixView>(view);
-  auto prod = [&](size_t from) {
-    int64_t n = 1;
-    for (size_t i = from; i < s.size(); ++i) n *= s[i];
-    return n;
-  };
-  switch (p.view) {
-    case MatrixView::k2D:
-      if (s.size() != 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who, ": shape ", ShapeString(s), " has ", s.size(),
-            " dimensions; choose a matrix view: MUON_MATRIX_VIEW_FLATTEN_TRAILING (conv "
-            "filters) or MUON_MATRIX_VIEW_BATCHED_LEADING (stacked experts)"));
-      }
-      p.rows = s[0];
-      p.cols = s[1];
-      break;
-    case MatrixView::kFlattenTrailing:
-      p.rows = s[0];
-      p.cols = prod(1);
-      break;
-    case MatrixView::kBatchedLeading:
-      if (s.size() < 3) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, ": MUON_MATRIX_VIEW_BATCHED_LEADING needs at least 3 dimensions, "
-                              "shape is ",
-                         ShapeString(s)));
-      }
-      p.batch = s[0];
-      p.rows = s[1];
-      p.cols = prod(2);
-      break;
-  }
+  p.batch = m.batch;
+  p.rows = m.rows;
+  p.cols = m.cols;
   p.name = std::move(name);
   if (global_shape == nullptr) {
     p.layout.global_shape = p.global_shape;

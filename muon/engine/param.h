@@ -10,18 +10,19 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "muon/common/matrix_view.h"
 #include "muon/common/tensor.h"
 #include "muon/device/device.h"
-#include "muon/dist/layout.h"
+#include "muon/sharding/layout.h"
 
 namespace muon {
-
-enum class MatrixView { k2D = 0, kFlattenTrailing = 1, kBatchedLeading = 2 };
 
 // The fully custom path (muon_register_param_custom): the host assigns,
 // gathers and redistributes through callbacks.
 struct CustomPath {
-  std::function<int(int world_size)> assign;
+  // The owner's world rank; a negative one is an error, with the host's
+  // detail (if any) in *detail.
+  std::function<int(int world_size, std::string* detail)> assign;
   std::function<absl::Status(const float* local, int64_t n, int owner, const float** full,
                              int64_t* rows, int64_t* cols, void* stream)>
       gather;

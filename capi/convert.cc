@@ -1,0 +1,373 @@
+#include "capi/convert.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "capi/codes.h"
+#include "muon/comm/callback_error.h"
+#include "muon/common/matrix_view.h"
+#include "muon/math/ns_config.h"
+#include "muon/sharding/assignment.h"
+#include "muon/sharding/layout.h"
+
+namespace muon {
+namespace capi {
+namespace {
+
+// Every core enum holds the numbers of its MUON_* constants.
+#define MUON_SAME_VALUE_(c, core) static_assert(static_cast<int>(c) == static_cast<int>(core), #c)
+MUON_SAME_VALUE_(MUON_ADJUST_LR_ORIGINAL, AdjustLr::kOriginal);
+MUON_SAME_VALUE_(MUON_ADJUST_LR_MATCH_RMS_ADAMW, AdjustLr::kMatchRmsAdamW);
+MUON_SAME_VALUE_(MUON_ADJUST_LR_NONE, AdjustLr::kNone);
+MUON_SAME_VALUE_(MUON_NS_DTYPE_BF16, NsDtype::kBF16);
+MUON_SAME_VALUE_(MUON_NS_DTYPE_FP32, NsDtype::kFP32);
+MUON_SAME_VALUE_(MUON_ASSIGNMENT_BALANCED, Assignment::kBalanced);
+MUON_SAME_VALUE_(MUON_ASSIGNMENT_ROUND_ROBIN, Assignment::kRoundRobin);
+MUON_SAME_VALUE_(MUON_ASSIGNMENT_CUSTOM, Assignment::kCustom);
+MUON_SAME_VALUE_(MUON_MATRIX_VIEW_2D, MatrixView::k2D);
+MUON_SAME_VALUE_(MUON_MATRIX_VIEW_FLATTEN_TRAILING, MatrixView::kFlattenTrailing);
+MUON_SAME_VALUE_(MUON_MATRIX_VIEW_BATCHED_LEADING, MatrixView::kBatchedLeading);
+MUON_SAME_VALUE_(MUON_PLACEMENT_SHARD, PlacementKind::kShard);
+MUON_SAME_VALUE_(MUON_PLACEMENT_FLAT_RANGE, PlacementKind::kFlatRange);
+MUON_SAME_VALUE_(MUON_PLACEMENT_REPLICATE, PlacementKind::kReplicate);
+MUON_SAME_VALUE_(MUON_SPLIT_EVEN, ShardSplit::kEven);
+MUON_SAME_VALUE_(MUON_SPLIT_CHUNK, ShardSplit::kChunk);
+MUON_SAME_VALUE_(MUON_SPLIT_SIZES, ShardSplit::kSizes);
+#undef MUON_SAME_VALUE_
+
+// A copy of the caller's struct of `struct_size` bytes, filled to the size
+// this library knows with defaults (for callers built against an older header).
+template <typename T>
+T ReadVersioned(const T* in, const T& defaults) {
+  T out = defaults;
+  std::memcpy(&out, in, in->struct_size < sizeof(T) ? in->struct_size : sizeof(T));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+absl::Status NullField(const char* name) {
+  return absl::InvalidArgumentError(absl::StrCat(name, " is NULL"));
+}
+
+// The host's assign_fn (MUON_ASSIGNMENT_CUSTOM) as a core assignment.
+CustomAssignFn AssignmentFromC(decltype(muon_options_t::assign_fn) fn, void* state) {
+  return [fn, state](const std::vector<MatrixInfo>& infos,
+                     std::vector<int>* owners) -> absl::Status {
+    std::vector<muon_matrix_info_t> table(infos.size());
+    std::vector<std::vector<int32_t>> holders(infos.size());
+    for (size_t i = 0; i < infos.size(); ++i) {
+      holders[i].assign(infos[i].holders.begin(), infos[i].holders.end());
+      table[i] = muon_matrix_info_t{infos[i].param_name->c_str(), infos[i].index, infos[i].rows,
+                                    infos[i].cols, infos[i].ns_flops, holders[i].data(),
+                                    static_cast<int32_t>(holders[i].size()), 0};
+    }
+    std::vector<int32_t> out(infos.size(), -1);
+    TakeCallbackError();
+    const muon_status_t st = fn(state, table.size(), table.data(), out.data());
+    const std::string detail = TakeCallbackError();
+    if (st != MUON_OK) {
+      return absl::Status(FromCStatus(st), absl::StrCat("assign_fn returned ",
+                                                        CStatusName(st),
+                                                        detail.empty() ? "" : ": ", detail));
+    }
+    owners->assign(out.begin(), out.end());
+    return absl::OkStatus();
+  };
+}
+
+absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
+  switch (c.ns_coefficients) {
+    case MUON_NS_COEFFICIENTS_FIXED:
+      ns->coefficients = {{c.ns_a, c.ns_b, c.ns_c}};
+      return absl::OkStatus();
+    case MUON_NS_COEFFICIENTS_TABLE:
+      if (c.ns_table == nullptr) return NullField("options->ns_table (ns_coefficients = TABLE)");
+      if (c.ns_table_rows < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "options->ns_table_rows is ", c.ns_table_rows, "; a TABLE needs at least one row"));
+      }
+      ns->coefficients.clear();
+      for (int32_t i = 0; i < c.ns_table_rows; ++i) {
+        ns->coefficients.push_back(
+            {c.ns_table[3 * i], c.ns_table[3 * i + 1], c.ns_table[3 * i + 2]});
+      }
+      return absl::OkStatus();
+    case MUON_NS_COEFFICIENTS_POLAR_EXPRESS:
+      ns->coefficients = PolarExpressCoefficients();
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->ns_coefficients: unknown value ", c.ns_coefficients,
+          "; use MUON_NS_COEFFICIENTS_FIXED (0), TABLE (1) or POLAR_EXPRESS (2)"));
+  }
+}
+
+absl::StatusOr<Placement> PlacementFromC(
+    const muon_placement_t& c, int i, const std::string& who,
+    const std::function<absl::StatusOr<int>(int group)>& group_size) {
+  Placement p;
+  if (c.kind < 0 || c.kind > 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": placement ", i, " has unknown kind ", c.kind));
+  }
+  if (c.kind == MUON_PLACEMENT_SHARD && (c.split < 0 || c.split > 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": placement ", i, " has unknown split ", c.split));
+  }
+  p.kind = static_cast<PlacementKind>(c.kind);
+  p.group = c.group;
+  p.dim = c.dim;
+  p.split = static_cast<ShardSplit>(c.split);
+  p.start = c.start;
+  p.length = c.length;
+  if (p.kind == PlacementKind::kShard && p.split == ShardSplit::kSizes) {
+    if (c.sizes == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": placement ", i, " uses SPLIT_SIZES but sizes is NULL"));
+    }
+    absl::StatusOr<int> n = group_size(c.group);
+    if (!n.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": placement ", i, ": ", n.status().message()));
+    }
+    p.sizes.assign(c.sizes, c.sizes + *n);
+  }
+  return p;
+}
+
+}  // namespace
+
+absl::Status CheckStructSize(const char* name, size_t given, size_t minimum) {
+  if (given < minimum) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "->struct_size is ", given, ", smaller than the smallest known version (", minimum,
+        " bytes); initialize it with its *_init function"));
+  }
+  return absl::OkStatus();
+}
+
+void DefaultOptions(muon_options_t* o) {
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  const Options d;
+  o->lr = d.lr;
+  o->weight_decay = d.weight_decay;
+  o->momentum = d.momentum;
+  o->nesterov = d.nesterov ? 1 : 0;
+  o->ns_steps = d.ns.steps;
+  o->ns_a = d.ns.coefficients[0][0];
+  o->ns_b = d.ns.coefficients[0][1];
+  o->ns_c = d.ns.coefficients[0][2];
+  o->eps = d.ns.eps;
+  o->ns_coefficients = MUON_NS_COEFFICIENTS_FIXED;
+  o->ns_table_rows = 0;
+  o->ns_table = nullptr;
+  o->adjust_lr = static_cast<int32_t>(d.adjust_lr);
+  o->ns_dtype = static_cast<int32_t>(d.ns.dtype);
+  o->momentum_fp32 = d.momentum_fp32 ? 1 : 0;
+  o->assignment = static_cast<int32_t>(d.dist.assignment);
+  o->prefetch_count = d.dist.prefetch_count;
+  o->async_parallelism = d.dist.async_parallelism ? 1 : 0;
+  o->round_bytes = static_cast<size_t>(d.dist.round_bytes);
+}
+
+void DefaultParamOptions(muon_param_options_t* o) {
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->matrix_view = MUON_MATRIX_VIEW_2D;
+}
+
+absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
+  absl::Status size_ok = CheckStructSize("options", caller.struct_size, kOptionsV1Size);
+  if (!size_ok.ok()) return size_ok;
+  muon_options_t defaults;
+  DefaultOptions(&defaults);
+  const muon_options_t c = ReadVersioned(&caller, defaults);
+  Options o;
+  o.lr = c.lr;
+  o.weight_decay = c.weight_decay;
+  o.momentum = c.momentum;
+  o.nesterov = c.nesterov != 0;
+  o.ns.steps = c.ns_steps;
+  o.ns.eps = c.eps;
+  absl::Status coefficients = CoefficientsFromC(c, &o.ns);
+  if (!coefficients.ok()) return coefficients;
+  if (c.ns_dtype != MUON_NS_DTYPE_BF16 && c.ns_dtype != MUON_NS_DTYPE_FP32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->ns_dtype: unknown value ", c.ns_dtype,
+                     "; use MUON_NS_DTYPE_BF16 (0) or MUON_NS_DTYPE_FP32 (1)"));
+  }
+  o.ns.dtype = static_cast<NsDtype>(c.ns_dtype);
+  if (c.adjust_lr < 0 || c.adjust_lr > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->adjust_lr: unknown value ", c.adjust_lr,
+        "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1) or NONE (2)"));
+  }
+  o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
+  o.momentum_fp32 = c.momentum_fp32 != 0;
+  if (c.reserved0 != 0 || c.reserved1 != 0) {
+    return absl::InvalidArgumentError("options->reserved0 and reserved1 must be 0");
+  }
+  o.dist.prefetch_count = c.prefetch_count;
+  o.dist.async_parallelism = c.async_parallelism != 0;
+  o.dist.round_bytes =
+      c.round_bytes == 0 ? (int64_t{256} << 20) : static_cast<int64_t>(c.round_bytes);
+  o.dist.assignment = static_cast<Assignment>(c.assignment);
+  if (c.assignment == MUON_ASSIGNMENT_CUSTOM && c.assign_fn != nullptr) {
+    o.dist.custom_assign = AssignmentFromC(c.assign_fn, c.assign_state);
+  }
+  absl::Status valid = ValidateOptions(o);
+  if (!valid.ok()) return absl::Status(valid.code(), absl::StrCat("options->", valid.message()));
+  return o;
+}
+
+void OptionsToC(const Options& o, muon_options_t* out) {
+  muon_options_t c;
+  DefaultOptions(&c);
+  c.lr = o.lr;
+  c.weight_decay = o.weight_decay;
+  c.momentum = o.momentum;
+  c.nesterov = o.nesterov ? 1 : 0;
+  c.ns_steps = o.ns.steps;
+  c.eps = o.ns.eps;
+  c.ns_a = o.ns.coefficients[0][0];
+  c.ns_b = o.ns.coefficients[0][1];
+  c.ns_c = o.ns.coefficients[0][2];
+  c.ns_coefficients =
+      o.ns.coefficients.size() == 1 ? MUON_NS_COEFFICIENTS_FIXED : MUON_NS_COEFFICIENTS_TABLE;
+  c.ns_table_rows = static_cast<int32_t>(o.ns.coefficients.size());
+  c.adjust_lr = static_cast<int32_t>(o.adjust_lr);
+  c.ns_dtype = static_cast<int32_t>(o.ns.dtype);
+  c.momentum_fp32 = o.momentum_fp32 ? 1 : 0;
+  c.assignment = static_cast<int32_t>(o.dist.assignment);
+  c.prefetch_count = o.dist.prefetch_count;
+  c.async_parallelism = o.dist.async_parallelism ? 1 : 0;
+  c.round_bytes = static_cast<size_t>(o.dist.round_bytes);
+  const size_t caller_size = out->struct_size;
+  std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
+  out->struct_size = caller_size;
+}
+
+absl::StatusOr<ParamRegistration> ParamOptionsFromC(
+    const muon_param_options_t* options,
+    const std::function<absl::StatusOr<int>(int group)>& group_size) {
+  muon_param_options_t po;
+  DefaultParamOptions(&po);
+  if (options != nullptr) {
+    absl::Status size_ok = CheckStructSize("options", options->struct_size, kParamOptionsV1Size);
+    if (!size_ok.ok()) return size_ok;
+    po = ReadVersioned(options, po);
+    if (po.reserved0 != 0) return absl::InvalidArgumentError("options->reserved0 must be 0");
+  }
+  ParamRegistration r;
+  r.name = po.name ? po.name : "";
+  r.view = po.matrix_view;
+  if (po.reserved1 != 0) return absl::InvalidArgumentError("options->reserved1 must be 0");
+  if (po.replicated_mode != MUON_REPLICATED_HOST_AVERAGED &&
+      po.replicated_mode != MUON_REPLICATED_ZERO2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->replicated_mode: unknown value ", po.replicated_mode,
+        "; use MUON_REPLICATED_HOST_AVERAGED (0) or MUON_REPLICATED_ZERO2 (1)"));
+  }
+  r.dist.zero2 = po.replicated_mode == MUON_REPLICATED_ZERO2;
+  r.has_layout = po.global_ndim > 0 || po.num_placements > 0;
+  const std::string who = absl::StrCat("param '", r.name, "'");
+  if (r.dist.zero2 && !r.has_layout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": MUON_REPLICATED_ZERO2 needs global_shape and a REPLICATE placement over the "
+        "data-parallel group"));
+  }
+  if (!r.has_layout) return r;
+  if (po.global_ndim <= 0 || po.global_ndim > 16 || po.global_shape == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": options->global_ndim (", po.global_ndim, ") and global_shape must describe "
+        "the global tensor when placements are given"));
+  }
+  if (po.num_placements < 0 || po.num_placements > 64 ||
+      (po.num_placements > 0 && po.placements == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": options->num_placements (", po.num_placements, ") and placements disagree"));
+  }
+  r.dist.global_shape.assign(po.global_shape, po.global_shape + po.global_ndim);
+  for (int32_t i = 0; i < po.num_placements; ++i) {
+    absl::StatusOr<Placement> p = PlacementFromC(po.placements[i], i, who, group_size);
+    if (!p.ok()) return p.status();
+    r.dist.placements.push_back(*std::move(p));
+  }
+  return r;
+}
+
+absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& options,
+                                               const muon_custom_layout_t& layout) {
+  absl::Status size_ok = CheckStructSize("options", options.struct_size, kParamOptionsV1Size);
+  if (!size_ok.ok()) return size_ok;
+  if (layout.struct_size < sizeof(muon_custom_layout_t)) {
+    return CheckStructSize("layout", layout.struct_size, sizeof(muon_custom_layout_t));
+  }
+  muon_param_options_t defaults;
+  DefaultParamOptions(&defaults);
+  const muon_param_options_t po = ReadVersioned(&options, defaults);
+  CustomRegistration r;
+  r.name = po.name ? po.name : "";
+  if (po.global_ndim != 0 || po.num_placements != 0 || po.replicated_mode != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", r.name, "': a custom-path parameter takes no global_shape, placements or "
+        "replicated_mode"));
+  }
+  const muon_custom_layout_t c = layout;
+  r.rows = c.global_rows;
+  r.cols = c.global_cols;
+  r.path = std::make_shared<CustomPath>();
+  // A callback's status with its detail (muon_set_callback_error) as the message.
+  auto returned = [](muon_status_t st) {
+    const std::string detail = TakeCallbackError();
+    return StatusFromC(st, detail.empty() ? CStatusName(st) : detail);
+  };
+  if (c.assign_fn) {
+    const std::string name = r.name;
+    r.path->assign = [c, name](int world, std::string* detail) {
+      TakeCallbackError();
+      const int owner = c.assign_fn(c.state, name.c_str(), world);
+      *detail = TakeCallbackError();
+      return owner;
+    };
+  }
+  if (c.gather_fn) {
+    r.path->gather = [c, returned](const float* local, int64_t n, int owner, const float** full,
+                                   int64_t* rows, int64_t* cols, void* stream) -> absl::Status {
+      muon_gathered_t out{nullptr, -1, -1};
+      TakeCallbackError();
+      absl::Status st = returned(c.gather_fn(c.state, local, n, owner, &out, stream));
+      if (!st.ok()) return st;
+      *full = out.data;
+      *rows = out.rows;
+      *cols = out.cols;
+      return absl::OkStatus();
+    };
+  }
+  if (c.redistribute_fn) {
+    r.path->redistribute = [c, returned](const float* full, int64_t rows, int64_t cols, int owner,
+                                         float* local, int64_t n, void* stream) {
+      TakeCallbackError();
+      return returned(c.redistribute_fn(c.state, full, rows, cols, owner, local, n, stream));
+    };
+  }
+  return r;
+}
+
+void StatsToC(const StepStats& s, muon_stats_t* out) {
+  out->steps = s.steps;
+  out->bytes_sent = s.bytes_sent;
+  out->bytes_received = s.bytes_received;
+  out->collectives = s.collectives;
+  out->rounds = s.rounds;
+  out->matrices_orthogonalized = s.matrices_orthogonalized;
+  out->ns_flops = s.ns_flops;
+  out->matrices_total = s.matrices_total;
+  out->matrices_owned = s.matrices_owned;
+}
+
+}  // namespace capi
+}  // namespace muon

@@ -1,0 +1,76 @@
+// Every conversion between the C ABI's structs and enums (muon.h) and the
+// core's types, in one place: the extern "C" shims only check their pointer
+// arguments and call these. Status codes and the reduce_scatter dtype, which
+// the communicator adapters share, are in codes.h. Every core enum is held to
+// its MUON_* constants by static_asserts in convert.cc.
+#ifndef LIBMUON_CAPI_CONVERT_H_
+#define LIBMUON_CAPI_CONVERT_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capi/muon.h"
+#include "muon/engine/optimizer.h"
+#include "muon/engine/options.h"
+#include "muon/engine/param.h"
+#include "muon/engine/registry.h"
+
+namespace muon {
+namespace capi {
+
+// Sizes of the first published versions of the extensible structs; a caller's
+// struct_size may be anything from these up (older callers' structs are
+// shorter, newer ones' longer).
+constexpr size_t kOptionsV1Size = offsetof(muon_options_t, assignment);
+constexpr size_t kParamOptionsV1Size = offsetof(muon_param_options_t, global_ndim);
+
+// InvalidArgument "<name>->struct_size is ..." when `given` < `minimum`.
+absl::Status CheckStructSize(const char* name, size_t given, size_t minimum);
+
+// The defaults of the C structs (the core's defaults), struct_size set to
+// this library's sizeof.
+void DefaultOptions(muon_options_t* o);
+void DefaultParamOptions(muon_param_options_t* o);
+
+// The caller's options (struct_size bytes of them; fields past its size take
+// their defaults) as core options, validated. Errors name the field
+// ("options->lr: ...").
+absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller);
+
+// Writes `o` into the caller's `out` (its first out->struct_size bytes; the
+// struct_size stays the caller's). ns_table is NULL in the copy.
+void OptionsToC(const Options& o, muon_options_t* out);
+
+// A registration's parameter options (NULL: the defaults).
+struct ParamRegistration {
+  std::string name;
+  int view = MUON_MATRIX_VIEW_2D;
+  bool has_layout = false;  // global_shape or placements given
+  DistSpec dist;
+};
+// `group_size(g)`: the size of group g (for SPLIT_SIZES), or an error.
+absl::StatusOr<ParamRegistration> ParamOptionsFromC(
+    const muon_param_options_t* options,
+    const std::function<absl::StatusOr<int>(int group)>& group_size);
+
+// A custom-path registration: `options` (required: the name) and `layout`.
+struct CustomRegistration {
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::shared_ptr<CustomPath> path;  // the host's callbacks as core functions
+};
+absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& options,
+                                               const muon_custom_layout_t& layout);
+
+// Fills the counters of `out` (its struct_size was checked by the caller).
+void StatsToC(const StepStats& s, muon_stats_t* out);
+
+}  // namespace capi
+}  // namespace muon
+
+#endif  // LIBMUON_CAPI_CONVERT_H_

@@ -1,0 +1,14 @@
+// The communicator of a world of one rank: the world a single-process
+// optimizer runs its pipeline over. Every collective copies send to receive.
+#ifndef MUON_COMM_SELF_COMM_H_
+#define MUON_COMM_SELF_COMM_H_
+
+#include "capi/muon.h"
+
+namespace muon {
+
+muon_comm_t SelfCommTable();
+
+}  // namespace muon
+
+#endif  // MUON_COMM_SELF_COMM_H_

@@ -1,0 +1,89 @@
+#include "muon/engine/exchange_stepper.h"
+
+#include <algorithm>
+
+#include "muon/common/dtype.h"
+#include "muon/common/status.h"
+
+namespace muon {
+
+absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& plan,
+                                                                          const StepContext& ctx,
+                                                                          Comm& world) {
+  std::unique_ptr<ExchangeStepper> s(new ExchangeStepper(ctx, world));
+  const Options& options = *ctx.options;
+  const int me = world.rank();
+  const DType ns_wire = options.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
+  s->tables_ = BuildRoundTables(plan, me, world.size(), ns_wire);
+  // The job-wide pieces (one run per row of every rank's piece) are not
+  // needed any more.
+  for (PlanParam& pp : plan.params) {
+    for (Holder& h : pp.holders) std::vector<muon::Run>().swap(h.piece.runs);
+  }
+  s->stats_.matrices_total = static_cast<int64_t>(plan.units.size());
+  for (const Unit& u : plan.units) s->stats_.matrices_owned += u.owner == me;
+
+  const int rounds = s->rounds();
+  const int lookahead = std::min(options.dist.prefetch_count, std::max(0, rounds - 1));
+  int64_t most_slots = 0;
+  for (const RoundTable& t : s->tables_) most_slots = std::max(most_slots, t.slot_floats);
+  const std::shared_ptr<Device>& device = ctx.device;
+  for (int k = 0; k <= lookahead; ++k) {
+    MUON_ASSIGN_OR_RETURN(DeviceBuffer b,
+                          DeviceBuffer::Make(device, static_cast<size_t>(most_slots) * sizeof(float),
+                                             "the working buffer of owned matrices"));
+    s->slots_.push_back(std::move(b));
+  }
+  const size_t exchange_bytes = MaxExchangeBytes(s->tables_);
+  MUON_ASSIGN_OR_RETURN(s->send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
+  MUON_ASSIGN_OR_RETURN(s->recv_,
+                        DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
+  std::vector<float*> updates(ctx.params->size());
+  for (size_t i = 0; i < updates.size(); ++i) updates[i] = ctx.update(i);
+  for (int r = 0; r < rounds; ++r) {
+    MUON_ASSIGN_OR_RETURN(
+        BoundExchange b,
+        BindExchange(s->tables_[r], *ctx.device, updates,
+                     s->slots_[r % s->slots_.size()].as<float>(), s->send_.as<unsigned char>(),
+                     s->recv_.as<unsigned char>(), world.size() == 1));
+    s->bound_.push_back(std::move(b));
+  }
+  for (const RoundTable& t : s->tables_) {
+    for (const ShapeBatch& b : t.batches) {
+      MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
+    }
+  }
+  MUON_ASSIGN_OR_RETURN(s->pipeline_, Pipeline::Create(lookahead));
+  return s;
+}
+
+absl::Status ExchangeStepper::Orthogonalize(int round) {
+  float* slots = slots_[round % slots_.size()].as<float>();
+  for (const ShapeBatch& b : tables_[round].batches) {
+    MUON_RETURN_IF_ERROR(ctx_.device->math().Orthogonalize(
+        ctx_.options->ns, {slots + b.offset, b.count, b.rows, b.cols}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangeStepper::Run(void* stream) {
+  stats_.orthogonalized = 0;
+  stats_.ns_flops = 0;
+  auto exchange = [&](int round, bool scatter) {
+    const BoundExchange& b = bound_[round];
+    return RunExchange(b, scatter ? b.scatter : b.gather, world_, *ctx_.device,
+                       send_.as<unsigned char>(), recv_.as<unsigned char>(), stream);
+  };
+  Pipeline::Stages stages;
+  stages.gather = [&](int r) { return exchange(r, false); };
+  stages.compute = [&](int r) { return Orthogonalize(r); };
+  stages.scatter = [&](int r) { return exchange(r, true); };
+  MUON_RETURN_IF_ERROR(pipeline_->Run(rounds(), stages));
+  for (const RoundTable& t : tables_) {
+    stats_.orthogonalized += t.owned;
+    stats_.ns_flops += t.flops;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,57 @@
+// The exchange-round stepper: the matrices of parameters registered with a
+// layout (and every matrix of a single-process optimizer, a world of one).
+// Each round, every canonical holder sends its pieces of the round's
+// matrices to their owners in one all_to_all_v, each owner orthogonalizes
+// whole matrices (batched by shape), and a second all_to_all_v sends every
+// holder its pieces of the results (sharding/exchange.h). Rounds run through
+// the prefetch pipeline (pipeline.h): with prefetch_count > 0, the exchanges
+// of later rounds overlap the math of earlier ones.
+#ifndef MUON_ENGINE_EXCHANGE_STEPPER_H_
+#define MUON_ENGINE_EXCHANGE_STEPPER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muon/comm/comm.h"
+#include "muon/device/device.h"
+#include "muon/engine/pipeline.h"
+#include "muon/engine/stepper.h"
+#include "muon/sharding/exchange.h"
+#include "muon/sharding/plan.h"
+
+namespace muon {
+
+class ExchangeStepper : public Stepper {
+ public:
+  // This rank's round tables from `plan` (whose job-wide pieces it then
+  // frees: the tables hold every span this rank moves), the working memory
+  // of the step on ctx.device, allocated once, and every round's exchange
+  // bound to it. `world` carries the exchanges.
+  static absl::StatusOr<std::unique_ptr<ExchangeStepper>> Create(Plan& plan,
+                                                                 const StepContext& ctx,
+                                                                 Comm& world);
+
+  absl::Status Run(void* stream) override;
+  const StepperStats& stats() const override { return stats_; }
+  int rounds() const { return static_cast<int>(tables_.size()); }
+
+ private:
+  ExchangeStepper(const StepContext& ctx, Comm& world) : ctx_(ctx), world_(world) {}
+  absl::Status Orthogonalize(int round);
+
+  StepContext ctx_;
+  Comm& world_;
+  std::vector<RoundTable> tables_;
+  // prefetch + 1 working buffers of owned matrices (round r uses r % size),
+  // the exchange's send and receive buffers, and each round's bound exchange.
+  std::vector<DeviceBuffer> slots_;
+  DeviceBuffer send_, recv_;
+  std::vector<BoundExchange> bound_;
+  std::unique_ptr<Pipeline> pipeline_;
+  StepperStats stats_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_EXCHANGE_STEPPER_H_

@@ -1,0 +1,152 @@
+#include "muon/engine/pipeline.h"
+
+#include <algorithm>
+#include <exception>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+
+namespace muon {
+namespace {
+
+// A stage's status; an exception it throws becomes an Internal error naming
+// the lane.
+absl::Status RunStage(const Pipeline::Stage& stage, int round, const char* lane) {
+  try {
+    return stage(round);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(lane, ": ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(lane, ": unexpected exception"));
+  }
+}
+
+constexpr char kCommLane[] = "exchange thread";
+constexpr char kComputeLane[] = "compute";
+
+}  // namespace
+
+std::vector<PipelineOp> PipelineSchedule(int rounds, int lookahead) {
+  std::vector<PipelineOp> ops;
+  if (rounds <= 0) return ops;
+  const int ahead = std::min(std::max(lookahead, 0), rounds - 1);
+  for (int r = 0; r <= ahead; ++r) ops.push_back({false, r});
+  for (int r = 0; r < rounds; ++r) {
+    ops.push_back({true, r});
+    if (r + ahead + 1 < rounds) ops.push_back({false, r + ahead + 1});
+  }
+  return ops;
+}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::Create(int lookahead) {
+  std::unique_ptr<Pipeline> p(new Pipeline(std::max(lookahead, 0)));
+  if (p->lookahead_ > 0) {
+    try {
+      p->worker_ = std::thread([q = p.get()] { q->WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("could not start the exchange thread (prefetch_count > 0): ", e.what()));
+    }
+  }
+  return p;
+}
+
+Pipeline::~Pipeline() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+absl::Status Pipeline::RunInline(int rounds, const Stages& stages) {
+  for (const PipelineOp& op : PipelineSchedule(rounds, 0)) {
+    if (op.scatter) {
+      absl::Status st = RunStage(stages.compute, op.round, kComputeLane);
+      if (!st.ok()) return st;
+    }
+    absl::Status st = RunStage(op.scatter ? stages.scatter : stages.gather, op.round, kCommLane);
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pipeline::Run(int rounds, const Stages& stages) {
+  if (lookahead_ == 0 || rounds <= 1) return RunInline(rounds, stages);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stages_ = &stages;
+    ops_ = PipelineSchedule(rounds, lookahead_);
+    gathered_ = computed_ = 0;
+    stop_ = false;
+    comm_error_ = absl::OkStatus();
+    job_ = true;
+  }
+  cv_.notify_all();
+  absl::Status compute_error;
+  for (int r = 0; r < rounds; ++r) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return gathered_ > r || stop_; });
+      if (stop_) break;
+    }
+    absl::Status st = RunStage(stages.compute, r, kComputeLane);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) {
+      compute_error = st;
+      stop_ = true;
+    } else {
+      computed_ = r + 1;
+    }
+    cv_.notify_all();
+    if (stop_) break;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !job_; });
+  stages_ = nullptr;
+  if (!comm_error_.ok()) return comm_error_;
+  return compute_error;
+}
+
+void Pipeline::WorkerLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return job_ || shutdown_; });
+      if (shutdown_) return;
+    }
+    Communicate();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void Pipeline::Communicate() {
+  for (const PipelineOp& op : ops_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (op.scatter) cv_.wait(lock, [&] { return computed_ > op.round || stop_; });
+      if (stop_) return;
+    }
+    absl::Status st =
+        RunStage(op.scatter ? stages_->scatter : stages_->gather, op.round, kCommLane);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) {
+      comm_error_ = st;
+      stop_ = true;
+      cv_.notify_all();
+      return;
+    }
+    if (!op.scatter) {
+      gathered_ = op.round + 1;
+      cv_.notify_all();
+    }
+  }
+}
+
+}  // namespace muon

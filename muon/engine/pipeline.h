@@ -1,0 +1,85 @@
+// The prefetch pipeline: a step's rounds, each gather(r) -> compute(r) ->
+// scatter(r), with the communication of later rounds overlapping the
+// computation of earlier ones.
+//
+// Communication (gathers and scatters) is issued in one fixed order, the
+// same on every rank, so that collectives pair up:
+//   gather 0 .. L, then for each round r: scatter r, gather r + L + 1
+// where L is the lookahead (prefetch_count, capped at rounds - 1). compute(r)
+// starts once gather(r) is done, and scatter(r) once compute(r) is. With
+// L > 0 the communication runs on one worker thread, started once for the
+// pipeline's lifetime (never per step), while the calling thread computes;
+// with L == 0 everything runs on the calling thread, round after round.
+//
+// The first failure stops both lanes: nothing further is issued, and Run
+// returns the communication error if there was one, else the compute error.
+// Exceptions thrown by a stage become Internal errors; none escapes a thread.
+#ifndef MUON_ENGINE_PIPELINE_H_
+#define MUON_ENGINE_PIPELINE_H_
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muon {
+
+// One communication op of the schedule.
+struct PipelineOp {
+  bool scatter = false;  // false: gather
+  int round = 0;
+  bool operator==(const PipelineOp& o) const { return scatter == o.scatter && round == o.round; }
+};
+
+// The communication order for `rounds` rounds with lookahead `lookahead`
+// (see above; lookahead is capped at rounds - 1).
+std::vector<PipelineOp> PipelineSchedule(int rounds, int lookahead);
+
+class Pipeline {
+ public:
+  using Stage = std::function<absl::Status(int round)>;
+  struct Stages {
+    Stage gather, compute, scatter;
+  };
+
+  // A pipeline with lookahead `lookahead` (>= 0); starts the worker thread
+  // when it is positive (ResourceExhausted when the thread cannot start).
+  static absl::StatusOr<std::unique_ptr<Pipeline>> Create(int lookahead);
+  ~Pipeline();  // stops and joins the worker
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  int lookahead() const { return lookahead_; }
+
+  // Runs `rounds` rounds of `stages`; not reentrant.
+  absl::Status Run(int rounds, const Stages& stages);
+
+ private:
+  explicit Pipeline(int lookahead) : lookahead_(lookahead) {}
+  absl::Status RunInline(int rounds, const Stages& stages);
+  void WorkerLoop();
+  void Communicate();  // one step's communication lane (on the worker)
+
+  const int lookahead_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_ = false;
+  // The step in flight (guarded by mu_).
+  bool job_ = false;
+  const Stages* stages_ = nullptr;
+  std::vector<PipelineOp> ops_;
+  int gathered_ = 0;  // rounds whose gather is done
+  int computed_ = 0;  // rounds whose compute is done
+  bool stop_ = false;
+  absl::Status comm_error_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_PIPELINE_H_

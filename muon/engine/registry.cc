@@ -1,0 +1,266 @@
+#include "muon/engine/registry.h"
+
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+#include "muon/device/cuda_loader.h"
+
+namespace muon {
+
+Registry::Registry(std::shared_ptr<Comm> self)
+    : device_(MakeHostDevice()), world_(std::move(self)) {}
+
+absl::StatusOr<int> Registry::SetWorld(std::shared_ptr<Comm> world) {
+  if (distributed_) {
+    return absl::FailedPreconditionError("world: it is already set; set it once");
+  }
+  if (!params_.empty()) {
+    return absl::FailedPreconditionError(
+        "world: set it before registering parameters (their layouts refer to it)");
+  }
+  world_ = world;
+  distributed_ = true;
+  groups_.push_back(std::move(world));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+absl::StatusOr<int> Registry::AddGroup(std::shared_ptr<Comm> group) {
+  if (!distributed_) {
+    return absl::FailedPreconditionError(
+        "group: set the world communicator (muon_set_world) before adding groups");
+  }
+  if (!params_.empty()) {
+    return absl::FailedPreconditionError(
+        "group: add every group before registering parameters");
+  }
+  if (group->size() > world_->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(group->name(), ": has ", group->size(),
+                                                   " ranks, more than the world's ",
+                                                   world_->size()));
+  }
+  groups_.push_back(std::move(group));
+  return static_cast<int>(groups_.size()) - 1;
+}
+
+absl::StatusOr<int> Registry::GroupSize(int group) const {
+  if (group < 0 || group >= num_groups()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", group, " is not known (", num_groups(), " groups are)"));
+  }
+  return groups_[group]->size();
+}
+
+absl::Status Registry::CheckName(const std::string& name) const {
+  for (const Param& p : params_) {
+    if (p.name == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("param '", name, "': a parameter with this name is registered"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Add(Param p) {
+  // Overlapping storage would be updated twice (or a grad overwritten by the
+  // step): refuse it, naming both tensors.
+  auto overlaps = [](const TensorView& a, const TensorView& b) {
+    const char* a0 = static_cast<const char*>(a.data);
+    const char* b0 = static_cast<const char*>(b.data);
+    return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  };
+  if (overlaps(p.value, p.grad)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param '", p.name, "': param and grad share storage"));
+  }
+  for (const Param& q : params_) {
+    for (const TensorView* mine : {&p.value, &p.grad}) {
+      for (const TensorView* theirs : {&q.value, &q.grad}) {
+        if (overlaps(*mine, *theirs)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
+              " storage overlaps the ", theirs == &q.value ? "param" : "grad",
+              " of param '", q.name, "'"));
+        }
+      }
+    }
+  }
+  try {
+    params_.push_back(std::move(p));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("muon_register_param: out of host memory");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Place(Param* p) {
+  const std::string where = DeviceString(p->value.device);
+  if (params_.empty() && where != device_->name()) {
+    // The first parameter picks the device (a later failure leaves the host).
+    absl::StatusOr<std::shared_ptr<Device>> d = OpenCudaDevice(p->value.device.device_id);
+    if (!d.ok()) {
+      return absl::Status(d.status().code(), absl::StrCat("param '", p->name, "': is a ", where,
+                                                          " tensor, but ", d.status().message()));
+    }
+    device_ = std::move(d).value();
+  }
+  if (where != device_->name()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", p->name, "': is on ", where, " but the parameters registered before it are on ",
+        device_->name(), "; one optimizer steps the parameters of one device"));
+  }
+  if (!device_->is_host() && (p->custom || p->zero2_group >= 0)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "param '", p->name, "': ", p->custom ? "the custom path" : "MUON_REPLICATED_ZERO2",
+        " takes host tensors only in this version; register ", where,
+        " tensors with placements"));
+  }
+  absl::StatusOr<DeviceBuffer> m = DeviceBuffer::Make(
+      device_, p->momentum_bytes(), absl::StrCat("the momentum buffer of param '", p->name, "'"));
+  if (!m.ok()) return m.status();
+  p->momentum = std::move(m).value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DLTensor* grad,
+                                                 const std::string& name, int64_t rows,
+                                                 int64_t cols, std::shared_ptr<CustomPath> path,
+                                                 bool momentum_fp32) {
+  const int64_t id = static_cast<int64_t>(params_.size());
+  if (!distributed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': the custom path needs a world communicator (muon_set_world)"));
+  }
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param ", id, ": a name is required on the custom path"));
+  }
+  if (closed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", name, "': registration is closed after the first step"));
+  }
+  MUON_RETURN_IF_ERROR(CheckName(name));
+  if (rows < 1 || cols < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': global_rows and global_cols must be >= 1 (got ", rows, " x ", cols,
+        ")"));
+  }
+  if (!path || !path->assign || !path->gather || !path->redistribute) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': assign_fn, gather_fn and redistribute_fn are all required"));
+  }
+  const std::vector<int64_t> global = {rows, cols};
+  MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, name, 0, momentum_fp32, &global));
+  if (p.numel() > rows * cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': the local tensor has ", p.numel(), " elements, more than the ",
+        rows, " x ", cols, " matrix"));
+  }
+  p.layout.global_shape = global;
+  p.custom = std::move(path);
+  MUON_RETURN_IF_ERROR(Place(&p));
+  MUON_RETURN_IF_ERROR(Add(std::move(p)));
+  return id;
+}
+
+absl::StatusOr<int64_t> Registry::Register(const DLTensor* value, const DLTensor* grad,
+                                           const std::string& name, int view,
+                                           const DistSpec* dist, bool momentum_fp32) {
+  const int64_t id = static_cast<int64_t>(params_.size());
+  if (distributed_ && name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param ", id, ": a name is required with a world communicator (it identifies the "
+        "parameter across ranks)"));
+  }
+  std::string param_name = name.empty() ? absl::StrCat("param", id) : name;
+  if (closed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", param_name, "': registration is closed after the first step; register "
+        "every parameter before calling muon_step"));
+  }
+  MUON_RETURN_IF_ERROR(CheckName(param_name));
+  const std::string who = absl::StrCat("param '", param_name, "'");
+  if (dist != nullptr && !dist->placements.empty() && !distributed_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": placements need a world communicator; call muon_set_world first"));
+  }
+  MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, std::move(param_name), view,
+                                           momentum_fp32, dist ? &dist->global_shape : nullptr));
+  if (dist != nullptr && dist->zero2) {
+    if (dist->placements.size() != 1 || dist->placements[0].kind != PlacementKind::kReplicate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": MUON_REPLICATED_ZERO2 needs exactly one placement, a REPLICATE over the "
+          "data-parallel group (the whole matrix on every rank of it)"));
+    }
+    p.zero2_group = dist->placements[0].group;
+  }
+  if (dist != nullptr) {
+    p.layout.global_shape = dist->global_shape;
+    p.layout.placements = dist->placements;
+    std::vector<int> sizes, coords;
+    for (const auto& g : groups_) {
+      sizes.push_back(g->size());
+      coords.push_back(g->rank());
+    }
+    MUON_ASSIGN_OR_RETURN(p.piece, ComputePiece(p.layout, sizes, coords, who));
+    if (p.piece.numel != p.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": the local tensor has ", p.numel(), " elements (shape ",
+          ShapeString(p.value.shape), ") but its layout gives this rank ", p.piece.numel,
+          " (shape ", ShapeString(p.piece.shape), ")"));
+    }
+  }
+  MUON_RETURN_IF_ERROR(Place(&p));
+  MUON_RETURN_IF_ERROR(Add(std::move(p)));
+  return id;
+}
+
+absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor* grad) {
+  MUON_RETURN_IF_ERROR(Get(id).status());
+  Param& p = params_[static_cast<size_t>(id)];
+  const std::string who = absl::StrCat("param '", p.name, "'");
+  // A new tensor must match the registered one: device, dtype and shape.
+  auto view_like = [&](const DLTensor* t, const TensorView& registered,
+                       const std::string& what) -> absl::StatusOr<TensorView> {
+    MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, what));
+    if (DeviceString(v.device) != device_->name()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the new tensor is on ",
+                                                     DeviceString(v.device),
+                                                     ", the optimizer's on ", device_->name()));
+    }
+    if (v.shape != registered.shape || v.dtype != registered.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the new tensor is ", DTypeName(v.dtype), " ", ShapeString(v.shape),
+          ", the registered one ", DTypeName(registered.dtype), " ",
+          ShapeString(registered.shape)));
+    }
+    return v;
+  };
+  MUON_ASSIGN_OR_RETURN(TensorView v, view_like(value, p.value, who));
+  if (grad == nullptr) {
+    if (distributed_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, ": a gradient is required with a world (every rank steps every parameter); "
+          "bind a zero gradient instead"));
+    }
+    p.value = v;
+    p.active = false;
+    return absl::OkStatus();
+  }
+  MUON_ASSIGN_OR_RETURN(TensorView g, view_like(grad, p.grad, absl::StrCat("grad of ", who)));
+  p.value = v;
+  p.grad = g;
+  p.active = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const Param*> Registry::Get(int64_t id) const {
+  if (id < 0 || id >= static_cast<int64_t>(params_.size())) {
+    return absl::NotFoundError(absl::StrCat("param_id ", id, " is not registered (",
+                                            params_.size(), " parameters are)"));
+  }
+  return &params_[static_cast<size_t>(id)];
+}
+
+}  // namespace muon

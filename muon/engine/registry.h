@@ -1,0 +1,87 @@
+// What an optimizer steps, as registered before its first step: the
+// communicators (the world and the placement groups), the parameters, and
+// the device they live on (the host, or a CUDA device picked by the first
+// parameter). Each call checks its arguments and, when it fails, leaves
+// nothing behind. The first step closes registration.
+#ifndef MUON_ENGINE_REGISTRY_H_
+#define MUON_ENGINE_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <dlpack/dlpack.h>
+
+#include "absl/status/statusor.h"
+#include "muon/comm/comm.h"
+#include "muon/device/device.h"
+#include "muon/engine/param.h"
+#include "muon/sharding/layout.h"
+
+namespace muon {
+
+// The distributed layout a parameter is registered with.
+struct DistSpec {
+  std::vector<int64_t> global_shape;
+  std::vector<Placement> placements;
+  bool zero2 = false;  // ZeRO-2 replicated mode (placements: one Replicate)
+};
+
+class Registry {
+ public:
+  // A single-process registry: `self` is the world of one rank, on the host.
+  explicit Registry(std::shared_ptr<Comm> self);
+
+  // The world (every rank of the step) and further groups; each returns the
+  // group id placements use. Closed once a parameter is registered.
+  absl::StatusOr<int> SetWorld(std::shared_ptr<Comm> world);
+  absl::StatusOr<int> AddGroup(std::shared_ptr<Comm> group);
+  absl::StatusOr<int> GroupSize(int group) const;
+  int num_groups() const { return static_cast<int>(groups_.size()); }
+
+  // Registers a parameter; returns its id. An empty name becomes "param<id>"
+  // (a name is required once a world is set). `dist` (optional) gives the
+  // global shape and placements.
+  absl::StatusOr<int64_t> Register(const DLTensor* value, const DLTensor* grad,
+                                   const std::string& name, int view, const DistSpec* dist,
+                                   bool momentum_fp32);
+  // Registers a parameter on the custom path (needs a world).
+  absl::StatusOr<int64_t> RegisterCustom(const DLTensor* value, const DLTensor* grad,
+                                         const std::string& name, int64_t rows, int64_t cols,
+                                         std::shared_ptr<CustomPath> path, bool momentum_fp32);
+  // Points param `id` at new storage (same device, shape and dtype); a null
+  // grad (single-process only) skips it until a gradient is bound again.
+  // Allowed between steps.
+  absl::Status Rebind(int64_t id, const DLTensor* value, const DLTensor* grad);
+
+  // Ends registration (the first step's setup succeeded).
+  void Close() { closed_ = true; }
+
+  absl::StatusOr<const Param*> Get(int64_t id) const;
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  const std::shared_ptr<Device>& device() const { return device_; }
+  bool distributed() const { return distributed_; }
+  Comm& world() const { return *world_; }
+  const std::vector<std::shared_ptr<Comm>>& groups() const { return groups_; }
+
+ private:
+  absl::Status CheckName(const std::string& name) const;
+  // Checks that `p` lives on the registry's device (the first parameter picks
+  // it) and allocates its momentum there.
+  absl::Status Place(Param* p);
+  // Refuses storage shared with another registered tensor, then adds `p`.
+  absl::Status Add(Param p);
+
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<Comm> world_;  // the self communicator until SetWorld
+  bool distributed_ = false;
+  std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
+  std::vector<Param> params_;
+  bool closed_ = false;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_REGISTRY_H_

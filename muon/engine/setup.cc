@@ -1,0 +1,111 @@
+#include "muon/engine/setup.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+#include "muon/sharding/handshake.h"
+
+namespace muon {
+namespace {
+
+// Settings every rank must share, compared in the handshake.
+std::string Fingerprint(const Options& o) {
+  std::string f = absl::StrCat("assignment=", static_cast<int>(o.dist.assignment),
+                               " prefetch=", o.dist.prefetch_count,
+                               " async=", o.dist.async_parallelism,
+                               " round_bytes=", o.dist.round_bytes, " ns_steps=", o.ns.steps,
+                               " ns_dtype=", static_cast<int>(o.ns.dtype), " eps=", o.ns.eps,
+                               " momentum_fp32=", o.momentum_fp32, " coefficients=");
+  for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
+  return f;
+}
+
+PlanOptions PlanOptionsOf(const Options& o) {
+  PlanOptions po;
+  po.assignment = o.dist.assignment;
+  po.custom = o.dist.custom_assign;
+  po.async_parallelism = o.dist.async_parallelism;
+  po.round_bytes = o.dist.round_bytes;
+  po.ns_steps = o.ns.steps;
+  return po;
+}
+
+// What this rank registered, as the handshake sends it. A custom-path owner
+// that is no world rank is this rank's error (*local_error), reported after
+// the handshake so that no rank is left waiting.
+RankDesc Describe(const Registry& registry, std::vector<std::vector<int>> members,
+                  absl::Status* local_error) {
+  const Comm& world = registry.world();
+  RankDesc me;
+  me.world_rank = world.rank();
+  me.groups = std::move(members);
+  for (const Param& p : registry.params()) {
+    RankParamDesc d;
+    d.name = p.name;
+    d.param_dtype = static_cast<uint8_t>(p.value.dtype);
+    d.state_dtype = static_cast<uint8_t>(p.state_dtype);
+    d.view = static_cast<uint8_t>(p.view);
+    d.global_shape = p.global_shape;
+    d.layout = p.layout;
+    d.zero2 = p.zero2_group >= 0 ? 1 : 0;
+    if (p.custom) {
+      std::string detail;
+      const int owner = p.custom->assign(world.size(), &detail);
+      if (owner < 0 || owner >= world.size()) {
+        if (local_error->ok()) {
+          *local_error = absl::InvalidArgumentError(absl::StrCat(
+              "param '", p.name, "': assign_fn returned ", owner,
+              "; it must be a world rank in [0, ", world.size(), ")",
+              detail.empty() ? "" : ": ", detail));
+        }
+        d.custom_owner = 0;
+      } else {
+        d.custom_owner = owner;
+      }
+    }
+    me.params.push_back(std::move(d));
+  }
+  return me;
+}
+
+}  // namespace
+
+bool StepSetup::empty() const {
+  return exchange->stats().matrices_total == 0 && custom->stats().matrices_total == 0 &&
+         !zero2->has_blocks();
+}
+
+absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const Options& options,
+                                                      void* stream) {
+  Comm& world = registry.world();
+  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> members,
+                        GatherGroupMembers(world, registry.groups(), stream));
+  absl::Status local_error;
+  const RankDesc me = Describe(registry, members, &local_error);
+  MUON_ASSIGN_OR_RETURN(Plan plan, AgreePlan(world, me, Fingerprint(options),
+                                             PlanOptionsOf(options), local_error, stream));
+
+  auto s = std::make_unique<StepSetup>();
+  std::vector<Param>& params = registry.params();
+  for (const Param& p : params) {
+    MUON_ASSIGN_OR_RETURN(
+        DeviceBuffer b,
+        DeviceBuffer::Make(registry.device(), static_cast<size_t>(p.numel()) * sizeof(float),
+                           absl::StrCat("the update buffer of param '", p.name, "'")));
+    s->updates.push_back(std::move(b));
+  }
+  StepContext ctx;
+  ctx.device = registry.device();
+  ctx.options = &options;
+  ctx.params = &params;
+  ctx.updates = &s->updates;
+  MUON_ASSIGN_OR_RETURN(s->exchange, ExchangeStepper::Create(plan, ctx, world));
+  MUON_ASSIGN_OR_RETURN(s->custom, CustomStepper::Create(std::move(plan.custom), world.rank(), ctx));
+  MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
+                                                       plan.zero2_matrices, ctx));
+  return s;
+}
+
+}  // namespace muon

@@ -1,0 +1,55 @@
+// A stepper orthogonalizes a set of the job's matrices, collectively with the
+// other ranks: the optimizer computes momentum into each parameter's update
+// buffer, runs every stepper, then applies each update buffer (ZeRO-2
+// parameters are stepped whole by their stepper). Three steppers exist, one
+// per way a matrix can be spread: exchange rounds over layouts
+// (exchange_stepper.h), the host's own callbacks (custom_stepper.h), and
+// ZeRO-2 replicas (zero2_stepper.h).
+#ifndef MUON_ENGINE_STEPPER_H_
+#define MUON_ENGINE_STEPPER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "muon/device/device.h"
+#include "muon/engine/options.h"
+#include "muon/engine/param.h"
+
+namespace muon {
+
+// What a stepper borrows from the optimizer, for the optimizer's lifetime.
+// The options and the parameters' tensors may change between steps (lr
+// schedules, rebinding); nothing else does after setup.
+struct StepContext {
+  std::shared_ptr<Device> device;
+  const Options* options = nullptr;
+  std::vector<Param>* params = nullptr;
+  // Per parameter (registration order): its fp32 update buffer on the device,
+  // holding the momentum output before the steppers run and the
+  // orthogonalized update after.
+  const std::vector<DeviceBuffer>* updates = nullptr;
+
+  float* update(size_t i) const { return (*updates)[i].as<float>(); }
+};
+
+struct StepperStats {
+  int64_t matrices_total = 0;  // planned: matrices of the whole job it steps
+  int64_t matrices_owned = 0;  // planned: of which this rank orthogonalizes
+  int64_t orthogonalized = 0;  // last step, this rank
+  double ns_flops = 0;         // last step, this rank
+};
+
+class Stepper {
+ public:
+  virtual ~Stepper() = default;
+  // One step's orthogonalization. A failure may leave state half-updated
+  // (the optimizer then refuses further steps until state is restored).
+  virtual absl::Status Run(void* stream) = 0;
+  virtual const StepperStats& stats() const = 0;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_STEPPER_H_

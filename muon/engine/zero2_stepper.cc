@@ -1,0 +1,156 @@
+#include "muon/engine/zero2_stepper.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+#include "muon/engine/local_update.h"
+
+namespace muon {
+
+absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
+    const std::vector<std::shared_ptr<Comm>>& groups,
+    const std::vector<std::vector<int>>& members, int64_t matrices_total,
+    const StepContext& ctx) {
+  std::unique_ptr<Zero2Stepper> s(new Zero2Stepper(groups, ctx));
+  std::vector<Param>& params = *ctx.params;
+  s->stats_.matrices_total = matrices_total;
+  // Group instances in one order every rank agrees on: by member list.
+  std::vector<int> order;
+  for (const Param& p : params) {
+    if (p.zero2_group >= 0 &&
+        std::find(order.begin(), order.end(), p.zero2_group) == order.end()) {
+      order.push_back(p.zero2_group);
+    }
+  }
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return members[a] < members[b]; });
+  int64_t largest = 0, widest = 0;
+  for (int g : order) {
+    const int n = groups[g]->size();
+    std::vector<int> mine;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].zero2_group == g) mine.push_back(static_cast<int>(i));
+    }
+    std::sort(mine.begin(), mine.end(),
+              [&](int a, int b) { return params[a].name < params[b].name; });
+    // Same shape and dtype together, in order of first appearance.
+    std::vector<std::vector<int>> buckets;
+    for (int i : mine) {
+      bool placed = false;
+      for (auto& b : buckets) {
+        const Param& q = params[b[0]];
+        if (q.value.shape == params[i].value.shape && q.value.dtype == params[i].value.dtype) {
+          b.push_back(i);
+          placed = true;
+          break;
+        }
+      }
+      if (!placed) buckets.push_back({i});
+    }
+    int64_t k = 0;  // block-cyclic owner counter, running across buckets
+    for (const auto& b : buckets) {
+      for (size_t start = 0; start < b.size(); start += n) {
+        Block blk;
+        blk.group = g;
+        blk.dtype = params[b[0]].value.dtype;
+        blk.elems = params[b[0]].numel();
+        blk.params.assign(n, -1);
+        for (size_t j = start; j < std::min(b.size(), start + n); ++j) {
+          blk.params[k++ % n] = b[j];
+        }
+        largest = std::max(largest, blk.elems);
+        widest = std::max(widest, blk.elems * n);
+        s->blocks_.push_back(std::move(blk));
+      }
+    }
+  }
+  for (const Block& blk : s->blocks_) {
+    const int me = groups[blk.group]->rank();
+    for (size_t c = 0; c < blk.params.size(); ++c) {
+      if (blk.params[c] < 0) continue;
+      Param& p = params[blk.params[c]];
+      if (static_cast<int>(c) == me) {
+        MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
+        s->stats_.matrices_owned += p.batch;
+      } else {
+        p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
+        p.momentum.Reset();
+      }
+    }
+  }
+  try {
+    s->send_.resize(static_cast<size_t>(widest) * 4);
+    s->recv_.resize(static_cast<size_t>(widest) * 4);
+    s->average_.resize(static_cast<size_t>(largest));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of host memory for the ZeRO-2 buffers");
+  }
+  return s;
+}
+
+absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
+  Param& p = (*ctx_.params)[param];
+  float* update = ctx_.update(param);
+  const int n = groups_[blk.group]->size();
+  for (int64_t e = 0; e < blk.elems; ++e) {
+    average_[e] =
+        RoundTo(blk.dtype, LoadAsFloat(blk.dtype, recv_.data(), e) / static_cast<float>(n));
+  }
+  MathBackend& math = ctx_.device->math();
+  const Options& options = *ctx_.options;
+  // The average, already rounded to the grad dtype, enters as fp32.
+  MUON_RETURN_IF_ERROR(UpdateMomentum(math, options, p, DType::kF32, average_.data(), update));
+  MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
+  MUON_RETURN_IF_ERROR(ApplyUpdate(math, options, p, update));
+  stats_.orthogonalized += p.batch;
+  stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options.ns.steps);
+  return absl::OkStatus();
+}
+
+absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream) {
+  std::vector<Param>& params = *ctx_.params;
+  Comm& g = *groups_[blk.group];
+  const int n = g.size(), me = g.rank();
+  const size_t bytes = static_cast<size_t>(blk.elems) * SizeOf(blk.dtype);
+  const int first = *std::max_element(blk.params.begin(), blk.params.end());
+  const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
+  // Gradients, block c for the owner at coord c, summed onto it.
+  for (int c = 0; c < n; ++c) {
+    unsigned char* dst = send_.data() + c * bytes;
+    if (blk.params[c] >= 0) {
+      std::memcpy(dst, params[blk.params[c]].grad.data, bytes);
+    } else {
+      std::memset(dst, 0, bytes);
+    }
+  }
+  MUON_RETURN_IF_ERROR(g.ReduceScatter(send_.data(), recv_.data(),
+                                       static_cast<size_t>(blk.elems), blk.dtype, stream,
+                                       absl::StrCat("averaging gradients of the ", what)));
+  if (blk.params[me] >= 0) MUON_RETURN_IF_ERROR(StepOwned(blk, blk.params[me]));
+  // The owners' new values to every replica.
+  unsigned char* mine = send_.data();
+  if (blk.params[me] >= 0) {
+    std::memcpy(mine, params[blk.params[me]].value.data, bytes);
+  } else {
+    std::memset(mine, 0, bytes);
+  }
+  MUON_RETURN_IF_ERROR(g.AllGather(mine, recv_.data(), bytes, stream,
+                                   absl::StrCat("sharing the new values of the ", what)));
+  for (int c = 0; c < n; ++c) {
+    if (c == me || blk.params[c] < 0) continue;
+    std::memcpy(params[blk.params[c]].value.data, recv_.data() + c * bytes, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero2Stepper::Run(void* stream) {
+  stats_.orthogonalized = 0;
+  stats_.ns_flops = 0;
+  for (const Block& blk : blocks_) MUON_RETURN_IF_ERROR(RunBlock(blk, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,62 @@
+// The ZeRO-2 stepper (MUON_REPLICATED_ZERO2): parameters replicated over a
+// data-parallel group whose ranks pass their own, un-averaged gradients.
+// Same-shape parameters of a group form blocks of up to group-size of them,
+// with block-cyclic owners. Per block: one reduce_scatter averages the
+// gradients onto their owners, each owner steps its parameter whole
+// (momentum, Newton-Schulz, decay and update; it alone keeps the momentum,
+// 1/N of the state), and one all_gather hands the new values to every
+// replica. Host tensors only.
+#ifndef MUON_ENGINE_ZERO2_STEPPER_H_
+#define MUON_ENGINE_ZERO2_STEPPER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muon/comm/comm.h"
+#include "muon/common/dtype.h"
+#include "muon/engine/stepper.h"
+
+namespace muon {
+
+class Zero2Stepper : public Stepper {
+ public:
+  // Forms the blocks of the ZeRO-2 parameters of ctx.params (each group's
+  // blocks in an order every rank agrees on, by member lists), drops the
+  // momentum of the parameters another rank owns, and allocates the step's
+  // buffers. `members[g]`: the world ranks of group g's members.
+  static absl::StatusOr<std::unique_ptr<Zero2Stepper>> Create(
+      const std::vector<std::shared_ptr<Comm>>& groups,
+      const std::vector<std::vector<int>>& members, int64_t matrices_total,
+      const StepContext& ctx);
+
+  absl::Status Run(void* stream) override;
+  const StepperStats& stats() const override { return stats_; }
+  // This rank takes part in at least one block.
+  bool has_blocks() const { return !blocks_.empty(); }
+
+ private:
+  // Up to group-size same-shape parameters; coord c steps params[c] (-1: none).
+  struct Block {
+    int group = 0;
+    DType dtype = DType::kF32;
+    int64_t elems = 0;
+    std::vector<int> params;
+  };
+
+  Zero2Stepper(const std::vector<std::shared_ptr<Comm>>& groups, const StepContext& ctx)
+      : groups_(groups), ctx_(ctx) {}
+  absl::Status RunBlock(const Block& blk, void* stream);
+  absl::Status StepOwned(const Block& blk, int param);
+
+  std::vector<std::shared_ptr<Comm>> groups_;
+  StepContext ctx_;
+  std::vector<Block> blocks_;
+  std::vector<unsigned char> send_, recv_;
+  std::vector<float> average_;
+  StepperStats stats_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_ZERO2_STEPPER_H_

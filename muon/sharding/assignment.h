@@ -1,0 +1,37 @@
+// Who orthogonalizes each matrix of the job: every choice names a rank that
+// holds a piece of the matrix, and gives each matrix to exactly one rank.
+#ifndef MUON_SHARDING_ASSIGNMENT_H_
+#define MUON_SHARDING_ASSIGNMENT_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace muon {
+
+enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2 };
+
+// One global matrix as an assignment sees it.
+struct MatrixInfo {
+  const std::string* param_name;
+  int64_t index;  // within the parameter's matrix view
+  int64_t rows, cols;
+  double ns_flops;
+  std::vector<int> holders;  // world ranks, ascending
+};
+
+// A host's assignment (Assignment::kCustom): fills owners (one per matrix) or
+// returns an error.
+using CustomAssignFn =
+    std::function<absl::Status(const std::vector<MatrixInfo>&, std::vector<int>*)>;
+
+// Owners by greedy largest-first onto the least-loaded candidate (ties: the
+// earlier matrix, the lower rank), or round-robin over each matrix's holders.
+std::vector<int> AssignBalanced(const std::vector<MatrixInfo>& matrices);
+std::vector<int> AssignRoundRobin(const std::vector<MatrixInfo>& matrices);
+
+}  // namespace muon
+
+#endif  // MUON_SHARDING_ASSIGNMENT_H_

@@ -1,0 +1,305 @@
+#include "muon/sharding/exchange.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace muon {
+namespace {
+
+template <typename SpanT>
+size_t Bytes(const std::vector<SpanT>& spans) {
+  size_t n = 0;
+  for (const auto& s : spans) n += static_cast<size_t>(s.length) * SizeOf(s.wire);
+  return n;
+}
+
+template <typename SpanT>
+void SpanLayout(const std::vector<std::vector<SpanT>>& per_peer, std::vector<size_t>* bytes,
+            std::vector<size_t>* offsets) {
+  bytes->resize(per_peer.size());
+  offsets->resize(per_peer.size());
+  size_t at = 0;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    (*offsets)[p] = at;
+    (*bytes)[p] = Bytes(per_peer[p]);
+    at += (*bytes)[p];
+  }
+}
+
+size_t Total(const std::vector<size_t>& v) {
+  size_t n = 0;
+  for (size_t x : v) n += x;
+  return n;
+}
+
+// The parts of `runs` outside `cover` (global runs sorted by offset, not
+// overlapping), keeping each part's local position.
+std::vector<LocatedRun> Subtract(const std::vector<LocatedRun>& runs, const std::vector<Run>& cover) {
+  if (cover.empty()) return runs;
+  std::vector<LocatedRun> out;
+  for (const LocatedRun& lr : runs) {
+    int64_t at = lr.run.offset;
+    const int64_t end = lr.run.offset + lr.run.length;
+    auto it = std::upper_bound(cover.begin(), cover.end(), at,
+                               [](int64_t v, const Run& c) { return v < c.offset; });
+    if (it != cover.begin()) --it;
+    for (; it != cover.end() && it->offset < end && at < end; ++it) {
+      const int64_t c0 = it->offset, c1 = it->offset + it->length;
+      if (c1 <= at) continue;
+      if (c0 > at) out.push_back({lr.local + (at - lr.run.offset), {at, c0 - at}});
+      at = std::max(at, c1);
+    }
+    if (at < end) out.push_back({lr.local + (at - lr.run.offset), {at, end - at}});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
+                                         DType ns_wire) {
+  std::vector<RoundTable> tables(plan.rounds);
+  for (RoundTable& t : tables) {
+    t.gather_send.resize(world);
+    t.gather_recv.resize(world);
+    t.scatter_send.resize(world);
+    t.scatter_recv.resize(world);
+  }
+  // Slot positions of owned matrices: grouped by shape within each round.
+  std::vector<int64_t> slot_of(plan.units.size(), -1);
+  {
+    std::vector<std::map<std::pair<int64_t, int64_t>, std::vector<int>>> by_shape(plan.rounds);
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> shape_order(plan.rounds);
+    for (size_t i = 0; i < plan.units.size(); ++i) {
+      const Unit& u = plan.units[i];
+      if (u.owner != my_rank) continue;
+      const PlanParam& pp = plan.params[u.param];
+      auto key = std::make_pair(pp.rows, pp.cols);
+      auto& m = by_shape[u.round];
+      if (m.find(key) == m.end()) shape_order[u.round].push_back(key);
+      m[key].push_back(static_cast<int>(i));
+    }
+    for (int r = 0; r < plan.rounds; ++r) {
+      RoundTable& t = tables[r];
+      for (const auto& key : shape_order[r]) {
+        ShapeBatch b{key.first, key.second, t.slot_floats, 0};
+        for (int i : by_shape[r][key]) {
+          slot_of[i] = t.slot_floats;
+          t.slot_floats += key.first * key.second;
+          ++b.count;
+          ++t.owned;
+          t.flops += plan.units[i].flops;
+        }
+        t.batches.push_back(b);
+      }
+    }
+  }
+  // This rank's entry among each parameter's holders (found from my_rank, so
+  // any rank's copy of the plan serves).
+  std::vector<int> mine(plan.params.size(), -1);
+  for (size_t p = 0; p < plan.params.size(); ++p) {
+    const auto& holders = plan.params[p].holders;
+    for (size_t h = 0; h < holders.size(); ++h) {
+      if (holders[h].rank == my_rank) mine[p] = static_cast<int>(h);
+    }
+  }
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    const PlanParam& pp = plan.params[u.param];
+    const int my_holder = mine[u.param];
+    const int64_t per = pp.rows * pp.cols;
+    const int64_t begin = u.index * per, end = begin + per;
+    const DType state = static_cast<DType>(pp.state_dtype);
+    RoundTable& t = tables[u.round];
+    const bool owner = u.owner == my_rank;
+    bool involved = owner;
+    const bool i_send =
+        my_holder >= 0 && std::find(u.senders.begin(), u.senders.end(), my_holder) != u.senders.end();
+    const bool i_receive = my_holder >= 0 && std::find(u.receivers.begin(), u.receivers.end(),
+                                                       my_holder) != u.receivers.end();
+    if (owner || i_send) {
+      // The owner fills what it holds from its own piece (a copy to itself,
+      // no traffic); the canonical holders send only the rest.
+      int owner_holder = -1;
+      for (int h : u.receivers) {
+        if (pp.holders[h].rank == u.owner) owner_holder = h;
+      }
+      std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
+      std::vector<Run> cover;
+      if (owner_holder >= 0) {
+        sends.push_back({owner_holder, Intersect(pp.holders[owner_holder].piece.runs, begin, end)});
+        for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
+        std::sort(cover.begin(), cover.end(),
+                  [](const Run& a, const Run& b) { return a.offset < b.offset; });
+      }
+      for (int h : u.senders) {
+        if (h == owner_holder || (!owner && h != my_holder)) continue;
+        sends.push_back({h, Subtract(Intersect(pp.holders[h].piece.runs, begin, end), cover)});
+      }
+      for (const auto& [h, runs] : sends) {
+        const int from = pp.holders[h].rank;
+        for (const LocatedRun& lr : runs) {
+          if (from == my_rank) {
+            t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
+            involved = true;
+          }
+          if (owner) {
+            t.gather_recv[from].push_back(
+                {slot_of[i] + lr.run.offset - begin, lr.run.length, state});
+          }
+        }
+      }
+    }
+    // Every holder (each copy) receives its elements of the result.
+    for (int h : u.receivers) {
+      const Holder& holder = pp.holders[h];
+      if (!owner && !(i_receive && holder.rank == my_rank)) continue;
+      for (const LocatedRun& lr : Intersect(holder.piece.runs, begin, end)) {
+        if (owner) {
+          t.scatter_send[holder.rank].push_back(
+              {slot_of[i] + lr.run.offset - begin, lr.run.length, ns_wire});
+        }
+        if (holder.rank == my_rank) {
+          t.scatter_recv[u.owner].push_back({pp.local, lr.local, lr.run.length, ns_wire});
+          involved = true;
+        }
+      }
+    }
+    if (involved) t.units.push_back(static_cast<int>(i));
+  }
+  // Errors name the round and its first parameter.
+  std::vector<int> first(plan.rounds, -1), count(plan.rounds, 0);
+  for (const Unit& u : plan.units) {
+    if (first[u.round] < 0) first[u.round] = u.param;
+    ++count[u.round];
+  }
+  for (int r = 0; r < plan.rounds; ++r) {
+    tables[r].label = absl::StrCat("round ", r, " (param '", plan.params[first[r]].name, "'",
+                                   count[r] > 1 ? absl::StrCat(" and ", count[r] - 1, " more matrices") : "",
+                                   ")");
+  }
+  return tables;
+}
+
+size_t MaxExchangeBytes(const std::vector<RoundTable>& tables) {
+  size_t m = 0;
+  std::vector<size_t> b, o;
+  for (const RoundTable& t : tables) {
+    SpanLayout(t.gather_send, &b, &o);
+    m = std::max(m, Total(b));
+    SpanLayout(t.gather_recv, &b, &o);
+    m = std::max(m, Total(b));
+    SpanLayout(t.scatter_send, &b, &o);
+    m = std::max(m, Total(b));
+    SpanLayout(t.scatter_recv, &b, &o);
+    m = std::max(m, Total(b));
+  }
+  return m;
+}
+
+namespace {
+
+// Copies from fp32 spans of `base` (param update buffers or slots) into the
+// wire bytes of one direction's send buffer, peer after peer.
+template <typename SpanT, typename BaseFn>
+std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
+                            const std::vector<size_t>& offsets, unsigned char* send, BaseFn base) {
+  std::vector<CopyOp> ops;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    unsigned char* at = send + offsets[p];
+    for (const SpanT& s : per_peer[p]) {
+      ops.push_back({base(s) + s.pos, at, s.length, DType::kF32, s.wire, DType::kF32});
+      at += s.length * SizeOf(s.wire);
+    }
+  }
+  return ops;
+}
+
+template <typename SpanT, typename BaseFn>
+std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
+                              const std::vector<size_t>& offsets, const unsigned char* recv,
+                              BaseFn base) {
+  std::vector<CopyOp> ops;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    const unsigned char* at = recv + offsets[p];
+    for (const SpanT& s : per_peer[p]) {
+      ops.push_back({at, base(s) + s.pos, s.length, s.wire, DType::kF32, DType::kF32});
+      at += s.length * SizeOf(s.wire);
+    }
+  }
+  return ops;
+}
+
+absl::StatusOr<BoundExchange::Direction> BindDirection(
+    Device& device, std::vector<CopyOp> pack, std::vector<CopyOp> unpack,
+    std::vector<size_t> sb, std::vector<size_t> so, std::vector<size_t> rb,
+    std::vector<size_t> ro, std::string label) {
+  BoundExchange::Direction d;
+  absl::StatusOr<std::unique_ptr<CopyProgram>> p = device.Prepare(pack);
+  if (!p.ok()) return p.status();
+  d.pack = std::move(*p);
+  p = device.Prepare(unpack);
+  if (!p.ok()) return p.status();
+  d.unpack = std::move(*p);
+  d.send_bytes = std::move(sb);
+  d.send_offsets = std::move(so);
+  d.recv_bytes = std::move(rb);
+  d.recv_offsets = std::move(ro);
+  d.label = std::move(label);
+  return d;
+}
+
+}  // namespace
+
+absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
+                                           const std::vector<float*>& updates, float* slots,
+                                           unsigned char* send, unsigned char* recv,
+                                           bool single_rank) {
+  // A world of one rank exchanges with itself: the unpack reads the packed
+  // bytes where they are, and no collective is called.
+  const unsigned char* incoming = single_rank ? send : recv;
+  auto update_of = [&](const LocalSpan& s) { return updates[s.param]; };
+  auto slot_of = [&](const SlotSpan&) { return slots; };
+  BoundExchange b;
+  b.single_rank = single_rank;
+  std::vector<size_t> sb, so, rb, ro;
+  SpanLayout(t.gather_send, &sb, &so);
+  SpanLayout(t.gather_recv, &rb, &ro);
+  if (single_rank) ro = so;
+  absl::StatusOr<BoundExchange::Direction> d = BindDirection(
+      device, PackOps(t.gather_send, so, send, update_of),
+      UnpackOps(t.gather_recv, ro, incoming, slot_of), sb, so, rb, ro,
+      absl::StrCat("gathering ", t.label));
+  if (!d.ok()) return d.status();
+  b.gather = std::move(*d);
+  SpanLayout(t.scatter_send, &sb, &so);
+  SpanLayout(t.scatter_recv, &rb, &ro);
+  if (single_rank) ro = so;
+  d = BindDirection(device, PackOps(t.scatter_send, so, send, slot_of),
+                    UnpackOps(t.scatter_recv, ro, incoming, update_of), sb, so, rb, ro,
+                    absl::StrCat("scattering ", t.label));
+  if (!d.ok()) return d.status();
+  b.scatter = std::move(*d);
+  return b;
+}
+
+absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
+                         Device& device, const unsigned char* send, unsigned char* recv,
+                         void* stream) {
+  absl::Status st = device.Run(*d.pack);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
+  if (!b.single_rank) {
+    st = comm.AllToAllV(send, d.send_bytes, d.send_offsets, recv, d.recv_bytes, d.recv_offsets,
+                        stream, d.label);
+    if (!st.ok()) return st;
+  }
+  st = device.Run(*d.unpack);
+  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace muon

@@ -1,0 +1,99 @@
+// This rank's part of each exchange round: which elements it sends to and
+// receives from each peer, in which order, and where the matrices it owns sit
+// in its working buffer. Built once from the Plan; run every step.
+//
+// Gather (round r): every canonical holder of a matrix owned by rank o sends
+// its elements of that matrix (the momentum-updated values, in the state
+// dtype) to o, which assembles whole matrices in `slots`. Scatter: o sends
+// each holder (every copy) its elements of the orthogonalized matrix (in the
+// Newton-Schulz dtype), written into the holder's local update buffer.
+// Nothing else moves: a rank receives a whole matrix only if it owns it.
+#ifndef MUON_SHARDING_EXCHANGE_H_
+#define MUON_SHARDING_EXCHANGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "muon/common/dtype.h"
+#include "muon/device/device.h"
+#include "muon/comm/comm.h"
+#include "muon/sharding/plan.h"
+
+namespace muon {
+
+// A span of one local parameter's update buffer.
+struct LocalSpan {
+  int param = 0;  // this rank's param index (registration order)
+  int64_t pos = 0;
+  int64_t length = 0;
+  DType wire = DType::kF32;
+};
+
+// A span of the working buffer of owned matrices.
+struct SlotSpan {
+  int64_t pos = 0;
+  int64_t length = 0;
+  DType wire = DType::kF32;
+};
+
+struct ShapeBatch {
+  int64_t rows = 0, cols = 0;
+  int64_t offset = 0;  // in slots (floats)
+  int64_t count = 0;   // matrices
+};
+
+struct RoundTable {
+  std::vector<int> units;           // units of this round this rank takes part in
+  std::vector<ShapeBatch> batches;  // owned matrices grouped by shape
+  int64_t slot_floats = 0;
+  int64_t owned = 0;
+  double flops = 0;
+  std::vector<std::vector<LocalSpan>> gather_send;  // per peer
+  std::vector<std::vector<SlotSpan>> gather_recv;   // per peer
+  std::vector<std::vector<SlotSpan>> scatter_send;  // per peer
+  std::vector<std::vector<LocalSpan>> scatter_recv; // per peer
+  std::string label;  // names the round's first parameter, for errors
+};
+
+// Builds the tables of every round for `my_rank`. `state_dtypes` are the
+// wire dtypes of the gather per plan param; `ns_wire` the scatter's.
+std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
+                                         DType ns_wire);
+
+// One round's exchange bound to this rank's buffers, prepared once at
+// setup: per direction, the pack copies (fp32 sources -> wire bytes of the
+// send buffer), the all_to_all_v byte counts and offsets, and the unpack
+// copies (wire bytes -> fp32 destinations). Running it allocates nothing.
+struct BoundExchange {
+  struct Direction {
+    std::unique_ptr<CopyProgram> pack, unpack;
+    std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
+    std::string label;  // "gathering <round label>", for errors
+  };
+  Direction gather, scatter;
+  bool single_rank = false;  // a world of one: no collective, unpack from send
+};
+
+// `updates[p]` is this rank's param p's fp32 update buffer; `slots` the
+// round's working buffer of owned matrices; `send`/`recv` hold
+// MaxExchangeBytes(tables) bytes. All are memory of `device`.
+absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
+                                           const std::vector<float*>& updates, float* slots,
+                                           unsigned char* send, unsigned char* recv,
+                                           bool single_rank);
+
+// Runs one direction (b.gather or b.scatter): pack, one all_to_all_v over
+// `comm` on `stream`, unpack.
+absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
+                         Device& device, const unsigned char* send, unsigned char* recv,
+                         void* stream);
+
+// Largest send / receive byte counts over all rounds and directions.
+size_t MaxExchangeBytes(const std::vector<RoundTable>& tables);
+
+}  // namespace muon
+
+#endif  // MUON_SHARDING_EXCHANGE_H_

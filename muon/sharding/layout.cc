@@ -1,0 +1,233 @@
+#include "muon/sharding/layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/tensor.h"
+
+namespace muon {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& v, size_t from, size_t to) {
+  int64_t n = 1;
+  for (size_t i = from; i < to; ++i) n *= v[i];
+  return n;
+}
+
+void Append(std::vector<Run>* out, Run r) {
+  if (r.length == 0) return;
+  if (!out->empty() && out->back().offset + out->back().length == r.offset) {
+    out->back().length += r.length;
+  } else {
+    out->push_back(r);
+  }
+}
+
+// Maps logical ranges of a piece (positions in its local order) to global runs.
+class RunMap {
+ public:
+  explicit RunMap(const std::vector<Run>& runs) : runs_(runs) {
+    starts_.reserve(runs.size());
+    int64_t pos = 0;
+    for (const Run& r : runs) {
+      starts_.push_back(pos);
+      pos += r.length;
+    }
+  }
+
+  // Appends the global runs of local positions [begin, begin + length).
+  void Map(int64_t begin, int64_t length, std::vector<Run>* out) const {
+    if (length <= 0) return;
+    size_t i = static_cast<size_t>(
+        std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+    int64_t left = length;
+    int64_t at = begin;
+    while (left > 0 && i < runs_.size()) {
+      const int64_t within = at - starts_[i];
+      const int64_t take = std::min(left, runs_[i].length - within);
+      Append(out, {runs_[i].offset + within, take});
+      left -= take;
+      at += take;
+      ++i;
+    }
+  }
+
+ private:
+  const std::vector<Run>& runs_;
+  std::vector<int64_t> starts_;
+};
+
+std::string Describe(const Placement& p, size_t index) {
+  const char* kind = p.kind == PlacementKind::kShard       ? "Shard"
+                     : p.kind == PlacementKind::kFlatRange ? "FlatRange"
+                                                           : "Replicate";
+  return absl::StrCat("placement ", index, " (", kind, " over group ", p.group, ")");
+}
+
+}  // namespace
+
+absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
+                                   const std::vector<int>& coords, const std::string& who) {
+  for (int64_t d : layout.global_shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": global shape ",
+                                                     ShapeString(layout.global_shape),
+                                                     " has a negative dimension"));
+    }
+  }
+  Piece piece;
+  piece.shape = layout.global_shape;
+  const int64_t numel = Product(piece.shape, 0, piece.shape.size());
+  if (numel > 0) piece.runs.push_back({0, numel});
+  std::vector<bool> used(group_sizes.size(), false);
+
+  for (size_t i = 0; i < layout.placements.size(); ++i) {
+    const Placement& p = layout.placements[i];
+    const std::string where = absl::StrCat(who, ": ", Describe(p, i));
+    if (p.group < 0 || static_cast<size_t>(p.group) >= group_sizes.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": group ", p.group, " is not known (", group_sizes.size(),
+                       " groups are)"));
+    }
+    if (used[p.group]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": the group is already used by an earlier placement"));
+    }
+    used[p.group] = true;
+    const int n = group_sizes[p.group];
+    const int r = coords[p.group];
+    RunMap map(piece.runs);
+    std::vector<Run> next;
+    switch (p.kind) {
+      case PlacementKind::kReplicate:
+        if (r != 0) piece.canonical = false;
+        continue;
+      case PlacementKind::kShard: {
+        if (p.dim < 0 || static_cast<size_t>(p.dim) >= piece.shape.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": dim ", p.dim, " does not exist in shape ",
+                           ShapeString(piece.shape)));
+        }
+        const int64_t d = piece.shape[p.dim];
+        int64_t a = 0, b = 0;
+        switch (p.split) {
+          case ShardSplit::kEven:
+            if (d % n != 0) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  where, ": dim ", p.dim, " of size ", d, " does not split evenly over ", n,
+                  " ranks; use the chunk split or explicit sizes"));
+            }
+            a = r * (d / n);
+            b = a + d / n;
+            break;
+          case ShardSplit::kChunk: {
+            const int64_t c = (d + n - 1) / n;
+            a = std::min<int64_t>(r * c, d);
+            b = std::min<int64_t>(a + c, d);
+            break;
+          }
+          case ShardSplit::kSizes: {
+            if (p.sizes.size() != static_cast<size_t>(n)) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  where, ": ", p.sizes.size(), " sizes given for a group of ", n, " ranks"));
+            }
+            int64_t total = 0;
+            for (int64_t s : p.sizes) {
+              if (s < 0) {
+                return absl::InvalidArgumentError(
+                    absl::StrCat(where, ": negative size ", s));
+              }
+              total += s;
+            }
+            if (total != d) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  where, ": sizes add up to ", total, ", but dim ", p.dim, " has size ", d));
+            }
+            for (int k = 0; k < r; ++k) a += p.sizes[k];
+            b = a + p.sizes[r];
+            break;
+          }
+          default:
+            return absl::InvalidArgumentError(absl::StrCat(where, ": unknown split ",
+                                                           static_cast<int>(p.split)));
+        }
+        const int64_t outer = Product(piece.shape, 0, p.dim);
+        const int64_t inner = Product(piece.shape, p.dim + 1, piece.shape.size());
+        for (int64_t o = 0; o < outer; ++o) {
+          map.Map((o * d + a) * inner, (b - a) * inner, &next);
+        }
+        piece.shape[p.dim] = b - a;
+        break;
+      }
+      case PlacementKind::kFlatRange: {
+        const int64_t current = Product(piece.shape, 0, piece.shape.size());
+        if (p.start < 0 || p.length < 0 || p.start > current || p.length > current - p.start) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, ": range [", p.start, ", ", p.start + p.length, ") does not lie inside the ",
+              current, " elements of the tensor it splits (shape ", ShapeString(piece.shape),
+              ")"));
+        }
+        map.Map(p.start, p.length, &next);
+        piece.shape = {p.length};
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown placement kind ", static_cast<int>(p.kind)));
+    }
+    piece.runs = std::move(next);
+  }
+  piece.numel = Product(piece.shape, 0, piece.shape.size());
+  return piece;
+}
+
+std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, int64_t end) {
+  std::vector<LocatedRun> out;
+  int64_t local = 0;
+  for (const Run& r : runs) {
+    const int64_t lo = std::max(begin, r.offset);
+    const int64_t hi = std::min(end, r.offset + r.length);
+    if (lo < hi) out.push_back({local + (lo - r.offset), {lo, hi - lo}});
+    local += r.length;
+  }
+  return out;
+}
+
+absl::Status CheckTiling(const std::vector<const Piece*>& pieces, int64_t numel,
+                         const std::string& who) {
+  std::vector<Run> canon;
+  for (const Piece* p : pieces) {
+    for (const Run& r : p->runs) {
+      if (r.offset < 0 || r.offset + r.length > numel) {
+        return absl::InvalidArgumentError(absl::StrCat(who, ": a piece covers elements [",
+                                                       r.offset, ", ", r.offset + r.length,
+                                                       ") outside the ", numel, " of the tensor"));
+      }
+      if (p->canonical) canon.push_back(r);
+    }
+  }
+  std::sort(canon.begin(), canon.end(),
+            [](const Run& a, const Run& b) { return a.offset < b.offset; });
+  int64_t at = 0;
+  for (const Run& r : canon) {
+    if (r.offset < at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": pieces overlap at element ", r.offset, " (flat ranges or shard sizes of two "
+          "ranks cover the same elements)"));
+    }
+    if (r.offset > at) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": elements [", at, ", ", r.offset, ") are held by no rank (a flat range or "
+          "shard is missing)"));
+    }
+    at = r.offset + r.length;
+  }
+  if (at != numel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": elements [", at, ", ", numel, ") are held by no rank (a flat range or shard is "
+        "missing)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muon

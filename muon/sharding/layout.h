@@ -1,0 +1,87 @@
+// How a parameter is spread over ranks: a global shape and an ordered list of
+// placements, each over one group, applied from the global tensor down to the
+// piece one rank holds (see DESIGN.md section 5).
+//
+// A piece is described by runs: contiguous ranges of the global row-major
+// flattened tensor, listed in the order the local buffer stores them. Any
+// composition of Shard / FlatRange / Replicate placements yields such a list.
+#ifndef MUON_SHARDING_LAYOUT_H_
+#define MUON_SHARDING_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace muon {
+
+enum class PlacementKind { kShard = 0, kFlatRange = 1, kReplicate = 2 };
+
+// How Shard splits a dimension of size d over n ranks.
+enum class ShardSplit {
+  kEven = 0,   // d % n == 0, d / n each (Megatron TP)
+  kChunk = 1,  // torch.chunk: ceil(d / n) each, the tail possibly short or empty (FSDP2)
+  kSizes = 2,  // explicit per-rank sizes summing to d
+};
+
+struct Placement {
+  PlacementKind kind = PlacementKind::kReplicate;
+  int group = 0;  // index of the group (communicator) it is over
+  // kShard:
+  int dim = 0;
+  ShardSplit split = ShardSplit::kEven;
+  std::vector<int64_t> sizes;  // kSizes: one per group rank
+  // kFlatRange: this rank's element range [start, start + length) of the
+  // current tensor's row-major flattening (possibly empty). Other ranks
+  // describe their own ranges; the handshake checks that they tile.
+  int64_t start = 0;
+  int64_t length = 0;
+};
+
+struct Layout {
+  std::vector<int64_t> global_shape;
+  std::vector<Placement> placements;
+};
+
+struct Run {
+  int64_t offset = 0;  // in the global flattened tensor
+  int64_t length = 0;
+  bool operator==(const Run& o) const { return offset == o.offset && length == o.length; }
+};
+
+struct Piece {
+  std::vector<Run> runs;         // in local storage order
+  std::vector<int64_t> shape;    // the local tensor's shape (1-D after a FlatRange)
+  int64_t numel = 0;
+  // True when every Replicate placement puts this rank at group rank 0: the
+  // one copy of these elements that is sent to owners.
+  bool canonical = true;
+};
+
+// The piece held by the rank whose position in group g is coords[g], in a
+// job whose group g has group_sizes[g] ranks. Checks the layout on the way:
+// groups known and used once, dims that exist, even splits that divide,
+// explicit sizes (one per group rank, >= 0) that add up, flat ranges inside
+// the current tensor. Errors name `who` and the placement.
+absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
+                                   const std::vector<int>& coords, const std::string& who);
+
+// The runs of `runs` (a local storage order) restricted to the global range
+// [begin, end), with the local position where each kept run starts.
+struct LocatedRun {
+  int64_t local = 0;  // position in the local buffer
+  Run run;
+};
+std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, int64_t end);
+
+// Checks that the pieces (all copies, canonical or not) of a tensor of
+// `numel` elements are consistent: the canonical ones tile [0, numel) exactly
+// once, and every non-canonical run lies inside it. Errors name `who` and the
+// first overlap or gap.
+absl::Status CheckTiling(const std::vector<const Piece*>& pieces, int64_t numel,
+                         const std::string& who);
+
+}  // namespace muon
+
+#endif  // MUON_SHARDING_LAYOUT_H_

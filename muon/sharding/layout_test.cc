@@ -1,0 +1,231 @@
+#include "muon/sharding/layout.h"
+
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace muon {
+namespace {
+
+// Expands runs to the list of global indices, in local order.
+std::vector<int64_t> Indices(const Piece& p) {
+  std::vector<int64_t> out;
+  for (const Run& r : p.runs)
+    for (int64_t k = 0; k < r.length; ++k) out.push_back(r.offset + k);
+  return out;
+}
+
+Placement Shard(int group, int dim, ShardSplit split = ShardSplit::kEven,
+                std::vector<int64_t> sizes = {}) {
+  Placement p;
+  p.kind = PlacementKind::kShard;
+  p.group = group;
+  p.dim = dim;
+  p.split = split;
+  p.sizes = std::move(sizes);
+  return p;
+}
+
+Placement Flat(int group, int64_t start, int64_t length) {
+  Placement p;
+  p.kind = PlacementKind::kFlatRange;
+  p.group = group;
+  p.start = start;
+  p.length = length;
+  return p;
+}
+
+Placement Replicate(int group) {
+  Placement p;
+  p.kind = PlacementKind::kReplicate;
+  p.group = group;
+  return p;
+}
+
+Piece MustCompute(const Layout& l, const std::vector<int>& sizes, const std::vector<int>& coords) {
+  auto p = ComputePiece(l, sizes, coords, "w");
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : Piece();
+}
+
+// Reference for a 2-D rows x cols tensor: the local element (i, j) of a box
+// [r0, r0 + nr) x [c0, c0 + nc) is global (r0 + i, c0 + j).
+std::vector<int64_t> Box(int64_t cols, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < nr; ++i)
+    for (int64_t j = 0; j < nc; ++j) out.push_back((r0 + i) * cols + c0 + j);
+  return out;
+}
+
+TEST(Layout, NoPlacementIsWholeTensor) {
+  Layout l{{3, 5}, {}};
+  Piece p = MustCompute(l, {}, {});
+  EXPECT_EQ(Indices(p), Box(5, 0, 3, 0, 5));
+  EXPECT_EQ(p.shape, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(p.runs.size(), 1u);
+  EXPECT_TRUE(p.canonical);
+}
+
+TEST(Layout, TensorParallelColumnAndRow) {
+  // Column-parallel: Shard(0), rows split; row-parallel: Shard(1), cols split.
+  for (int r = 0; r < 4; ++r) {
+    Piece col = MustCompute({{8, 6}, {Shard(0, 0)}}, {4}, {r});
+    EXPECT_EQ(Indices(col), Box(6, 2 * r, 2, 0, 6));
+    Piece row = MustCompute({{6, 8}, {Shard(0, 1)}}, {4}, {r});
+    EXPECT_EQ(Indices(row), Box(8, 0, 6, 2 * r, 2));
+    EXPECT_EQ(row.shape, (std::vector<int64_t>{6, 2}));
+  }
+}
+
+TEST(Layout, FsdpChunkUnevenWithEmptyTail) {
+  // torch.chunk of 10 rows over 4 ranks: 3, 3, 3, 1; of 5 rows over 4: 2, 2, 1, 0.
+  const int64_t want[4][2] = {{0, 3}, {3, 3}, {6, 3}, {9, 1}};
+  for (int r = 0; r < 4; ++r) {
+    Piece p = MustCompute({{10, 3}, {Shard(0, 0, ShardSplit::kChunk)}}, {4}, {r});
+    EXPECT_EQ(Indices(p), Box(3, want[r][0], want[r][1], 0, 3));
+  }
+  const int64_t want5[4] = {2, 2, 1, 0};
+  for (int r = 0; r < 4; ++r) {
+    Piece p = MustCompute({{5, 3}, {Shard(0, 0, ShardSplit::kChunk)}}, {4}, {r});
+    EXPECT_EQ(p.numel, want5[r] * 3);
+  }
+}
+
+TEST(Layout, ExplicitSizes) {
+  std::vector<int64_t> sizes = {1, 0, 4};
+  int64_t at = 0;
+  for (int r = 0; r < 3; ++r) {
+    Piece p = MustCompute({{4, 5}, {Shard(0, 1, ShardSplit::kSizes, sizes)}}, {3}, {r});
+    EXPECT_EQ(Indices(p), Box(5, 0, 4, at, sizes[r]));
+    at += sizes[r];
+  }
+}
+
+TEST(Layout, FlatRangesSplitRows) {
+  // ZeRO: 4 x 5 = 20 elements, ranges [0,7) [7,7) [7,13) [13,20).
+  const int64_t starts[4] = {0, 7, 7, 13}, lens[4] = {7, 0, 6, 7};
+  std::vector<Piece> pieces;
+  for (int r = 0; r < 4; ++r) {
+    Piece p = MustCompute({{4, 5}, {Flat(0, starts[r], lens[r])}}, {4}, {r});
+    std::vector<int64_t> want;
+    for (int64_t k = 0; k < lens[r]; ++k) want.push_back(starts[r] + k);
+    EXPECT_EQ(Indices(p), want);
+    EXPECT_EQ(p.shape, (std::vector<int64_t>{lens[r]}));
+    pieces.push_back(p);
+  }
+  std::vector<const Piece*> ptrs;
+  for (auto& p : pieces) ptrs.push_back(&p);
+  EXPECT_TRUE(CheckTiling(ptrs, 20, "w").ok());
+}
+
+TEST(Layout, TpThenFsdpAndFsdpThenTp) {
+  // 8 x 6, TP=2 over cols (row-parallel), FSDP=2 over rows: both orders give
+  // the same box for the same coordinates.
+  for (int tp = 0; tp < 2; ++tp) {
+    for (int fs = 0; fs < 2; ++fs) {
+      Piece a = MustCompute({{8, 6}, {Shard(0, 1), Shard(1, 0)}}, {2, 2}, {tp, fs});
+      Piece b = MustCompute({{8, 6}, {Shard(1, 0), Shard(0, 1)}}, {2, 2}, {tp, fs});
+      EXPECT_EQ(Indices(a), Box(6, 4 * fs, 4, 3 * tp, 3));
+      EXPECT_EQ(Indices(b), Indices(a));
+    }
+  }
+}
+
+TEST(Layout, TpThenDistributedOptimizerFlatRange) {
+  // Column-parallel TP=2 of 6 x 4 (3 rows each), then each TP piece (12
+  // elements) split by flat ranges over DP=2: [0,5) and [5,12).
+  const int64_t starts[2] = {0, 5}, lens[2] = {5, 7};
+  for (int tp = 0; tp < 2; ++tp) {
+    for (int dp = 0; dp < 2; ++dp) {
+      Piece p = MustCompute({{6, 4}, {Shard(0, 0), Flat(1, starts[dp], lens[dp])}}, {2, 2},
+                            {tp, dp});
+      std::vector<int64_t> want;
+      auto tp_piece = Box(4, 3 * tp, 3, 0, 4);
+      for (int64_t k = 0; k < lens[dp]; ++k) want.push_back(tp_piece[starts[dp] + k]);
+      EXPECT_EQ(Indices(p), want);
+    }
+  }
+}
+
+TEST(Layout, RowParallelThenFlatRangeIsManyRuns) {
+  // Shard(1) then a flat range crossing rows: runs follow the local order.
+  Piece p = MustCompute({{4, 6}, {Shard(0, 1), Flat(1, 2, 5)}}, {2, 3}, {1, 0});
+  auto tp_piece = Box(6, 0, 4, 3, 3);
+  std::vector<int64_t> want(tp_piece.begin() + 2, tp_piece.begin() + 7);
+  EXPECT_EQ(Indices(p), want);
+  EXPECT_EQ(p.runs.size(), 3u);  // [5,6) [9,12) [15,16)
+}
+
+TEST(Layout, HsdpReplicaIsNotCanonical) {
+  for (int rep = 0; rep < 2; ++rep) {
+    Piece p = MustCompute({{8, 2}, {Replicate(0), Shard(1, 0)}}, {2, 4}, {rep, 3});
+    EXPECT_EQ(Indices(p), Box(2, 6, 2, 0, 2));
+    EXPECT_EQ(p.canonical, rep == 0);
+  }
+}
+
+TEST(Layout, ThreeDimensionalShard) {
+  // Stacked experts (4, 3, 2), sharded over the expert dim by EP=2.
+  Piece p = MustCompute({{4, 3, 2}, {Shard(0, 0)}}, {2}, {1});
+  std::vector<int64_t> want;
+  for (int64_t k = 12; k < 24; ++k) want.push_back(k);
+  EXPECT_EQ(Indices(p), want);
+  // And over the middle dim: element (e, i, j) -> e*6 + i*2 + j with i in [1,3) for sizes {1, 2}.
+  Piece q = MustCompute({{4, 3, 2}, {Shard(0, 1, ShardSplit::kSizes, {1, 2})}}, {2}, {1});
+  want.clear();
+  for (int64_t e = 0; e < 4; ++e)
+    for (int64_t i = 1; i < 3; ++i)
+      for (int64_t j = 0; j < 2; ++j) want.push_back(e * 6 + i * 2 + j);
+  EXPECT_EQ(Indices(q), want);
+}
+
+TEST(Layout, Errors) {
+  auto msg = [](const Layout& l, std::vector<int> sizes, std::vector<int> coords) {
+    auto p = ComputePiece(l, sizes, coords, "param 'w'");
+    EXPECT_FALSE(p.ok());
+    return std::string(p.status().message());
+  };
+  EXPECT_NE(msg({{8, 6}, {Shard(0, 2)}}, {2}, {0}).find("dim 2 does not exist"),
+            std::string::npos);
+  EXPECT_NE(msg({{7, 6}, {Shard(0, 0)}}, {2}, {0}).find("does not split evenly"),
+            std::string::npos);
+  EXPECT_NE(msg({{7, 6}, {Shard(0, 0, ShardSplit::kSizes, {3, 3})}}, {2}, {0}).find("add up to 6"),
+            std::string::npos);
+  EXPECT_NE(msg({{7, 6}, {Shard(0, 0, ShardSplit::kSizes, {7})}}, {2}, {0}).find("1 sizes given"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 5}, {Flat(0, 15, 6)}}, {2}, {0}).find("does not lie inside"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 5}, {Shard(3, 0)}}, {2}, {0}).find("group 3 is not known"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 4}, {Shard(0, 0), Shard(0, 1)}}, {2}, {0}).find("already used"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 4}, {Shard(0, 5)}}, {2}, {0}).find("param 'w'"), std::string::npos);
+}
+
+TEST(Layout, TilingFindsOverlapAndGap) {
+  Piece a = MustCompute({{4, 5}, {Flat(0, 0, 10)}}, {2}, {0});
+  Piece b = MustCompute({{4, 5}, {Flat(0, 8, 12)}}, {2}, {1});
+  Piece c = MustCompute({{4, 5}, {Flat(0, 11, 9)}}, {2}, {1});
+  auto overlap = CheckTiling({&a, &b}, 20, "w");
+  EXPECT_NE(overlap.message().find("overlap at element 8"), std::string::npos) << overlap;
+  auto gap = CheckTiling({&a, &c}, 20, "w");
+  EXPECT_NE(gap.message().find("elements [10, 11) are held by no rank"), std::string::npos)
+      << gap;
+  auto missing = CheckTiling({&a}, 20, "w");
+  EXPECT_NE(missing.message().find("[10, 20)"), std::string::npos) << missing;
+}
+
+TEST(Layout, IntersectGivesLocalPositions) {
+  std::vector<muon::Run> runs = {{10, 5}, {0, 3}, {20, 4}};
+  auto got = Intersect(runs, 2, 22);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].local, 0);
+  EXPECT_EQ(got[0].run, (muon::Run{10, 5}));
+  EXPECT_EQ(got[1].local, 7);
+  EXPECT_EQ(got[1].run, (muon::Run{2, 1}));
+  EXPECT_EQ(got[2].local, 8);
+  EXPECT_EQ(got[2].run, (muon::Run{20, 2}));
+}
+
+}  // namespace
+}  // namespace muon

@@ -1,0 +1,287 @@
+#include "muon/sharding/plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "muon/common/matrix_view.h"
+#include "muon/common/status.h"
+#include "muon/common/tensor.h"
+#include "muon/math/backend.h"
+
+namespace muon {
+namespace {
+
+uint64_t Fnv(uint64_t h, const void* data, size_t n) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+template <typename T>
+uint64_t FnvValue(uint64_t h, T v) {
+  return Fnv(h, &v, sizeof v);
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
+                               const PlanOptions& options) {
+  const int world = static_cast<int>(ranks.size());
+  // 1. Groups: every member of a rank's group must see the same member list.
+  for (const RankDesc& r : ranks) {
+    for (size_t g = 0; g < r.groups.size(); ++g) {
+      const auto& members = r.groups[g];
+      if (std::find(members.begin(), members.end(), r.world_rank) == members.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group ", g, " of rank ", r.world_rank, " does not contain that rank"));
+      }
+      for (int m : members) {
+        if (m < 0 || m >= world) {
+          return absl::InvalidArgumentError(absl::StrCat("group ", g, " of rank ", r.world_rank,
+                                                         " names rank ", m, " outside the world"));
+        }
+        const auto& theirs = ranks[m].groups;
+        if (std::find(theirs.begin(), theirs.end(), members) == theirs.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "group ", g, " of rank ", r.world_rank, " has members [",
+              absl::StrJoin(members, ", "), "], but rank ", m,
+              " has no group with these members (groups must be created the same way on every "
+              "member)"));
+        }
+      }
+    }
+  }
+
+  // 2. Parameters by name, with each holder's piece.
+  Plan plan;
+  std::map<std::string, int> index;
+  std::map<std::string, std::pair<int, const RankParamDesc*>> first;  // who registered it first
+  for (const RankDesc& r : ranks) {
+    for (size_t i = 0; i < r.params.size(); ++i) {
+      const RankParamDesc& p = r.params[i];
+      auto it = first.find(p.name);
+      if (it == first.end()) {
+        first[p.name] = {r.world_rank, &p};
+        continue;
+      }
+      const RankParamDesc& q = *it->second.second;
+      const int qr = it->second.first;
+      if (p.global_shape != q.global_shape || p.view != q.view) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " registered global shape ",
+            ShapeString(q.global_shape), " (view ", q.view, ") but rank ", r.world_rank,
+            " registered ", ShapeString(p.global_shape), " (view ", p.view,
+            "); every rank must register the same parameters with the same global shapes"));
+      }
+      if ((p.custom_owner >= 0) != (q.custom_owner >= 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " and rank ", r.world_rank,
+            " registered it differently (one on the custom path, one with a layout)"));
+      }
+      if (p.zero2 != q.zero2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " and rank ", r.world_rank,
+            " registered it with different replicated modes"));
+      }
+      if (p.custom_owner != q.custom_owner) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': assign_fn chose rank ", q.custom_owner, " on rank ", qr,
+            " but rank ", p.custom_owner, " on rank ", r.world_rank,
+            "; it must give the same owner on every rank"));
+      }
+      if (p.param_dtype != q.param_dtype || p.state_dtype != q.state_dtype) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': ranks ", qr, " and ", r.world_rank,
+            " registered it with different dtypes (or momentum_fp32 settings)"));
+      }
+    }
+  }
+  // ZeRO-2 parameters move over their own group: every member of a holder's
+  // group must hold them too (so every member runs the same blocks).
+  for (const RankDesc& r : ranks) {
+    for (const RankParamDesc& d : r.params) {
+      if (!d.zero2) continue;
+      const auto& members = r.groups[d.layout.placements[0].group];
+      for (int m : members) {
+        bool holds = false;
+        for (const RankParamDesc& e : ranks[m].params) holds = holds || (e.name == d.name && e.zero2);
+        if (!holds) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "param '", d.name, "': registered in ZeRO-2 mode over a group with rank ", m,
+              " (by rank ", r.world_rank, "), but rank ", m, " did not register it that way"));
+        }
+      }
+    }
+  }
+  for (const auto& [name, who] : first) {
+    const RankParamDesc& cd = *who.second;
+    if (cd.zero2) {
+      MUON_ASSIGN_OR_RETURN(const MatrixShape m, ViewAsMatrices(cd.global_shape, cd.view,
+                                                                absl::StrCat("param '", name, "'")));
+      plan.zero2_matrices += m.batch;
+      continue;
+    }
+    if (cd.custom_owner >= 0) {
+      CustomUnit cu;
+      cu.name = name;
+      cu.owner = cd.custom_owner;
+      cu.rows = cd.global_shape[0];
+      cu.cols = cd.global_shape[1];
+      cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps);
+      std::vector<int> holders;
+      for (const RankDesc& r : ranks) {
+        for (size_t i = 0; i < r.params.size(); ++i) {
+          if (r.params[i].name != name) continue;
+          holders.push_back(r.world_rank);
+          if (r.world_rank == my_rank) cu.local = static_cast<int>(i);
+        }
+      }
+      if (std::find(holders.begin(), holders.end(), cu.owner) == holders.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", name, "': assign_fn chose rank ", cu.owner,
+            ", which did not register it (holders: ", absl::StrJoin(holders, ", "), ")"));
+      }
+      plan.custom.push_back(std::move(cu));
+      continue;
+    }
+    PlanParam pp;
+    pp.name = name;
+    const RankParamDesc& d = *who.second;
+    pp.state_dtype = d.state_dtype;
+    MUON_ASSIGN_OR_RETURN(const MatrixShape m,
+                          ViewAsMatrices(d.global_shape, d.view, absl::StrCat("param '", name, "'")));
+    pp.batch = m.batch;
+    pp.rows = m.rows;
+    pp.cols = m.cols;
+    index[name] = static_cast<int>(plan.params.size());
+    plan.params.push_back(std::move(pp));
+  }
+  for (const RankDesc& r : ranks) {
+    std::vector<int> sizes, coords;
+    for (const auto& members : r.groups) {
+      sizes.push_back(static_cast<int>(members.size()));
+      coords.push_back(static_cast<int>(
+          std::find(members.begin(), members.end(), r.world_rank) - members.begin()));
+    }
+    for (size_t i = 0; i < r.params.size(); ++i) {
+      const RankParamDesc& d = r.params[i];
+      if (d.custom_owner >= 0 || d.zero2) continue;
+      PlanParam& pp = plan.params[index[d.name]];
+      auto piece = ComputePiece(d.layout, sizes, coords,
+                                absl::StrCat("param '", d.name, "' on rank ", r.world_rank));
+      if (!piece.ok()) return piece.status();
+      if (r.world_rank == my_rank) {
+        pp.local = static_cast<int>(i);
+        pp.local_holder = static_cast<int>(pp.holders.size());
+      }
+      pp.holders.push_back({r.world_rank, std::move(piece).value()});
+    }
+  }
+  for (PlanParam& pp : plan.params) {
+    std::vector<const Piece*> pieces;
+    for (const Holder& h : pp.holders) pieces.push_back(&h.piece);
+    std::vector<int> who;
+    for (const Holder& h : pp.holders) who.push_back(h.rank);
+    auto tiled = CheckTiling(pieces, pp.batch * pp.rows * pp.cols,
+                             absl::StrCat("param '", pp.name, "' (registered on ranks ",
+                                          absl::StrJoin(who, ", "), ")"));
+    if (!tiled.ok()) return tiled;
+  }
+
+  // 3. Units (one per matrix), their holders, and the assignment.
+  std::vector<MatrixInfo> infos;
+  for (size_t pi = 0; pi < plan.params.size(); ++pi) {
+    const PlanParam& pp = plan.params[pi];
+    const int64_t per = pp.rows * pp.cols;
+    for (int64_t k = 0; k < pp.batch; ++k) {
+      Unit u;
+      u.param = static_cast<int>(pi);
+      u.index = k;
+      u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps);
+      MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
+      for (size_t h = 0; h < pp.holders.size(); ++h) {
+        const Piece& piece = pp.holders[h].piece;
+        bool meets = false;
+        for (const Run& run : piece.runs) {
+          if (run.offset < (k + 1) * per && run.offset + run.length > k * per) {
+            meets = true;
+            break;
+          }
+        }
+        if (!meets && per > 0) continue;
+        u.receivers.push_back(static_cast<int>(h));
+        if (piece.canonical) u.senders.push_back(static_cast<int>(h));
+        info.holders.push_back(pp.holders[h].rank);
+      }
+      plan.units.push_back(std::move(u));
+      infos.push_back(std::move(info));
+    }
+  }
+  std::vector<int> owners;
+  switch (options.assignment) {
+    case Assignment::kBalanced:
+      owners = AssignBalanced(infos);
+      break;
+    case Assignment::kRoundRobin:
+      owners = AssignRoundRobin(infos);
+      break;
+    case Assignment::kCustom: {
+      owners.assign(infos.size(), -1);
+      auto st = options.custom(infos, &owners);
+      if (!st.ok()) return st;
+      for (size_t i = 0; i < infos.size(); ++i) {
+        const auto& h = infos[i].holders;
+        if (std::find(h.begin(), h.end(), owners[i]) == h.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "custom assignment: matrix ", infos[i].index, " of param '", *infos[i].param_name,
+              "' was given to rank ", owners[i], ", which holds no piece of it (holders: ",
+              absl::StrJoin(h, ", "), ")"));
+        }
+      }
+      break;
+    }
+  }
+
+  // 4. Rounds. Without async parallelism one matrix per round, in order;
+  // otherwise each owner fills rounds up to the memory budget.
+  std::vector<int64_t> round_of(world, 0), bytes_in(world, 0);
+  int rounds = 0;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    Unit& u = plan.units[i];
+    u.owner = owners[i];
+    const PlanParam& pp = plan.params[u.param];
+    if (!options.async_parallelism) {
+      u.round = static_cast<int>(i);
+    } else {
+      const int64_t b = pp.rows * pp.cols * 4;
+      if (bytes_in[u.owner] > 0 && bytes_in[u.owner] + b > options.round_bytes) {
+        ++round_of[u.owner];
+        bytes_in[u.owner] = 0;
+      }
+      bytes_in[u.owner] += b;
+      u.round = static_cast<int>(round_of[u.owner]);
+    }
+    rounds = std::max(rounds, u.round + 1);
+  }
+  plan.rounds = rounds;
+
+  uint64_t h = 1469598103934665603ull;
+  for (const Unit& u : plan.units) {
+    h = Fnv(h, plan.params[u.param].name.data(), plan.params[u.param].name.size());
+    h = FnvValue(h, u.index);
+    h = FnvValue(h, u.owner);
+    h = FnvValue(h, u.round);
+  }
+  for (const CustomUnit& c : plan.custom) {
+    h = Fnv(h, c.name.data(), c.name.size());
+    h = FnvValue(h, c.owner);
+  }
+  plan.digest = h;
+  return plan;
+}
+
+}  // namespace muon

@@ -1,0 +1,98 @@
+// The job-wide plan of the distributed step, built once at the first step
+// from what every rank registered (exchanged by the handshake, handshake.h):
+// which global matrices exist, which ranks hold which pieces of them, who
+// orthogonalizes each one (assignment.h), and in which exchange round.
+//
+// Every rank builds the same plan from the same handshake data; the handshake
+// checks that with a digest.
+#ifndef MUON_SHARDING_PLAN_H_
+#define MUON_SHARDING_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "muon/sharding/assignment.h"
+#include "muon/sharding/layout.h"
+
+namespace muon {
+
+// What one rank registered, as sent in the handshake.
+struct RankParamDesc {
+  std::string name;
+  uint8_t param_dtype = 0;
+  uint8_t state_dtype = 0;
+  uint8_t view = 0;  // muon_matrix_view_t
+  std::vector<int64_t> global_shape;
+  Layout layout;  // group indices refer to the registering rank's groups
+  int32_t custom_owner = -1;  // >= 0: on the custom path, orthogonalized there
+  uint8_t zero2 = 0;          // 1: ZeRO-2 replicated mode (outside the plan's units)
+};
+
+struct RankDesc {
+  int world_rank = 0;
+  // Members (world ranks, in group-rank order) of each of this rank's groups.
+  std::vector<std::vector<int>> groups;
+  std::vector<RankParamDesc> params;
+};
+
+struct PlanOptions {
+  Assignment assignment = Assignment::kBalanced;
+  CustomAssignFn custom;  // Assignment::kCustom
+  bool async_parallelism = true;
+  int64_t round_bytes = int64_t{256} << 20;
+  int ns_steps = 5;
+};
+
+struct Holder {
+  int rank = 0;
+  Piece piece;
+};
+
+struct PlanParam {
+  std::string name;
+  uint8_t state_dtype = 0;
+  int64_t batch = 1, rows = 0, cols = 0;
+  std::vector<Holder> holders;  // ascending rank
+  int local = -1;               // index among this rank's registered params, or -1
+  int local_holder = -1;        // this rank's entry in holders, or -1
+};
+
+struct Unit {
+  int param = 0;        // index into Plan::params
+  int64_t index = 0;    // matrix within the parameter's view
+  int owner = 0;        // world rank
+  int round = 0;
+  double flops = 0;
+  std::vector<int> senders;    // indices into holders: canonical pieces meeting the matrix
+  std::vector<int> receivers;  // indices into holders: every piece meeting the matrix
+};
+
+// A parameter on the custom path: the host moves its data.
+struct CustomUnit {
+  std::string name;
+  int owner = 0;
+  int64_t rows = 0, cols = 0;
+  int local = -1;  // this rank's param index, or -1
+  double flops = 0;
+};
+
+struct Plan {
+  std::vector<PlanParam> params;  // sorted by name (layout path)
+  std::vector<Unit> units;        // global order: by param, then index
+  std::vector<CustomUnit> custom;  // sorted by name
+  int64_t zero2_matrices = 0;      // matrices of ZeRO-2 parameters (stepped outside units)
+  int rounds = 0;
+  uint64_t digest = 0;
+};
+
+// Builds the plan for `my_rank` from every rank's description (indexed by
+// world rank; a rank's params are in its registration order). Errors name the
+// first inconsistent parameter or group and the ranks involved.
+absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
+                               const PlanOptions& options);
+
+}  // namespace muon
+
+#endif  // MUON_SHARDING_PLAN_H_
