@@ -460,9 +460,10 @@ typedef enum muon_dtype_t {
  * may attach detail with muon_set_callback_error before returning.
  *
  * Threading: the library calls the collectives of one optimizer from the
- * thread that calls muon_step (or, with prefetch_count > 0, from one helper
- * thread of the optimizer while muon_step runs); calls on one group never
- * overlap. `release` (optional) is called once for every muon_set_world or
+ * thread that calls muon_step (or, with prefetch_count > 0 and more than one
+ * exchange round, from one helper thread of the optimizer while muon_step
+ * runs; the thread is started once, at the first step, and ends with
+ * muon_destroy); calls on one group never overlap. `release` (optional) is called once for every muon_set_world or
  * muon_add_group call the table was given to: when that optimizer is
  * destroyed, or before the call returns if it fails. A host that gives one
  * context to several calls (several optimizers, or the world and a group)
@@ -482,12 +483,16 @@ typedef struct muon_comm_t {
   muon_status_t (*all_to_all_v)(void* ctx, const void* send, const size_t* send_bytes,
                                 const size_t* send_offsets, void* recv, const size_t* recv_bytes,
                                 const size_t* recv_offsets, void* stream);
-  /* buf (bytes) of rank `root` is copied to every rank's buf. */
+  /* buf (bytes) of rank `root` is copied to every rank's buf. Optional: the
+   * optimizer never calls it (NULL is accepted); the library's adapters
+   * provide it for hosts that use the tables themselves. */
   muon_status_t (*broadcast)(void* ctx, void* buf, size_t bytes, int32_t root, void* stream);
   /* send holds size * count elements of `dtype`; recv (count elements)
    * receives the sum over ranks of block `rank`. */
   muon_status_t (*reduce_scatter)(void* ctx, const void* send, void* recv, size_t count,
                                   int32_t dtype, void* stream);
+  /* Returns once every rank of the group has called it. Optional, as
+   * broadcast. */
   muon_status_t (*barrier)(void* ctx, void* stream);
   void (*release)(void* ctx);
 } muon_comm_t;

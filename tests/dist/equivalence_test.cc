@@ -205,6 +205,18 @@ TEST(Settings, ResultsDoNotDependOnPipelineSettings) {
   }
 }
 
+TEST(Settings, BroadcastAndBarrierMayBeNull) {
+  // The engine calls all_gather, all_to_all_v and reduce_scatter only.
+  Case c{"optional", Mesh{{2, 2}},
+         Block({Shard(0, 0), Shard(1, 0, MUON_SPLIT_CHUNK)}, {Shard(0, 1), Flat(1)},
+               {Replicate(0), Replicate(1)})};
+  RunConfig cfg;
+  cfg.steps = 3;
+  cfg.round_bytes = 512;
+  cfg.without_optional_collectives = true;
+  ExpectEquivalent(c, cfg);
+}
+
 TEST(Settings, Bf16NewtonSchulzIsAlsoBitIdentical) {
   Case c{"bf16", Mesh{{2, 2}}, Block({Shard(0, 0), Flat(1)}, {Replicate(0), Shard(1, 1)},
                              {Replicate(0), Replicate(1)})};

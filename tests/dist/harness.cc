@@ -277,6 +277,12 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     int32_t world_id = -1;
     st = muon_inprocess_comm(world, nullptr, 0, rank, &comm);
     if (st == MUON_OK && cfg.fail_exchange_call >= 0) comm = WrapFailing(comm, cfg.fail_exchange_call);
+    auto optional = [&](muon_comm_t* t) {
+      if (!cfg.without_optional_collectives) return;
+      t->broadcast = nullptr;
+      t->barrier = nullptr;
+    };
+    optional(&comm);
     if (st == MUON_OK) st = muon_set_world(opt, &comm, &world_id);
     std::vector<int32_t> group_ids;
     for (size_t d = 0; st == MUON_OK && d < mesh.dims.size(); ++d) {
@@ -284,6 +290,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       int32_t id = -1;
       st = muon_inprocess_comm(world, members.data(), static_cast<int32_t>(members.size()), rank,
                                &comm);
+      optional(&comm);
       if (st == MUON_OK) st = muon_add_group(opt, &comm, &id);
       group_ids.push_back(id);
     }

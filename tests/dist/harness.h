@@ -94,6 +94,9 @@ struct RunConfig {
   // then checks the refusal of a further step and the recovery by restoring
   // the checkpoint taken before the failing step.
   int fail_exchange_call = -1;
+  // Hand every communicator over with broadcast and barrier NULL (the
+  // optional collectives).
+  bool without_optional_collectives = false;
 };
 
 struct RankResult {
