@@ -130,7 +130,7 @@ class InProcessWorld {
 // Fills *out with world rank `rank`'s table over the group `ranks` (see
 // Join). The table's ctx keeps the group and the world alive until its
 // `release` is called. Callback errors carry detail through
-// SetCallbackError (muon/comm/comm.h).
+// SetCallbackError (muon/comm/callback_error.h).
 absl::Status MakeInProcessComm(const std::shared_ptr<InProcessWorld>& world,
                                const std::vector<int>& ranks, int rank, muon_comm_t* out);
 

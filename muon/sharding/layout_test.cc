@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "gtest/gtest.h"
+#include "muon/sharding/testing/job.h"
 
 namespace muon {
 namespace {
@@ -15,32 +16,9 @@ std::vector<int64_t> Indices(const Piece& p) {
   return out;
 }
 
-Placement Shard(int group, int dim, ShardSplit split = ShardSplit::kEven,
-                std::vector<int64_t> sizes = {}) {
-  Placement p;
-  p.kind = PlacementKind::kShard;
-  p.group = group;
-  p.dim = dim;
-  p.split = split;
-  p.sizes = std::move(sizes);
-  return p;
-}
-
-Placement Flat(int group, int64_t start, int64_t length) {
-  Placement p;
-  p.kind = PlacementKind::kFlatRange;
-  p.group = group;
-  p.start = start;
-  p.length = length;
-  return p;
-}
-
-Placement Replicate(int group) {
-  Placement p;
-  p.kind = PlacementKind::kReplicate;
-  p.group = group;
-  return p;
-}
+using testjob::Flat;
+using testjob::Replicate;
+using testjob::Shard;
 
 Piece MustCompute(const Layout& l, const std::vector<int>& sizes, const std::vector<int>& coords) {
   auto p = ComputePiece(l, sizes, coords, "w");
