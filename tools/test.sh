@@ -15,7 +15,7 @@ bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 
 echo "== C/C++ unit tests under ASan + UBSan"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
-  //muon/... //capi/... //tests/c_api/... //tests/dist/... 2>  //muon/... //tests/c_api/... //tests/dist/... 2>&11 | tee -a "$log" || rc=1
+  //muon/... //capi/... //tests/c_api/... //tests/dist/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== multi-rank (threaded) tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
