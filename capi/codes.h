@@ -11,6 +11,7 @@
 #ifndef LIBMUON_CAPI_CODES_H_
 #define LIBMUON_CAPI_CODES_H_
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -35,29 +36,6 @@ MUON_SAME_CODE_(MUON_UNIMPLEMENTED, kUnimplemented);
 MUON_SAME_CODE_(MUON_INTERNAL, kInternal);
 MUON_SAME_CODE_(MUON_UNAVAILABLE, kUnavailable);
 #undef MUON_SAME_CODE_
-
-// The muon_status_t of `code`: the same number for every code the header
-// declares, MUON_UNKNOWN for the absl codes it does not (deadline exceeded,
-// permission denied, aborted, data loss, unauthenticated).
-inline muon_status_t ToCStatus(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kUnknown:
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kUnimplemented:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kUnavailable:
-      return static_cast<muon_status_t>(code);
-    default:
-      return MUON_UNKNOWN;
-  }
-}
 
 // The absl::StatusCode of a status a host callback returned: the same number
 // for 0 to 16 (absl's codes, those the header does not name included),
@@ -97,6 +75,14 @@ inline const char* CStatusName(muon_status_t status) {
       return "UNAVAILABLE";
   }
   return "UNRECOGNIZED_STATUS";
+}
+
+// The muon_status_t of `code`: the same number for every code the header
+// declares, MUON_UNKNOWN for the absl codes it does not (deadline exceeded,
+// permission denied, aborted, data loss, unauthenticated).
+inline muon_status_t ToCStatus(absl::StatusCode code) {
+  const muon_status_t c = static_cast<muon_status_t>(code);
+  return std::strcmp(CStatusName(c), "UNRECOGNIZED_STATUS") == 0 ? MUON_UNKNOWN : c;
 }
 
 // `status` with `message` as an absl::Status (OK for MUON_OK).

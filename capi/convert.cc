@@ -358,15 +358,11 @@ absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& optio
 }
 
 void StatsToC(const StepStats& s, muon_stats_t* out) {
-  out->steps = s.steps;
-  out->bytes_sent = s.bytes_sent;
-  out->bytes_received = s.bytes_received;
-  out->collectives = s.collectives;
-  out->rounds = s.rounds;
-  out->matrices_orthogonalized = s.matrices_orthogonalized;
-  out->ns_flops = s.ns_flops;
-  out->matrices_total = s.matrices_total;
-  out->matrices_owned = s.matrices_owned;
+  const size_t caller_size = out->struct_size;
+  *out = muon_stats_t{caller_size,        s.steps,   s.traffic.bytes_sent,
+                      s.traffic.bytes_received, s.traffic.collectives, s.rounds,
+                      s.matrices_orthogonalized, s.ns_flops, s.matrices_total,
+                      s.matrices_owned};
 }
 
 }  // namespace capi

@@ -1,10 +1,20 @@
 #include "muon/common/matrix_view.h"
 
+#include <ostream>
 #include <string>
 
 #include "gtest/gtest.h"
 
 namespace muon {
+
+bool operator==(const MatrixShape& a, const MatrixShape& b) {
+  return a.batch == b.batch && a.rows == b.rows && a.cols == b.cols;
+}
+
+std::ostream& operator<<(std::ostream& os, const MatrixShape& m) {
+  return os << m.batch << " x " << m.rows << " x " << m.cols;
+}
+
 namespace {
 
 MatrixShape View(std::vector<int64_t> shape, MatrixView view) {
@@ -24,33 +34,13 @@ bool Has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-TEST(MatrixView, TwoDIsTheMatrix) {
-  const MatrixShape m = View({6, 10}, MatrixView::k2D);
-  EXPECT_EQ(m.batch, 1);
-  EXPECT_EQ(m.rows, 6);
-  EXPECT_EQ(m.cols, 10);
-}
-
-TEST(MatrixView, FlattenTrailingKeepsTheFirstDim) {
-  const MatrixShape m = View({8, 3, 5, 2}, MatrixView::kFlattenTrailing);
-  EXPECT_EQ(m.batch, 1);
-  EXPECT_EQ(m.rows, 8);
-  EXPECT_EQ(m.cols, 30);
-  // On a 2-D shape it is the 2-D view.
-  const MatrixShape two = View({4, 7}, MatrixView::kFlattenTrailing);
-  EXPECT_EQ(two.rows, 4);
-  EXPECT_EQ(two.cols, 7);
-}
-
-TEST(MatrixView, BatchedLeadingSplitsTheFirstDim) {
-  const MatrixShape m = View({4, 6, 3, 2}, MatrixView::kBatchedLeading);
-  EXPECT_EQ(m.batch, 4);
-  EXPECT_EQ(m.rows, 6);
-  EXPECT_EQ(m.cols, 6);
-  const MatrixShape empty = View({0, 5, 7}, MatrixView::kBatchedLeading);
-  EXPECT_EQ(empty.batch, 0);
-  EXPECT_EQ(empty.rows, 5);
-  EXPECT_EQ(empty.cols, 7);
+TEST(MatrixView, EachViewGivesItsMatrices) {
+  EXPECT_EQ(View({6, 10}, MatrixView::k2D), (MatrixShape{1, 6, 10}));
+  EXPECT_EQ(View({8, 3, 5, 2}, MatrixView::kFlattenTrailing), (MatrixShape{1, 8, 30}));
+  // On a 2-D shape flattening is the 2-D view.
+  EXPECT_EQ(View({4, 7}, MatrixView::kFlattenTrailing), (MatrixShape{1, 4, 7}));
+  EXPECT_EQ(View({4, 6, 3, 2}, MatrixView::kBatchedLeading), (MatrixShape{4, 6, 6}));
+  EXPECT_EQ(View({0, 5, 7}, MatrixView::kBatchedLeading), (MatrixShape{0, 5, 7}));
 }
 
 TEST(MatrixView, ErrorsNameTheParamAndTheCause) {

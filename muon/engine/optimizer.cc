@@ -124,9 +124,9 @@ void Optimizer::CountStats() {
   auto count = [&](const Comm* c) {
     if (std::find(counted.begin(), counted.end(), c) != counted.end()) return;
     counted.push_back(c);
-    s.bytes_sent += c->counters().bytes_sent;
-    s.bytes_received += c->counters().bytes_received;
-    s.collectives += c->counters().collectives;
+    s.traffic.bytes_sent += c->counters().bytes_sent;
+    s.traffic.bytes_received += c->counters().bytes_received;
+    s.traffic.collectives += c->counters().collectives;
   };
   count(&registry_.world());
   for (const auto& g : registry_.groups()) count(g.get());

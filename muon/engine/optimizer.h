@@ -27,11 +27,10 @@
 
 namespace muon {
 
+// What moved and what was computed on this rank (muon_stats_t).
 struct StepStats {
   int64_t steps = 0;
-  int64_t bytes_sent = 0;
-  int64_t bytes_received = 0;
-  int64_t collectives = 0;
+  CommCounters traffic;  // last step, every communicator together
   int64_t rounds = 0;
   int64_t matrices_orthogonalized = 0;
   double ns_flops = 0;

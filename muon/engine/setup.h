@@ -5,22 +5,17 @@
 #ifndef MUON_ENGINE_SETUP_H_
 #define MUON_ENGINE_SETUP_H_
 
-#include <memory>
-#include <vector>
-
-#include "absl/status/statusor.h"
-#include "muon/device/device.h"
 #include "muon/engine/custom_stepper.h"
 #include "muon/engine/exchange_stepper.h"
-#include "muon/engine/options.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/zero2_stepper.h"
 
 namespace muon {
 
+// What the first step makes, for the optimizer's lifetime.
 struct StepSetup {
-  // Per parameter, its fp32 update buffer on the device (StepContext::updates).
-  std::vector<DeviceBuffer> updates;
+  std::vector<DeviceBuffer> updates;  // per parameter: StepContext::updates
+
   std::unique_ptr<ExchangeStepper> exchange;
   std::unique_ptr<CustomStepper> custom;
   std::unique_ptr<Zero2Stepper> zero2;

@@ -14,11 +14,6 @@
 namespace muon {
 namespace {
 
-using testjob::DescribeRank;
-using testjob::ParamSpec;
-using testjob::Replicate;
-using testjob::Shard;
-
 struct Outcome {
   absl::Status status;
   Plan plan;
@@ -28,7 +23,7 @@ struct Outcome {
 // Runs the handshake on n ranks; `tweak` may change a rank's description,
 // fingerprint or local error before it takes part.
 std::vector<Outcome> Handshake(
-    int n, const std::vector<ParamSpec>& params,
+    int n, const std::vector<testjob::ParamSpec>& params,
     const std::function<void(int, RankDesc*, std::string*, absl::Status*)>& tweak = nullptr) {
   testranks::World world(n);
   std::vector<Outcome> out(n);
@@ -45,7 +40,7 @@ std::vector<Outcome> Handshake(
     auto members = GatherGroupMembers(*w, {w, g}, nullptr);
     ASSERT_TRUE(members.ok()) << members.status();
     o.members = *members;
-    RankDesc me = DescribeRank(rank, n, {}, params);
+    RankDesc me = testjob::DescribeRank(rank, n, {}, params);
     me.groups = o.members;
     std::string fingerprint = "same options";
     absl::Status local;
@@ -61,8 +56,8 @@ bool Has(const absl::Status& s, const std::string& part) {
   return std::string(s.message()).find(part) != std::string::npos;
 }
 
-const std::vector<ParamSpec> kModel = {{"a", {6, 4}, {Shard(0, 0, ShardSplit::kChunk)}},
-                                       {"b", {3, 5}, {Replicate(0)}}};
+const std::vector<testjob::ParamSpec> kModel = {{"a", {6, 4}, {testjob::Shard(0, 0, ShardSplit::kChunk)}},
+                                       {"b", {3, 5}, {testjob::Replicate(0)}}};
 
 TEST(Handshake, EveryRankAgreesOnOnePlan) {
   const auto out = Handshake(3, kModel);
@@ -112,7 +107,7 @@ TEST(Handshake, InconsistentLayoutsFailEveryRankAlike) {
 }
 
 TEST(Handshake, DescriptionsSurviveTheWire) {
-  RankDesc d = DescribeRank(1, 2, {{1, 0}}, kModel);
+  RankDesc d = testjob::DescribeRank(1, 2, {{1, 0}}, kModel);
   d.params[1].custom_owner = 1;
   d.params[1].zero2 = 1;
   d.params[0].layout.placements[0].sizes = {4, 2};
