@@ -10,16 +10,19 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 rc=0
 
+echo "== the house's rules (docs/ARCHITECTURE.md)"
+bash tools/check_layout.sh 2>&1 | tee -a "$log" || rc=1
+
 echo "== all tests"
 bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 
 echo "== C/C++ unit tests under ASan + UBSan"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
-  //muon/... //capi/... //tests/c_api/... //tests/dist/... 2>&1 | tee -a "$log" || rc=1
+  //muon/... //capi/... //tests/c_api/... //tests/distributed/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== multi-rank (threaded) tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
-  //muon/comm/... //muon/engine/... //muon/sharding/... //tests/dist/... 2>&1 | tee -a "$log" || rc=1
+  //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1

@@ -3,8 +3,8 @@
 // local pieces cut from global tensors by an index computation written here
 // (independent of the library's layout code), and a single-process reference
 // run of the same model.
-#ifndef MUON_TESTS_DIST_HARNESS_H_
-#define MUON_TESTS_DIST_HARNESS_H_
+#ifndef MUON_TESTS_DISTRIBUTED_HARNESS_H_
+#define MUON_TESTS_DISTRIBUTED_HARNESS_H_
 
 #include <cstdint>
 #include <functional>
@@ -125,4 +125,4 @@ float GradValue(const std::string& name, int64_t i, int step);
 
 }  // namespace muon_test
 
-#endif  // MUON_TESTS_DIST_HARNESS_H_
+#endif  // MUON_TESTS_DISTRIBUTED_HARNESS_H_

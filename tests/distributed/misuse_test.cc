@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/dist/harness.h"
+#include "tests/distributed/harness.h"
 
 namespace muon_test {
 namespace {

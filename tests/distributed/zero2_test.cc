@@ -12,7 +12,7 @@
 
 #include "capi/muon.h"
 #include "gtest/gtest.h"
-#include "tests/dist/harness.h"
+#include "tests/distributed/harness.h"
 
 namespace muon_test {
 namespace {

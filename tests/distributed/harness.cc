@@ -1,4 +1,4 @@
-#include "tests/dist/harness.h"
+#include "tests/distributed/harness.h"
 
 #include <dlpack/dlpack.h>
 

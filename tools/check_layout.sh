@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The house's rules (docs/ARCHITECTURE.md), checked on the tracked tree:
+#   - no folder is named dist (packaging tools read such a folder as build output);
+#   - inside muon/, only muon/comm/ includes the C ABI's headers (capi/);
+#   - no non-test source file under muon/ is over 600 lines, and the
+#     optimizer (a coordinator) is under 400.
+# Prints "house rules: PASSED", or each broken rule and exits 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+broken=0
+fail() { echo "house rules: $*"; broken=1; }
+
+files=$(git ls-files --cached --others --exclude-standard)
+if dirs=$(grep -E '(^|/)dist/' <<<"$files"); [ -n "$dirs" ]; then
+  fail "a folder named dist: $(head -1 <<<"$dirs")"
+fi
+for f in $(grep -E '^muon/.*\.(h|cc|cu)$' <<<"$files" | grep -v '^muon/comm/'); do
+  [ -f "$f" ] && grep -qE '#include "capi/' "$f" && fail "$f includes capi/ (only muon/comm/ may)"
+done
+for f in $(grep -E '^muon/.*\.(h|cc|cu)$' <<<"$files" | grep -vE '_test\.cc$|/testing/'); do
+  [ -f "$f" ] || continue
+  n=$(wc -l <"$f")
+  [ "$n" -gt 600 ] && fail "$f has $n lines (at most 600)"
+done
+n=$(wc -l <muon/engine/optimizer.cc)
+[ "$n" -ge 400 ] && fail "muon/engine/optimizer.cc has $n lines (under 400: it coordinates)"
+[ "$broken" -eq 0 ] && echo "house rules: PASSED"
+exit "$broken"
