@@ -429,9 +429,10 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * parameter or rank that differs, on every rank).
  * Fails with MUON_FAILED_PRECONDITION when no parameter is registered.
  * A failure before the exchange (setup, validation, memory) changes nothing.
- * A communicator or callback failure during the exchange is returned with
- * the parameter and operation named; momentum buffers and parameters may
- * then be half-updated, so the optimizer refuses further steps (FAILED_
+ * A communicator or callback failure during the exchange (or a device error
+ * once momentum updates began) is returned with the parameter and operation
+ * named; momentum buffers and parameters may then be half-updated, so the
+ * optimizer refuses further steps (FAILED_
  * PRECONDITION) until the host restores state with muon_load_state or
  * muon_set_state (and its parameters from its own checkpoint). No retry and
  * no fallback to a non-distributed step ever happens. */

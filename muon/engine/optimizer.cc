@@ -57,49 +57,12 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 }
 
 absl::Status Optimizer::Step(void* stream) {
-  if (!poisoned_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refused because an earlier step failed mid-way (", poisoned_,
-        "); parameters and state may be half-updated: restore both from a checkpoint "
-        "(muon_load_state or muon_set_state) before stepping again"));
-  }
-  std::vector<Param>& params = registry_.params();
-  if (params.empty() && !registry_.distributed()) {
-    return absl::FailedPreconditionError(
-        "no parameters are registered; call muon_register_param first");
-  }
-  MathBackend& math = registry_.device()->math();
-  MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
-  // Setup fails before any tensor is written.
-  if (setup_ == nullptr) {
-    MUON_ASSIGN_OR_RETURN(setup_, SetUpSteps(registry_, options_, stream));
-    registry_.Close();
-    stats_.matrices_total = stats_.matrices_owned = 0;
-    for (const Stepper* st : setup_->steppers()) {
-      stats_.matrices_total += st->stats().matrices_total;
-      stats_.matrices_owned += st->stats().matrices_owned;
-    }
-  }
-  if (setup_->empty()) {
-    return absl::FailedPreconditionError(
-        "no parameters are registered on any rank; call muon_register_param first");
-  }
-
-  // 1. Momentum into each local piece's update buffer.
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    if (!StepsLocally(p)) continue;
-    MUON_RETURN_IF_ERROR(UpdateMomentum(math, options_, p, p.grad.dtype, p.grad.data,
-                                        setup_->updates[i].as<float>()));
-  }
-  // From here on state has changed: a failure poisons the optimizer.
-  absl::Status st = Orthogonalize(stream);
-  // 3. Decay and the update onto each local piece.
-  for (size_t i = 0; i < params.size() && st.ok(); ++i) {
-    if (StepsLocally(params[i])) {
-      st = ApplyUpdate(math, options_, params[i], setup_->updates[i].as<float>());
-    }
-  }
+  MUON_RETURN_IF_ERROR(Prepare(stream));
+  // From the first momentum update on, state changes: a failure poisons the
+  // optimizer until state is restored.
+  absl::Status st = UpdateMomenta();
+  if (st.ok()) st = Orthogonalize(stream);
+  if (st.ok()) st = ApplyUpdates();
   if (!st.ok()) {
     poisoned_ = std::string(st.message());
     return st;
@@ -109,11 +72,63 @@ absl::Status Optimizer::Step(void* stream) {
   return absl::OkStatus();
 }
 
+absl::Status Optimizer::Prepare(void* stream) {
+  if (!poisoned_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refused because an earlier step failed mid-way (", poisoned_,
+        "); parameters and state may be half-updated: restore both from a checkpoint "
+        "(muon_load_state or muon_set_state) before stepping again"));
+  }
+  if (registry_.params().empty() && !registry_.distributed()) {
+    return absl::FailedPreconditionError(
+        "no parameters are registered; call muon_register_param first");
+  }
+  MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
+  // Setup fails before any tensor is written.
+  if (setup_ == nullptr) {
+    MUON_ASSIGN_OR_RETURN(setup_, SetUpSteps(registry_, options_, stream));
+    registry_.Close();
+    stats_.matrices_total = stats_.matrices_owned = 0;
+    for (const Stepper* s : setup_->steppers()) {
+      stats_.matrices_total += s->stats().matrices_total;
+      stats_.matrices_owned += s->stats().matrices_owned;
+    }
+  }
+  if (setup_->empty()) {
+    return absl::FailedPreconditionError(
+        "no parameters are registered on any rank; call muon_register_param first");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::UpdateMomenta() {
+  // 1. Momentum into each local piece's update buffer.
+  std::vector<Param>& params = registry_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    if (!StepsLocally(p)) continue;
+    MUON_RETURN_IF_ERROR(UpdateMomentum(registry_.device()->math(), options_, p, p.grad.dtype,
+                                        p.grad.data, setup_->updates[i].as<float>()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Optimizer::Orthogonalize(void* stream) {
   // 2. Every stepper: pieces to their owners, Newton-Schulz, the results back.
   registry_.world().ResetCounters();
   for (const auto& g : registry_.groups()) g->ResetCounters();
   for (Stepper* s : setup_->steppers()) MUON_RETURN_IF_ERROR(s->Run(stream));
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::ApplyUpdates() {
+  // 3. Decay and the update onto each local piece.
+  std::vector<Param>& params = registry_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!StepsLocally(params[i])) continue;
+    MUON_RETURN_IF_ERROR(ApplyUpdate(registry_.device()->math(), options_, params[i],
+                                     setup_->updates[i].as<float>()));
+  }
   return absl::OkStatus();
 }
 

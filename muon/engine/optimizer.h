@@ -83,10 +83,15 @@ class Optimizer {
 
  private:
   Optimizer(const Options& options, std::shared_ptr<Comm> self);
-  // Whether step i's momentum and update are computed here (ZeRO-2
+  // Whether a parameter's momentum and update are computed here (ZeRO-2
   // parameters are stepped whole by their stepper; unbound ones skipped).
   bool StepsLocally(const Param& p) const { return p.zero2_group < 0 && p.active; }
+  // The checks and the first step's setup: a failure here changes nothing.
+  absl::Status Prepare(void* stream);
+  // The three stages of a step (see the top of this file).
+  absl::Status UpdateMomenta();
   absl::Status Orthogonalize(void* stream);
+  absl::Status ApplyUpdates();
   void CountStats();
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
