@@ -11,7 +11,6 @@
 #ifndef LIBMUON_CAPI_CODES_H_
 #define LIBMUON_CAPI_CODES_H_
 
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -45,9 +44,9 @@ inline absl::StatusCode FromCStatus(muon_status_t status) {
   return c >= 0 && c <= 16 ? static_cast<absl::StatusCode>(c) : absl::StatusCode::kUnknown;
 }
 
-// Static text for a status code ("OK", "INVALID_ARGUMENT", ...; what
-// muon_status_string returns).
-inline const char* CStatusName(muon_status_t status) {
+// The name of a status code the header declares ("OK", "INVALID_ARGUMENT",
+// ...), NULL for any other value: the one list of the header's codes.
+inline const char* KnownCStatusName(muon_status_t status) {
   switch (status) {
     case MUON_OK:
       return "OK";
@@ -74,7 +73,13 @@ inline const char* CStatusName(muon_status_t status) {
     case MUON_UNAVAILABLE:
       return "UNAVAILABLE";
   }
-  return "UNRECOGNIZED_STATUS";
+  return nullptr;
+}
+
+// Static text for any status value (what muon_status_string returns).
+inline const char* CStatusName(muon_status_t status) {
+  const char* name = KnownCStatusName(status);
+  return name != nullptr ? name : "UNRECOGNIZED_STATUS";
 }
 
 // The muon_status_t of `code`: the same number for every code the header
@@ -82,7 +87,7 @@ inline const char* CStatusName(muon_status_t status) {
 // permission denied, aborted, data loss, unauthenticated).
 inline muon_status_t ToCStatus(absl::StatusCode code) {
   const muon_status_t c = static_cast<muon_status_t>(code);
-  return std::strcmp(CStatusName(c), "UNRECOGNIZED_STATUS") == 0 ? MUON_UNKNOWN : c;
+  return KnownCStatusName(c) != nullptr ? c : MUON_UNKNOWN;
 }
 
 // `status` with `message` as an absl::Status (OK for MUON_OK).
