@@ -42,6 +42,7 @@ namespace {
 struct FakeComm {  // as in fake_nccl.cc
   int rank;
   int size;
+  void* clique = nullptr;  // a lone rank
 };
 
 class FakeNccl {
