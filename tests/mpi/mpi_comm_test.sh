@@ -1,8 +1,8 @@
 #!/bin/bash
-# Runs mpi_comm_test on 4 processes with mpirun (OpenMPI). Skips, saying so,
+# Runs an MPI test program on 4 processes with mpirun (OpenMPI). Skips, saying so,
 # only when mpirun is not installed (Debian: openmpi-bin).
 #
-# Usage: mpi_comm_test.sh <path to the mpi_comm_test binary>
+# Usage: mpi_comm_test.sh <path to the test binary>
 set -euo pipefail
 
 bin="$1"

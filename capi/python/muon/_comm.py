@@ -234,7 +234,8 @@ class Communicator:
                                             send[send_offsets[p]:+send_counts[p]] goes to rank p,
                                             recv[recv_offsets[p]:+recv_counts[p]] comes from p
                                             (counts and offsets: lists of `size` ints, bytes)
-      broadcast(buf, root)                  buf <- rank root's buf
+      broadcast(buf, root)                  buf <- rank root's buf (a root outside the group
+                                            is refused before the method is called)
       reduce_scatter(send, recv, count, dtype)
                                             send holds `size` blocks of `count` elements of
                                             dtype ("float32", "bfloat16", "float16"); recv
@@ -336,7 +337,13 @@ class Communicator:
             return run("all_to_all_v", body)
 
         def broadcast(ctx, buf, nbytes, root, stream):
-            return run("broadcast", lambda: self.broadcast(view(buf, nbytes), int(root)))
+            def body():
+                if not 0 <= root < size:  # as every adapter refuses it, before any traffic
+                    raise MuonError("INVALID_ARGUMENT", "broadcast root %d is outside the group "
+                                    "of %d" % (root, size))
+                self.broadcast(view(buf, nbytes), int(root))
+
+            return run("broadcast", body)
 
         def reduce_scatter(ctx, send, recv, count, dtype, stream):
             def body():
