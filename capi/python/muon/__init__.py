@@ -22,7 +22,8 @@ repository's bazel-bin, or through the system loader (see _lib.py).
 """
 
 from ._lib import path as library_path
-from ._optimizer import Optimizer, MuonError, version
+from ._errors import MuonError
+from ._optimizer import Optimizer, version
 from ._comm import Communicator, FlatRange, InProcessComm, InProcessWorld, Replicate, Shard
 from ._dist import TorchDistComm
 from ._config import (DistributedConfig, create_auto_config, create_devicemesh_config,

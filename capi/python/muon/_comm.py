@@ -16,7 +16,7 @@ import operator
 import threading
 
 from . import _lib
-from ._optimizer import MuonError, _check
+from ._errors import MuonError, callback_failed, check
 
 _lib_handle = _lib.lib
 
@@ -140,7 +140,7 @@ class Replicate(_Placement):
 
 
 # ---------------------------------------------------------------------------
-# Views of the library's buffers, and exceptions turned into statuses
+# Views of the library's buffers
 # ---------------------------------------------------------------------------
 
 
@@ -174,38 +174,6 @@ def view(address, shape, typestr="|u1", readonly=False):
             raise MuonError("INVALID_ARGUMENT", "a NULL buffer of %d elements" % count)
         return numpy.empty(shape, dtype=numpy.dtype(typestr))
     return numpy.asarray(_Memory(address, shape, typestr, readonly))
-
-
-def status_of(exc):
-    """The muon_status_t a Python exception raised in a callback becomes."""
-    if isinstance(exc, MuonError):
-        return exc.code if exc.code != 0 else _lib.STATUS_CODES["UNKNOWN"]
-    if isinstance(exc, KeyboardInterrupt):
-        return _lib.STATUS_CODES["CANCELLED"]
-    if isinstance(exc, MemoryError):
-        return _lib.STATUS_CODES["RESOURCE_EXHAUSTED"]
-    if isinstance(exc, NotImplementedError):
-        return _lib.STATUS_CODES["UNIMPLEMENTED"]
-    return _lib.STATUS_CODES["UNKNOWN"]
-
-
-def describe(exc):
-    """'TypeName: text', the form a callback's exception takes in messages."""
-    text = str(exc)
-    return "%s: %s" % (type(exc).__name__, text) if text else type(exc).__name__
-
-
-def callback_failed(exc, where, sink):
-    """Records `exc` in `sink` (a list, for step() to chain it), attaches its type
-    and text to the status being returned (muon_set_callback_error), and returns
-    that status. Never raises: an exception must not cross back into C."""
-    try:
-        sink.append((where, exc))
-        message = "%s (in %s)" % (describe(exc), where)
-        _lib_handle.muon_set_callback_error(message.encode("utf-8", "replace"))
-        return status_of(exc)
-    except BaseException:  # noqa: B902 - nothing may escape into the library
-        return _lib.STATUS_CODES["UNKNOWN"]
 
 
 # ---------------------------------------------------------------------------
@@ -393,7 +361,7 @@ class InProcessWorld:
         self._destroy = _lib_handle.muon_inprocess_world_destroy
         self._handle = None
         handle = _lib.world_p()
-        _check(_lib_handle.muon_inprocess_world_create(operator.index(size),
+        check(_lib_handle.muon_inprocess_world_create(operator.index(size),
                                                        ctypes.byref(handle)))
         self._handle = handle
         self.size = operator.index(size)
@@ -437,7 +405,7 @@ class InProcessComm:
             array = (ctypes.c_int32 * max(len(self.ranks), 1))(*self.ranks)
             count = len(self.ranks)
         table = _lib.muon_comm_t()
-        _check(_lib_handle.muon_inprocess_comm(world._handle, array, count, self.world_rank,
+        check(_lib_handle.muon_inprocess_comm(world._handle, array, count, self.world_rank,
                                                ctypes.byref(table)))
         # A field read shares the struct's memory: copy the function's address.
         release = ctypes.cast(table.release, ctypes.c_void_p).value

@@ -27,6 +27,9 @@ import collections
 import math
 import zlib
 
+from ._comm import FlatRange, Replicate, Shard
+from ._dist import TorchDistComm
+
 __all__ = [
     "DistributedConfig",
     "create_processgroup_config",
@@ -177,7 +180,6 @@ class DistributedConfig(_Config):
         if comm is not None:
             return comm
         _require_dist("DistributedConfig")
-        from ._dist import TorchDistComm
         return TorchDistComm(self._state_entry("world_pg"))
 
     def _attach(self, optimizer, named_params):
@@ -327,219 +329,194 @@ class _ProcessGroupConfig(_Config):
                            lambda shape: tuple(int(d) for d in shape))
 
     # -- attach ---------------------------------------------------------------------
+    #
+    # Every rank issues the same collectives in the same order (one gather per
+    # group kind, then one over the world to agree on the errors), whatever it
+    # finds: its problems are collected and raised on every rank at the end.
 
     def _attach(self, optimizer, named_params):
-        dist = _require_dist("create_processgroup_config")
-        from ._dist import TorchDistComm
-        import muon
+        job = _Job(self, _require_dist("create_processgroup_config"))
+        entries = self._read_params(job, named_params)
+        good = [e for e in entries if not e["bad"]]
+        good = self._fsdp_pieces(job, good)
+        good = self._tp_global_shapes(job, good)
+        good = self._ep_experts(job, good)
+        self._check_replicas(job, good)
+        registered = not job.errors and self._register_all(job, optimizer, entries)
+        job.raise_on_every_rank(registered)
 
-        groups = {role: pg for role, pg in self.groups.items() if pg is not None}
-        errors = []  # this rank's problems; raised on every rank after the collectives
-        world_size = dist.get_world_size(self.world_pg)
-        sizes = {role: dist.get_world_size(pg) for role, pg in groups.items()}
-        product = math.prod(sizes.values()) if sizes else 1
-        if product != world_size:
-            errors.append("the group sizes (%s) multiply to %d but the world has %d ranks; "
-                          "every rank must be in exactly one group of each kind"
-                          % (", ".join("%s %d" % (_ROLE_TEXT[r], s) for r, s in sizes.items())
-                             or "no groups", product, world_size))
-
-        # Names, local shapes and checks that need no communication.
-        entries = []  # dicts, one per param, in the given order
+    def _read_params(self, job, named_params):
+        """Names, local shapes, global shapes and TP dims, and the checks that need
+        no communication; one entry (a dict) per param, in the given order."""
+        entries = []
         taken = {}
         for default_name, param in named_params:
             e = {"default": default_name, "param": param, "bad": False}
             entries.append(e)
             try:
                 e["name"] = self._name(default_name, param)
-            except Exception as err:  # noqa: BLE001  (reported on every rank below)
+            except Exception as err:  # noqa: BLE001  (reported on every rank)
                 e["name"] = default_name
-                e["bad"] = True
-                errors.append(str(err) if isinstance(err, _ParamError) else
-                              "param '%s': naming it raised %s: %s"
-                              % (default_name, type(err).__name__, err))
+                job.fail(e, str(err) if isinstance(err, _ParamError) else
+                         "param '%s': naming it raised %s: %s"
+                         % (default_name, type(err).__name__, err))
                 continue
             if e["name"] in taken:
-                errors.append("params '%s' and '%s' are both named '%s'"
-                              % (taken[e["name"]], default_name, e["name"]))
-                e["bad"] = True
+                job.fail(e, "params '%s' and '%s' are both named '%s'"
+                         % (taken[e["name"]], default_name, e["name"]))
             taken[e["name"]] = default_name
             e["local"] = tuple(param.shape)
             try:
                 e["global"] = self._global_shape(e["name"], default_name, param)
-                e["tp_dim"] = self._tp_dim(e["name"], default_name, param) if "tp" in groups \
-                    else None
+                e["tp_dim"] = self._tp_dim(e["name"], default_name, param) \
+                    if "tp" in job.groups else None
             except Exception as err:  # noqa: BLE001
-                errors.append("param '%s': reading global_shapes/tp_dims raised %s: %s"
-                              % (e["name"], type(err).__name__, err))
-                e["bad"] = True
+                job.fail(e, "param '%s': reading global_shapes/tp_dims raised %s: %s"
+                         % (e["name"], type(err).__name__, err))
                 continue
-            flat = self.fsdp_mode == "flat" and "fsdp" in groups
-            if flat and e["global"] is None:
-                errors.append("param '%s': fsdp_mode='flat' needs its global shape; pass "
-                              "global_shapes={param or name: shape, ...}" % e["name"])
-                e["bad"] = True
-                continue
-            ndim_shape = e["global"] if e["global"] is not None else e["local"]
-            if len(ndim_shape) < 2:
-                errors.append(_matrix_ndim_error(e["name"], ndim_shape))
-                e["bad"] = True
-                continue
-            if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
-                errors.append("param '%s': tp dim %d does not exist in shape %s"
-                              % (e["name"], e["tp_dim"], tuple(ndim_shape)))
-                e["bad"] = True
-            e["crc"] = _crc(param) if self.verify_replicas else 0
+            self._check_shapes(job, e)
+        return entries
 
-        my_rank = dist.get_rank(self.world_pg)
+    def _check_shapes(self, job, e):
+        flat = self.fsdp_mode == "flat" and "fsdp" in job.groups
+        if flat and e["global"] is None:
+            job.fail(e, "param '%s': fsdp_mode='flat' needs its global shape; pass "
+                     "global_shapes={param or name: shape, ...}" % e["name"])
+            return
+        ndim_shape = e["global"] if e["global"] is not None else e["local"]
+        if len(ndim_shape) < 2:
+            job.fail(e, _matrix_ndim_error(e["name"], ndim_shape))
+            return
+        if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
+            job.fail(e, "param '%s': tp dim %d does not exist in shape %s"
+                     % (e["name"], e["tp_dim"], tuple(ndim_shape)))
+        e["crc"] = _crc(e["param"]) if self.verify_replicas else 0
 
-        def gather(role, payload):
-            """payload (a dict name -> value) of every member of the group, in group-rank
-            order; .world lists their ranks in the world (for messages)."""
-            out = [None] * sizes[role]
-            dist.all_gather_object(out, (my_rank, payload), group=groups[role])
-            gathered = _Gathered(d for _, d in out)
-            gathered.world = [r for r, _ in out]
-            return gathered
-
-        good = [e for e in entries if not e["bad"]]
-
-        # FSDP: the TP piece's shape (what FSDP splits) from every member's local shape.
-        if "fsdp" in groups:
-            n = sizes["fsdp"]
-            me = dist.get_rank(groups["fsdp"])
-            everyone = gather("fsdp", {e["name"]: e["local"] for e in good})
-            for e in good:
-                missing = everyone.ranks_without(e["name"])
-                if missing:
-                    errors.append("param '%s' is sharded over the FSDP group but rank(s) "
-                                  "%s do not have it" % (e["name"], missing))
-                    e["bad"] = True
-                    continue
-                if self.fsdp_mode == "flat":
-                    piece = self._tp_piece(e, sizes.get("tp", 1))
-                    if piece is None:
-                        errors.append("param '%s': global dim %d (%d) does not split evenly "
-                                      "over %d TP ranks" % (e["name"], e["tp_dim"],
-                                                            e["global"][e["tp_dim"]],
-                                                            sizes["tp"]))
-                        e["bad"] = True
-                        continue
-                    total = math.prod(piece)
-                    step = -(-total // n)
-                    start = min(me * step, total)
-                    e["piece"] = piece
-                    e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
-                    continue
-                shapes = [tuple(d[e["name"]]) for d in everyone]
-                if any(len(s) != len(e["local"]) or s[1:] != e["local"][1:] for s in shapes):
-                    errors.append("param '%s': FSDP ranks hold pieces of shapes %s; FSDP "
-                                  "splits dim 0 only" % (e["name"], shapes))
-                    e["bad"] = True
-                    continue
-                dim0 = [s[0] for s in shapes]
-                e["piece"] = (sum(dim0),) + e["local"][1:]
-                e["fsdp"] = ("shard", "chunk" if dim0 == _chunk_sizes(sum(dim0), n) else dim0)
-        else:
+    def _fsdp_pieces(self, job, good):
+        """FSDP: the TP piece's shape (what FSDP splits) from every member's local shape."""
+        if "fsdp" not in job.groups:
             for e in good:
                 e["piece"] = e["local"]
-        good = [e for e in good if not e["bad"]]
+            return good
+        n = job.sizes["fsdp"]
+        me = job.dist.get_rank(job.groups["fsdp"])
+        everyone = job.gather("fsdp", {e["name"]: e["local"] for e in good})
+        for e in good:
+            missing = everyone.ranks_without(e["name"])
+            if missing:
+                job.fail(e, "param '%s' is sharded over the FSDP group but rank(s) "
+                         "%s do not have it" % (e["name"], missing))
+            elif self.fsdp_mode == "flat":
+                self._flat_piece(job, e, n, me)
+            else:
+                self._chunked_piece(job, e, everyone, n)
+        return [e for e in good if not e["bad"]]
 
-        # TP: the global shape from every member's TP piece, or a replica check.
-        if "tp" in groups:
-            everyone = gather("tp", {e["name"]: (e["piece"], e["crc"]) for e in good})
-            for e in good:
-                missing = everyone.ranks_without(e["name"])
-                if missing:
-                    errors.append("param '%s' is missing on rank(s) %s of its "
-                                  "TP group; every TP rank holds every TP-sharded or "
-                                  "replicated param" % (e["name"], missing))
-                    e["bad"] = True
-                    continue
-                pieces = [tuple(d[e["name"]][0]) for d in everyone]
-                d = e["tp_dim"]
-                if d is None:
-                    if self._replica_mismatch(e, everyone, "tensor-parallel", errors,
-                                              "; is it TP-sharded but missing from tp_dims?"):
-                        continue
-                    e["global_inferred"] = e["piece"]
-                    e["tp"] = None
-                    continue
-                if any(len(p) != len(e["piece"]) or p[:d] + p[d + 1:] !=
-                       e["piece"][:d] + e["piece"][d + 1:] for p in pieces):
-                    errors.append("param '%s': TP ranks hold pieces of shapes %s, which do not "
-                                  "differ in dim %d only" % (e["name"], pieces, d))
-                    e["bad"] = True
-                    continue
-                split = [p[d] for p in pieces]
-                g = list(e["piece"])
-                g[d] = sum(split)
-                e["global_inferred"] = tuple(g)
-                e["tp"] = (d, "even" if len(set(split)) == 1 else split)
-        else:
+    def _flat_piece(self, job, e, n, me):
+        piece = self._tp_piece(e, job.sizes.get("tp", 1))
+        if piece is None:
+            job.fail(e, "param '%s': global dim %d (%d) does not split evenly "
+                     "over %d TP ranks" % (e["name"], e["tp_dim"],
+                                           e["global"][e["tp_dim"]], job.sizes["tp"]))
+            return
+        total = math.prod(piece)
+        step = -(-total // n)
+        start = min(me * step, total)
+        e["piece"] = piece
+        e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
+
+    def _chunked_piece(self, job, e, everyone, n):
+        shapes = [tuple(d[e["name"]]) for d in everyone]
+        if any(len(s) != len(e["local"]) or s[1:] != e["local"][1:] for s in shapes):
+            job.fail(e, "param '%s': FSDP ranks hold pieces of shapes %s; FSDP "
+                     "splits dim 0 only" % (e["name"], shapes))
+            return
+        dim0 = [s[0] for s in shapes]
+        e["piece"] = (sum(dim0),) + e["local"][1:]
+        e["fsdp"] = ("shard", "chunk" if dim0 == _chunk_sizes(sum(dim0), n) else dim0)
+
+    def _tp_global_shapes(self, job, good):
+        """TP: the global shape from every member's TP piece, or a replica check."""
+        if "tp" not in job.groups:
             for e in good:
                 e["global_inferred"] = e["piece"]
                 e["tp"] = None
-        good = [e for e in good if not e["bad"]]
-
-        # EP: a name on every EP rank is a dense (replicated) param, on one an expert.
-        if "ep" in groups:
-            everyone = gather("ep", {e["name"]: (e["piece"], e["crc"]) for e in good})
-            for e in good:
-                holders = [everyone.world[r] for r, d in enumerate(everyone) if e["name"] in d]
-                if len(holders) == len(everyone):
-                    e["expert"] = False
-                    self._replica_mismatch(e, everyone, "expert-parallel", errors,
-                                           "; expert params need distinct names on different "
-                                           "EP ranks (names=...)")
-                elif len(holders) == 1:
-                    e["expert"] = True
-                else:
-                    errors.append("param '%s' is held by EP ranks %s of %d: a param is either "
-                                  "dense (on every EP rank) or an expert (on one)"
-                                  % (e["name"], holders, len(everyone)))
-                    e["bad"] = True
-        good = [e for e in good if not e["bad"]]
-
-        # DP, CP: replicas.
-        for role, text in (("dp", "data-parallel"), ("cp", "context-parallel")):
-            if role not in groups:
+            return good
+        everyone = job.gather("tp", {e["name"]: (e["piece"], e["crc"]) for e in good})
+        for e in good:
+            missing = everyone.ranks_without(e["name"])
+            if missing:
+                job.fail(e, "param '%s' is missing on rank(s) %s of its "
+                         "TP group; every TP rank holds every TP-sharded or "
+                         "replicated param" % (e["name"], missing))
                 continue
-            everyone = gather(role, {e["name"]: (e["piece"], e["crc"]) for e in good})
+            d = e["tp_dim"]
+            if d is None:
+                if not self._replica_mismatch(e, everyone, "tensor-parallel", job.errors,
+                                              "; is it TP-sharded but missing from tp_dims?"):
+                    e["global_inferred"] = e["piece"]
+                    e["tp"] = None
+                continue
+            pieces = [tuple(m[e["name"]][0]) for m in everyone]
+            if any(len(p) != len(e["piece"]) or p[:d] + p[d + 1:] !=
+                   e["piece"][:d] + e["piece"][d + 1:] for p in pieces):
+                job.fail(e, "param '%s': TP ranks hold pieces of shapes %s, which do not "
+                         "differ in dim %d only" % (e["name"], pieces, d))
+                continue
+            split = [p[d] for p in pieces]
+            g = list(e["piece"])
+            g[d] = sum(split)
+            e["global_inferred"] = tuple(g)
+            e["tp"] = (d, "even" if len(set(split)) == 1 else split)
+        return [e for e in good if not e["bad"]]
+
+    def _ep_experts(self, job, good):
+        """EP: a name on every EP rank is a dense (replicated) param, on one an expert."""
+        if "ep" not in job.groups:
+            return good
+        everyone = job.gather("ep", {e["name"]: (e["piece"], e["crc"]) for e in good})
+        for e in good:
+            holders = [everyone.world[r] for r, d in enumerate(everyone) if e["name"] in d]
+            if len(holders) == len(everyone):
+                e["expert"] = False
+                self._replica_mismatch(e, everyone, "expert-parallel", job.errors,
+                                       "; expert params need distinct names on different "
+                                       "EP ranks (names=...)")
+            elif len(holders) == 1:
+                e["expert"] = True
+            else:
+                job.fail(e, "param '%s' is held by EP ranks %s of %d: a param is either "
+                         "dense (on every EP rank) or an expert (on one)"
+                         % (e["name"], holders, len(everyone)))
+        return [e for e in good if not e["bad"]]
+
+    def _check_replicas(self, job, good):
+        """DP, CP: replicas."""
+        for role, text in (("dp", "data-parallel"), ("cp", "context-parallel")):
+            if role not in job.groups:
+                continue
+            everyone = job.gather(role, {e["name"]: (e["piece"], e["crc"]) for e in good})
             for e in good:
                 missing = everyone.ranks_without(e["name"])
                 if missing:
-                    errors.append("param '%s' is replicated over the %s group but rank(s) "
-                                  "%s do not have it" % (e["name"], text, missing))
-                    e["bad"] = True
+                    job.fail(e, "param '%s' is replicated over the %s group but rank(s) "
+                             "%s do not have it" % (e["name"], text, missing))
                     continue
-                self._replica_mismatch(e, everyone, text, errors, "")
-        good = [e for e in good if not e["bad"]]
+                self._replica_mismatch(e, everyone, text, job.errors, "")
 
-        # The world, the groups and the registrations.
-        registered = False
-        if not errors:
-            try:
-                optimizer.set_world(TorchDistComm(self.world_pg))
-                gid = {role: optimizer.add_group(TorchDistComm(groups[role]))
-                       for role in ("dp", "cp", "ep", "tp", "fsdp") if role in groups}
-                for e in entries:
-                    self._register(muon, optimizer, gid, e)
-                registered = True
-            except Exception as err:  # noqa: BLE001  (reported on every rank below)
-                errors.append("%s: %s" % (type(err).__name__, err))
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, errors, group=self.world_pg)
-        by_message = {}  # message -> the ranks that report it, in first-seen order
-        for r, errs in enumerate(everyone):
-            for msg in errs or []:
-                by_message.setdefault(msg, []).append(r)
-        problems = ["%s %s: %s" % ("ranks" if len(rs) > 1 else "rank",
-                                   ", ".join(str(r) for r in rs), msg)
-                    for msg, rs in by_message.items()]
-        if problems or not registered:
-            raise ValueError("muon distributed config: the layout is inconsistent (every rank "
-                             "raises this):\n  " + "\n  ".join(problems))
+    def _register_all(self, job, optimizer, entries):
+        """The world, the groups and the registrations; False (the error noted)
+        when one of them fails."""
+        try:
+            optimizer.set_world(TorchDistComm(self.world_pg))
+            gid = {role: optimizer.add_group(TorchDistComm(job.groups[role]))
+                   for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups}
+            for e in entries:
+                self._register(optimizer, gid, e)
+            return True
+        except Exception as err:  # noqa: BLE001  (reported on every rank)
+            job.errors.append("%s: %s" % (type(err).__name__, err))
+            return False
 
     def _tp_piece(self, e, tp_size):
         """The TP piece's shape from the global shape (flat mode)."""
@@ -570,7 +547,7 @@ class _ProcessGroupConfig(_Config):
                 return True
         return False
 
-    def _register(self, muon, optimizer, gid, e):
+    def _register(self, optimizer, gid, e):
         param = e["param"]
         if e.get("fsdp", (None,))[0] == "flat":
             global_shape = e["global"]
@@ -582,22 +559,22 @@ class _ProcessGroupConfig(_Config):
                                                tuple(global_shape)))
         placements = []
         if "dp" in gid:
-            placements.append(muon.Replicate(gid["dp"]))
+            placements.append(Replicate(gid["dp"]))
         if "cp" in gid:
-            placements.append(muon.Replicate(gid["cp"]))
+            placements.append(Replicate(gid["cp"]))
         if "ep" in gid and not e["expert"]:
-            placements.append(muon.Replicate(gid["ep"]))
+            placements.append(Replicate(gid["ep"]))
         if "tp" in gid:
             if e["tp"] is None:
-                placements.append(muon.Replicate(gid["tp"]))
+                placements.append(Replicate(gid["tp"]))
             else:
-                placements.append(muon.Shard(gid["tp"], e["tp"][0], split=e["tp"][1]))
+                placements.append(Shard(gid["tp"], e["tp"][0], split=e["tp"][1]))
         if "fsdp" in gid:
             kind = e["fsdp"]
             if kind[0] == "flat":
-                placements.append(muon.FlatRange(gid["fsdp"], kind[1], kind[2]))
+                placements.append(FlatRange(gid["fsdp"], kind[1], kind[2]))
             else:
-                placements.append(muon.Shard(gid["fsdp"], 0, split=kind[1]))
+                placements.append(Shard(gid["fsdp"], 0, split=kind[1]))
         optimizer.register(param, _grad_buffer(param), name=e["name"],
                            matrix_view=_matrix_view(len(global_shape)),
                            global_shape=tuple(global_shape), placements=placements,
@@ -615,6 +592,56 @@ class _Gathered(list):
 
     def ranks_without(self, name):
         return [self.world[r] for r, d in enumerate(self) if name not in d]
+
+
+class _Job:
+    """One _attach: the groups present, their sizes, this rank's problems (raised
+    on every rank at the end), and the collectives every rank issues."""
+
+    def __init__(self, config, dist):
+        self.dist = dist
+        self.world_pg = config.world_pg
+        self.groups = {role: pg for role, pg in config.groups.items() if pg is not None}
+        self.errors = []
+        self.world_size = dist.get_world_size(config.world_pg)
+        self.sizes = {role: dist.get_world_size(pg) for role, pg in self.groups.items()}
+        self.my_rank = dist.get_rank(config.world_pg)
+        product = math.prod(self.sizes.values()) if self.sizes else 1
+        if product != self.world_size:
+            self.errors.append(
+                "the group sizes (%s) multiply to %d but the world has %d ranks; every rank "
+                "must be in exactly one group of each kind"
+                % (", ".join("%s %d" % (_ROLE_TEXT[r], s) for r, s in self.sizes.items())
+                   or "no groups", product, self.world_size))
+
+    def fail(self, entry, message):
+        self.errors.append(message)
+        entry["bad"] = True
+
+    def gather(self, role, payload):
+        """payload (a dict name -> value) of every member of the group, in group-rank
+        order; .world lists their ranks in the world (for messages)."""
+        out = [None] * self.sizes[role]
+        self.dist.all_gather_object(out, (self.my_rank, payload), group=self.groups[role])
+        gathered = _Gathered(d for _, d in out)
+        gathered.world = [r for r, _ in out]
+        return gathered
+
+    def raise_on_every_rank(self, registered):
+        """Every rank's problems, gathered over the world and raised on every rank
+        (ValueError naming the ranks of each), unless there are none."""
+        everyone = [None] * self.world_size
+        self.dist.all_gather_object(everyone, self.errors, group=self.world_pg)
+        by_message = {}  # message -> the ranks that report it, in first-seen order
+        for r, errs in enumerate(everyone):
+            for msg in errs or []:
+                by_message.setdefault(msg, []).append(r)
+        problems = ["%s %s: %s" % ("ranks" if len(rs) > 1 else "rank",
+                                   ", ".join(str(r) for r in rs), msg)
+                    for msg, rs in by_message.items()]
+        if problems or not registered:
+            raise ValueError("muon distributed config: the layout is inconsistent (every rank "
+                             "raises this):\n  " + "\n  ".join(problems))
 
 
 def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,
@@ -805,8 +832,8 @@ def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
 def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names=None,
                           replicated_mode="host_averaged"):
     """A config that reads each param's layout from the DTensor it is (torch >= 2.x):
-    every mesh dim's Shard(d) becomes muon.Shard(group, d, "chunk") (DTensor splits
-    like torch.chunk), Replicate becomes muon.Replicate(group). The local tensors are
+    every mesh dim's Shard(d) becomes Shard(group, d, "chunk") (DTensor splits
+    like torch.chunk), Replicate becomes Replicate(group). The local tensors are
     registered with the DTensor's global shape."""
     if _dtensor_class() is None:
         raise RuntimeError(
@@ -824,8 +851,6 @@ class _DTensorConfig(_Config):
 
     def _attach(self, optimizer, named_params):
         _require_dist("create_dtensor_config")
-        from ._dist import TorchDistComm
-        import muon
         DTensor = _dtensor_class()
         torch, _ = _torch()
         optimizer.set_world(TorchDistComm(None))
@@ -851,9 +876,9 @@ class _DTensorConfig(_Config):
             for dim, pl in enumerate(param.placements):
                 gid = group_ids[(id(mesh), dim)]
                 if pl.is_shard():
-                    placements.append(muon.Shard(gid, pl.dim, split="chunk"))
+                    placements.append(Shard(gid, pl.dim, split="chunk"))
                 elif pl.is_replicate():
-                    placements.append(muon.Replicate(gid))
+                    placements.append(Replicate(gid))
                 else:
                     raise ValueError("param '%s': placement %s on mesh dim %d is neither Shard "
                                      "nor Replicate" % (name, pl, dim))

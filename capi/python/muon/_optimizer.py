@@ -3,44 +3,11 @@
 import ctypes
 import operator
 
-from . import _lib
+from . import _comm, _lib
+from ._errors import MuonError, callback_failed, check, describe, error
 from ._tensor import TensorView, is_numpy, is_torch
 
 _lib_handle = _lib.lib
-
-
-class MuonError(RuntimeError):
-    """A libmuon call failed.
-
-    `status` is the status name ("INVALID_ARGUMENT", "FAILED_PRECONDITION", ...),
-    `code` its number (absl::StatusCode numbering), `message` the library's
-    detail (muon_last_error_message), which names the parameter and the cause.
-    """
-
-    def __init__(self, status, message=""):
-        if isinstance(status, str):
-            code = _lib.STATUS_CODES.get(status, 2)
-            name = status
-        else:
-            code = int(status)
-            name = _lib.STATUS_NAMES.get(code, "UNRECOGNIZED_STATUS(%d)" % code)
-        super().__init__(name, message)
-        self.status = name
-        self.code = code
-        self.message = message
-
-    def __str__(self):
-        return "%s: %s" % (self.status, self.message) if self.message else self.status
-
-
-def _error(status):
-    message = _lib_handle.muon_last_error_message()
-    return MuonError(status, message.decode("utf-8", "replace") if message else "")
-
-
-def _check(status):
-    if status != 0:
-        raise _error(status)
 
 
 def version():
@@ -206,7 +173,7 @@ class Optimizer:
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
 
         o = _lib.muon_options_t()
-        _check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
+        check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
         if lr is not None:
             o.lr = float(lr)
         if weight_decay is not None:
@@ -243,7 +210,7 @@ class Optimizer:
         if ns_coefficients is not None:
             table = _set_coefficients(o, ns_coefficients)
         handle = _lib.opt_p()
-        _check(_lib_handle.muon_create(ctypes.byref(o), ctypes.byref(handle)))
+        check(_lib_handle.muon_create(ctypes.byref(o), ctypes.byref(handle)))
         del table  # copied by muon_create
         self._handle = handle
 
@@ -288,8 +255,8 @@ class Optimizer:
     def options(self):
         """The current options as a dict (ns_table and assign_fn are not handed out)."""
         o = _lib.muon_options_t()
-        _check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
-        _check(_lib_handle.muon_get_options(self._h(), ctypes.byref(o)))
+        check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
+        check(_lib_handle.muon_get_options(self._h(), ctypes.byref(o)))
         return {name: getattr(o, name) for name, _ in o._fields_
                 if name not in ("struct_size", "ns_table", "reserved0", "reserved1",
                                 "assign_fn", "assign_state")}
@@ -300,7 +267,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value):
-        _check(_lib_handle.muon_set_lr(self._h(), float(value)))
+        check(_lib_handle.muon_set_lr(self._h(), float(value)))
 
     @property
     def weight_decay(self):
@@ -308,7 +275,7 @@ class Optimizer:
 
     @weight_decay.setter
     def weight_decay(self, value):
-        _check(_lib_handle.muon_set_weight_decay(self._h(), float(value)))
+        check(_lib_handle.muon_set_weight_decay(self._h(), float(value)))
 
     @property
     def momentum(self):
@@ -316,7 +283,7 @@ class Optimizer:
 
     @momentum.setter
     def momentum(self, value):
-        _check(_lib_handle.muon_set_momentum(self._h(), float(value)))
+        check(_lib_handle.muon_set_momentum(self._h(), float(value)))
 
     # -- communicators -----------------------------------------------------------
 
@@ -337,7 +304,7 @@ class Optimizer:
         h = self._h()
         table = self._table_of(comm)
         gid = ctypes.c_int32()
-        _check(_lib_handle.muon_set_world(h, ctypes.byref(table), ctypes.byref(gid)))
+        check(_lib_handle.muon_set_world(h, ctypes.byref(table), ctypes.byref(gid)))
         self._adopt(comm, gid.value)
         self._world = (table.rank, table.size)
         return gid.value
@@ -348,7 +315,7 @@ class Optimizer:
         h = self._h()
         table = self._table_of(comm)
         gid = ctypes.c_int32()
-        _check(_lib_handle.muon_add_group(h, ctypes.byref(table), ctypes.byref(gid)))
+        check(_lib_handle.muon_add_group(h, ctypes.byref(table), ctypes.byref(gid)))
         self._adopt(comm, gid.value)
         return gid.value
 
@@ -382,7 +349,7 @@ class Optimizer:
 
     def _param_options(self, name):
         po = _lib.muon_param_options_t()
-        _check(_lib_handle.muon_param_options_init(ctypes.byref(po), ctypes.sizeof(po)))
+        check(_lib_handle.muon_param_options_init(ctypes.byref(po), ctypes.sizeof(po)))
         if name is not None:
             po.name = str(name).encode("utf-8")
         return po
@@ -436,7 +403,7 @@ class Optimizer:
             po.num_placements = len(placements)
             po.placements = ctypes.cast(array, ctypes.POINTER(_lib.muon_placement_t))
         pid = ctypes.c_int64()
-        _check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
+        check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
                                                ctypes.byref(pid)))
         del keep  # copied by the library
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
@@ -467,7 +434,6 @@ class Optimizer:
         exception's type and text in the message.
         """
         h = self._h()
-        from . import _comm
 
         pv, gv = self._views(param, grad, name)
         po = self._param_options(name)
@@ -500,7 +466,7 @@ class Optimizer:
                     out[0].rows, out[0].cols = arr.shape
                 return 0
             except BaseException as e:  # noqa: B902 - turned into a status
-                return _comm.callback_failed(e, "gather_fn of %s" % label, sink)
+                return callback_failed(e, "gather_fn of %s" % label, sink)
 
         def c_redistribute(state, full, rows, cols, owner, local, n, stream):
             try:
@@ -509,7 +475,7 @@ class Optimizer:
                                 _comm.view(local, local_shape(n), "<f4"))
                 return 0
             except BaseException as e:  # noqa: B902 - turned into a status
-                return _comm.callback_failed(e, "redistribute_fn of %s" % label, sink)
+                return callback_failed(e, "redistribute_fn of %s" % label, sink)
             finally:
                 held[0] = None
 
@@ -522,7 +488,7 @@ class Optimizer:
                      _lib.CUSTOM_REDISTRIBUTE_FN(c_redistribute))
         layout.assign_fn, layout.gather_fn, layout.redistribute_fn = callbacks
         pid = ctypes.c_int64()
-        _check(_lib_handle.muon_register_param_custom(h, pv.ref, gv.ref, ctypes.byref(po),
+        check(_lib_handle.muon_register_param_custom(h, pv.ref, gv.ref, ctypes.byref(po),
                                                       ctypes.byref(layout), ctypes.byref(pid)))
         self._keep.append(callbacks)
         self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad)))
@@ -541,7 +507,7 @@ class Optimizer:
             raise ValueError("muon: param %r is a read-only array; the optimizer updates "
                              "parameters in place" % (name or "?"))
         gv = TensorView(grad) if grad is not None else None
-        _check(_lib_handle.muon_rebind_param(h, pid, pv.ref, gv.ref if gv is not None else None))
+        check(_lib_handle.muon_rebind_param(h, pid, pv.ref, gv.ref if gv is not None else None))
         record = self._params[pid]  # the id is valid: the call succeeded
         record.param = pv
         record.grad = gv  # an unbound gradient is never read again: let it go
@@ -550,7 +516,7 @@ class Optimizer:
     @property
     def num_params(self):
         n = ctypes.c_size_t()
-        _check(_lib_handle.muon_num_params(self._h(), ctypes.byref(n)))
+        check(_lib_handle.muon_num_params(self._h(), ctypes.byref(n)))
         return n.value
 
     def __len__(self):
@@ -587,8 +553,7 @@ class Optimizer:
                     owners[i] = r
                 return 0
             except BaseException as e:  # noqa: B902 - turned into a status
-                from . import _comm
-                return _comm.callback_failed(e, "the assignment callable", sink)
+                return callback_failed(e, "the assignment callable", sink)
 
         return _lib.ASSIGN_FN(c_assign)
 
@@ -624,7 +589,6 @@ class Optimizer:
         device pointers."""
         if not (is_torch(param) and param.is_cuda):
             return
-        from . import _comm
         for comm in self._comms:
             if isinstance(comm, _comm.Communicator):
                 raise TypeError(
@@ -659,12 +623,11 @@ class Optimizer:
         status = _lib_handle.muon_step(h, self._stream_of(stream))
         raised = self._take_callback_errors()
         if status != 0:
-            err = _error(status)
+            err = error(status)
             if not raised:
                 raise err
-            from . import _comm
-            missing = ["%s (in %s)" % (_comm.describe(e), where) for where, e in raised
-                       if _comm.describe(e) not in err.message]
+            missing = ["%s (in %s)" % (describe(e), where) for where, e in raised
+                       if describe(e) not in err.message]
             if missing:
                 err = MuonError(err.code, "%s; Python callback raised %s"
                                 % (err.message, "; ".join(missing)))
@@ -673,7 +636,7 @@ class Optimizer:
     @property
     def step_count(self):
         n = ctypes.c_int64()
-        _check(_lib_handle.muon_step_count(self._h(), ctypes.byref(n)))
+        check(_lib_handle.muon_step_count(self._h(), ctypes.byref(n)))
         return n.value
 
     def stats(self):
@@ -681,8 +644,8 @@ class Optimizer:
         for the last step bytes_sent, bytes_received, collectives, rounds,
         matrices_orthogonalized, ns_flops; planned: matrices_total, matrices_owned."""
         s = _lib.muon_stats_t()
-        _check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
-        _check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))
+        check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
+        check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))
         return {name: getattr(s, name) for name in _STAT_FIELDS}
 
     # -- state ---------------------------------------------------------------------
@@ -690,7 +653,7 @@ class Optimizer:
     def state_dtype(self, param_id):
         """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
         dt = _lib.DLDataType()
-        _check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
+        check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
         return {(_lib.kDLFloat, 32): "float32", (_lib.kDLFloat, 16): "float16",
                 (_lib.kDLBfloat, 16): "bfloat16"}[(dt.code, dt.bits)]
 
@@ -704,7 +667,7 @@ class Optimizer:
         h = self._h()
         if out is None:
             dt = _lib.DLDataType()
-            _check(_lib_handle.muon_get_state_dtype(h, int(param_id), ctypes.byref(dt)))
+            check(_lib_handle.muon_get_state_dtype(h, int(param_id), ctypes.byref(dt)))
             like = self._params[int(param_id)].param.obj  # the id is valid: the call succeeded
             if is_torch(like):
                 import torch
@@ -717,28 +680,28 @@ class Optimizer:
                     raise TypeError("muon: state dtype bfloat16 cannot be held by numpy")
                 out = numpy.empty(like.shape, dtype="float%d" % dt.bits)
         view = TensorView(out)
-        _check(_lib_handle.muon_get_state(h, int(param_id), view.ref))
+        check(_lib_handle.muon_get_state(h, int(param_id), view.ref))
         return out
 
     def set_state(self, param_id, value):
         """Overwrites a parameter's momentum buffer (shape and state dtype must match)."""
         view = TensorView(value)
-        _check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
+        check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
 
     def state_bytes(self):
         """The whole optimizer state (step count and momentum buffers) as bytes."""
         h = self._h()
         size = ctypes.c_size_t()
-        _check(_lib_handle.muon_save_state(h, None, 0, ctypes.byref(size)))
+        check(_lib_handle.muon_save_state(h, None, 0, ctypes.byref(size)))
         buf = ctypes.create_string_buffer(max(size.value, 1))
-        _check(_lib_handle.muon_save_state(h, buf, size.value, ctypes.byref(size)))
+        check(_lib_handle.muon_save_state(h, buf, size.value, ctypes.byref(size)))
         return buf.raw[:size.value]
 
     def load_state_bytes(self, data):
         """Restores state written by state_bytes() into an optimizer with the same
         parameters registered in the same order. Hyper-parameters are not restored."""
         data = bytes(data)
-        _check(_lib_handle.muon_load_state(self._h(), data, len(data)))
+        check(_lib_handle.muon_load_state(self._h(), data, len(data)))
 
     def __repr__(self):
         if self.closed:
