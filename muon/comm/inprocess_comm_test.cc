@@ -13,6 +13,7 @@
 #include "capi/codes.h"
 #include "muon/comm/callback_error.h"
 #include "muon/comm/ordered_sum.h"
+#include "muon/comm/testing/pattern.h"
 #include "muon/common/dtype.h"
 
 namespace muon {
@@ -44,25 +45,9 @@ void OnRanks(int n, const std::function<void(int)>& fn) {
   for (std::thread& t : threads) t.join();
 }
 
-uint32_t Mix(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  uint32_t h = 2166136261u;
-  for (uint32_t v : {a, b, c, d}) {
-    h = (h ^ v) * 16777619u;
-    h ^= h >> 13;
-  }
-  return h;
-}
-
-// The byte at index k of what `from` sends to `to` in round `iter`.
-unsigned char Byte(int from, int to, int iter, size_t k) {
-  return static_cast<unsigned char>(Mix(from, to, iter, static_cast<uint32_t>(k)) & 0xff);
-}
-
-// Bytes `from` sends to `to` in round `iter` of all_to_all_v (often 0).
-size_t PairBytes(int from, int to, int iter) {
-  const uint32_t h = Mix(from + 100, to + 200, iter, 7);
-  return h % 3 == 0 ? 0 : h % 41;
-}
+using pattern::Byte;
+using pattern::Mix;
+using pattern::PairBytes;
 
 // Values whose float sums depend on the order of addition.
 float Value(int rank, int iter, size_t i) {

@@ -18,6 +18,7 @@
 
 #include "capi/muon.h"
 #include "capi/muon_mpi.h"
+#include "muon/comm/testing/pattern.h"
 
 namespace {
 
@@ -43,23 +44,9 @@ int g_failures = 0;
     }                                                                                       \
   } while (0)
 
-uint32_t Mix(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  uint32_t h = 2166136261u;
-  for (uint32_t v : {a, b, c, d}) {
-    h = (h ^ v) * 16777619u;
-    h ^= h >> 13;
-  }
-  return h;
-}
-
-unsigned char Byte(int from, int to, int round, size_t k) {
-  return static_cast<unsigned char>(Mix(from, to, round, static_cast<uint32_t>(k)) & 0xff);
-}
-
-size_t PairBytes(int from, int to, int round) {
-  const uint32_t h = Mix(from + 100, to + 200, round, 7);
-  return h % 3 == 0 ? 0 : h % 41;
-}
+using muon::pattern::Byte;
+using muon::pattern::Mix;
+using muon::pattern::PairBytes;
 
 // Values whose float sums depend on the order of addition.
 float Value(int rank, int round, size_t i) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "capi/codes.h"
+#include "muon/comm/testing/pattern.h"
 #include "muon/common/dtype.h"
 
 namespace muon {
@@ -14,19 +15,8 @@ namespace {
 
 constexpr unsigned char kUntouched = 0xEE;
 
-uint32_t Mix(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  uint32_t h = 2166136261u;
-  for (uint32_t v : {a, b, c, d}) {
-    h = (h ^ v) * 16777619u;
-    h ^= h >> 13;
-  }
-  return h;
-}
-
-// Byte k of what rank `from` sends to `to` in check `salt`.
-unsigned char Byte(int from, int to, int salt, size_t k) {
-  return static_cast<unsigned char>(Mix(from, to, salt, static_cast<uint32_t>(k)) & 0xff);
-}
+using pattern::Byte;
+using pattern::Mix;
 
 class Checker {
  public:
