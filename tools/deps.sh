@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian packages libmuon builds and tests with, when missing.
-# Safe to run repeatedly: it asks apt only for what is not installed yet.
+# Installs the Debian packages libmuon builds and tests with, when missing,
+# then the Python environment of the tests (.venv/, from
+# tools/python-requirements.txt) when missing or out of date.
+# Safe to run repeatedly: it asks apt and pip only for what is not installed yet.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PACKAGES=(
   bazel-bootstrap      # Bazel 4, builds offline with the shims in third_party/shims
@@ -11,14 +14,30 @@ PACKAGES=(
   libopenblas-dev      # CBLAS for the CPU backend
   libdlpack-dev        # DLPack's header (DLTensor in the C ABI)
   libopenmpi-dev openmpi-bin  # the MPI adapter (libmuon_mpi.so) and its mpirun test
-  python3 python3-numpy python3-pytest python3-torch  # the Python package and its tests
+  python3 python3-venv # the Python package; its tests' torch comes from PyPI (.venv)
 )
+
+python_env() {
+  local stamp=.venv/requirements.txt
+  if [ -x .venv/bin/python ] && cmp -s tools/python-requirements.txt "$stamp"; then
+    return 0
+  fi
+  echo "deps: installing the Python environment (.venv: $(grep -v '^#' \
+    tools/python-requirements.txt | xargs))" >&2
+  [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check \
+    -r tools/python-requirements.txt
+  cp tools/python-requirements.txt "$stamp"
+}
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -eq 0 ]; then
+  python_env
+  exit 0
+fi
 
 echo "deps: installing ${missing[*]}" >&2
 SUDO=""
@@ -33,3 +52,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+python_env
