@@ -77,7 +77,7 @@ extern "C" {
 #endif
 
 #define MUON_VERSION_MAJOR 0
-#define MUON_VERSION_MINOR 2
+#define MUON_VERSION_MINOR 3
 #define MUON_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */
@@ -437,6 +437,24 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * muon_set_state (and its parameters from its own checkpoint). No retry and
  * no fallback to a non-distributed step ever happens. */
 MUON_API muon_status_t muon_step(muon_optimizer_t* opt, void* stream);
+
+/* Newton-Schulz on its own, what torch's _zeropower_via_newtonschulz
+ * computes: every matrix of `in` (seen through `matrix_view`, a
+ * muon_matrix_view_t; 2D takes exactly one matrix) is read as float32,
+ * orthogonalized with the optimizer's Newton-Schulz options (ns_steps, the
+ * coefficients, eps, ns_dtype; the others do not matter) and written to `out`,
+ * rounded to out's dtype. `in` and `out` are contiguous tensors of one shape,
+ * float32, bfloat16 or float16 (the dtypes may differ); `out` may be `in`
+ * itself (in place) but may not overlap it otherwise. They live on the
+ * optimizer's device once a parameter is registered; before that, on the
+ * host or any CUDA device (the call then uses that device for itself). Not
+ * collective: the world, if any, takes no part. Host tensors are done when
+ * the call returns; on a GPU the work is ordered on `stream`, and the call
+ * returns once it is done (it allocates and frees an fp32 working copy of
+ * `in`). Errors name `in` or `out` and the cause; `out` is then undefined. */
+MUON_API muon_status_t muon_orthogonalize(muon_optimizer_t* opt, const DLTensor* in,
+                                          const DLTensor* out, int32_t matrix_view,
+                                          void* stream);
 
 /* Number of completed steps. */
 MUON_API muon_status_t muon_step_count(const muon_optimizer_t* opt, int64_t* count);

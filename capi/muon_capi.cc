@@ -192,6 +192,16 @@ muon_status_t muon_step(muon_optimizer_t* opt, void* stream) {
   });
 }
 
+muon_status_t muon_orthogonalize(muon_optimizer_t* opt, const DLTensor* in, const DLTensor* out,
+                                 int32_t matrix_view, void* stream) {
+  return Guard("muon_orthogonalize", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (in == nullptr) return NullArg("in");
+    if (out == nullptr) return NullArg("out");
+    return opt->impl->Orthogonalize(in, out, matrix_view, stream);
+  });
+}
+
 muon_status_t muon_step_count(const muon_optimizer_t* opt, int64_t* count) {
   return Guard("muon_step_count", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");

@@ -8,7 +8,9 @@
 #include "muon/comm/self_comm.h"
 #include "muon/common/status.h"
 #include "muon/engine/checkpoint.h"
+#include "muon/device/cuda_loader.h"
 #include "muon/engine/local_update.h"
+#include "muon/engine/orthogonalize.h"
 
 namespace muon {
 
@@ -61,7 +63,7 @@ absl::Status Optimizer::Step(void* stream) {
   // From the first momentum update on, state changes: a failure poisons the
   // optimizer until state is restored.
   absl::Status st = UpdateMomenta();
-  if (st.ok()) st = Orthogonalize(stream);
+  if (st.ok()) st = RunSteppers(stream);
   if (st.ok()) st = ApplyUpdates();
   if (!st.ok()) {
     poisoned_ = std::string(st.message());
@@ -113,7 +115,7 @@ absl::Status Optimizer::UpdateMomenta() {
   return absl::OkStatus();
 }
 
-absl::Status Optimizer::Orthogonalize(void* stream) {
+absl::Status Optimizer::RunSteppers(void* stream) {
   // 2. Every stepper: pieces to their owners, Newton-Schulz, the results back.
   registry_.world().ResetCounters();
   for (const auto& g : registry_.groups()) g->ResetCounters();
@@ -153,6 +155,25 @@ void Optimizer::CountStats() {
   s.matrices_total = stats_.matrices_total;
   s.matrices_owned = stats_.matrices_owned;
   stats_ = s;
+}
+
+absl::Status Optimizer::Orthogonalize(const DLTensor* in, const DLTensor* out, int view,
+                                     void* stream) {
+  MUON_ASSIGN_OR_RETURN(const TensorView v, ViewTensor(in, "in"));
+  std::shared_ptr<Device> device = registry_.device();
+  const std::string where = DeviceString(v.device);
+  if (where != device->name() && !(device->is_host() && v.on_host())) {
+    if (!registry_.params().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in: is on ", where, ", the optimizer's parameters on ", device->name()));
+    }
+    if (v.on_host()) {
+      device = MakeHostDevice();
+    } else {
+      MUON_ASSIGN_OR_RETURN(device, OpenCudaDevice(v.device.device_id));
+    }
+  }
+  return OrthogonalizeTensor(device, options_.ns, in, out, view, stream);
 }
 
 absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {

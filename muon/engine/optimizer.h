@@ -73,6 +73,11 @@ class Optimizer {
   int64_t step_count() const { return step_count_; }
   const StepStats& stats() const { return stats_; }
 
+  // Newton-Schulz alone (muon_orthogonalize): every matrix of `in` into
+  // `out` under these options, on the parameters' device; before any
+  // parameter is registered, on the device the tensors are on.
+  absl::Status Orthogonalize(const DLTensor* in, const DLTensor* out, int view, void* stream);
+
   // State access. Errors name the parameter.
   absl::StatusOr<const Param*> GetParam(int64_t id) const { return registry_.Get(id); }
   absl::Status CopyStateOut(int64_t id, const DLTensor* dst) const;
@@ -90,7 +95,7 @@ class Optimizer {
   absl::Status Prepare(void* stream);
   // The three stages of a step (see the top of this file).
   absl::Status UpdateMomenta();
-  absl::Status Orthogonalize(void* stream);
+  absl::Status RunSteppers(void* stream);
   absl::Status ApplyUpdates();
   void CountStats();
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;

@@ -49,6 +49,7 @@ namespace {
   X(muon_num_params)             \
   X(muon_step)                   \
   X(muon_step_count)             \
+  X(muon_orthogonalize)          \
   X(muon_set_callback_error)     \
   X(muon_set_world)              \
   X(muon_add_group)              \
@@ -220,6 +221,13 @@ int main(int argc, char** argv) {
     changed += (a[i] != a0[i]) + (b[i] != b0[i]);
   }
   CHECK(changed > a.size());
+
+  // Newton-Schulz alone through the resolved pointer: in place, no NaN.
+  std::vector<float> m(a0.begin(), a0.begin() + 12);
+  int64_t shape_m[2] = {3, 4};
+  DLTensor tm = CpuF32(m.data(), shape_m);
+  CHECK(api.muon_orthogonalize(opt, &tm, &tm, MUON_MATRIX_VIEW_2D, nullptr) == MUON_OK);
+  CHECK(std::isfinite(m[0]) && m[0] != a0[0]);
 
   // State through the resolved pointers.
   DLDataType dt{};

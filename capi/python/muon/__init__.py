@@ -47,14 +47,18 @@ __all__ = [
 __all__ += ["TorchDistComm", "DistributedConfig", "create_auto_config",
             "create_devicemesh_config", "create_dtensor_config", "create_processgroup_config"]
 
-__all__.append("Muon")
+__all__ += ["Muon", "zeropower_via_newtonschulz"]
 
 
 def __getattr__(name):
     # The torch layer imports torch: loaded on first use, so that the low level
     # stays usable (and quick to import) with numpy alone.
     if name == "Muon":
-        from ._torch import Muon
-        globals()["Muon"] = Muon
-        return Muon
-    raise AttributeError("module 'muon' has no attribute %r" % name)
+        from ._torch import Muon as value
+    elif name in ("zeropower_via_newtonschulz", "_zeropower_via_newtonschulz"):
+        from . import _newton_schulz
+        value = getattr(_newton_schulz, name)
+    else:
+        raise AttributeError("module 'muon' has no attribute %r" % name)
+    globals()[name] = value
+    return value

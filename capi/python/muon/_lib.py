@@ -311,6 +311,10 @@ _SIGNATURES = {
     "muon_num_params": (status_t, [opt_p, ctypes.POINTER(ctypes.c_size_t)]),
     "muon_step": (status_t, [opt_p, ctypes.c_void_p]),
     "muon_step_count": (status_t, [opt_p, ctypes.POINTER(ctypes.c_int64)]),
+    "muon_orthogonalize": (
+        status_t,
+        [opt_p, ctypes.POINTER(DLTensor), ctypes.POINTER(DLTensor), ctypes.c_int32,
+         ctypes.c_void_p]),
     "muon_set_callback_error": (None, [ctypes.c_char_p]),
     "muon_set_world": (
         status_t, [opt_p, ctypes.POINTER(muon_comm_t), ctypes.POINTER(ctypes.c_int32)]),

@@ -610,6 +610,25 @@ class Optimizer:
                 return torch.cuda.current_stream(p.device).cuda_stream or None
         return None
 
+    def orthogonalize(self, x, out=None, matrix_view="2d", stream=None):
+        """Newton-Schulz alone (muon_orthogonalize) with this optimizer's options:
+        every matrix of `x` (a torch tensor or numpy array, seen through
+        `matrix_view`) orthogonalized into `out` (default: a new array like x;
+        `out` may be x itself). For CUDA tensors the work runs on `stream`
+        (default: torch's current stream). Returns out."""
+        if out is None:
+            out = x.clone() if is_torch(x) else x.copy()
+        xv, ov = TensorView(x), TensorView(out)
+        view = _choice("matrix_view", matrix_view, _MATRIX_VIEW) \
+            if not isinstance(matrix_view, int) else matrix_view
+        if stream is None and is_torch(x) and x.is_cuda:
+            import torch
+            stream = torch.cuda.current_stream(x.device).cuda_stream or None
+        else:
+            stream = getattr(stream, "cuda_stream", stream) or None
+        check(_lib_handle.muon_orthogonalize(self._h(), xv.ref, ov.ref, view, stream))
+        return out
+
     def step(self, stream=None):
         """One Muon step over every registered parameter (collective with a world).
 
