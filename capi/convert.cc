@@ -21,6 +21,7 @@ namespace {
 MUON_SAME_VALUE_(MUON_ADJUST_LR_ORIGINAL, AdjustLr::kOriginal);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_MATCH_RMS_ADAMW, AdjustLr::kMatchRmsAdamW);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_NONE, AdjustLr::kNone);
+MUON_SAME_VALUE_(MUON_ADJUST_LR_SPECTRAL_UNCLAMPED, AdjustLr::kSpectralUnclamped);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_BF16, NsDtype::kBF16);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_FP32, NsDtype::kFP32);
 MUON_SAME_VALUE_(MUON_ASSIGNMENT_BALANCED, Assignment::kBalanced);
@@ -200,10 +201,11 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
                      "; use MUON_NS_DTYPE_BF16 (0) or MUON_NS_DTYPE_FP32 (1)"));
   }
   o.ns.dtype = static_cast<NsDtype>(c.ns_dtype);
-  if (c.adjust_lr < 0 || c.adjust_lr > 2) {
+  if (c.adjust_lr < 0 || c.adjust_lr > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "options->adjust_lr: unknown value ", c.adjust_lr,
-        "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1) or NONE (2)"));
+        "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2) or "
+        "SPECTRAL_UNCLAMPED (3)"));
   }
   o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;

@@ -121,7 +121,8 @@ MUON_API void muon_get_version(int32_t* major, int32_t* minor, int32_t* patch);
 typedef enum muon_adjust_lr_t {
   MUON_ADJUST_LR_ORIGINAL = 0,        /* lr * sqrt(max(1, A / B)) (torch default) */
   MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1, /* lr * 0.2 * sqrt(max(A, B)) */
-  MUON_ADJUST_LR_NONE = 2             /* lr */
+  MUON_ADJUST_LR_NONE = 2,            /* lr */
+  MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = 3 /* lr * sqrt(A / B) (0.3) */
 } muon_adjust_lr_t;
 
 /* The dtype Newton-Schulz computes in. BF16 mirrors torch.optim.Muon: the

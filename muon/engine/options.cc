@@ -41,11 +41,13 @@ absl::Status ValidateOptions(const Options& o) {
     case AdjustLr::kOriginal:
     case AdjustLr::kMatchRmsAdamW:
     case AdjustLr::kNone:
+    case AdjustLr::kSpectralUnclamped:
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "adjust_lr: unknown value ", static_cast<int>(o.adjust_lr),
-          "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1) or NONE (2)"));
+          "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2) or "
+          "SPECTRAL_UNCLAMPED (3)"));
   }
   if (o.dist.prefetch_count < 0 || o.dist.prefetch_count > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -80,6 +82,8 @@ double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols) {
       return lr * std::sqrt(std::max(1.0, a / b));
     case AdjustLr::kMatchRmsAdamW:
       return lr * 0.2 * std::sqrt(std::max(a, b));
+    case AdjustLr::kSpectralUnclamped:
+      return lr * std::sqrt(a / b);
     case AdjustLr::kNone:
       break;
   }

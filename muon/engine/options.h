@@ -12,7 +12,7 @@
 
 namespace muon {
 
-enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2 };
+enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2, kSpectralUnclamped = 3 };
 
 // The distributed engine's settings (they do not change results).
 struct DistOptions {

@@ -125,8 +125,8 @@ TEST(Options, CoefficientTable) {
 
 TEST(Options, UnknownEnums) {
   Options o;
-  o.adjust_lr = static_cast<AdjustLr>(3);
-  ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value 3");
+  o.adjust_lr = static_cast<AdjustLr>(4);  // 3 is SPECTRAL_UNCLAMPED since 0.3
+  ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value 4");
   o.adjust_lr = static_cast<AdjustLr>(-1);
   ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value -1");
   o.adjust_lr = AdjustLr::kNone;
@@ -143,6 +143,13 @@ TEST(Options, FirstBadFieldIsNamed) {
   const absl::Status s = ValidateOptions(o);
   ASSERT_FALSE(s.ok());
   EXPECT_TRUE(Mentions(s, "lr")) << s;
+}
+
+TEST(AdjustedLr, SpectralUnclampedScalesBothWays) {
+  const double lr = 0.02;
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 16, 4), lr * 2.0);
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 4, 16), lr * 0.5);
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 8, 8), lr);
 }
 
 TEST(AdjustedLr, Original) {

@@ -133,6 +133,7 @@ MUON_TEST_STATIC_ASSERT(MUON_MATRIX_VIEW_2D == 0 && MUON_MATRIX_VIEW_FLATTEN_TRA
                             MUON_MATRIX_VIEW_BATCHED_LEADING == 2,
                         matrix_view_values);
 MUON_TEST_STATIC_ASSERT(MUON_UNIMPLEMENTED == 12 && MUON_UNAVAILABLE == 14, status_codes_0_2);
+MUON_TEST_STATIC_ASSERT(MUON_ADJUST_LR_SPECTRAL_UNCLAMPED == 3, adjust_lr_values_0_3);
 MUON_TEST_STATIC_ASSERT(MUON_ASSIGNMENT_BALANCED == 0 && MUON_ASSIGNMENT_ROUND_ROBIN == 1 &&
                             MUON_ASSIGNMENT_CUSTOM == 2,
                         assignment_values);

@@ -55,6 +55,7 @@ class Model(torch.nn.Module):
         self.w_in = torch.nn.Parameter(torch.randn(32, 16) / 4)
         self.w_mid = torch.nn.Parameter(torch.randn(24, 32) / 6)
         self.w_out = torch.nn.Parameter(torch.randn(8, 24) / 5)
+        self.w_out2 = torch.nn.Parameter(torch.randn(8, 8) / 3)
         self.aux = torch.nn.Parameter(torch.randn(16, 16) / 4)
 
     def forward(self, x, use_aux):
@@ -62,13 +63,14 @@ class Model(torch.nn.Module):
             x = x + torch.tanh(x @ self.aux.T)
         h = torch.tanh(x @ self.w_in.T)
         h = torch.tanh(h @ self.w_mid.T)
-        return h @ self.w_out.T
+        return (h @ self.w_out.T) @ self.w_out2.T
 
 
 def groups(model):
     return [{"params": [model.w_in, model.aux]},
-            {"params": [model.w_mid, model.w_out], "lr": 0.01, "weight_decay": 0.05,
-             "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"}]
+            {"params": [model.w_mid], "lr": 0.01, "weight_decay": 0.05,
+             "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"},
+            {"params": [model.w_out, model.w_out2], "adjust_lr_fn": "spectral_unclamped"}]
 
 
 def train(model, opt, data):

@@ -21,6 +21,7 @@ _ADJUST_LR = {
     "original": _lib.ADJUST_LR_ORIGINAL,
     "match_rms_adamw": _lib.ADJUST_LR_MATCH_RMS_ADAMW,
     "none": _lib.ADJUST_LR_NONE,
+    "spectral_unclamped": _lib.ADJUST_LR_SPECTRAL_UNCLAMPED,
 }
 _NS_DTYPE = {
     "bf16": _lib.NS_DTYPE_BF16,
@@ -145,7 +146,7 @@ class Optimizer:
 
     ns_coefficients: an (a, b, c) tuple for every iteration, a list of (a, b, c)
     rows (row i for iteration i, the last row reused after the end), or
-    "polar_express". adjust_lr: "original", "match_rms_adamw", or None / "none"
+    "polar_express". adjust_lr: "original", "match_rms_adamw", "spectral_unclamped", or None / "none"
     (no adjustment). ns_dtype: "bf16" (as torch.optim.Muon) or "fp32".
 
     Distributed engine (with set_world): assignment is "balanced",

@@ -16,7 +16,7 @@ import torch
 from . import _optimizer
 
 _DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
-_ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+_ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
 _NS_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Changing these in a param group rebuilds its library optimizer (momentum kept);
@@ -170,8 +170,9 @@ class Muon(torch.optim.Optimizer):
 
     params: 2-D parameters (biases, norms and embeddings belong to AdamW), or
     param groups (dicts) with their own values of the options. adjust_lr_fn:
-    None or "original" (lr * sqrt(max(1, rows / cols))) or "match_rms_adamw"
-    (lr * 0.2 * sqrt(max(rows, cols))). ns_dtype: "bf16" (Newton-Schulz as
+    None or "original" (lr * sqrt(max(1, rows / cols))), "match_rms_adamw"
+    (lr * 0.2 * sqrt(max(rows, cols))) or "spectral_unclamped" (lr * sqrt(rows /
+    cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
     torch.optim.Muon computes it) or "fp32". ns_coefficients may also be a
     list of (a, b, c) rows, one per iteration, or "polar_express".
 
