@@ -29,6 +29,19 @@ def _step(params, config, steps=1):
     return opt
 
 
+def _adamw_difference(params, config):
+    """Steps `params` with muon.Muon and copies of them with torch.optim.AdamW (the
+    same values as muon.Muon's adamw_* defaults); the largest difference."""
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    _step(params, config, steps=2)
+    ref = torch.optim.AdamW(copies, lr=0.01, betas=(0.95, 0.95), eps=1e-8, weight_decay=0.0)
+    for _ in range(2):
+        for p in copies:
+            p.grad = torch.ones_like(p)
+        ref.step()
+    return max((a - b).abs().max().item() for a, b in zip(params, copies))
+
+
 def _catch(fn):
     try:
         fn()
@@ -75,13 +88,14 @@ def _worker(rank, world):
     out["not_covered"] = _catch(lambda: _step(
         local, muon.create_processgroup_config(tp_pg=tp, dp_pg=dp, tp_dims={local[0]: 0})))
 
-    # 1-D params: a replicated 1-D param (its global shape is 1-D too) and a
-    # flat shard declared with a 1-D global shape are both refused.
+    # 1-D params (a replicated 1-D param, and a flat shard declared with a 1-D
+    # global shape) are not Muon's: muon.Muon steps them with torch's AdamW.
     one = _params([(5,)])
-    out["one_d"] = _catch(lambda: _step(one, muon.create_processgroup_config(dp_pg=dp)))
+    out["one_d"] = _adamw_difference(one, muon.create_processgroup_config(
+        dp_pg=dist.group.WORLD))
     flat = _params([(1, 3)])
-    out["one_d_global"] = _catch(lambda: _step(flat, muon.create_processgroup_config(
-        fsdp_pg=dist.group.WORLD, fsdp_mode="flat", global_shapes={flat[0]: (12,)})))
+    out["one_d_global"] = _adamw_difference(flat, muon.create_processgroup_config(
+        fsdp_pg=dist.group.WORLD, fsdp_mode="flat", global_shapes={flat[0]: (12,)}))
 
     # names= that misses a param.
     two = _params([(3, 3), (2, 3)])
@@ -149,8 +163,6 @@ CASES = {
                                    "the world has 4 ranks"]),
     "not_covered": ("ValueError", ["group0.param1", "tensor-parallel", "differ",
                                    "missing from tp_dims"]),
-    "one_d": ("ValueError", ["group0.param0", "1 dimension(s)", "AdamW"]),
-    "one_d_global": ("ValueError", ["1 dimension(s)", "AdamW"]),
     "names_missing": ("ValueError", ["group0.param1", "no entry in `names`"]),
     "ep_names": ("ValueError", ["expert-parallel", "distinct names"]),
     "dp_missing": ("ValueError", ["group0.param1", "data-parallel", "do not have it"]),
@@ -168,6 +180,12 @@ def test_misuse_raises_on_every_rank(runs, key):
         assert name == kind, (rank, name, message)
         for part in parts:
             assert part in message, "rank %d, %s: %r not in %r" % (rank, key, part, message)
+
+
+def test_one_d_params_are_stepped_by_adamw_on_every_rank(runs):
+    for rank, res in enumerate(runs):
+        assert res["one_d"] == 0.0, (rank, res["one_d"])
+        assert res["one_d_global"] == 0.0, (rank, res["one_d_global"])
 
 
 def test_callback_exception_names_param_and_cause(runs):

@@ -164,3 +164,115 @@ def test_newton_schulz_batches_and_refuses_like_torch():
     ]:
         with pytest.raises(ValueError, match=message):
             call()
+
+
+class Net(torch.nn.Module):
+    """Matrices, biases and a norm: what model.parameters() hands an optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(self.norm(torch.tanh(self.fc1(x))))
+
+
+ADAMW = dict(adamw_lr=3e-3, adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_wd=0.01)
+
+
+def fit(model, step, data):
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        step(loss)
+    return model
+
+
+def plain(opt):
+    def step(loss):
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def test_one_optimizer_takes_model_parameters_as_torch_muon_plus_adamw(torch_ns):
+    torch.manual_seed(3)
+    base = Net()
+    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(20)]
+    torch_ns(torch.float32)
+    theirs = copy.deepcopy(base)
+    matrices = [p for p in theirs.parameters() if p.ndim == 2]
+    others = [p for p in theirs.parameters() if p.ndim < 2]
+    t_muon = torch.optim.Muon(matrices, lr=0.02)
+    t_adamw = torch.optim.AdamW(others, lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+
+    def both(loss):
+        t_muon.zero_grad()
+        t_adamw.zero_grad()
+        loss.backward()
+        t_muon.step()
+        t_adamw.step()
+    fit(theirs, both, data)
+    ours = copy.deepcopy(base)
+    fit(ours, plain(muon.Muon(ours.parameters(), lr=0.02, ns_dtype="fp32", **ADAMW)), data)
+    worst = max(relative(p, q) for p, q in zip(ours.parameters(), theirs.parameters()))
+    print("\n[model.parameters(): Muon + AdamW vs torch's] largest relative difference %.3e"
+          % worst)
+    assert worst <= 1e-5
+
+
+def test_state_dict_holds_both_and_resumes_bit_for_bit():
+    torch.manual_seed(4)
+    base = Net()
+    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(12)]
+    straight = copy.deepcopy(base)
+    fit(straight, plain(muon.Muon(straight.parameters(), lr=0.02, **ADAMW)), data)
+
+    first = copy.deepcopy(base)
+    opt = muon.Muon(first.parameters(), lr=0.02, **ADAMW)
+    fit(first, plain(opt), data[:6])
+    saved = copy.deepcopy(opt.state_dict())
+    kinds = [sorted(entry) for entry in saved["state"].values()]
+    assert ["momentum_buffer"] in kinds and ["exp_avg", "exp_avg_sq", "step"] in kinds, kinds
+    assert saved["param_groups"][0]["adamw_betas"] == (0.9, 0.95)
+
+    resumed = copy.deepcopy(first)
+    opt2 = muon.Muon(resumed.parameters(), lr=0.02, **ADAMW)
+    opt2.load_state_dict(saved)
+    fit(resumed, plain(opt2), data[6:])
+    for p, q in zip(resumed.parameters(), straight.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_grad_scaler_steps_it_and_skips_non_finite_steps():
+    torch.manual_seed(5)
+    base = Net()
+    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(8)]
+    unscaled = copy.deepcopy(base)
+    fit(unscaled, plain(muon.Muon(unscaled.parameters(), lr=0.02, **ADAMW)), data)
+
+    scaled = copy.deepcopy(base)
+    opt = muon.Muon(scaled.parameters(), lr=0.02, **ADAMW)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+
+    def step(loss):
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    fit(scaled, step, data)
+    for p, q in zip(scaled.parameters(), unscaled.parameters()):
+        assert torch.equal(p, q)  # power-of-two scaling is exact
+
+    # A step whose gradients overflow is skipped, and the scale backs off.
+    before = [p.detach().clone() for p in scaled.parameters()]
+    opt.zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(scaled(data[0][0]), data[0][1])).backward()
+    scaled.fc1.weight.grad[0, 0] = float("inf")
+    scale = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    assert all(torch.equal(p, b) for p, b in zip(scaled.parameters(), before))
+    assert scaler.get_scale() < scale

@@ -115,6 +115,20 @@ class _Config:
         return {"prefetch_count": self.prefetch_count,
                 "async_parallelism": self.async_gpu_parallelism}
 
+    def _declared_global_shape(self, default_name, param):
+        """The global shape the config was told for a param, or None."""
+        return None
+
+    def _global_ndim(self, default_name, param):
+        """The param's global number of dims (a DTensor's ndim is global; a local
+        piece's may not be: a flat shard is 1-D). muon.Muon gives the params whose
+        global tensor has fewer than 2 dims to AdamW."""
+        try:
+            shape = self._declared_global_shape(default_name, param)
+        except Exception:  # noqa: BLE001  (a lookup that fails is reported by _attach)
+            shape = None
+        return len(shape) if shape is not None else param.ndim
+
 
 # ---------------------------------------------------------------------------
 # DistributedConfig: the custom path
@@ -174,6 +188,11 @@ class DistributedConfig(_Config):
 
     def _state_entry(self, key):
         return self.state.get(key) if isinstance(self.state, dict) else None
+
+    def _declared_global_shape(self, default_name, param):
+        found, name = _lookup(self._state_entry("names"), default_name, param)
+        return _lookup_any(self._state_entry("global_shapes"), str(name) if found else default_name,
+                           default_name, param, lambda s: tuple(int(d) for d in s))
 
     def _world(self):
         comm = self._state_entry("world_comm")
@@ -323,6 +342,9 @@ class _ProcessGroupConfig(_Config):
             idx = self._param_index(param)
             return int(table[idx]) if idx in table else None
         return _lookup_any(self.tp_dims, name, default_name, param, int)
+
+    def _declared_global_shape(self, default_name, param):
+        return self._global_shape(self._name(default_name, param), default_name, param)
 
     def _global_shape(self, name, default_name, param):
         return _lookup_any(self.global_shapes, name, default_name, param,

@@ -109,10 +109,30 @@ def _check_group(group):
                          % group["adjust_lr_fn"])
     _ns_dtype(group["ns_dtype"])
     _coefficients_key(group["ns_coefficients"])
+    _check_adamw(group)
     try:  # everything else the library checks (finite coefficients, ...)
         _optimizer.Optimizer(**_lowlevel_kwargs(group)).close()
     except _optimizer.MuonError as e:
         raise ValueError("muon.Muon: %s" % e.message) from None
+
+
+def _check_adamw(group):
+    """The AdamW options of a group (torch.optim.AdamW's messages)."""
+    lr = group["adamw_lr"]
+    if lr is not None and not 0.0 <= _real("adamw_lr", lr):
+        raise ValueError("Invalid learning rate: %s" % lr)
+    eps = _real("adamw_eps", group["adamw_eps"])
+    if not 0.0 <= eps:
+        raise ValueError("Invalid epsilon value: %s" % eps)
+    betas = tuple(group["adamw_betas"])
+    if len(betas) != 2:
+        raise ValueError("muon.Muon: adamw_betas must be (beta1, beta2), got %r" % (betas,))
+    for k, beta in enumerate(betas):
+        if not 0.0 <= _real("adamw_betas", beta) < 1.0:
+            raise ValueError("Invalid beta parameter at index %d: %s" % (k, beta))
+    wd = _real("adamw_wd", group["adamw_wd"])
+    if not 0.0 <= wd:
+        raise ValueError("Invalid weight_decay value: %s" % wd)
 
 
 def _check_param(p, distributed):
@@ -147,12 +167,13 @@ def _local(t):
 class _Group:
     """The library optimizer of one param group and what it is bound to."""
 
-    __slots__ = ("opt", "params", "ids", "grads", "param_ptrs", "rebuild_key", "pushed",
-                 "zeros")
+    __slots__ = ("opt", "params", "index", "ids", "grads", "param_ptrs", "rebuild_key",
+                 "pushed", "zeros")
 
-    def __init__(self, opt, params, rebuild_key):
+    def __init__(self, opt, indexed, rebuild_key):
         self.opt = opt
-        self.params = list(params)  # the group's params when built
+        self.index = [i for i, _ in indexed]  # each one's index in the param group
+        self.params = [p for _, p in indexed]  # the group's matrices when built
         self.ids = []               # library id of each (None: not registered on this rank)
         self.grads = []             # the grad tensor bound for each (None: unbound)
         self.param_ptrs = []        # the param storage bound for each
@@ -166,10 +187,16 @@ class Muon(torch.optim.Optimizer):
 
     Muon(params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
          ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
-         adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16")
+         adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
+         adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0)
 
-    params: 2-D parameters (biases, norms and embeddings belong to AdamW), or
-    param groups (dicts) with their own values of the options. adjust_lr_fn:
+    params: parameters, or param groups (dicts) with their own values of the
+    options. Matrices (2 or more dims; for a sharded parameter, its global
+    tensor's) are stepped by Muon in libmuon; the others (biases, norms, scalars)
+    by torch.optim.AdamW inside this optimizer, with lr adamw_lr (None: the
+    group's lr), betas adamw_betas, eps adamw_eps and weight decay adamw_wd, so
+    one optimizer takes model.parameters(). Their AdamW state (step, exp_avg,
+    exp_avg_sq) is in state_dict() in torch's format. adjust_lr_fn:
     None or "original" (lr * sqrt(max(1, rows / cols))), "match_rms_adamw"
     (lr * 0.2 * sqrt(max(rows, cols))) or "spectral_unclamped" (lr * sqrt(rows /
     cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
@@ -192,7 +219,8 @@ class Muon(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
-                 adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16"):
+                 adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
+                 adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -203,9 +231,12 @@ class Muon(torch.optim.Optimizer):
         self._groups = []      # per param group index: _Group, or None until its first step
         self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
+        self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
+        self._adamw_key = None
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
-                        adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
+                        adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         _check_group(defaults)
         super().__init__(params, defaults)
 
@@ -217,8 +248,10 @@ class Muon(torch.optim.Optimizer):
         try:
             group = self.param_groups[-1]
             _check_group(group)
-            for p in group["params"]:
-                _check_param(p, self._config is not None)
+            gi = len(self.param_groups) - 1
+            for i, p in enumerate(group["params"]):
+                if self._is_matrix(gi, i, p):
+                    _check_param(p, self._config is not None)
         except BaseException:
             del self.param_groups[count:]  # nothing half-added
             raise
@@ -234,18 +267,27 @@ class Muon(torch.optim.Optimizer):
     def _name(self, gi, i):
         return "group%d.param%d" % (gi, i)
 
-    def _build(self, gi, group):
-        params = group["params"]
+    def _is_matrix(self, gi, i, p):
+        """Muon's (a matrix, globally) or AdamW's."""
+        if self._config is not None and hasattr(self._config, "_global_ndim"):
+            return self._config._global_ndim(self._name(gi, i), p) >= 2
+        return p.ndim >= 2
+
+    def _matrices(self, gi, group):
+        """(index in the group, param) of the group's matrices."""
+        return [(i, p) for i, p in enumerate(group["params"]) if self._is_matrix(gi, i, p)]
+
+    def _build(self, gi, group, indexed):
         kwargs = _lowlevel_kwargs(group)
         if self._config is not None:
             kwargs.update(self._config._options() or {})
         opt = _optimizer.Optimizer(**kwargs)
         try:
-            g = _Group(opt, params, self._rebuild_key(group))
+            g = _Group(opt, indexed, self._rebuild_key(group))
             if self._config is None:
-                self._register_single(g, gi, params)
+                self._register_single(g, gi)
             else:
-                self._register_distributed(g, gi, params)
+                self._register_distributed(g, gi)
             self._apply_pending(g)
         except BaseException:
             opt.close()
@@ -255,7 +297,8 @@ class Muon(torch.optim.Optimizer):
         self._groups[gi] = g
         return g
 
-    def _register_single(self, g, gi, params):
+    def _register_single(self, g, gi):
+        params = g.params
         placeholders = []
         for i, p in enumerate(params):
             grad = p.grad
@@ -264,15 +307,15 @@ class Muon(torch.optim.Optimizer):
                 # unbound right after (the parameter is then skipped).
                 grad = torch.empty_like(p, memory_format=torch.contiguous_format)
                 placeholders.append(i)
-            g.ids.append(g.opt.register(p, grad, name=self._name(gi, i)))
+            g.ids.append(g.opt.register(p, grad, name=self._name(gi, g.index[i])))
             g.grads.append(grad)
             g.param_ptrs.append(p.data_ptr())
         for i in placeholders:
             g.opt.rebind(g.ids[i], params[i], None)
             g.grads[i] = None
 
-    def _register_distributed(self, g, gi, params):
-        named = [(self._name(gi, i), p) for i, p in enumerate(params)]
+    def _register_distributed(self, g, gi):
+        named = [(self._name(gi, i), p) for i, p in zip(g.index, g.params)]
         self._config._attach(g.opt, named)
         records = g.opt._params
         by_object = {id(r.param.obj): k for k, r in enumerate(records)}
@@ -305,16 +348,16 @@ class Muon(torch.optim.Optimizer):
                 value = _local(value).detach().to(device="cpu", dtype=dtype).contiguous()
             g.opt.set_state(pid, value)
 
-    def _group_for_step(self, gi, group):
+    def _group_for_step(self, gi, group, indexed):
         g = self._groups[gi] if gi < len(self._groups) else None
         if g is not None:
-            same_params = len(g.params) == len(group["params"]) and all(
-                a is b for a, b in zip(g.params, group["params"]))
+            same_params = len(g.params) == len(indexed) and all(
+                a is b for a, (_, b) in zip(g.params, indexed))
             if not same_params or g.rebuild_key != self._rebuild_key(group):
                 self._rebuild(gi, g)
                 g = None
         if g is None:
-            g = self._build(gi, group)
+            g = self._build(gi, group, indexed)
         return g
 
     def _rebuild(self, gi, g):
@@ -405,22 +448,55 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
-            if not group["params"] and self._config is None:
+            indexed = self._matrices(gi, group)
+            if not indexed and self._config is None:
                 continue  # (distributed: stepped anyway, the step is collective)
-            g = self._group_for_step(gi, group)
+            g = self._group_for_step(gi, group, indexed)
             self._push_hyper(g, group)
             if self._config is None:
-                stepped = self._bind_single(g, group["params"])
+                stepped = self._bind_single(g, g.params)
                 if not stepped:
                     continue  # torch does nothing for a group without gradients
             else:
-                stepped = self._bind_distributed(g, group["params"])
-            g.opt.step()
+                stepped = self._bind_distributed(g, g.params)
+            try:
+                g.opt.step()
+            except _optimizer.MuonError as e:
+                # A group of AdamW params only (on every rank: the library's verdict
+                # is the job's), distributed: nothing for Muon to do.
+                if g.params or e.status != "FAILED_PRECONDITION" or \
+                        g.opt.stats()["matrices_total"] != 0:
+                    raise
             for p in stepped:
                 self._has_state[id(p)] = True
                 if _increment_version is not None:
                     _increment_version(p)  # updated in place, as torch's optimizers do
+        self._step_adamw()
         return loss
+
+    def _step_adamw(self):
+        """torch.optim.AdamW over every group's non-matrix params, with the group's
+        adamw_* values; its state is this optimizer's (self.state)."""
+        groups, key = [], []
+        for gi, group in enumerate(self.param_groups):
+            matrices = {id(p) for _, p in self._matrices(gi, group)}
+            others = [p for p in group["params"] if id(p) not in matrices]
+            if not others:
+                continue
+            lr = group["adamw_lr"] if group["adamw_lr"] is not None else group["lr"]
+            groups.append(dict(params=others, lr=lr, betas=tuple(group["adamw_betas"]),
+                               eps=group["adamw_eps"], weight_decay=group["adamw_wd"]))
+            key.append(tuple(id(p) for p in others))
+        if not groups:
+            return
+        if self._adamw is None or self._adamw_key != key:
+            self._adamw = torch.optim.AdamW(groups)
+            self._adamw_key = key
+        else:
+            for mine, values in zip(self._adamw.param_groups, groups):
+                mine.update({k: v for k, v in values.items() if k != "params"})
+        self._adamw.state = self.state  # (load_state_dict replaces self.state)
+        self._adamw.step()
 
     def stats(self):
         """What moved and what was computed in the last step on this rank, summed
@@ -440,14 +516,16 @@ class Muon(torch.optim.Optimizer):
         added = []  # (param, what self.state held for it before)
         for gi, group in enumerate(self.param_groups):
             g = self._groups[gi] if gi < len(self._groups) else None
-            for i, p in enumerate(group["params"]):
+            position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
+            for p in group["params"]:
                 buf = None
+                k = position.get(id(p))
                 if id(p) in self._pending:
                     buf = self._pending[id(p)]
                     buf = None if buf is None else buf.clone()
-                elif (g is not None and self._has_state.get(id(p)) and i < len(g.ids)
-                      and g.params[i] is p and g.ids[i] is not None):
-                    buf = g.opt.get_state(g.ids[i])
+                elif (g is not None and self._has_state.get(id(p)) and k is not None
+                      and k < len(g.ids) and g.ids[k] is not None):
+                    buf = g.opt.get_state(g.ids[k])
                 if buf is not None:
                     before = self.state.get(p)
                     self.state[p] = dict(before or {}, momentum_buffer=buf)
