@@ -335,6 +335,18 @@ class Muon(torch.optim.Optimizer):
     def _state_dtype(self, g, pid):
         return _DTYPES[g.opt.state_dtype(pid)]
 
+    @staticmethod
+    def _local_state(g, pid):
+        """A copy of a param's momentum, or None where another rank keeps it (a
+        ZeRO-2 parameter this rank does not own: each rank's state_dict holds the
+        momentum it owns, as a sharded optimizer's does)."""
+        try:
+            return g.opt.get_state(pid)
+        except _optimizer.MuonError as e:
+            if e.status != "FAILED_PRECONDITION":
+                raise
+            return None
+
     def _apply_pending(self, g):
         for p, pid in zip(g.params, g.ids):
             if pid is None or id(p) not in self._pending:
@@ -342,11 +354,17 @@ class Muon(torch.optim.Optimizer):
             value = self._pending.pop(id(p))
             dtype = self._state_dtype(g, pid)
             shape = tuple(g.opt._params[pid].param.obj.shape)
+            restore = value is not None
             if value is None:
                 value = torch.zeros(shape, dtype=dtype)
             else:
                 value = _local(value).detach().to(device="cpu", dtype=dtype).contiguous()
-            g.opt.set_state(pid, value)
+            try:
+                g.opt.set_state(pid, value)
+            except _optimizer.MuonError as e:
+                # Nothing to restore for a ZeRO-2 param another rank owns.
+                if restore or e.status != "FAILED_PRECONDITION":
+                    raise
 
     def _group_for_step(self, gi, group, indexed):
         g = self._groups[gi] if gi < len(self._groups) else None
@@ -365,7 +383,7 @@ class Muon(torch.optim.Optimizer):
         with the momentum buffers carried over."""
         for p, pid in zip(g.params, g.ids):
             if pid is not None and self._has_state.get(id(p)):
-                self._pending[id(p)] = g.opt.get_state(pid)
+                self._pending[id(p)] = self._local_state(g, pid)
         g.opt.close()
         self._groups[gi] = None
 
@@ -525,7 +543,7 @@ class Muon(torch.optim.Optimizer):
                     buf = None if buf is None else buf.clone()
                 elif (g is not None and self._has_state.get(id(p)) and k is not None
                       and k < len(g.ids) and g.ids[k] is not None):
-                    buf = g.opt.get_state(g.ids[k])
+                    buf = self._local_state(g, g.ids[k])
                 if buf is not None:
                     before = self.state.get(p)
                     self.state[p] = dict(before or {}, momentum_buffer=buf)
