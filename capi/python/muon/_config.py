@@ -24,7 +24,10 @@ in the same order. Layout errors are found there and raised on every rank.
 """
 
 import collections
+import dataclasses
+import inspect
 import math
+import typing
 import zlib
 
 from ._comm import FlatRange, Replicate, Shard
@@ -135,56 +138,91 @@ class _Config:
 # ---------------------------------------------------------------------------
 
 
+def _positional_arity(fn):
+    """The number of positional parameters `fn` requires, or None when it takes
+    *args or cannot be inspected."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    n = 0
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+            n += 1
+    return n
+
+
+@dataclasses.dataclass(eq=False)
 class DistributedConfig(_Config):
-    """Zero-redundancy Muon over layouts the host gathers itself.
+    """Zero-redundancy Muon over layouts the host gathers itself (the design's
+    DistributedConfig).
 
-    assign_fn(param, state, world_size) -> int
-        the world rank that orthogonalizes `param` (called once, at the first
-        step, on every rank holding a piece; all must agree, and it must be
-        one of them);
-    gather_fn(local_update, param, owner, state) -> full tensor or None
-        local_update: a float32 tensor of the local param's shape holding this
-        rank's momentum-updated values (valid during the call only). On the
-        rank `owner` return the whole update (any float dtype; reshaped to the
-        (rows, cols) matrix); elsewhere return None (ignored). Collective
-        among the ranks holding the param: use your own process groups;
-    redistribute_fn(full_update_or_None, param, owner, state) -> local tensor
-        full_update: on the owner, a float32 (rows, cols) tensor holding the
-        orthogonalized update; None elsewhere. Return this rank's piece of it
-        (as many elements as the local param has).
+    The design's signatures (param_idx counts the matrices muon.Muon is given,
+    over all its param groups, in order):
 
-    state: anything, passed to the callables. When it is a dict, these keys
-    are read too: "global_shapes" (a dict keyed by param or name, or a
-    callable (name, param) -> shape) gives the whole matrix's shape of a
-    param (default: the local shape: a replicated or local param);
-    "names" (the same forms) gives a param's name, its identity across ranks
-    (default: muon.Muon's "group{g}.param{i}"); "world_pg" the
-    torch.distributed group of every rank stepping Muon (default: the world),
-    or "world_comm" a muon.Communicator to use instead.
+    assign_fn(params, state) -> {rank: [param_idx, ...]} or {param_idx: rank}
+        called once, in muon.Muon's __init__ (or at the first step when
+        torch.distributed is not initialized yet); every index assigned once,
+        to a rank of the world. muon.Muon keeps the answer in
+        state["assignments"] and this rank in state["rank"].
+    gather_fn(momentum_buffer_shard, rank, state) -> full tensor
+        called on every rank holding the param, `rank` being the assigned
+        rank, with state["current_param_idx"] set; the shard is a float32
+        tensor of the local param's shape holding this rank's momentum-updated
+        values. On the assigned rank return the whole update; elsewhere the
+        value is ignored (None will do). Collective among the holders: use your
+        own process groups.
+    redistribute_fn(update, rank, state) -> this rank's shard
+        called on every holder, `update` the orthogonalized full update (float32)
+        on the assigned rank and None elsewhere.
 
-    The params are registered at the first step(). The callables run inside
-    step(), in the order of parameter names, possibly on a helper thread of
-    the library (prefetch_count > 0).
-    An exception they raise fails the step with muon.MuonError naming the
+    The per-parameter signatures are accepted too (told apart by their
+    number of positional parameters): assign_fn(param, state, world_size) ->
+    rank, called at the first step; gather_fn(local_update, param, owner,
+    state); redistribute_fn(full_update_or_None, param, owner, state).
+
+    state: a dict passed to the callables (default: a new one). These keys are
+    read too: "global_shapes" (a dict keyed by param or name, or a callable
+    (name, param) -> shape) gives the whole matrix's shape of a param
+    (default: the local shape: a replicated or local param); "names" (the
+    same forms) gives a param's name, its identity across ranks (default:
+    muon.Muon's "group{g}.param{i}"); "world_pg" the torch.distributed group of
+    every rank stepping Muon (default: the world), or "world_comm" a
+    muon.Communicator to use instead.
+
+    The callables run inside step(), in the order of parameter names. An
+    exception they raise fails the step with muon.MuonError naming the
     parameter and the exception.
     """
 
-    def __init__(self, assign_fn, gather_fn, redistribute_fn, state=None,
-                 async_gpu_parallelism=True, prefetch_count=1):
-        for what, fn in (("assign_fn", assign_fn), ("gather_fn", gather_fn),
-                         ("redistribute_fn", redistribute_fn)):
+    assign_fn: typing.Callable
+    gather_fn: typing.Callable
+    redistribute_fn: typing.Callable
+    state: typing.Any = dataclasses.field(default_factory=dict)
+    async_gpu_parallelism: bool = True
+    prefetch_count: int = 1
+
+    def __post_init__(self):
+        for what, fn in (("assign_fn", self.assign_fn), ("gather_fn", self.gather_fn),
+                         ("redistribute_fn", self.redistribute_fn)):
             if not callable(fn):
                 raise TypeError("muon.DistributedConfig: %s must be callable, got %s"
                                 % (what, type(fn).__name__))
-        super().__init__(async_gpu_parallelism, prefetch_count)
-        self.assign_fn = assign_fn
-        self.gather_fn = gather_fn
-        self.redistribute_fn = redistribute_fn
-        self.state = state
+        self.async_gpu_parallelism, self.prefetch_count = _check_pipeline_options(
+            self.async_gpu_parallelism, self.prefetch_count)
+        if self.state is None:
+            self.state = {}
         # The tensors over the library's buffers handed to the callables, held a
         # little longer: if the callables pass them to torch.distributed, gloo's
         # worker thread must not drop the last reference (see _dist.py).
         self._recent = collections.deque(maxlen=4)
+        self._owners = None  # design form: param_idx -> rank, once assign_fn ran
+        self._index = {}     # id(param) -> param_idx
+
+    def _design_form(self, fn, per_param_arity):
+        return _positional_arity(fn) != per_param_arity
 
     def _state_entry(self, key):
         return self.state.get(key) if isinstance(self.state, dict) else None
@@ -201,8 +239,37 @@ class DistributedConfig(_Config):
         _require_dist("DistributedConfig")
         return TorchDistComm(self._state_entry("world_pg"))
 
+    # -- the design's assignment, once -----------------------------------------------
+
+    def _prepare(self, named_matrices):
+        """Runs the design's assign_fn over every matrix muon.Muon steps (a list of
+        (name, param)), once; muon.Muon calls this from __init__ and before each
+        step (it waits for torch.distributed to be initialized)."""
+        if self._owners is not None or not self._design_form(self.assign_fn, 3):
+            return
+        world = self._state_entry("world_comm")
+        if world is not None:
+            rank, size = int(world.rank), int(world.size)
+        else:
+            _, dist = _torch()
+            if not dist.is_available() or not dist.is_initialized():
+                return  # at the first step; _attach then says what is missing
+            group = self._state_entry("world_pg")
+            rank, size = dist.get_rank(group), dist.get_world_size(group)
+        params = [p for _, p in named_matrices]
+        names = [name for name, _ in named_matrices]
+        answer = self.assign_fn(params, self.state)
+        self._owners = _owners_from_assignment(answer, names, size)
+        self._index = {id(p): i for i, p in enumerate(params)}
+        if isinstance(self.state, dict):
+            self.state["assignments"] = answer
+            self.state["rank"] = rank
+
+    # -- registration ---------------------------------------------------------------
+
     def _attach(self, optimizer, named_params):
-        optimizer.set_world(self._world())
+        world = self._world()
+        optimizer.set_world(world)
         seen = set()
         for default_name, param in named_params:
             found, name = _lookup(self._state_entry("names"), default_name, param)
@@ -211,20 +278,56 @@ class DistributedConfig(_Config):
                 raise ValueError("muon.DistributedConfig: two parameters are named '%s'" % name)
             seen.add(name)
             shape = _lookup_any(self._state_entry("global_shapes"), name, default_name, param,
-                                lambda s: tuple(int(d) for d in s)) or tuple(param.shape)
+                                lambda s: tuple(int(d) for d in s))
+            if shape is None:
+                shape = self._probe_global_shape(world, name, param) or tuple(param.shape)
             if len(shape) < 2:
                 raise ValueError("muon.DistributedConfig: " + _matrix_ndim_error(name, shape))
             rows, cols = shape[0], math.prod(shape[1:])
             grad = _grad_buffer(param)
-            optimizer.register_custom(param, grad, name, rows, cols,
+            optimizer.register_custom(_local(param), _local(grad), name, rows, cols,
                                       *self._callbacks(name, param, rows, cols))
+
+    def _probe_global_shape(self, world, name, param):
+        """The design's gather_fn returns the whole tensor, whose shape nobody
+        declared: learn it once, at registration, by a gather of zeros on every
+        rank, the owner telling the others the shape (a DTensor says it itself).
+        None when nothing is to be learned (per-parameter form: the local shape)."""
+        torch, dist = _torch()
+        if _is_dtensor(param) or id(param) not in self._index or \
+                not self._design_form(self.gather_fn, 4):
+            return None
+        owner = self._owners[self._index[id(param)]]
+        self.state["current_param_idx"] = self._index[id(param)]
+        full = self.gather_fn(torch.zeros(tuple(_local(param).shape)), owner, self.state)
+        mine = tuple(full.shape) if self.state["rank"] == owner and full is not None else None
+        if not isinstance(world, TorchDistComm):
+            raise ValueError("muon.DistributedConfig: param '%s' has no global shape; give it "
+                             "in state['global_shapes'] (with a world_comm, muon cannot ask "
+                             "the owner)" % name)
+        group = self._state_entry("world_pg")
+        box = [mine]
+        src = owner if group is None else dist.get_global_rank(group, owner)
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
 
     def _callbacks(self, name, param, rows, cols):
         torch, _ = _torch()
         cfg = self
-        local_shape = tuple(param.shape)
+        local_shape = tuple(_local(param).shape)
+        design_gather = self._design_form(self.gather_fn, 4)
+        design_redistribute = self._design_form(self.redistribute_fn, 4)
+
+        def set_current():
+            if isinstance(cfg.state, dict) and id(param) in cfg._index:
+                cfg.state["current_param_idx"] = cfg._index[id(param)]
 
         def assign(param_name, world_size):
+            if cfg._design_form(cfg.assign_fn, 3):
+                if cfg._owners is None:
+                    raise RuntimeError("assign_fn has not run: muon.Muon runs it (in __init__ "
+                                       "or at the first step)")
+                return cfg._owners[cfg._index[id(param)]]
             owner = cfg.assign_fn(param, cfg.state, int(world_size))
             if isinstance(owner, bool) or not isinstance(owner, int):
                 try:
@@ -235,10 +338,17 @@ class DistributedConfig(_Config):
             return owner
 
         def gather(local, owner):
-            update = torch.from_numpy(local).view(local_shape)
+            update = torch.from_numpy(local).view(tuple(_local(param).shape))
             cfg._recent.append(update)
-            full = cfg.gather_fn(update, param, int(owner), cfg.state)
-            if full is None:
+            if _is_dtensor(param):  # the design's shard of a DTensor param is a DTensor
+                update = type(param).from_local(update, param.device_mesh, param.placements,
+                                                shape=param.shape, stride=param.stride())
+            set_current()
+            if design_gather:
+                full = cfg.gather_fn(update, int(owner), cfg.state)
+            else:
+                full = cfg.gather_fn(update, param, int(owner), cfg.state)
+            if full is None or (design_gather and not _is_owner(cfg, owner)):
                 return None
             if not isinstance(full, torch.Tensor):
                 raise TypeError("gather_fn returned %s for param '%s'; return a tensor (on "
@@ -254,7 +364,12 @@ class DistributedConfig(_Config):
         def redistribute(full, owner, local_out):
             full_t = torch.from_numpy(full) if full is not None else None
             cfg._recent.append(full_t)
-            piece = cfg.redistribute_fn(full_t, param, int(owner), cfg.state)
+            set_current()
+            if design_redistribute:
+                piece = cfg.redistribute_fn(full_t, int(owner), cfg.state)
+            else:
+                piece = cfg.redistribute_fn(full_t, param, int(owner), cfg.state)
+            piece = _local(piece)
             if not isinstance(piece, torch.Tensor):
                 raise TypeError("redistribute_fn returned %s for param '%s'; return this "
                                 "rank's piece as a tensor" % (type(piece).__name__, name))
@@ -267,6 +382,59 @@ class DistributedConfig(_Config):
             out.copy_(piece.detach().reshape(-1).to(device="cpu", dtype=torch.float32))
 
         return assign, gather, redistribute
+
+
+def _local(t):
+    """The local tensor of a DTensor, else the tensor itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _is_dtensor(t):
+    return callable(getattr(t, "to_local", None)) and hasattr(t, "device_mesh")
+
+
+def _is_owner(cfg, owner):
+    """Whether this rank is `owner` (the design's gather_fn may return the full
+    tensor everywhere; only the owner's counts)."""
+    rank = cfg.state.get("rank") if isinstance(cfg.state, dict) else None
+    return rank is None or int(rank) == int(owner)
+
+
+def _owners_from_assignment(answer, names, world_size):
+    """The owner of each param_idx from what the design's assign_fn returned:
+    {rank: [param_idx, ...]} or {param_idx: rank}. ValueError naming the
+    parameter unless every index is assigned once, to a rank of the world."""
+    n = len(names)
+
+    def who(i):
+        return "param '%s' (index %d)" % (names[i], i) if 0 <= i < n else "index %r" % (i,)
+
+    if not isinstance(answer, dict):
+        raise ValueError("muon.DistributedConfig: assign_fn returned %s; return {rank: "
+                         "[param_idx, ...]} or {param_idx: rank}" % type(answer).__name__)
+    pairs = []  # (param_idx, rank)
+    for key, value in answer.items():
+        if isinstance(value, (list, tuple, set, range)):
+            pairs.extend((i, key) for i in value)
+        else:
+            pairs.append((key, value))
+    owners = [None] * n
+    for i, rank in pairs:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise ValueError("muon.DistributedConfig: assign_fn assigned %s, which is not a "
+                             "parameter (there are %d)" % (who(i), n))
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError("muon.DistributedConfig: assign_fn assigned %s to rank %r, outside "
+                             "the world of %d ranks" % (who(i), rank, world_size))
+        if owners[i] is not None:
+            raise ValueError("muon.DistributedConfig: assign_fn assigned %s twice (to ranks %d "
+                             "and %d)" % (who(i), owners[i], rank))
+        owners[i] = rank
+    missing = [i for i in range(n) if owners[i] is None]
+    if missing:
+        raise ValueError("muon.DistributedConfig: assign_fn did not assign %s; every parameter "
+                         "needs exactly one rank" % who(missing[0]))
+    return owners
 
 
 # ---------------------------------------------------------------------------

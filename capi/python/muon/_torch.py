@@ -211,10 +211,12 @@ class Muon(torch.optim.Optimizer):
     load_state_dict() copies them back; `self.state` holds them only while
     those calls run.
 
-    distributed_config: an object with `_options()` (extra muon.Optimizer
-    arguments) and `_attach(optimizer, named_params)` (sets the world, adds
-    groups and registers every (name, param), see docs/python_api.md); every
-    rank then steps every parameter (a missing gradient counts as zero).
+    distributed_config: a muon.DistributedConfig (the design's: assign_fn,
+    gather_fn, redistribute_fn, state), what a create_*_config helper returns,
+    or any object with `_options()` (extra muon.Optimizer arguments) and
+    `_attach(optimizer, named_params)` (sets the world, adds groups and
+    registers every (name, param), see docs/python_api.md); every rank then
+    steps every parameter (a missing gradient counts as zero).
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
@@ -239,6 +241,14 @@ class Muon(torch.optim.Optimizer):
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         _check_group(defaults)
         super().__init__(params, defaults)
+        self._prepare_config()
+
+    def _prepare_config(self):
+        """Lets the config see every matrix once (the design's assign_fn runs there)."""
+        prepare = getattr(self._config, "_prepare", None)
+        if prepare is not None:
+            prepare([(self._name(gi, i), p) for gi, group in enumerate(self.param_groups)
+                     for i, p in self._matrices(gi, group)])
 
     # -- param groups ----------------------------------------------------------
 
@@ -465,6 +475,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._prepare_config()
         for gi, group in enumerate(self.param_groups):
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
