@@ -1033,6 +1033,80 @@ def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names
     return _DTensorConfig(names, replicated_mode, async_gpu_parallelism, prefetch_count)
 
 
+def _replica_dims(name, mesh):
+    """(root mesh, dim) of the dims of the job's mesh that a DTensor on a sub-mesh
+    does not use: the ranks along them hold copies of it (FSDP2's mesh["dp"]
+    inside a (dp, tp) mesh: the TP ranks each hold the same shards)."""
+    root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    if root is mesh or root.ndim == mesh.ndim:
+        return []
+    sub, full = mesh.mesh_dim_names or (), root.mesh_dim_names or ()
+    if not sub or any(n not in full for n in sub):
+        raise ValueError("param '%s': it lives on a sub-mesh %s of the mesh %s whose other "
+                         "dims cannot be told (name the mesh dims)" % (name, sub, full))
+    return [(root, d) for d, n in enumerate(full) if n not in sub]
+
+
+def _dtensor_placements(name, param, group_ids):
+    """A DTensor's placements (one per mesh dim) as libmuon placements, ordered
+    from the global tensor down to the local piece. DTensor shards left to right
+    over the mesh dims, except that a _StridedShard(d, split_factor=k) (what
+    tensor parallel then FSDP2 produce) applies after the shards of dim d to its
+    right whose group sizes make k. The piece this gives is checked against
+    DTensor's own (its local shape and offset): a layout read wrong is an
+    error naming the param, never a silent mix-up."""
+    mesh = param.device_mesh
+    ordered, pending = [], []  # pending: [dim, split_factor left, group id]
+    for mdim, pl in enumerate(param.placements):
+        gid, size = group_ids[mdim], mesh.size(mdim)
+        factor = getattr(pl, "split_factor", None)
+        if factor is not None and factor > 1:
+            pending.append([pl.dim, int(factor), gid])
+        elif pl.is_shard():
+            ordered.append(Shard(gid, pl.dim, split="chunk"))
+            for entry in list(pending):
+                if entry[0] == pl.dim:
+                    entry[1] //= size
+                    if entry[1] == 1:
+                        ordered.append(Shard(entry[2], entry[0], split="chunk"))
+                        pending.remove(entry)
+        elif pl.is_replicate():
+            ordered.append(Replicate(gid))
+        else:
+            raise ValueError("param '%s': placement %s on mesh dim %d is neither Shard nor "
+                             "Replicate (reduce Partial placements before stepping)"
+                             % (name, pl, mdim))
+    if pending:
+        raise ValueError("param '%s': placements %s: a strided shard's split factor does not "
+                         "match the shards after it" % (name, tuple(param.placements)))
+    _check_dtensor_piece(name, param, ordered, {g: mesh.size(d) for d, g in
+                                                 enumerate(group_ids)},
+                         {g: mesh.get_local_rank(d) for d, g in enumerate(group_ids)})
+    return ordered
+
+
+def _check_dtensor_piece(name, param, placements, sizes, coords):
+    """The box the ordered chunk shards give this rank equals DTensor's."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offset = list(param.shape), [0] * param.ndim
+    for pl in placements:
+        if not isinstance(pl, Shard):
+            continue
+        n, r = sizes[pl.group], coords[pl.group]
+        step = -(-shape[pl.dim] // n) if shape[pl.dim] else 0
+        start = min(r * step, shape[pl.dim])
+        offset[pl.dim] += start
+        shape[pl.dim] = max(0, min(step, shape[pl.dim] - start))
+    want_shape, want_offset = compute_local_shape_and_global_offset(
+        param.shape, param.device_mesh, param.placements)
+    if tuple(shape) != tuple(want_shape) or (
+            any(shape) and tuple(offset) != tuple(want_offset)):
+        raise ValueError("param '%s': its placements %s give this rank the box %s at %s, but "
+                         "DTensor says %s at %s; this layout cannot be described yet"
+                         % (name, tuple(param.placements), tuple(shape), tuple(offset),
+                            tuple(want_shape), tuple(want_offset)))
+
+
 class _DTensorConfig(_Config):
     def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count):
         super().__init__(async_gpu_parallelism, prefetch_count)
@@ -1047,13 +1121,14 @@ class _DTensorConfig(_Config):
         # Groups first (the library takes no group after a registration), one per
         # mesh dim, in the order the params meet them (the same on every rank).
         group_ids = {}
-        for _, param in named_params:
+        for default_name, param in named_params:
             if isinstance(param, DTensor):
                 mesh = param.device_mesh
-                for dim in range(mesh.ndim):
-                    key = (id(mesh), dim)
+                dims = [(mesh, d) for d in range(mesh.ndim)] + _replica_dims(default_name, mesh)
+                for m, dim in dims:
+                    key = (id(m), dim)
                     if key not in group_ids:
-                        group_ids[key] = optimizer.add_group(TorchDistComm(mesh.get_group(dim)))
+                        group_ids[key] = optimizer.add_group(TorchDistComm(m.get_group(dim)))
         for default_name, param in named_params:
             found, name = _lookup(self.names, default_name, param)
             name = str(name) if found else default_name
@@ -1062,16 +1137,9 @@ class _DTensorConfig(_Config):
             if param.ndim < 2:
                 raise ValueError(_matrix_ndim_error(name, tuple(param.shape)))
             mesh = param.device_mesh
-            placements = []
-            for dim, pl in enumerate(param.placements):
-                gid = group_ids[(id(mesh), dim)]
-                if pl.is_shard():
-                    placements.append(Shard(gid, pl.dim, split="chunk"))
-                elif pl.is_replicate():
-                    placements.append(Replicate(gid))
-                else:
-                    raise ValueError("param '%s': placement %s on mesh dim %d is neither Shard "
-                                     "nor Replicate" % (name, pl, dim))
+            placements = [Replicate(group_ids[(id(m), d)])
+                          for m, d in _replica_dims(name, mesh)] + _dtensor_placements(
+                name, param, [group_ids[(id(mesh), dim)] for dim in range(mesh.ndim)])
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             optimizer.register(param.to_local(), param.grad.to_local(), name=name,
