@@ -8,7 +8,6 @@
 
 #include "capi/codes.h"
 #include "muon/comm/testing/pattern.h"
-#include "muon/common/dtype.h"
 
 namespace muon {
 namespace {
@@ -17,6 +16,68 @@ constexpr unsigned char kUntouched = 0xEE;
 
 using pattern::Byte;
 using pattern::Mix;
+
+// The element types of reduce_scatter, converted here without the library's
+// own dtype code: bf16 by round to nearest even on the bits, fp16 by the
+// compiler's _Float16 (also round to nearest even), so that a rounding bug
+// shared by the adapters and the core cannot pass.
+enum class Elem { kF32, kBF16, kF16 };
+
+const char* ElemName(Elem e) {
+  return e == Elem::kF32 ? "float32" : e == Elem::kBF16 ? "bfloat16" : "float16";
+}
+
+size_t ElemSize(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+
+int32_t ElemCode(Elem e) {
+  return e == Elem::kF32 ? MUON_DTYPE_FLOAT32 : e == Elem::kBF16 ? MUON_DTYPE_BFLOAT16
+                                                                 : MUON_DTYPE_FLOAT16;
+}
+
+uint16_t Bf16Of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // finite values only
+}
+
+float FloatOfBf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void Store(Elem e, unsigned char* base, size_t i, float v) {
+  if (e == Elem::kF32) {
+    std::memcpy(base + 4 * i, &v, 4);
+  } else if (e == Elem::kBF16) {
+    const uint16_t h = Bf16Of(v);
+    std::memcpy(base + 2 * i, &h, 2);
+  } else {
+    const _Float16 h = static_cast<_Float16>(v);
+    std::memcpy(base + 2 * i, &h, 2);
+  }
+}
+
+float Load(Elem e, const unsigned char* base, size_t i) {
+  if (e == Elem::kF32) {
+    float v;
+    std::memcpy(&v, base + 4 * i, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, base + 2 * i, 2);
+  if (e == Elem::kBF16) return FloatOfBf16(h);
+  _Float16 f;
+  std::memcpy(&f, &h, 2);
+  return static_cast<float>(f);
+}
+
+float Round(Elem e, float v) {
+  unsigned char b[4];
+  Store(e, b, 0, v);
+  return Load(e, b, 0);
+}
 
 class Checker {
  public:
@@ -121,7 +182,7 @@ class Checker {
   }
 
   void ReduceScatter() {
-    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (Elem dtype : {Elem::kF32, Elem::kBF16, Elem::kF16}) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{2053}}) {
         ReduceScatterOf(dtype, count);
       }
@@ -191,23 +252,22 @@ class Checker {
   }
 
   // Element i of block b that rank `from` contributes, as stored in `dtype`.
-  static float Element(DType dtype, int from, int b, size_t i) {
+  static float Element(Elem dtype, int from, int b, size_t i) {
     const float v = static_cast<float>(static_cast<int>(Mix(from, b, 7, i) % 2001) - 1000) / 64.0f;
-    return RoundTo(dtype, v * (1.0f + 1.0f / 3.0f));
+    return Round(dtype, v * (1.0f + 1.0f / 3.0f));
   }
 
-  void ReduceScatterOf(DType dtype, size_t count) {
+  void ReduceScatterOf(Elem dtype, size_t count) {
     const std::string check = std::string("reduce_scatter of ") + std::to_string(count) + " " +
-                              DTypeName(dtype);
-    const size_t elem = SizeOf(dtype);
+                              ElemName(dtype);
+    const size_t elem = ElemSize(dtype);
     std::vector<unsigned char> send(n_ * count * elem + 1), recv(count * elem + 1, kUntouched);
     for (int b = 0; b < n_; ++b) {
       for (size_t i = 0; i < count; ++i) {
-        StoreFromFloat(dtype, send.data(), static_cast<int64_t>(b * count + i),
-                       Element(dtype, me_, b, i));
+        Store(dtype, send.data(), b * count + i, Element(dtype, me_, b, i));
       }
     }
-    if (!Called(t_.reduce_scatter(t_.ctx, send.data(), recv.data(), count, ToCDType(dtype),
+    if (!Called(t_.reduce_scatter(t_.ctx, send.data(), recv.data(), count, ElemCode(dtype),
                                   o_.stream),
                 check)) {
       return;
@@ -220,10 +280,10 @@ class Checker {
         sum += Element(dtype, r, me_, i);
         magnitude += std::fabs(Element(dtype, r, me_, i));
       }
-      const float want = RoundTo(dtype, sum);
-      const float got = LoadAsFloat(dtype, recv.data(), static_cast<int64_t>(i));
-      const double tolerance = (dtype == DType::kF32 ? 1e-6 : 1e-2) * magnitude;
-      const bool ok = o_.exact_sums ? FloatBits(got) == FloatBits(want)
+      const float want = Round(dtype, sum);
+      const float got = Load(dtype, recv.data(), i);
+      const double tolerance = (dtype == Elem::kF32 ? 1e-6 : 1e-2) * magnitude;
+      const bool ok = o_.exact_sums ? std::memcmp(&got, &want, 4) == 0
                                     : std::fabs(double(got) - double(want)) <= tolerance;
       if (!ok) {
         Fail(check, "element " + std::to_string(i) + " is " + std::to_string(got) +
