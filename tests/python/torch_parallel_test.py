@@ -5,7 +5,9 @@ also steps a single-process muon.Muon on the full tensors with the very same
 gradients (gathered from the DTensors, or DDP's averaged ones); after every
 step both must agree bit for bit (fp32 Newton-Schulz), matrices through Muon
 and biases through AdamW, and every matrix is orthogonalized once per step
-in the whole job."""
+in the whole job. The same holds when one of create_dtensor_config's
+functions is replaced (the design's "create the config, then override one
+function"): the custom path then runs them."""
 
 import copy
 
@@ -104,7 +106,25 @@ def _fsdp2(rank):
     return _train(model, muon.create_dtensor_config(), rank, _batch)
 
 
-def _tp_fsdp2(rank):
+def _fsdp2_own_assignment(rank):
+    """The design's "create the config, then override one function": the custom
+    path runs the config's own gather_fn and redistribute_fn."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = Net()
+    _INIT["head"] = model.head.weight.detach().clone()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for b in model.blocks:
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    config = muon.create_dtensor_config()
+    assert isinstance(config, muon.DistributedConfig)
+    config.assign_fn = lambda params, state: {i: (i + 1) % WORLD for i in range(len(params))}
+    return _train(model, config, rank, _batch)
+
+
+def _tp_fsdp2(rank, override_gather=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -118,10 +138,16 @@ def _tp_fsdp2(rank):
         fully_shard(b, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
+    config = muon.create_dtensor_config()
+    if override_gather:
+        native_gather = config.gather_fn
+        calls = []
+        config.gather_fn = lambda shard, owner, state: calls.append(owner) or native_gather(
+            shard, owner, state)
     # Both TP ranks of a DP rank see the same batch, as TP requires.
-    out = _train(model, muon.create_dtensor_config(), rank,
-                 lambda step, r: _batch(step, r // 2))
+    out = _train(model, config, rank, lambda step, r: _batch(step, r // 2))
     out["placements"] = placements
+    out["own_gathers"] = len(calls) if override_gather else None
     return out
 
 
@@ -148,7 +174,9 @@ def _ddp(rank):
 
 def _worker(rank, world):
     torch.set_num_threads(1)
-    return {"fsdp2": _fsdp2(rank), "tp_fsdp2": _tp_fsdp2(rank), "ddp": _ddp(rank)}
+    return {"fsdp2": _fsdp2(rank), "tp_fsdp2": _tp_fsdp2(rank), "ddp": _ddp(rank),
+            "fsdp2_own_assignment": _fsdp2_own_assignment(rank),
+            "tp_fsdp2_own_gather": _tp_fsdp2(rank, override_gather=True)}
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +187,8 @@ def runs():
 MATRICES = 5  # 2 blocks x (up, down) + head
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp_fsdp2", "ddp"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp_fsdp2", "ddp", "fsdp2_own_assignment",
+                                    "tp_fsdp2_own_gather"])
 def test_bit_for_bit_with_single_process_muon_on_the_same_gradients(runs, layout):
     for rank, res in enumerate(runs):
         out = res[layout]
@@ -168,6 +197,11 @@ def test_bit_for_bit_with_single_process_muon_on_the_same_gradients(runs, layout
     assert sum(r[layout]["orthogonalized"] for r in runs) == MATRICES
     print("\n%s: %d steps, largest difference %g" % (layout, STEPS,
                                                       max(r[layout]["worst"] for r in runs)))
+
+
+def test_the_replaced_function_really_ran(runs):
+    # Every matrix gathered on every rank, every step, through the user's function.
+    assert [r["tp_fsdp2_own_gather"]["own_gathers"] for r in runs] == [MATRICES * STEPS] * WORLD
 
 
 def test_tp_then_fsdp2_really_produced_strided_shards(runs):

@@ -1021,10 +1021,12 @@ def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
 
 def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names=None,
                           replicated_mode="host_averaged"):
-    """A config that reads each param's layout from the DTensor it is (torch >= 2.x):
-    every mesh dim's Shard(d) becomes Shard(group, d, "chunk") (DTensor splits
-    like torch.chunk), Replicate becomes Replicate(group). The local tensors are
-    registered with the DTensor's global shape."""
+    """A DistributedConfig that reads each param's layout from the DTensor it is
+    (torch >= 2.x): every mesh dim's Shard(d) becomes Shard(group, d, "chunk")
+    (DTensor splits like torch.chunk), Replicate becomes Replicate(group), and
+    the strided shards of tensor parallel then FSDP2 are ordered as they apply.
+    Its assign_fn, gather_fn and redistribute_fn (dtensor_assign_fn, ...) can
+    be read or replaced: replacing one runs the three through the custom path."""
     if _dtensor_class() is None:
         raise RuntimeError(
             "muon.create_dtensor_config needs torch.distributed's DTensor (torch >= 2.x); "
@@ -1107,13 +1109,69 @@ def _check_dtensor_piece(name, param, placements, sizes, coords):
                             tuple(want_shape), tuple(want_offset)))
 
 
-class _DTensorConfig(_Config):
+def dtensor_assign_fn(params, state):
+    """create_dtensor_config's assign_fn (the design's form): the largest
+    Newton-Schulz cost first, to the least loaded rank; {rank: [param_idx]}.
+    Keeps the params in state["params"] for the other two functions."""
+    _, dist = _torch()
+    n = dist.get_world_size()
+    state["params"] = list(params)
+    cost = []
+    for i, p in enumerate(params):
+        rows, cols = p.shape[0], math.prod(p.shape[1:])
+        cost.append((min(rows, cols) ** 2 * max(rows, cols), i))
+    load, out = [0] * n, {r: [] for r in range(n)}
+    for c, i in sorted(cost, key=lambda x: (-x[0], x[1])):
+        r = load.index(min(load))
+        out[r].append(i)
+        load[r] += c
+    return out
+
+
+def dtensor_gather_fn(tensor, rank, state):
+    """create_dtensor_config's gather_fn: the whole tensor of a DTensor shard."""
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+
+
+def dtensor_redistribute_fn(update, rank, state):
+    """create_dtensor_config's redistribute_fn: the assigned rank's update to every
+    rank of the world, then each rank's shard with its param's mesh and
+    placements."""
+    torch, dist = _torch()
+    param = state["params"][state["current_param_idx"]]
+    full = update.contiguous() if update is not None else torch.empty(tuple(param.shape))
+    dist.broadcast(full, src=rank)
+    if not _is_dtensor(param):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+    return distribute_tensor(full, param.device_mesh, param.placements)
+
+
+class _DTensorConfig(DistributedConfig):
+    """What create_dtensor_config returns: a DistributedConfig whose three
+    functions are dtensor_assign_fn, dtensor_gather_fn and
+    dtensor_redistribute_fn. While they are all in place, the library moves the
+    pieces itself (each DTensor's placements as libmuon placements); replace
+    any of them and the config runs the three through the custom path."""
+
     def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count):
-        super().__init__(async_gpu_parallelism, prefetch_count)
+        super().__init__(dtensor_assign_fn, dtensor_gather_fn, dtensor_redistribute_fn, {},
+                         async_gpu_parallelism, prefetch_count)
         self.names = names
         self.replicated_mode = replicated_mode
 
+    def _native(self):
+        return (self.assign_fn is dtensor_assign_fn and self.gather_fn is dtensor_gather_fn
+                and self.redistribute_fn is dtensor_redistribute_fn)
+
+    def _prepare(self, named_matrices):
+        if not self._native():
+            self.state.setdefault("params", [p for _, p in named_matrices])
+            super()._prepare(named_matrices)
+
     def _attach(self, optimizer, named_params):
+        if not self._native():
+            return super()._attach(optimizer, named_params)
         _require_dist("create_dtensor_config")
         DTensor = _dtensor_class()
         torch, _ = _torch()
