@@ -312,6 +312,9 @@ class DistributedConfig(_Config):
         return box[0]
 
     def _callbacks(self, name, param, rows, cols):
+        """assign_fn, gather_fn and redistribute_fn in Optimizer.register_custom's
+        form, calling this config's callables for `param` (registered as `name`,
+        a rows x cols matrix)."""
         torch, _ = _torch()
         cfg = self
         local_shape = tuple(_local(param).shape)
@@ -328,14 +331,7 @@ class DistributedConfig(_Config):
                     raise RuntimeError("assign_fn has not run: muon.Muon runs it (in __init__ "
                                        "or at the first step)")
                 return cfg._owners[cfg._index[id(param)]]
-            owner = cfg.assign_fn(param, cfg.state, int(world_size))
-            if isinstance(owner, bool) or not isinstance(owner, int):
-                try:
-                    owner = int(owner)
-                except Exception:
-                    raise TypeError("assign_fn returned %r for param '%s'; it must return a "
-                                    "world rank (int)" % (owner, name)) from None
-            return owner
+            return _as_rank(cfg.assign_fn(param, cfg.state, int(world_size)), name)
 
         def gather(local, owner):
             update = torch.from_numpy(local).view(tuple(_local(param).shape))
@@ -350,16 +346,7 @@ class DistributedConfig(_Config):
                 full = cfg.gather_fn(update, param, int(owner), cfg.state)
             if full is None or (design_gather and not _is_owner(cfg, owner)):
                 return None
-            if not isinstance(full, torch.Tensor):
-                raise TypeError("gather_fn returned %s for param '%s'; return a tensor (on "
-                                "the owner) or None" % (type(full).__name__, name))
-            if full.numel() != rows * cols:
-                raise ValueError("gather_fn returned %d elements (shape %s) for param '%s'; "
-                                 "the whole matrix has %d x %d" % (full.numel(),
-                                                                   tuple(full.shape), name,
-                                                                   rows, cols))
-            full = full.detach().to(device="cpu", dtype=torch.float32).contiguous()
-            return full.reshape(rows, cols).numpy()
+            return _full_matrix(torch, full, name, rows, cols)
 
         def redistribute(full, owner, local_out):
             full_t = torch.from_numpy(full) if full is not None else None
@@ -369,19 +356,50 @@ class DistributedConfig(_Config):
                 piece = cfg.redistribute_fn(full_t, int(owner), cfg.state)
             else:
                 piece = cfg.redistribute_fn(full_t, param, int(owner), cfg.state)
-            piece = _local(piece)
-            if not isinstance(piece, torch.Tensor):
-                raise TypeError("redistribute_fn returned %s for param '%s'; return this "
-                                "rank's piece as a tensor" % (type(piece).__name__, name))
-            if piece.numel() != local_out.size:
-                raise ValueError("redistribute_fn returned %d elements (shape %s) for param "
-                                 "'%s'; this rank holds %d (shape %s)"
-                                 % (piece.numel(), tuple(piece.shape), name, local_out.size,
-                                    local_shape))
-            out = torch.from_numpy(local_out.reshape(-1))
-            out.copy_(piece.detach().reshape(-1).to(device="cpu", dtype=torch.float32))
+            _copy_piece(torch, _local(piece), local_out, name, local_shape)
 
         return assign, gather, redistribute
+
+
+def _as_rank(owner, name):
+    """A per-parameter assign_fn's answer as a world rank (an int)."""
+    if isinstance(owner, bool) or not isinstance(owner, int):
+        try:
+            owner = int(owner)
+        except Exception:
+            raise TypeError("assign_fn returned %r for param '%s'; it must return a "
+                            "world rank (int)" % (owner, name)) from None
+    return owner
+
+
+def _full_matrix(torch, full, name, rows, cols):
+    """gather_fn's answer on the owner, checked: the whole matrix as a rows x cols
+    float32 numpy array (over a contiguous CPU copy)."""
+    if not isinstance(full, torch.Tensor):
+        raise TypeError("gather_fn returned %s for param '%s'; return a tensor (on "
+                        "the owner) or None" % (type(full).__name__, name))
+    if full.numel() != rows * cols:
+        raise ValueError("gather_fn returned %d elements (shape %s) for param '%s'; "
+                         "the whole matrix has %d x %d" % (full.numel(),
+                                                           tuple(full.shape), name,
+                                                           rows, cols))
+    full = full.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    return full.reshape(rows, cols).numpy()
+
+
+def _copy_piece(torch, piece, local_out, name, local_shape):
+    """Checks redistribute_fn's answer (this rank's piece, a tensor) and copies it
+    into local_out, the library's float32 buffer (local_shape: for the message)."""
+    if not isinstance(piece, torch.Tensor):
+        raise TypeError("redistribute_fn returned %s for param '%s'; return this "
+                        "rank's piece as a tensor" % (type(piece).__name__, name))
+    if piece.numel() != local_out.size:
+        raise ValueError("redistribute_fn returned %d elements (shape %s) for param "
+                         "'%s'; this rank holds %d (shape %s)"
+                         % (piece.numel(), tuple(piece.shape), name, local_out.size,
+                            local_shape))
+    out = torch.from_numpy(local_out.reshape(-1))
+    out.copy_(piece.detach().reshape(-1).to(device="cpu", dtype=torch.float32))
 
 
 def _local(t):
