@@ -123,3 +123,16 @@ def test_devicemesh_config_maps_mesh_dims_to_groups():
 def test_dtensor_config_builds_on_torch_2():
     cfg = muon.create_dtensor_config(prefetch_count=2)
     assert cfg._options()["prefetch_count"] == 2
+
+
+def test_auto_config_takes_both_names_of_the_tp_dim():
+    group = object()  # stored, not used before attaching
+    by_int = muon.create_auto_config(tp_process_group=group, tp_shard_dim=1)
+    assert by_int._index_tables["tp_dims"] == 1
+    assert muon.create_auto_config(tp_process_group=group,
+                                   tp_dim_per_param={0: 1})._index_tables["tp_dims"] == {0: 1}
+    # Nothing given: every matrix on dim 0, as the design's default.
+    assert muon.create_auto_config(tp_process_group=group)._index_tables["tp_dims"] == {}
+    assert muon.create_auto_config(tp_process_group=group)._tp_default == 0
+    with pytest.raises(ValueError, match="not both"):
+        muon.create_auto_config(tp_process_group=group, tp_shard_dim=1, tp_dim_per_param=0)

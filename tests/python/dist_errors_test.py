@@ -97,6 +97,13 @@ def _worker(rank, world):
     out["one_d_global"] = _adamw_difference(flat, muon.create_processgroup_config(
         fsdp_pg=dist.group.WORLD, fsdp_mode="flat", global_shapes={flat[0]: (12,)}))
 
+    # create_auto_config: a replicated param that tp_dim_per_param does not list
+    # is read as TP-sharded on dim 0 (the design's default); its TP ranks hold the
+    # same values, so every rank says how to state it.
+    same = _params([(4, 3), (2, 6)])
+    out["tp_default"] = _catch(lambda: _step(same, muon.create_auto_config(
+        tp_process_group=tp, ddp_process_group=dp, tp_dim_per_param={1: None})))
+
     # names= that misses a param.
     two = _params([(3, 3), (2, 3)])
     out["names_missing"] = _catch(lambda: _step(two, muon.create_processgroup_config(
@@ -164,6 +171,8 @@ CASES = {
     "not_covered": ("ValueError", ["group0.param1", "tensor-parallel", "differ",
                                    "missing from tp_dims"]),
     "names_missing": ("ValueError", ["group0.param1", "no entry in `names`"]),
+    "tp_default": ("ValueError", ["group0.param0", "read as TP-sharded on dim 0",
+                                  "tp_dim_per_param={0: None}"]),
     "ep_names": ("ValueError", ["expert-parallel", "distinct names"]),
     "dp_missing": ("ValueError", ["group0.param1", "data-parallel", "do not have it"]),
     "global_shape_mismatch": ("MuonError", ["group0.param0"]),

@@ -196,10 +196,11 @@ def make_config(scenario, groups, coords, local, names_of):
             fsdp_pg=groups[0], fsdp_mode="flat",
             global_shapes={local[n]: s for n, s in DENSE})
     if scenario == "tp_fsdp_auto":
-        # Param order w0, w1, w2, w3: w1 column-parallel, w2 row-parallel.
+        # Param order w0, w1, w2, w3: w1 column-parallel, w2 row-parallel; w0 and
+        # w3 replicated over TP (unlisted params would be TP-sharded on dim 0).
         return muon.create_auto_config(fsdp_process_group=groups[0],
                                        tp_process_group=groups[1],
-                                       tp_dim_per_param={1: 0, 2: 1})
+                                       tp_dim_per_param={0: None, 1: 0, 2: 1, 3: None})
     if scenario == "ddp_cp":
         return muon.create_processgroup_config(dp_pg=groups[0], cp_pg=groups[1])
     if scenario == "zero2":

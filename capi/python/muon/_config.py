@@ -499,11 +499,17 @@ class _ProcessGroupConfig(_Config):
         self._index_tables = index_tables or {}
         self._name_fn = name_fn
         self._index = {}
+        self._tp_default = None  # create_auto_config: 0, the design's default TP dim
 
     # -- per-param lookups ----------------------------------------------------------
 
     def _param_index(self, param):
         return self._index.setdefault(id(param), len(self._index))
+
+    def _set_param_order(self, params):
+        """muon.Muon's params, over its param groups in order: a param's index
+        (tp_dim_per_param, expert_assignments) is its position here."""
+        self._index = {id(p): k for k, p in enumerate(params)}
 
     def _name(self, default_name, param):
         if self._name_fn is not None:
@@ -521,12 +527,17 @@ class _ProcessGroupConfig(_Config):
         return default_name
 
     def _tp_dim(self, name, default_name, param):
+        """The param's TP shard dim, None when replicated over TP; (dim, True) marks
+        a dim nobody gave (the design's default, dim 0), which the ranks' values
+        must then bear out."""
         table = self._index_tables.get("tp_dims")
         if table is not None:
             if isinstance(table, int):
                 return table
             idx = self._param_index(param)
-            return int(table[idx]) if idx in table else None
+            if idx in table:
+                return None if table[idx] is None else int(table[idx])
+            return _DefaultDim(self._tp_default) if self._tp_default is not None else None
         return _lookup_any(self.tp_dims, name, default_name, param, int)
 
     def _declared_global_shape(self, default_name, param):
@@ -665,6 +676,14 @@ class _ProcessGroupConfig(_Config):
                     e["global_inferred"] = e["piece"]
                     e["tp"] = None
                 continue
+            if isinstance(d, _DefaultDim) and self.verify_replicas and len(everyone) > 1 and \
+                    len({m[e["name"]][1] for m in everyone}) == 1:
+                job.fail(e, "param '%s' is read as TP-sharded on dim %d (tp_dim_per_param does "
+                         "not list it, and dim %d is the default) but every TP rank holds the "
+                         "same values: if it is replicated over TP, say so with "
+                         "tp_dim_per_param={%d: None}" % (e["name"], d, d,
+                                                          self._param_index(e["param"])))
+                continue
             pieces = [tuple(m[e["name"]][0]) for m in everyone]
             if any(len(p) != len(e["piece"]) or p[:d] + p[d + 1:] !=
                    e["piece"][:d] + e["piece"][d + 1:] for p in pieces):
@@ -791,6 +810,10 @@ class _ProcessGroupConfig(_Config):
 
 class _ParamError(ValueError):
     pass
+
+
+class _DefaultDim(int):
+    """A TP dim nobody gave for the param: create_auto_config's default (dim 0)."""
 
 
 class _Gathered(list):
@@ -920,16 +943,23 @@ def create_auto_config(fsdp_process_group=None, tp_process_group=None,
                        async_gpu_parallelism=True, prefetch_count=1, *,
                        pp_process_group=None, world_process_group=None, fsdp_mode="chunk",
                        replicated_mode="host_averaged", global_shapes=None,
-                       verify_replicas=True):
+                       verify_replicas=True, tp_shard_dim=None):
     """create_processgroup_config under the names of torch's distributed-Muon design.
 
     tp_dim_per_param: an int (every param is TP-sharded on that dim) or a
-    dict {param index: dim} (index over all params given to muon.Muon, param
-    groups in order); params not listed are replicated over TP.
+    dict {param index: dim or None} (index over all params given to
+    muon.Muon, param groups in order; None: replicated over TP). As in the
+    design, a matrix the dict does not list is TP-sharded on dim 0; if its
+    TP ranks hold the same values it is an error that says to list it as None.
+    tp_shard_dim: the design's other name for an int tp_dim_per_param.
     expert_assignments: a dict {param index: expert id}: those params are
     experts, named "expert{id}." + muon.Muon's name, so the same expert has the
     same name on its replicas and different experts differ.
     """
+    if tp_shard_dim is not None:
+        if tp_dim_per_param is not None:
+            raise ValueError("muon: give tp_dim_per_param or tp_shard_dim, not both")
+        tp_dim_per_param = tp_shard_dim
     if isinstance(tp_dim_per_param, bool) or not (
             tp_dim_per_param is None or isinstance(tp_dim_per_param, (int, dict))):
         raise TypeError("muon: tp_dim_per_param must be an int or a dict {param index: dim}")
@@ -945,6 +975,9 @@ def create_auto_config(fsdp_process_group=None, tp_process_group=None,
         prefetch_count=prefetch_count)
     if tp_dim_per_param is not None:
         cfg._index_tables["tp_dims"] = tp_dim_per_param
+    elif tp_process_group is not None:
+        cfg._index_tables["tp_dims"] = {}  # every matrix on dim 0, the design's default
+    cfg._tp_default = 0
     if expert_assignments is not None:
         experts = dict(expert_assignments)
 

@@ -251,6 +251,9 @@ class Muon(torch.optim.Optimizer):
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         _check_group(defaults)
         super().__init__(params, defaults)
+        order = getattr(self._config, "_set_param_order", None)
+        if order is not None:
+            order([p for group in self.param_groups for p in group["params"]])
         self._prepare_config()
 
     def _prepare_config(self):
