@@ -50,20 +50,23 @@ def torch_ns(monkeypatch):
 
 
 class Model(torch.nn.Module):
+    """Five matrices in a chain; `aux` is used on some steps only (its grad is
+    None after zero_grad(set_to_none=True) on the others)."""
+
+    SHAPES = {"w_in": (32, 16), "w_mid": (24, 32), "w_out": (8, 24), "w_out2": (8, 8),
+              "aux": (16, 16)}
+
     def __init__(self):
         super().__init__()
-        self.w_in = torch.nn.Parameter(torch.randn(32, 16) / 4)
-        self.w_mid = torch.nn.Parameter(torch.randn(24, 32) / 6)
-        self.w_out = torch.nn.Parameter(torch.randn(8, 24) / 5)
-        self.w_out2 = torch.nn.Parameter(torch.randn(8, 8) / 3)
-        self.aux = torch.nn.Parameter(torch.randn(16, 16) / 4)
+        for name, (rows, cols) in self.SHAPES.items():
+            setattr(self, name, torch.nn.Parameter(torch.randn(rows, cols) / cols ** 0.5))
 
     def forward(self, x, use_aux):
         if use_aux:
             x = x + torch.tanh(x @ self.aux.T)
-        h = torch.tanh(x @ self.w_in.T)
-        h = torch.tanh(h @ self.w_mid.T)
-        return (h @ self.w_out.T) @ self.w_out2.T
+        for w in (self.w_in, self.w_mid):
+            x = torch.tanh(x @ w.T)
+        return (x @ self.w_out.T) @ self.w_out2.T
 
 
 def groups(model):
@@ -223,12 +226,18 @@ def test_one_optimizer_takes_model_parameters_as_torch_muon_plus_adamw(torch_ns)
     assert worst <= 1e-5
 
 
-def test_state_dict_holds_both_and_resumes_bit_for_bit():
-    torch.manual_seed(4)
+def net_and_data(seed, steps):
+    """A Net, its data, and a copy trained on all of it without interruption."""
+    torch.manual_seed(seed)
     base = Net()
-    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(12)]
+    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(steps)]
     straight = copy.deepcopy(base)
     fit(straight, plain(muon.Muon(straight.parameters(), lr=0.02, **ADAMW)), data)
+    return base, data, straight
+
+
+def test_state_dict_holds_both_and_resumes_bit_for_bit():
+    base, data, straight = net_and_data(4, 12)
 
     first = copy.deepcopy(base)
     opt = muon.Muon(first.parameters(), lr=0.02, **ADAMW)
@@ -247,11 +256,7 @@ def test_state_dict_holds_both_and_resumes_bit_for_bit():
 
 
 def test_grad_scaler_steps_it_and_skips_non_finite_steps():
-    torch.manual_seed(5)
-    base = Net()
-    data = [(torch.randn(32, 16), torch.randn(32, 8)) for _ in range(8)]
-    unscaled = copy.deepcopy(base)
-    fit(unscaled, plain(muon.Muon(unscaled.parameters(), lr=0.02, **ADAMW)), data)
+    base, data, unscaled = net_and_data(5, 8)
 
     scaled = copy.deepcopy(base)
     opt = muon.Muon(scaled.parameters(), lr=0.02, **ADAMW)

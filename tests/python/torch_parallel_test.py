@@ -93,7 +93,7 @@ def _plain_copy(model):
     return plain
 
 
-def _fsdp2(rank):
+def _fsdp2_model():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -103,25 +103,20 @@ def _fsdp2(rank):
     for b in model.blocks:
         fully_shard(b, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return _train(model, muon.create_dtensor_config(), rank, _batch)
+    return model
+
+
+def _fsdp2(rank):
+    return _train(_fsdp2_model(), muon.create_dtensor_config(), rank, _batch)
 
 
 def _fsdp2_own_assignment(rank):
     """The design's "create the config, then override one function": the custom
     path runs the config's own gather_fn and redistribute_fn."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)
-    model = Net()
-    _INIT["head"] = model.head.weight.detach().clone()
-    mesh = init_device_mesh("cpu", (WORLD,))
-    for b in model.blocks:
-        fully_shard(b, mesh=mesh)
-    fully_shard(model, mesh=mesh)
     config = muon.create_dtensor_config()
     assert isinstance(config, muon.DistributedConfig)
     config.assign_fn = lambda params, state: {i: (i + 1) % WORLD for i in range(len(params))}
-    return _train(model, config, rank, _batch)
+    return _train(_fsdp2_model(), config, rank, _batch)
 
 
 def _tp_fsdp2(rank, override_gather=False):
