@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the whole suite, then the C/C++ unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the threaded multi-rank tests under
-# ThreadSanitizer, and libmuon as a dependency of another workspace. Ends with "N passed, N failed".
+# ThreadSanitizer, libmuon as a dependency of another workspace, and the
+# pip-installed wheel. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
@@ -26,6 +27,9 @@ bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1
+
+echo "== the Python wheel, pip-installed into a fresh environment"
+bash tools/check_wheel.sh 2>&1 | tee -a "$log" || rc=1
 
 passed=$(grep -cE '^//.* PASSED' "$log")
 failed=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
