@@ -1,6 +1,7 @@
 // A stand-in for libnccl.so.2 (same SONAME) for the NCCL adapter's tests: it
 // exports the functions the adapter resolves, logs every call (per thread),
-// and moves host memory.
+// and moves host memory. It declares NCCL's enum values itself, as NCCL's
+// header has them, and shares no code with the adapter.
 //
 // Communicators are FakeComm structs made by the tests. Without a clique a
 // communicator is a lone rank that only logs (and copies where a 1-rank
@@ -9,13 +10,22 @@
 // least as strict as NCCL:
 //   - every collective is a rendezvous of all the clique's ranks that checks
 //     they called the same collective with the same count, datatype, root
-//     and reduction; a mismatch fails on every rank (ncclInvalidUsage)
+//     and reduction, each with valid arguments (a known datatype, a root in
+//     the clique, sum, buffers for a nonzero count, buffers that overlap only
+//     in place); otherwise it fails on every rank (ncclInvalidArgument on a
+//     rank whose own arguments are wrong, ncclInvalidUsage on the others)
 //     instead of hanging or moving garbage;
 //   - ncclSend/ncclRecv inside ncclGroupStart/End are queued per thread and
-//     run at the outermost ncclGroupEnd; each receive is matched, in order,
-//     with the peer's next send to this rank, and a byte count that differs
-//     fails on both sides; a send returns only once it was received;
+//     run at the outermost ncclGroupEnd (outside a group, each is a group of
+//     its own); each receive is matched, in order, with the peer's next send
+//     to this rank, and byte counts that differ fail on both sides; a send
+//     returns only once it was received;
+//   - when every rank of the clique waits on another (a receive nobody
+//     sends, a collective some rank never calls while the others wait in
+//     theirs), where NCCL would hang, the clique breaks: every waiting call
+//     and every later call on it fails with ncclInvalidUsage;
 //   - reduce-scatter sums in rank order in fp32 (bf16/fp16 rounded once).
+// ncclGetLastError tells why a clique call failed.
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -45,21 +55,29 @@ struct Call {
   void* recv = nullptr;
   size_t count = 0;
   int dtype = 0, root = 0, red = 0;
+  std::string invalid;  // what is wrong with this rank's own arguments
 };
 
 // A send waiting for its receive.
 struct Pending {
   const void* data = nullptr;
   size_t bytes = 0;
+  int to = 0;
   bool taken = false;
+  size_t expected = 0;  // a receive's byte count that differs (then `mismatch`)
   bool mismatch = false;
 };
 
 struct Clique {
-  explicit Clique(int n) : size(n), calls(n) {}
+  explicit Clique(int n) : size(n), stuck(n, 0), calls(n) {}
   const int size;
   std::mutex mu;
   std::condition_variable cv;
+  // Every change a waiting rank may wait for bumps `progress`; a waiting
+  // rank notes in stuck[rank] the progress at which it found nothing to do.
+  uint64_t progress = 1;
+  std::vector<uint64_t> stuck;  // 0: not waiting
+  bool broken = false;          // every rank waited on another
   int arrived = 0;
   uint64_t generation = 0;
   std::vector<Call> calls;
@@ -81,6 +99,7 @@ struct Queued {
 };
 
 thread_local std::string t_log;
+thread_local std::string t_error;  // why the last clique call failed
 thread_local int t_fail_next = 0;  // result the next data call returns instead of success
 thread_local int t_in_progress_polls = 0;
 thread_local const void* t_self_send = nullptr;  // lone rank: pending send to self
@@ -98,21 +117,86 @@ int Take() {
 
 void Log(const std::string& s) { t_log += s + ";"; }
 
+int Failed(int result, const std::string& why) {
+  t_error = why;
+  return result;
+}
+
+void Changed(Clique& q) {
+  ++q.progress;
+  q.cv.notify_all();
+}
+
+// Waits as rank `me` until ready(); false when the clique is broken, or breaks
+// it now because every rank is waiting with nothing left to happen.
+template <typename Ready>
+bool Wait(Clique& q, int me, std::unique_lock<std::mutex>& lock, Ready ready) {
+  while (!ready()) {
+    if (q.broken) return false;
+    q.stuck[me] = q.progress;
+    bool all = true;
+    for (uint64_t s : q.stuck) all = all && s == q.progress;
+    if (all) {
+      q.broken = true;
+      q.cv.notify_all();
+      return false;
+    }
+    q.cv.wait(lock);
+  }
+  q.stuck[me] = 0;
+  return true;
+}
+
 // Waits until every rank of the clique arrived here; `lock` holds q.mu.
-void Rendezvous(Clique& q, std::unique_lock<std::mutex>& lock) {
+bool Rendezvous(Clique& q, int me, std::unique_lock<std::mutex>& lock) {
   const uint64_t generation = q.generation;
   if (++q.arrived == q.size) {
     q.arrived = 0;
     ++q.generation;
-    q.cv.notify_all();
-    return;
+    Changed(q);
+    return true;
   }
-  q.cv.wait(lock, [&] { return q.generation != generation; });
+  return Wait(q, me, lock, [&] { return q.generation != generation; });
 }
 
-bool Matches(const Call& a, const Call& b) {
-  return a.op == b.op && a.count == b.count && a.dtype == b.dtype && a.root == b.root &&
-         a.red == b.red;
+const char* kBroken =
+    "the clique is broken: every rank waited on another (a call without its counterpart)";
+
+bool Overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return a_bytes != 0 && b_bytes != 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+// What NCCL would refuse in rank `me`'s own arguments, or "".
+std::string Invalid(const Call& c, int me, int n) {
+  const bool known = c.dtype == kUint8 || c.dtype == kFloat32 || c.dtype == kFloat16 ||
+                     c.dtype == kBfloat16;
+  if (!known || (c.op == "ReduceScatter" && c.dtype == kUint8)) {
+    return "datatype " + std::to_string(c.dtype) + " is not one the fake " + c.op + " takes";
+  }
+  if (c.root < 0 || c.root >= n) return "root " + std::to_string(c.root) + " is outside the clique";
+  if (c.red != 0) return "reduction " + std::to_string(c.red) + " is not ncclSum";
+  const size_t bytes = c.count * ElemSize(c.dtype);
+  if (bytes == 0) return "";
+  const bool reads = c.op != "Broadcast" || me == c.root;
+  if (c.recv == nullptr || (reads && c.send == nullptr)) return "a NULL buffer";
+  const char* send = static_cast<const char*>(c.send);
+  char* recv = static_cast<char*>(c.recv);
+  if (c.op == "AllGather" && send != recv + me * bytes && Overlap(send, bytes, recv, n * bytes)) {
+    return "send and recv overlap, not in place";
+  }
+  if (c.op == "ReduceScatter" && recv != send + me * bytes && Overlap(send, n * bytes, recv, bytes)) {
+    return "send and recv overlap, not in place";
+  }
+  if (c.op == "Broadcast" && reads && send != recv && Overlap(send, bytes, recv, bytes)) {
+    return "send and recv overlap, not in place";
+  }
+  return "";
+}
+
+std::string Unpaired(int from, int to, size_t sent, size_t expected) {
+  return "rank " + std::to_string(to) + " receives " + std::to_string(expected) +
+         " bytes from rank " + std::to_string(from) + ", which sends " + std::to_string(sent);
 }
 
 void Copy(void* dst, const void* src, size_t n) {
@@ -142,21 +226,36 @@ void Perform(const Clique& q, int me) {
 
 // A collective on a clique: post, verify that every rank agrees, move, and
 // leave together (no rank's buffers are released while another reads them).
-int Collective(FakeComm* comm, const Call& call) {
+int Collective(FakeComm* comm, Call call) {
   Clique& q = *comm->clique;
-  {
-    std::unique_lock<std::mutex> lock(q.mu);
-    q.calls[comm->rank] = call;
-    Rendezvous(q, lock);
-  }
-  bool agree = call.dtype == kUint8 || call.dtype == kFloat32 || call.dtype == kFloat16 ||
-               call.dtype == kBfloat16;
-  agree = agree && call.root >= 0 && call.root < q.size && call.red == 0;
-  for (int r = 0; r < q.size; ++r) agree = agree && Matches(q.calls[r], q.calls[0]);
-  if (agree) Perform(q, comm->rank);
+  const int me = comm->rank;
+  t_error.clear();
+  if (t_group_depth > 0) return Failed(kInvalidUsage, "the fake runs no collective inside a group");
+  call.invalid = Invalid(call, me, q.size);
   std::unique_lock<std::mutex> lock(q.mu);
-  Rendezvous(q, lock);
-  return agree ? 0 : kInvalidUsage;
+  if (q.broken) return Failed(kInvalidUsage, kBroken);
+  q.calls[me] = call;
+  if (!Rendezvous(q, me, lock)) return Failed(kInvalidUsage, kBroken);
+  std::string why;
+  for (int r = 0; r < q.size && why.empty(); ++r) {
+    const Call& a = q.calls[r];
+    const Call& b = q.calls[0];
+    if (!a.invalid.empty()) {
+      why = "rank " + std::to_string(r) + "'s " + a.op + ": " + a.invalid;
+    } else if (a.op != b.op || a.count != b.count || a.dtype != b.dtype || a.root != b.root ||
+               a.red != b.red) {
+      why = "rank " + std::to_string(r) + " called " + a.op + "(count " + std::to_string(a.count) +
+            ", datatype " + std::to_string(a.dtype) + ", root " + std::to_string(a.root) +
+            ") while rank 0 called " + b.op + "(count " + std::to_string(b.count) + ", datatype " +
+            std::to_string(b.dtype) + ", root " + std::to_string(b.root) + ")";
+    }
+  }
+  lock.unlock();
+  if (why.empty()) Perform(q, me);
+  lock.lock();
+  if (!Rendezvous(q, me, lock)) return Failed(kInvalidUsage, kBroken);
+  if (!why.empty()) return Failed(call.invalid.empty() ? kInvalidUsage : kInvalidArgument, why);
+  return 0;
 }
 
 // The queued sends and receives of this thread's group (one communicator).
@@ -166,36 +265,63 @@ int RunGroup() {
   if (ops.empty()) return 0;
   Clique& q = *ops[0].comm->clique;
   const int me = ops[0].comm->rank;
+  for (const Queued& op : ops) {
+    if (op.comm->clique != &q) return Failed(kInvalidUsage, "the fake runs one communicator per group");
+  }
   std::vector<Pending> sends;
   sends.reserve(ops.size());
-  bool failed = false;
   std::unique_lock<std::mutex> lock(q.mu);
+  if (q.broken) return Failed(kInvalidUsage, kBroken);
   for (const Queued& op : ops) {
-    if (op.comm->clique != &q) failed = true;  // one communicator per group here
     if (!op.send) continue;
-    sends.push_back({op.buf, op.bytes, false, false});
+    sends.push_back({op.buf, op.bytes, op.peer, false, 0, false});
     q.channels[{me, op.peer}].push_back(&sends.back());
   }
-  q.cv.notify_all();
+  Changed(q);
+  bool ok = true, mismatch = false;
   for (const Queued& op : ops) {
     if (op.send) continue;
     auto& channel = q.channels[{op.peer, me}];
-    q.cv.wait(lock, [&] { return !channel.empty(); });
+    if (!(ok = Wait(q, me, lock, [&] { return !channel.empty(); }))) break;
     Pending* p = channel.front();
     channel.pop_front();
     if (p->bytes == op.bytes) {
       std::memcpy(op.buf, p->data, op.bytes);
     } else {
-      p->mismatch = failed = true;
+      p->mismatch = mismatch = true;
+      p->expected = op.bytes;
+      t_error = Unpaired(op.peer, me, p->bytes, op.bytes);
     }
     p->taken = true;
-    q.cv.notify_all();
+    Changed(q);
   }
-  for (Pending& s : sends) {
-    q.cv.wait(lock, [&] { return s.taken; });
-    failed = failed || s.mismatch;
+  for (size_t k = 0; ok && k < sends.size(); ++k) {
+    if (!(ok = Wait(q, me, lock, [&] { return sends[k].taken; }))) break;
+    if (sends[k].mismatch) {
+      mismatch = true;
+      t_error = Unpaired(me, sends[k].to, sends[k].bytes, sends[k].expected);
+    }
   }
-  return failed ? kInvalidUsage : 0;
+  if (!ok) {  // broken: take back the sends nobody took (they point at this frame)
+    for (auto& [pair, channel] : q.channels) {
+      if (pair.first != me) continue;
+      for (auto it = channel.begin(); it != channel.end();) {
+        it = (*it >= sends.data() && *it < sends.data() + sends.size()) ? channel.erase(it) : it + 1;
+      }
+    }
+    return Failed(kInvalidUsage, kBroken);
+  }
+  return mismatch ? kInvalidUsage : 0;
+}
+
+// A send or receive on a clique: queued in the open group, or a group of its own.
+int PointToPoint(const Queued& op) {
+  t_error.clear();
+  if (op.peer < 0 || op.peer >= op.comm->size) {
+    return Failed(kInvalidArgument, "peer " + std::to_string(op.peer) + " is outside the clique");
+  }
+  t_queued.push_back(op);
+  return t_group_depth > 0 ? 0 : RunGroup();
 }
 
 }  // namespace
@@ -215,6 +341,7 @@ FAKE_API int ncclGroupStart() {
 
 FAKE_API int ncclGroupEnd() {
   Log("GroupEnd");
+  if (t_group_depth == 0) return Failed(kInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--t_group_depth > 0) return Take();
   if (t_group_failed) t_queued.clear();  // an op of the group already failed: none runs
   t_group_failed = false;
@@ -227,14 +354,14 @@ FAKE_API int ncclSend(const void* buf, size_t count, int dtype, int peer, void* 
   Log("Send(" + std::to_string(peer) + "," + std::to_string(count) + "," +
       std::to_string(dtype) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
+  int r = 0;
   if (c->clique != nullptr) {
-    if (t_group_depth == 0 || peer < 0 || peer >= c->size) return kInvalidUsage;
-    t_queued.push_back({true, const_cast<void*>(buf), count * ElemSize(dtype), peer, c});
+    r = PointToPoint({true, const_cast<void*>(buf), count * ElemSize(dtype), peer, c});
   } else if (peer == c->rank) {
     t_self_send = buf;
     t_self_bytes = count * ElemSize(dtype);
   }
-  const int r = Take();
+  if (r == 0) r = Take();
   t_group_failed = t_group_failed || r != 0;
   return r;
 }
@@ -244,14 +371,14 @@ FAKE_API int ncclRecv(void* buf, size_t count, int dtype, int peer, void* comm, 
       std::to_string(dtype) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   const size_t bytes = count * ElemSize(dtype);
+  int r = 0;
   if (c->clique != nullptr) {
-    if (t_group_depth == 0 || peer < 0 || peer >= c->size) return kInvalidUsage;
-    t_queued.push_back({false, buf, bytes, peer, c});
+    r = PointToPoint({false, buf, bytes, peer, c});
   } else if (peer == c->rank && t_self_send != nullptr && t_self_bytes == bytes) {
     std::memcpy(buf, t_self_send, bytes);
     t_self_send = nullptr;
   }
-  const int r = Take();
+  if (r == 0) r = Take();
   t_group_failed = t_group_failed || r != 0;
   return r;
 }
@@ -263,7 +390,7 @@ FAKE_API int ncclAllGather(const void* send, void* recv, size_t count, int dtype
       (send == static_cast<char*>(recv) + c->rank * count * ElemSize(dtype) ? ",inplace" : "") +
       (stream != nullptr ? ",stream" : "") + ")");
   if (c->clique != nullptr) {
-    const int r = Collective(c, {"AllGather", send, recv, count, dtype, 0, 0});
+    const int r = Collective(c, {"AllGather", send, recv, count, dtype, 0, 0, ""});
     return r != 0 ? r : Take();
   }
   if (c->size == 1) std::memmove(recv, send, count * ElemSize(dtype));
@@ -276,7 +403,7 @@ FAKE_API int ncclBroadcast(const void* send, void* recv, size_t count, int dtype
       std::to_string(root) + (send == recv ? ",inplace" : "") + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   if (c->clique != nullptr) {
-    const int r = Collective(c, {"Broadcast", send, recv, count, dtype, root, 0});
+    const int r = Collective(c, {"Broadcast", send, recv, count, dtype, root, 0, ""});
     return r != 0 ? r : Take();
   }
   return Take();
@@ -288,8 +415,7 @@ FAKE_API int ncclReduceScatter(const void* send, void* recv, size_t count, int d
       std::to_string(op) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   if (c->clique != nullptr) {
-    if (dtype == kUint8) return kInvalidArgument;
-    const int r = Collective(c, {"ReduceScatter", send, recv, count, dtype, 0, op});
+    const int r = Collective(c, {"ReduceScatter", send, recv, count, dtype, 0, op, ""});
     return r != 0 ? r : Take();
   }
   if (c->size == 1) std::memmove(recv, send, count * ElemSize(dtype));
@@ -298,7 +424,7 @@ FAKE_API int ncclReduceScatter(const void* send, void* recv, size_t count, int d
 
 FAKE_API int ncclCommCount(void* comm, int* count) {
   const FakeComm* c = static_cast<FakeComm*>(comm);
-  if (c->size <= 0) return kInvalidArgument;
+  if (c->size <= 0 || (c->clique != nullptr && c->clique->size != c->size)) return kInvalidArgument;
   *count = c->size;
   return 0;
 }
@@ -312,7 +438,9 @@ FAKE_API const char* ncclGetErrorString(int result) {
   return result == kInvalidArgument ? "invalid argument" : "fake error string";
 }
 
-FAKE_API const char* ncclGetLastError(void*) { return "fake last error"; }
+FAKE_API const char* ncclGetLastError(void*) {
+  return t_error.empty() ? "fake last error" : t_error.c_str();
+}
 
 FAKE_API int ncclCommGetAsyncError(void*, int* state) {
   Log("GetAsyncError");

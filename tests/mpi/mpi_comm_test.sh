@@ -1,11 +1,13 @@
 #!/bin/bash
-# Runs an MPI test program on 4 processes with mpirun (OpenMPI). Skips, saying so,
-# only when mpirun is not installed (Debian: openmpi-bin).
+# Runs an MPI test program on 4 processes (or as many as the second argument
+# says) with mpirun (OpenMPI). Skips, saying so, only when mpirun is not
+# installed (Debian: openmpi-bin).
 #
-# Usage: mpi_comm_test.sh <path to the test binary>
+# Usage: mpi_comm_test.sh <path to the test binary> [processes, default 4]
 set -euo pipefail
 
 bin="$1"
+np="${2:-4}"
 if ! command -v mpirun >/dev/null 2>&1; then
   echo "SKIPPED: mpirun is not installed (apt-get install openmpi-bin); the MPI adapter was not run"
   exit 0
@@ -19,7 +21,7 @@ export TMPDIR="$session"
 export OMPI_MCA_tmpdir_base="$session"
 
 # Loopback TCP and shared memory only: no network probing, no InfiniBand warnings.
-exec mpirun --allow-run-as-root --oversubscribe -np 4 \
+exec mpirun --allow-run-as-root --oversubscribe -np "$np" \
   --mca btl self,vader,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
   --mca btl_vader_single_copy_mechanism none \
   "$bin"

@@ -1,10 +1,10 @@
 """The communicator conformance suite (muon/comm/testing, loaded from
 libmuon_conformance.so) against communicators written in Python: a
-muon.Communicator over threads (thread_ranks.ThreadComm), and
-muon.TorchDistComm over gloo on 3 processes, on the world and on a sub-group
-whose ranks are in reverse order. Every rank runs every check on its own
-table through ctypes; any failure on any rank fails the test with the
-suite's report."""
+muon.Communicator over threads (thread_ranks.ThreadComm) at 1 to 4 ranks,
+and muon.TorchDistComm over gloo on 3 processes, on the world and on two
+sub-groups whose group ranks differ from the world ranks ([0, 2] and [1, 2]). Every rank runs every check on its
+own table (`.table`) through ctypes; any failure or skipped check on any rank
+fails the test with the suite's report."""
 
 import ctypes
 import os
@@ -25,7 +25,9 @@ def conformance():
 
 
 def run_suite(comm):
-    """The failures the suite reports for `comm` (a muon.Communicator), as text."""
+    """(failures, report) of the suite on `comm` (a muon.Communicator): the
+    number of failed checks, and the report, one line per failure or skipped
+    check ("skipped: ...")."""
     report = ctypes.create_string_buffer(1 << 16)
     table = comm.table
     failures = conformance().muon_conformance_run(ctypes.addressof(table), 1, report,
@@ -33,21 +35,30 @@ def run_suite(comm):
     return failures, report.value.decode("utf-8", "replace")
 
 
+def assert_conforms(result, where):
+    failures, report = result
+    assert failures == 0 and report == "", "%s:\n%s" % (where, report)
+
+
 def test_a_python_communicator_over_threads_conforms():
     for n in range(1, 5):
         hub = Hub(n)
         results, errors = run_ranks(n, lambda rank: run_suite(ThreadComm(hub, rank)))
         assert errors == [None] * n, errors
-        for rank, (failures, report) in enumerate(results):
-            assert failures == 0, "%d ranks, rank %d:\n%s" % (n, rank, report)
+        for rank, result in enumerate(results):
+            assert_conforms(result, "%d ranks, rank %d" % (n, rank))
 
 
 def _torch_worker(rank, world_size):
     import torch.distributed as dist
 
     out = {"world": run_suite(muon.TorchDistComm())}
-    reversed_group = dist.new_group(list(reversed(range(world_size))))
-    out["reversed"] = run_suite(muon.TorchDistComm(reversed_group))
+    # torch numbers a group's members in world-rank order: sub-groups whose
+    # group ranks are not the world ranks (non-adjacent members; an offset).
+    for members in ([0, world_size - 1], [1, world_size - 1]):
+        group = dist.new_group(members)  # every rank creates every group
+        if rank in members:
+            out["ranks %s" % members] = run_suite(muon.TorchDistComm(group))
     return out
 
 
@@ -55,6 +66,9 @@ def test_torch_dist_comm_over_gloo_conforms():
     import dist_harness
 
     results = dist_harness.launch(_torch_worker, 3)
+    assert [sorted(out) for out in results] == [
+        ["ranks [0, 2]", "world"], ["ranks [1, 2]", "world"],
+        ["ranks [0, 2]", "ranks [1, 2]", "world"]]
     for rank, out in enumerate(results):
-        for group, (failures, report) in out.items():
-            assert failures == 0, "rank %d, %s group:\n%s" % (rank, group, report)
+        for group, result in out.items():
+            assert_conforms(result, "rank %d, %s group" % (rank, group))
