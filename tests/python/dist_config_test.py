@@ -1,5 +1,6 @@
 """The distributed configs in one process: argument checks, what they hand to
-the low-level optimizer, and DeviceMesh / DTensor needing torch >= 2.x."""
+the low-level optimizer, the helpers' configs as DistributedConfigs, and the
+message of DeviceMesh / DTensor on a torch without them."""
 
 import pytest
 
@@ -7,11 +8,8 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
-from muon import _config  # noqa: E402
+from muon import _config, _dtensor_config, _pg_config  # noqa: E402
 
-HAS_MESH = _config._device_mesh_class() is not None
-HAS_DTENSOR = _config._dtensor_class() is not None
-NEEDS_2X = "torch %s has no DeviceMesh/DTensor (they need torch >= 2.x)" % torch.__version__
 
 
 def _noop(*args):
@@ -87,24 +85,21 @@ def test_lookup_tables_accept_params_names_and_callables():
     assert _config._lookup_any({"a": 1}, "a", "group0.param0", w, int) == 1
     assert _config._lookup_any(lambda n, p: 1 if p is w else None, "a", "x", w, int) == 1
     assert _config._lookup_any({"b": 1}, "a", "group0.param0", w, int) is None
-    assert _config._chunk_sizes(10, 4) == [3, 3, 3, 1]
-    assert _config._chunk_sizes(5, 4) == [2, 2, 1, 0]
-    assert _config._chunk_sizes(3, 4) == [1, 1, 1, 0]
+    assert _pg_config._chunk_sizes(10, 4) == [3, 3, 3, 1]
+    assert _pg_config._chunk_sizes(5, 4) == [2, 2, 1, 0]
+    assert _pg_config._chunk_sizes(3, 4) == [1, 1, 1, 0]
 
 
-@pytest.mark.skipif(HAS_MESH, reason="this torch has DeviceMesh")
-def test_devicemesh_config_says_it_needs_torch_2():
+def test_a_torch_without_devicemesh_or_dtensor_is_told_so(monkeypatch):
+    # torch 2.x has both (the supported range); what an older one would see:
+    monkeypatch.setattr(_pg_config, "_device_mesh_class", lambda: None)
+    monkeypatch.setattr(_dtensor_config, "_dtensor_class", lambda: None)
     with pytest.raises(RuntimeError, match=r"DeviceMesh \(torch >= 2.x\).*this torch is"):
         muon.create_devicemesh_config(object(), ("dp", "tp"))
-
-
-@pytest.mark.skipif(HAS_DTENSOR, reason="this torch has DTensor")
-def test_dtensor_config_says_it_needs_torch_2():
     with pytest.raises(RuntimeError, match=r"DTensor \(torch >= 2.x\).*this torch is"):
         muon.create_dtensor_config()
 
 
-@pytest.mark.skipif(not HAS_MESH, reason=NEEDS_2X)
 def test_devicemesh_config_maps_mesh_dims_to_groups():
     class FakeMesh:
         ndim = 2
@@ -119,7 +114,6 @@ def test_devicemesh_config_maps_mesh_dims_to_groups():
         muon.create_devicemesh_config(FakeMesh(), ("rows", "tp"))
 
 
-@pytest.mark.skipif(not HAS_DTENSOR, reason=NEEDS_2X)
 def test_dtensor_config_builds_on_torch_2():
     cfg = muon.create_dtensor_config(prefetch_count=2)
     assert cfg._options()["prefetch_count"] == 2
@@ -136,3 +130,36 @@ def test_auto_config_takes_both_names_of_the_tp_dim():
     assert muon.create_auto_config(tp_process_group=group)._tp_default == 0
     with pytest.raises(ValueError, match="not both"):
         muon.create_auto_config(tp_process_group=group, tp_shard_dim=1, tp_dim_per_param=0)
+
+
+def test_the_helpers_return_distributed_configs_with_their_three_functions():
+    group = object()  # stored, not used before attaching
+    for cfg in (muon.create_processgroup_config(fsdp_pg=group),
+                muon.create_auto_config(fsdp_process_group=group, tp_process_group=group),
+                muon.create_dtensor_config()):
+        assert isinstance(cfg, muon.DistributedConfig)
+        assert cfg._native()
+        kind = "dtensor" if cfg.__class__.__name__ == "_DTensorConfig" else "processgroup"
+        for role in ("assign_fn", "gather_fn", "redistribute_fn"):
+            fn = getattr(cfg, role)
+            assert fn.__name__ == "%s_%s" % (kind, role) and fn.__doc__, (kind, role)
+        # "Create the config, then override one function": the custom path.
+        cfg.assign_fn = lambda params, state: {0: list(range(len(params)))}
+        assert not cfg._native()
+
+
+def test_gather_order_defaults_to_the_designs_and_can_be_stated():
+    group = object()
+    assert muon.create_processgroup_config(fsdp_pg=group, tp_pg=group).gather_order == \
+        ("tp", "fsdp")
+    assert muon.create_auto_config(fsdp_process_group=group, tp_process_group=group,
+                                   gather_order=["fsdp", "tp"]).gather_order == ("fsdp", "tp")
+    # Flat FSDP flattens each TP piece: one order only.
+    assert muon.create_processgroup_config(fsdp_pg=group, fsdp_mode="flat").gather_order == \
+        ("fsdp", "tp")
+    with pytest.raises(ValueError, match="fsdp_mode='flat' flattens each TP piece"):
+        muon.create_processgroup_config(fsdp_pg=group, fsdp_mode="flat",
+                                        gather_order=("tp", "fsdp"))
+    for bad in ("tp", ("tp", "dp"), ("tp",)):
+        with pytest.raises(ValueError, match="gather_order must be"):
+            muon.create_processgroup_config(fsdp_pg=group, gather_order=bad)

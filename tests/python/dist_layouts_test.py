@@ -87,7 +87,14 @@ def _zero_flat(c):
     return {n: [("flat", c[0], 4)] for n, _ in DENSE}
 
 
-def _tp_fsdp(c):  # mesh (FSDP 2, TP 2)
+def _tp_fsdp(c):  # mesh (FSDP 2, TP 2): the design's order, FSDP splits the whole matrix
+    f, t = c
+    fs = ("shard", 0, f, 2, "chunk")
+    return {"w0": [fs], "w1": [fs, ("shard", 0, t, 2, "even")],
+            "w2": [fs, ("shard", 1, t, 2, "even")], "w3": [fs]}
+
+
+def _fsdp_tp(c):  # mesh (FSDP 2, TP 2): FSDP splits each TP piece (TP applied first)
     f, t = c
     fs = ("shard", 0, f, 2, "chunk")
     return {"w0": [fs], "w1": [("shard", 0, t, 2, "even"), fs],
@@ -136,6 +143,8 @@ SCENARIOS = {
     # name: (mesh, layout, batch shard of coords, shards, experts?)
     "zero_flat": ((4,), _zero_flat, lambda c: c[0], 4, False),
     "tp_fsdp_auto": ((2, 2), _tp_fsdp, lambda c: c[0], 2, False),
+    "fsdp_tp_order": ((2, 2), _fsdp_tp, lambda c: c[0], 2, False),
+    "tp_fsdp_replaced": ((2, 2), _tp_fsdp, lambda c: c[0], 2, False),
     "ddp_cp": ((2, 2), _replicated, lambda c: _rank(c, (2, 2)), 4, False),
     "zero2": ((4,), _replicated, lambda c: c[0], 4, False),
     "ep": ((2, 2), _ep, lambda c: _rank(c, (2, 2)), 4, True),
@@ -143,8 +152,12 @@ SCENARIOS = {
     "hsdp": ((2, 2), _hsdp, lambda c: _rank(c, (2, 2)), 4, False),
     "tp_flat": ((2, 2), _tp_flat, lambda c: c[0], 2, False),
     "pp": ((2, 2), _pp, lambda c: c[0], 2, False),
+    "tp_flat_replaced": ((2, 2), _tp_flat, lambda c: c[0], 2, False),
     "custom": ((4,), _custom, lambda c: c[0], 4, False),
 }
+# Scenarios where a helper's config has one of its functions replaced: the
+# custom path then runs the helper's other functions over the same layout.
+REPLACED = ("tp_fsdp_replaced", "tp_flat_replaced")
 
 
 def coords_of(rank, dims):
@@ -190,7 +203,46 @@ def user_redistribute(full, param, owner, state):
 # ---------------------------------------------------------------------------
 
 
+def reversed_round_robin(params, state):
+    """A design-form assign_fn: param_idx i to rank n - 1 - i (mod n)."""
+    n = dist.get_world_size()
+    return {i: (n - 1 - i) % n for i in range(len(params))}
+
+
+def counted(fn, keep=False):
+    """fn, counting its calls in state["calls"]; with keep, the first whole
+    matrix it returns on the assigned rank, per param_idx, in state["gathered"]."""
+    def wrapper(tensor, rank, state):
+        state["calls"] = state.get("calls", 0) + 1
+        out = fn(tensor, rank, state)
+        if keep and rank == state["rank"]:
+            state.setdefault("gathered", {}).setdefault(state["current_param_idx"],
+                                                        out.detach().clone())
+        return out
+    return wrapper
+
+
+def gathered_in_place(gathered, avg_grad, shapes):
+    """Whether every whole matrix a gather_fn returned at the first step has
+    each element where it belongs: then it is the averaged gradient times
+    1 - momentum^2 (torch's Nesterov update from a zero buffer). Muon cannot
+    tell: rows or columns in another order give the same update, moved."""
+    scale = 1 - HP["momentum"] ** 2
+    names = [n for n, _ in DENSE]
+    return all(torch.allclose(full, scale * avg_grad[names[i]].reshape(shapes[names[i]]),
+                              rtol=1e-5, atol=1e-8) for i, full in gathered.items())
+
+
 def make_config(scenario, groups, coords, local, names_of):
+    if scenario == "tp_fsdp_replaced":
+        cfg = make_config("tp_fsdp_auto", groups, coords, local, names_of)
+        cfg.assign_fn = reversed_round_robin
+        cfg.gather_fn = counted(cfg.gather_fn, keep=True)
+        return cfg
+    if scenario == "tp_flat_replaced":
+        cfg = make_config("tp_flat", groups, coords, local, names_of)
+        cfg.redistribute_fn = counted(cfg.redistribute_fn)
+        return cfg
     if scenario == "zero_flat":
         return muon.create_processgroup_config(
             fsdp_pg=groups[0], fsdp_mode="flat",
@@ -198,9 +250,14 @@ def make_config(scenario, groups, coords, local, names_of):
     if scenario == "tp_fsdp_auto":
         # Param order w0, w1, w2, w3: w1 column-parallel, w2 row-parallel; w0 and
         # w3 replicated over TP (unlisted params would be TP-sharded on dim 0).
+        # The design's nesting: FSDP splits the whole matrix, TP each FSDP piece.
         return muon.create_auto_config(fsdp_process_group=groups[0],
                                        tp_process_group=groups[1],
                                        tp_dim_per_param={0: None, 1: 0, 2: 1, 3: None})
+    if scenario == "fsdp_tp_order":
+        return muon.create_processgroup_config(
+            fsdp_pg=groups[0], tp_pg=groups[1], tp_dims={local["w1"]: 0, local["w2"]: 1},
+            gather_order=("fsdp", "tp"))
     if scenario == "ddp_cp":
         return muon.create_processgroup_config(dp_pg=groups[0], cp_pg=groups[1])
     if scenario == "zero2":
@@ -282,16 +339,22 @@ def run_scenario(rank, scenario, groups, coords):
             use = mine_flat  # ZeRO-2: each rank hands its own gradient; the library averages
         else:
             use = ordered_mean([all_grads[first_rank_of_shard[s]] for s in range(shards)])
-        pos = 0
+        pos, avg = 0, {}
         for n in names:
             size = shapes[n][0] * shapes[n][1]
+            avg[n] = use[pos:pos + size]
             if n in local:
                 g = use[pos:pos + size].reshape(-1)[mine[n].reshape(-1)]
                 local[n].grad = g.reshape(local[n].shape).clone()
             pos += size
         opt.step()
+        if step == 0 and scenario in REPLACED:
+            placed = gathered_in_place(config.state.get("gathered", {}), avg, shapes)
     stats = opt._groups[0].opt.stats()
-    return {"params": {n: p.detach().clone() for n, p in local.items()}, "stats": stats}
+    calls = config.state.get("calls", 0) if isinstance(config.state, dict) else 0
+    return {"params": {n: p.detach().clone() for n, p in local.items()}, "stats": stats,
+            "calls": calls, "gathered": len(config.state.get("gathered", {}))
+            if scenario in REPLACED else 0, "in_place": placed if scenario in REPLACED else None}
 
 
 def _worker(rank, world):
@@ -364,6 +427,14 @@ def test_bit_identical_to_single_process(runs, scenario):
         assert [s["matrices_total"] for s in stats] == [total] * WORLD, (scenario, stats)
     assert sum(s["matrices_orthogonalized"] for s in stats) == total, (
         "%s: each matrix must be orthogonalized exactly once per step: %s" % (scenario, stats))
+    # The replaced function ran for every matrix at every step on every rank;
+    # a helper's config left whole never calls its functions.
+    want_calls = STEPS * total if scenario in REPLACED else 0
+    if scenario != "custom":
+        assert [res[scenario]["calls"] for res in runs] == [want_calls] * WORLD, scenario
+    if scenario == "tp_fsdp_replaced":  # gather_fn's whole matrices, element by element
+        assert sum(res[scenario]["gathered"] for res in runs) == total
+        assert all(res[scenario]["in_place"] for res in runs), scenario
     print("\n%s: %d steps, largest difference from single-process Muon: %g"
           % (scenario, STEPS, worst))
     assert worst == 0.0

@@ -26,8 +26,9 @@ from ._errors import MuonError
 from ._optimizer import Optimizer, version
 from ._comm import Communicator, FlatRange, InProcessComm, InProcessWorld, Replicate, Shard
 from ._dist import TorchDistComm
-from ._config import (DistributedConfig, create_auto_config, create_devicemesh_config,
-                      create_dtensor_config, create_processgroup_config)
+from ._config import DistributedConfig
+from ._pg_config import create_auto_config, create_devicemesh_config, create_processgroup_config
+from ._dtensor_config import create_dtensor_config
 
 __version__ = "%d.%d.%d" % version()
 

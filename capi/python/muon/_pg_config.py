@@ -1,0 +1,849 @@
+"""create_processgroup_config, create_auto_config and create_devicemesh_config:
+layouts made of torch.distributed process groups (or a DeviceMesh's). Each
+returns a DistributedConfig whose assign_fn, gather_fn and redistribute_fn
+are processgroup_assign_fn, processgroup_gather_fn and
+processgroup_redistribute_fn. While those three are in place, the layout is
+told to the library as placements (muon_register_param with a global shape),
+so the library moves the pieces itself: TP as Shard(tp_dim), FSDP as
+Shard(0, chunk) or FlatRange, DP and CP as Replicate, EP by registering
+experts only where they live, PP by each stage registering its own
+parameters. Replace any of them and the three run through the custom path
+over the same layout, which _attach writes into the config's state.
+
+_attach is collective: every rank issues the same collectives in the same
+order, and any inconsistency is raised on every rank, naming the ranks.
+"""
+
+import math
+import zlib
+
+from ._comm import FlatRange, Replicate, Shard
+from ._config import (DistributedConfig, _grad_buffer, _lookup, _lookup_any,
+                      _matrix_ndim_error, _matrix_view, _require_dist, _torch)
+from ._dist import TorchDistComm
+
+# ---------------------------------------------------------------------------
+# Placements from process groups
+# ---------------------------------------------------------------------------
+
+_ROLE_TEXT = {"dp": "data-parallel (dp_pg)", "cp": "context-parallel (cp_pg)",
+              "ep": "expert-parallel (ep_pg)", "tp": "tensor-parallel (tp_pg)",
+              "fsdp": "FSDP (fsdp_pg)", "pp": "pipeline (pp_pg)"}
+
+
+def _chunk_sizes(total, n):
+    """torch.chunk's sizes of `total` over n (ceil each, tail short, possibly empty)."""
+    step = -(-total // n) if total else 0
+    return [max(0, min(step, total - r * step)) for r in range(n)]
+
+
+def _crc(t):
+    """A checksum of a tensor's bytes (replica checks)."""
+    torch, _ = _torch()
+    data = t.detach().to("cpu").contiguous().reshape(-1)
+    if data.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        data = data.to(torch.float32)
+    return zlib.crc32(data.view(torch.uint8).numpy().tobytes())
+
+
+# ---------------------------------------------------------------------------
+# The design's three functions over these layouts (the custom path)
+# ---------------------------------------------------------------------------
+#
+# They read what _attach writes into the config's state:
+#   state["groups"][role]       the process group of a role ("tp", "fsdp", ...)
+#   state["world_pg"]           the group of every rank stepping Muon (None: the world)
+#   state["layouts"][param_idx] {"name", "global_shape", "local_shape", "steps"}:
+#       steps go from the whole tensor down to this rank's piece (outermost
+#       first), replicas left out; each is {"group": role, "kind": "shard",
+#       "dim": d, "sizes": [size on each group rank]} or {"group": role,
+#       "kind": "flat", "shape": the piece it flattens, "ranges": [(start,
+#       length) on each group rank]}.
+# A user's own gather_fn or redistribute_fn may read them too.
+
+
+def processgroup_assign_fn(params, state):
+    """The design's assignment: param_idx round robin over the world."""
+    _, dist = _torch()
+    n = dist.get_world_size(state.get("world_pg"))
+    out = {r: [] for r in range(n)}
+    for i in range(len(params)):
+        out[i % n].append(i)
+    return out
+
+
+def processgroup_gather_fn(shard, rank, state):
+    """The design's gather: the innermost split undone first (TP before FSDP in
+    the design's order), an all_gather over each group; the whole tensor on
+    every rank of the world (the assigned one included)."""
+    torch, dist = _torch()
+    layout = state["layouts"][state["current_param_idx"]]
+    t = shard.reshape(layout["local_shape"])
+    for step in reversed(layout["steps"]):
+        group = state["groups"][step["group"]]
+        if step["kind"] == "shard":
+            t = _all_gather_along(torch, dist, t, step["dim"], step["sizes"], group)
+        else:
+            lengths = [length for _, length in step["ranges"]]
+            t = _all_gather_along(torch, dist, t.reshape(-1), 0, lengths, group)
+            t = t.reshape(step["shape"])
+    return t
+
+
+def processgroup_redistribute_fn(update, rank, state):
+    """The design's redistribute: the assigned rank's update to every rank of
+    the world, then the outermost split first (FSDP before TP in the design's
+    order); this rank's piece."""
+    torch, dist = _torch()
+    layout = state["layouts"][state["current_param_idx"]]
+    world = state.get("world_pg")
+    full = update.contiguous() if update is not None else torch.empty(layout["global_shape"])
+    dist.broadcast(full, src=rank if world is None else dist.get_global_rank(world, rank),
+                   group=world)
+    t = full
+    for step in layout["steps"]:
+        me = dist.get_rank(state["groups"][step["group"]])
+        if step["kind"] == "shard":
+            t = t.narrow(step["dim"], sum(step["sizes"][:me]), step["sizes"][me])
+        else:
+            start, length = step["ranges"][me]
+            t = t.reshape(-1)[start:start + length]
+    return t.reshape(layout["local_shape"])
+
+
+def _all_gather_along(torch, dist, t, dim, sizes, group):
+    """Every group rank's piece (sizes[r] long in `dim`), concatenated in rank order."""
+    widest = max(sizes)
+    if widest == 0:
+        return t
+    t = t.contiguous()
+    if t.shape[dim] < widest:  # all_gather moves equal sizes
+        pad = list(t.shape)
+        pad[dim] = widest - t.shape[dim]
+        t = torch.cat([t, t.new_zeros(pad)], dim)
+    parts = [torch.empty_like(t) for _ in sizes]
+    dist.all_gather(parts, t, group=group)
+    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim)
+
+
+class _ProcessGroupConfig(DistributedConfig):
+    """What create_processgroup_config returns (see there)."""
+
+    def __init__(self, groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
+                 global_shapes, verify_replicas, async_gpu_parallelism, prefetch_count,
+                 gather_order, index_tables=None, name_fn=None):
+        state = {"world_pg": world_pg,
+                 "groups": {role: pg for role, pg in groups.items() if pg is not None}}
+        DistributedConfig.__init__(self, processgroup_assign_fn, processgroup_gather_fn,
+                                   processgroup_redistribute_fn, state, async_gpu_parallelism,
+                                   prefetch_count)
+        self.groups = groups  # role -> process group (None when absent)
+        self.world_pg = world_pg
+        self.tp_dims = tp_dims
+        self.fsdp_mode = fsdp_mode
+        self.names = names
+        self.replicated_mode = replicated_mode
+        self.global_shapes = global_shapes
+        self.verify_replicas = verify_replicas
+        self.gather_order = gather_order  # ("tp", "fsdp"): FSDP splits the whole matrix
+        # create_auto_config: tables keyed by the param's index over all param
+        # groups, in the order muon.Muon attaches them.
+        self._index_tables = index_tables or {}
+        self._name_fn = name_fn
+        self._order = {}   # id(param) -> its index among muon.Muon's params
+        self._tp_default = None  # create_auto_config: 0, the design's default TP dim
+
+    # -- per-param lookups ----------------------------------------------------------
+
+    def _param_index(self, param):
+        return self._order.setdefault(id(param), len(self._order))
+
+    def _set_param_order(self, params):
+        """muon.Muon's params, over its param groups in order: a param's index
+        (tp_dim_per_param, expert_assignments) is its position here."""
+        self._order = {id(p): k for k, p in enumerate(params)}
+
+    def _name(self, default_name, param):
+        if self._name_fn is not None:
+            return self._name_fn(self, default_name, param)
+        if self.names is not None:
+            found, name = _lookup(self.names, default_name, param)
+            if not found:
+                raise _ParamError("param '%s' (shape %s) has no entry in `names`"
+                                  % (default_name, tuple(param.shape)))
+            return str(name)
+        pp = self.groups.get("pp")
+        if pp is not None:
+            _, dist = _torch()
+            return "stage%d.%s" % (dist.get_rank(pp), default_name)
+        return default_name
+
+    def _tp_dim(self, name, default_name, param):
+        """The param's TP shard dim, None when replicated over TP; (dim, True) marks
+        a dim nobody gave (the design's default, dim 0), which the ranks' values
+        must then bear out."""
+        table = self._index_tables.get("tp_dims")
+        if table is not None:
+            if isinstance(table, int):
+                return table
+            idx = self._param_index(param)
+            if idx in table:
+                return None if table[idx] is None else int(table[idx])
+            return _DefaultDim(self._tp_default) if self._tp_default is not None else None
+        return _lookup_any(self.tp_dims, name, default_name, param, int)
+
+    def _declared_global_shape(self, default_name, param):
+        return self._global_shape(self._name(default_name, param), default_name, param)
+
+    def _global_shape(self, name, default_name, param):
+        return _lookup_any(self.global_shapes, name, default_name, param,
+                           lambda shape: tuple(int(d) for d in shape))
+
+    # -- attach ---------------------------------------------------------------------
+    #
+    # Every rank issues the same collectives in the same order (one gather per
+    # group kind, then one over the world to agree on the errors), whatever it
+    # finds: its problems are collected and raised on every rank at the end.
+
+    def _native(self):
+        """Whether the three functions are this config's own (the library then
+        moves the pieces); False once one is replaced (the custom path)."""
+        return (self.assign_fn is processgroup_assign_fn
+                and self.gather_fn is processgroup_gather_fn
+                and self.redistribute_fn is processgroup_redistribute_fn)
+
+    def _fsdp_outer(self, roles):
+        """Whether FSDP splits the whole matrix and TP each FSDP piece (the
+        design's order: TP gathered first), rather than FSDP each TP piece."""
+        return tuple(self.gather_order) == ("tp", "fsdp") and "tp" in roles and "fsdp" in roles
+
+    def _prepare(self, named_matrices):
+        if not self._native():
+            DistributedConfig._prepare(self, named_matrices)
+
+    def _attach(self, optimizer, named_params):
+        job = _Job(self, _require_dist("create_processgroup_config"))
+        entries = self._read_params(job, named_params)
+        good = [e for e in entries if not e["bad"]]
+        if self._fsdp_outer(job.groups):  # TP pieces add up to FSDP's, those to the whole
+            good = self._tp_global_shapes(job, good, "local", "fsdp_piece")
+            good = self._fsdp_pieces(job, good, "fsdp_piece", "global_inferred")
+            for e in good:
+                e["piece"] = e["fsdp_piece"]
+        else:  # FSDP pieces add up to TP's, those to the whole
+            good = self._fsdp_pieces(job, good, "local", "piece")
+            good = self._tp_global_shapes(job, good, "piece", "global_inferred")
+        good = self._ep_experts(job, good)
+        self._check_replicas(job, good)
+        if job.errors:
+            registered = False
+        elif self._native():
+            registered = self._register_all(job, optimizer, entries)
+        else:
+            registered = self._register_custom(job, optimizer, entries)
+        job.raise_on_every_rank(registered)
+
+    def _read_params(self, job, named_params):
+        """Names, local shapes, global shapes and TP dims, and the checks that need
+        no communication; one entry (a dict) per param, in the given order."""
+        entries = []
+        taken = {}
+        for default_name, param in named_params:
+            e = {"default": default_name, "param": param, "bad": False}
+            entries.append(e)
+            try:
+                e["name"] = self._name(default_name, param)
+            except Exception as err:  # noqa: BLE001  (reported on every rank)
+                e["name"] = default_name
+                job.fail(e, str(err) if isinstance(err, _ParamError) else
+                         "param '%s': naming it raised %s: %s"
+                         % (default_name, type(err).__name__, err))
+                continue
+            if e["name"] in taken:
+                job.fail(e, "params '%s' and '%s' are both named '%s'"
+                         % (taken[e["name"]], default_name, e["name"]))
+            taken[e["name"]] = default_name
+            e["local"] = tuple(param.shape)
+            try:
+                e["global"] = self._global_shape(e["name"], default_name, param)
+                e["tp_dim"] = self._tp_dim(e["name"], default_name, param) \
+                    if "tp" in job.groups else None
+            except Exception as err:  # noqa: BLE001
+                job.fail(e, "param '%s': reading global_shapes/tp_dims raised %s: %s"
+                         % (e["name"], type(err).__name__, err))
+                continue
+            self._check_shapes(job, e)
+        return entries
+
+    def _check_shapes(self, job, e):
+        flat = self.fsdp_mode == "flat" and "fsdp" in job.groups
+        if flat and e["global"] is None:
+            job.fail(e, "param '%s': fsdp_mode='flat' needs its global shape; pass "
+                     "global_shapes={param or name: shape, ...}" % e["name"])
+            return
+        ndim_shape = e["global"] if e["global"] is not None else e["local"]
+        if len(ndim_shape) < 2:
+            job.fail(e, _matrix_ndim_error(e["name"], ndim_shape))
+            return
+        if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
+            job.fail(e, "param '%s': tp dim %d does not exist in shape %s"
+                     % (e["name"], e["tp_dim"], tuple(ndim_shape)))
+        e["crc"] = _crc(e["param"]) if self.verify_replicas else 0
+
+    def _fsdp_pieces(self, job, good, src, dst):
+        """FSDP: the shape FSDP splits (e[dst]) from every member's e[src]."""
+        if "fsdp" not in job.groups:
+            for e in good:
+                e[dst] = e[src]
+            return good
+        n = job.sizes["fsdp"]
+        me = job.dist.get_rank(job.groups["fsdp"])
+        everyone = job.gather("fsdp", {e["name"]: e[src] for e in good})
+        for e in good:
+            missing = everyone.ranks_without(e["name"])
+            if missing:
+                job.fail(e, "param '%s' is sharded over the FSDP group but rank(s) "
+                         "%s do not have it" % (e["name"], missing))
+            elif self.fsdp_mode == "flat":
+                self._flat_piece(job, e, n, me, dst)
+            else:
+                self._chunked_piece(job, e, everyone, n, src, dst)
+        return [e for e in good if not e["bad"]]
+
+    def _flat_piece(self, job, e, n, me, dst):
+        piece = self._tp_piece(e, job.sizes.get("tp", 1))
+        if piece is None:
+            job.fail(e, "param '%s': global dim %d (%d) does not split evenly "
+                     "over %d TP ranks" % (e["name"], e["tp_dim"],
+                                           e["global"][e["tp_dim"]], job.sizes["tp"]))
+            return
+        total = math.prod(piece)
+        step = -(-total // n)
+        start = min(me * step, total)
+        e[dst] = piece
+        e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
+
+    def _chunked_piece(self, job, e, everyone, n, src, dst):
+        shapes = [tuple(d[e["name"]]) for d in everyone]
+        mine = tuple(e[src])
+        if any(len(s) != len(mine) or s[1:] != mine[1:] for s in shapes):
+            job.fail(e, "param '%s': FSDP ranks hold pieces of shapes %s; FSDP "
+                     "splits dim 0 only" % (e["name"], shapes))
+            return
+        dim0 = [s[0] for s in shapes]
+        e[dst] = (sum(dim0),) + mine[1:]
+        e["fsdp"] = ("shard", "chunk" if dim0 == _chunk_sizes(sum(dim0), n) else dim0)
+
+    def _tp_global_shapes(self, job, good, src, dst):
+        """TP: the shape TP splits (e[dst]) from every member's e[src], or a
+        replica check."""
+        if "tp" not in job.groups:
+            for e in good:
+                e[dst] = e[src]
+                e["tp"] = None
+            return good
+        everyone = job.gather("tp", {e["name"]: (e[src], e["crc"]) for e in good})
+        for e in good:
+            missing = everyone.ranks_without(e["name"])
+            if missing:
+                job.fail(e, "param '%s' is missing on rank(s) %s of its "
+                         "TP group; every TP rank holds every TP-sharded or "
+                         "replicated param" % (e["name"], missing))
+                continue
+            d = e["tp_dim"]
+            if d is None:
+                if not self._replica_mismatch(e, everyone, "tensor-parallel", job.errors,
+                                              "; is it TP-sharded but missing from tp_dims?",
+                                              src):
+                    e[dst] = e[src]
+                    e["tp"] = None
+                continue
+            if isinstance(d, _DefaultDim) and self.verify_replicas and len(everyone) > 1 and \
+                    len({m[e["name"]][1] for m in everyone}) == 1:
+                job.fail(e, "param '%s' is read as TP-sharded on dim %d (tp_dim_per_param does "
+                         "not list it, and dim %d is the default) but every TP rank holds the "
+                         "same values: if it is replicated over TP, say so with "
+                         "tp_dim_per_param={%d: None}" % (e["name"], d, d,
+                                                          self._param_index(e["param"])))
+                continue
+            pieces = [tuple(m[e["name"]][0]) for m in everyone]
+            mine = tuple(e[src])
+            if any(len(p) != len(mine) or p[:d] + p[d + 1:] != mine[:d] + mine[d + 1:]
+                   for p in pieces):
+                job.fail(e, "param '%s': TP ranks hold pieces of shapes %s, which do not "
+                         "differ in dim %d only" % (e["name"], pieces, d))
+                continue
+            split = [p[d] for p in pieces]
+            g = list(mine)
+            g[d] = sum(split)
+            e[dst] = tuple(g)
+            e["tp"] = (d, "even" if len(set(split)) == 1 else split)
+        return [e for e in good if not e["bad"]]
+
+    def _ep_experts(self, job, good):
+        """EP: a name on every EP rank is a dense (replicated) param, on one an expert."""
+        if "ep" not in job.groups:
+            return good
+        everyone = job.gather("ep", {e["name"]: (e["piece"], e["crc"]) for e in good})
+        for e in good:
+            holders = [everyone.world[r] for r, d in enumerate(everyone) if e["name"] in d]
+            if len(holders) == len(everyone):
+                e["expert"] = False
+                self._replica_mismatch(e, everyone, "expert-parallel", job.errors,
+                                       "; expert params need distinct names on different "
+                                       "EP ranks (names=...)")
+            elif len(holders) == 1:
+                e["expert"] = True
+            else:
+                job.fail(e, "param '%s' is held by EP ranks %s of %d: a param is either "
+                         "dense (on every EP rank) or an expert (on one)"
+                         % (e["name"], holders, len(everyone)))
+        return [e for e in good if not e["bad"]]
+
+    def _check_replicas(self, job, good):
+        """DP, CP: replicas."""
+        for role, text in (("dp", "data-parallel"), ("cp", "context-parallel")):
+            if role not in job.groups:
+                continue
+            everyone = job.gather(role, {e["name"]: (e["piece"], e["crc"]) for e in good})
+            for e in good:
+                missing = everyone.ranks_without(e["name"])
+                if missing:
+                    job.fail(e, "param '%s' is replicated over the %s group but rank(s) "
+                             "%s do not have it" % (e["name"], text, missing))
+                    continue
+                self._replica_mismatch(e, everyone, text, job.errors, "")
+
+    def _register_all(self, job, optimizer, entries):
+        """The world, the groups and the registrations; False (the error noted)
+        when one of them fails."""
+        try:
+            optimizer.set_world(TorchDistComm(self.world_pg))
+            gid = {role: optimizer.add_group(TorchDistComm(job.groups[role]))
+                   for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups}
+            for e in entries:
+                self._register(optimizer, gid, e)
+            return True
+        except Exception as err:  # noqa: BLE001  (reported on every rank)
+            job.errors.append("%s: %s" % (type(err).__name__, err))
+            return False
+
+    def _tp_piece(self, e, tp_size):
+        """The TP piece's shape from the global shape (flat mode)."""
+        g = list(e["global"])
+        d = e["tp_dim"]
+        if d is not None:
+            if g[d] % tp_size:
+                return None
+            g[d] //= tp_size
+        return tuple(g)
+
+    def _replica_mismatch(self, e, everyone, text, errors, hint, key="piece"):
+        shapes = [tuple(d[e["name"]][0]) for d in everyone]
+        if any(s != tuple(e[key]) for s in shapes):
+            errors.append("param '%s' is replicated over the %s group but its ranks hold "
+                          "shapes %s%s" % (e["name"], text, shapes, hint))
+            e["bad"] = True
+            return True
+        if self.verify_replicas:
+            crcs = [d[e["name"]][1] for d in everyone]
+            if len(set(crcs)) != 1:
+                differ = [everyone.world[r] for r, c in enumerate(crcs) if c != crcs[0]]
+                errors.append("param '%s' is replicated over the %s group but its values on "
+                              "rank(s) %s differ from rank %d's%s (verify_replicas=False skips "
+                              "this check)" % (e["name"], text, differ, everyone.world[0],
+                                               hint))
+                e["bad"] = True
+                return True
+        return False
+
+    def _global_of(self, e):
+        """The param's whole shape: given (flat FSDP) or added up from the pieces."""
+        if e.get("fsdp", (None,))[0] == "flat":
+            return tuple(e["global"])
+        inferred = tuple(e["global_inferred"])
+        if e["global"] is not None and tuple(e["global"]) != inferred:
+            raise ValueError("param '%s': global_shapes says %s but the ranks' pieces add "
+                             "up to %s" % (e["name"], tuple(e["global"]), inferred))
+        return inferred
+
+    def _steps(self, roles, e):
+        """How the param is laid out over the groups present (`roles`), outermost
+        first: (kind, role, arg), kind "replicate", "shard" (arg: (dim, split))
+        or "flat" (arg: (start, length) of this rank)."""
+        steps = [("replicate", role, None) for role in ("dp", "cp") if role in roles]
+        if "ep" in roles and not e["expert"]:
+            steps.append(("replicate", "ep", None))
+        split = []
+        if "tp" in roles:
+            split.append(("replicate", "tp", None) if e["tp"] is None else
+                         ("shard", "tp", e["tp"]))
+        if "fsdp" in roles:
+            kind = e["fsdp"]
+            split.append(("flat", "fsdp", kind[1:]) if kind[0] == "flat" else
+                         ("shard", "fsdp", (0, kind[1])))
+        if self._fsdp_outer(roles):
+            split.reverse()
+        return steps + split
+
+    def _register(self, optimizer, gid, e):
+        param = e["param"]
+        global_shape = self._global_of(e)
+        placements = []
+        for kind, role, arg in self._steps(gid, e):
+            if kind == "replicate":
+                placements.append(Replicate(gid[role]))
+            elif kind == "shard":
+                placements.append(Shard(gid[role], arg[0], split=arg[1]))
+            else:
+                placements.append(FlatRange(gid[role], arg[0], arg[1]))
+        optimizer.register(param, _grad_buffer(param), name=e["name"],
+                           matrix_view=_matrix_view(len(global_shape)),
+                           global_shape=global_shape, placements=placements,
+                           replicated_mode=self.replicated_mode)
+
+    # -- the custom path (one of the three functions replaced) ---------------------
+
+    def _register_custom(self, job, optimizer, entries):
+        """The layouts into state, then DistributedConfig's registration of the
+        three functions; False (the error noted) when that fails."""
+        if "pp" in job.groups or any(e.get("expert") for e in entries):
+            job.errors.append(
+                "a replaced assign_fn, gather_fn or redistribute_fn runs the design's "
+                "functions, whose param_idx must name the same param on every rank; pipeline "
+                "stages (pp) and experts hold different params on different ranks: keep the "
+                "config's own three functions there (the library then moves the pieces)")
+            return False
+        try:
+            if self.replicated_mode != "host_averaged":
+                raise ValueError("replicated_mode=%r needs the config's own three functions"
+                                 % self.replicated_mode)
+            if self._owners is None:
+                raise RuntimeError("assign_fn has not run: muon.Muon runs it (in __init__ or "
+                                   "at the first step)")
+            layouts, names, shapes = {}, {}, {}
+            for e in entries:
+                layouts[self._index[id(e["param"])]] = self._layout(job, e)
+                names[e["param"]] = e["name"]
+                shapes[e["name"]] = self._global_of(e)
+            self.state["layouts"] = {**self.state.get("layouts", {}), **layouts}
+            self.state["names"] = {**self.state.get("names", {}), **names}
+            self.state["global_shapes"] = {**self.state.get("global_shapes", {}), **shapes}
+            DistributedConfig._attach(self, optimizer,
+                                      [(e["default"], e["param"]) for e in entries])
+            return True
+        except Exception as err:  # noqa: BLE001  (reported on every rank)
+            job.errors.append("%s: %s" % (type(err).__name__, err))
+            return False
+
+    def _layout(self, job, e):
+        """state["layouts"]'s entry of a param (see processgroup_gather_fn)."""
+        shape = list(self._global_of(e))
+        steps = []
+        for kind, role, arg in self._steps(job.groups, e):
+            if kind == "replicate":
+                continue
+            n = job.sizes[role]
+            me = job.dist.get_rank(job.groups[role])
+            if kind == "shard":
+                dim, split = arg
+                sizes = ([shape[dim] // n] * n if split == "even" else
+                         _chunk_sizes(shape[dim], n) if split == "chunk" else list(split))
+                steps.append({"group": role, "kind": "shard", "dim": dim, "sizes": sizes})
+                shape[dim] = sizes[me]
+            else:
+                total = math.prod(shape)
+                c = -(-total // n)
+                ranges = [(min(r * c, total), max(0, min(c, total - min(r * c, total))))
+                          for r in range(n)]
+                steps.append({"group": role, "kind": "flat", "shape": tuple(shape),
+                              "ranges": ranges})
+                shape = [ranges[me][1]]
+        if math.prod(shape) != math.prod(e["local"]):
+            raise ValueError("param '%s': its layout gives this rank %s elements, it holds %s"
+                             % (e["name"], math.prod(shape), math.prod(e["local"])))
+        return {"name": e["name"], "global_shape": self._global_of(e),
+                "local_shape": tuple(e["local"]), "steps": steps}
+
+
+class _ParamError(ValueError):
+    pass
+
+
+class _DefaultDim(int):
+    """A TP dim nobody gave for the param: create_auto_config's default (dim 0)."""
+
+
+class _Gathered(list):
+    """Every group member's payload, in group-rank order; .world: their world ranks."""
+
+    world = ()
+
+    def ranks_without(self, name):
+        return [self.world[r] for r, d in enumerate(self) if name not in d]
+
+
+class _Job:
+    """One _attach: the groups present, their sizes, this rank's problems (raised
+    on every rank at the end), and the collectives every rank issues."""
+
+    def __init__(self, config, dist):
+        self.dist = dist
+        self.world_pg = config.world_pg
+        self.groups = {role: pg for role, pg in config.groups.items() if pg is not None}
+        self.errors = []
+        self.world_size = dist.get_world_size(config.world_pg)
+        self.sizes = {role: dist.get_world_size(pg) for role, pg in self.groups.items()}
+        self.my_rank = dist.get_rank(config.world_pg)
+        product = math.prod(self.sizes.values()) if self.sizes else 1
+        if product != self.world_size:
+            self.errors.append(
+                "the group sizes (%s) multiply to %d but the world has %d ranks; every rank "
+                "must be in exactly one group of each kind"
+                % (", ".join("%s %d" % (_ROLE_TEXT[r], s) for r, s in self.sizes.items())
+                   or "no groups", product, self.world_size))
+
+    def fail(self, entry, message):
+        self.errors.append(message)
+        entry["bad"] = True
+
+    def gather(self, role, payload):
+        """payload (a dict name -> value) of every member of the group, in group-rank
+        order; .world lists their ranks in the world (for messages)."""
+        out = [None] * self.sizes[role]
+        self.dist.all_gather_object(out, (self.my_rank, payload), group=self.groups[role])
+        gathered = _Gathered(d for _, d in out)
+        gathered.world = [r for r, _ in out]
+        return gathered
+
+    def raise_on_every_rank(self, registered):
+        """Every rank's problems, gathered over the world and raised on every rank
+        (ValueError naming the ranks of each), unless there are none."""
+        everyone = [None] * self.world_size
+        self.dist.all_gather_object(everyone, self.errors, group=self.world_pg)
+        by_message = {}  # message -> the ranks that report it, in first-seen order
+        for r, errs in enumerate(everyone):
+            for msg in errs or []:
+                by_message.setdefault(msg, []).append(r)
+        problems = ["%s %s: %s" % ("ranks" if len(rs) > 1 else "rank",
+                                   ", ".join(str(r) for r in rs), msg)
+                    for msg, rs in by_message.items()]
+        if problems or not registered:
+            raise ValueError("muon distributed config: the layout is inconsistent (every rank "
+                             "raises this):\n  " + "\n  ".join(problems))
+
+
+def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,
+                               pp_pg=None, *, world_pg=None, tp_dims=None, fsdp_mode="chunk",
+                               names=None, replicated_mode="host_averaged",
+                               global_shapes=None, verify_replicas=True,
+                               async_gpu_parallelism=True, prefetch_count=1, gather_order=None):
+    """A config for layouts made of torch.distributed process groups.
+
+    Each rank passes the groups it is a member of (None for a kind not used);
+    the sizes of the groups given multiply to the world's. Every Muon param of
+    this rank is registered with placements, outermost first:
+
+      dp_pg, cp_pg   Replicate: the host averaged the gradients over these
+                     groups before step() (DDP; CP), or, with
+                     replicated_mode="zero2" and only one such group, the
+                     library averages raw gradients itself (ZeRO-2);
+      ep_pg          params held by every EP rank are Replicate over it; an
+                     expert (a name held by one EP rank) is registered there
+                     only. Give experts distinct names (`names`);
+      tp_pg          Shard(tp_dim) for params in `tp_dims` (a dict keyed by
+                     param or name, or a callable (name, param) -> dim or
+                     None), Replicate for the others;
+      fsdp_pg        fsdp_mode "chunk": FSDP splits dim 0 in pieces of
+                     ceil(rows / n) rows, the tail short or empty (torch.chunk,
+                     FSDP2); other splits of dim 0 are read from the ranks;
+                     "flat": the local param holds elements [r*c, r*c + c)
+                     (c = ceil(numel / n), clipped, possibly none) of the
+                     row-major flattening of the TP piece (ZeRO, FSDP1,
+                     Megatron's distributed optimizer), in any shape with that
+                     many elements (1-D flat shards included);
+                     needs global_shapes;
+      pp_pg          each stage registers its own params; names default to
+                     "stage{pp rank}." + muon.Muon's name.
+
+    The global shape of a sharded param is read from the ranks' pieces (one
+    all_gather_object per group at construction) unless global_shapes (a
+    dict keyed by param or name, or a callable) gives it. verify_replicas
+    checks that replicated params hold the same values on every replica at
+    construction (a TP-sharded param missing from tp_dims shows up here).
+
+    gather_order: with both TP and FSDP, which split is undone first. The
+    design's ("tp", "fsdp") is the default with fsdp_mode "chunk": FSDP
+    splits the whole matrix's dim 0 and TP splits each FSDP piece (placements
+    FSDP then TP). ("fsdp", "tp"): FSDP splits each TP piece (TP applied
+    first, as FSDP2 over a tensor-parallel model); the only order of
+    fsdp_mode "flat", whose FSDP flattens the TP piece.
+
+    The config is a muon.DistributedConfig: its assign_fn, gather_fn and
+    redistribute_fn are processgroup_assign_fn (round robin),
+    processgroup_gather_fn and processgroup_redistribute_fn, which read the
+    layout from state["layouts"] (written at the first step). Left in place,
+    the library moves the pieces itself (faster: no whole matrix leaves its
+    owner); replace one and the three run through the custom path (every
+    rank must then hold a piece of every param: no pp_pg, no experts).
+
+    world_pg: the group of every rank stepping Muon (default: the world).
+    The first step() of muon.Muon with this config registers the params; it
+    is collective over the world, and any inconsistency raises ValueError on
+    every rank, naming the ranks and the param.
+    """
+    if fsdp_mode not in ("chunk", "flat"):
+        raise ValueError("muon: fsdp_mode must be 'chunk' or 'flat', got %r" % (fsdp_mode,))
+    if replicated_mode not in ("host_averaged", "zero2"):
+        raise ValueError("muon: replicated_mode must be 'host_averaged' or 'zero2', got %r"
+                         % (replicated_mode,))
+    if tp_dims is not None and tp_pg is None:
+        raise ValueError("muon: tp_dims given without tp_pg")
+    for what, table in (("tp_dims", tp_dims), ("names", names),
+                        ("global_shapes", global_shapes)):
+        if table is not None and not isinstance(table, dict) and not callable(table):
+            raise TypeError("muon: %s must be a dict (keyed by param or name) or a callable "
+                            "(name, param) -> value, got %s" % (what, type(table).__name__))
+    groups = {"dp": dp_pg, "cp": cp_pg, "ep": ep_pg, "tp": tp_pg, "fsdp": fsdp_pg, "pp": pp_pg}
+    return _ProcessGroupConfig(groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
+                               global_shapes, verify_replicas, async_gpu_parallelism,
+                               prefetch_count, _gather_order(gather_order, fsdp_mode))
+
+
+def _gather_order(order, fsdp_mode):
+    """gather_order checked; the design's by default (see create_processgroup_config)."""
+    if order is None:
+        return ("fsdp", "tp") if fsdp_mode == "flat" else ("tp", "fsdp")
+    if isinstance(order, str) or tuple(order) not in (("tp", "fsdp"), ("fsdp", "tp")):
+        raise ValueError("muon: gather_order must be ('tp', 'fsdp') (the design's: FSDP splits "
+                         "the whole matrix, TP each FSDP piece) or ('fsdp', 'tp') (FSDP splits "
+                         "each TP piece), got %r" % (order,))
+    if fsdp_mode == "flat" and tuple(order) == ("tp", "fsdp"):
+        raise ValueError("muon: fsdp_mode='flat' flattens each TP piece, so its gather_order is "
+                         "('fsdp', 'tp'), not ('tp', 'fsdp')")
+    return tuple(order)
+
+
+def create_auto_config(fsdp_process_group=None, tp_process_group=None,
+                       ddp_process_group=None, ep_process_group=None, cp_process_group=None,
+                       tp_dim_per_param=None, expert_assignments=None,
+                       async_gpu_parallelism=True, prefetch_count=1, *,
+                       pp_process_group=None, world_process_group=None, fsdp_mode="chunk",
+                       replicated_mode="host_averaged", global_shapes=None,
+                       verify_replicas=True, tp_shard_dim=None, gather_order=None):
+    """create_processgroup_config under the names of torch's distributed-Muon design.
+
+    tp_dim_per_param: an int (every param is TP-sharded on that dim) or a
+    dict {param index: dim or None} (index over all params given to
+    muon.Muon, param groups in order; None: replicated over TP). As in the
+    design, a matrix the dict does not list is TP-sharded on dim 0; if its
+    TP ranks hold the same values it is an error that says to list it as None.
+    tp_shard_dim: the design's other name for an int tp_dim_per_param.
+    expert_assignments: a dict {param index: expert id}: those params are
+    experts, named "expert{id}." + muon.Muon's name, so the same expert has the
+    same name on its replicas and different experts differ. gather_order and
+    the rest: as create_processgroup_config (the design's order by default).
+    """
+    if tp_shard_dim is not None:
+        if tp_dim_per_param is not None:
+            raise ValueError("muon: give tp_dim_per_param or tp_shard_dim, not both")
+        tp_dim_per_param = tp_shard_dim
+    if isinstance(tp_dim_per_param, bool) or not (
+            tp_dim_per_param is None or isinstance(tp_dim_per_param, (int, dict))):
+        raise TypeError("muon: tp_dim_per_param must be an int or a dict {param index: dim}")
+    if expert_assignments is not None and not isinstance(expert_assignments, dict):
+        raise TypeError("muon: expert_assignments must be a dict {param index: expert id}")
+    if tp_dim_per_param is not None and tp_process_group is None:
+        raise ValueError("muon: tp_dim_per_param given without tp_process_group")
+    cfg = create_processgroup_config(
+        fsdp_process_group, tp_process_group, ddp_process_group, ep_process_group,
+        cp_process_group, pp_process_group, world_pg=world_process_group, fsdp_mode=fsdp_mode,
+        replicated_mode=replicated_mode, global_shapes=global_shapes,
+        verify_replicas=verify_replicas, async_gpu_parallelism=async_gpu_parallelism,
+        prefetch_count=prefetch_count, gather_order=gather_order)
+    if tp_dim_per_param is not None:
+        cfg._index_tables["tp_dims"] = tp_dim_per_param
+    elif tp_process_group is not None:
+        cfg._index_tables["tp_dims"] = {}  # every matrix on dim 0, the design's default
+    cfg._tp_default = 0
+    if expert_assignments is not None:
+        experts = dict(expert_assignments)
+
+        def name_fn(config, default_name, param):
+            idx = config._param_index(param)
+            name = default_name
+            if config.groups.get("pp") is not None:
+                _, dist = _torch()
+                name = "stage%d.%s" % (dist.get_rank(config.groups["pp"]), name)
+            if idx in experts:
+                name = "expert%s.%s" % (experts[idx], name)
+            return name
+
+        cfg._name_fn = name_fn
+    return cfg
+
+
+# ---------------------------------------------------------------------------
+# DeviceMesh (torch >= 2.x)
+# ---------------------------------------------------------------------------
+
+
+def _torch_version():
+    torch, _ = _torch()
+    return torch.__version__
+
+
+def _device_mesh_class():
+    try:
+        from torch.distributed.device_mesh import DeviceMesh  # torch >= 2.2
+        return DeviceMesh
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._tensor import DeviceMesh  # torch 2.0, 2.1
+        return DeviceMesh
+    except ImportError:
+        return None
+
+
+
+_MESH_ROLES = {"dp": "dp", "ddp": "dp", "replicate": "dp", "dp_replicate": "dp",
+               "cp": "cp", "ep": "ep", "tp": "tp", "fsdp": "fsdp", "shard": "fsdp",
+               "dp_shard": "fsdp", "pp": "pp"}
+
+
+def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
+                             fsdp_mode="chunk", names=None, replicated_mode="host_averaged",
+                             global_shapes=None, verify_replicas=True,
+                             async_gpu_parallelism=True, prefetch_count=1, gather_order=None):
+    """create_processgroup_config with the groups of a DeviceMesh (torch >= 2.x).
+
+    mesh_dim_names: the role of each mesh dimension, from "dp" (or "ddp",
+    "replicate"), "fsdp" (or "shard"), "tp", "cp", "ep", "pp"; default: the
+    mesh's own dim names.
+    """
+    if _device_mesh_class() is None:
+        raise RuntimeError(
+            "muon.create_devicemesh_config needs torch.distributed's DeviceMesh (torch >= 2.x); "
+            "this torch is %s, which has none: use create_processgroup_config with process "
+            "groups from torch.distributed.new_group" % _torch_version())
+    names_of_dims = tuple(mesh_dim_names or getattr(device_mesh, "mesh_dim_names", None) or ())
+    if len(names_of_dims) != device_mesh.ndim:
+        raise ValueError("muon: the mesh has %d dims; give one role per dim in mesh_dim_names"
+                         % device_mesh.ndim)
+    groups = {}
+    for dim, role_name in enumerate(names_of_dims):
+        role = _MESH_ROLES.get(str(role_name).lower())
+        if role is None:
+            raise ValueError("muon: mesh dim %d is named %r; use one of %s"
+                             % (dim, role_name, sorted(_MESH_ROLES)))
+        if role in groups:
+            raise ValueError("muon: two mesh dims have the role %r" % role)
+        groups[role + "_pg"] = device_mesh.get_group(dim)
+    return create_processgroup_config(
+        tp_dims=tp_dims, fsdp_mode=fsdp_mode, names=names, replicated_mode=replicated_mode,
+        global_shapes=global_shapes, verify_replicas=verify_replicas,
+        async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count,
+        gather_order=gather_order, **groups)
+
+
