@@ -6,14 +6,24 @@ gradient average, bit-for-bit comparison.
 A worker is a module-level function `fn(rank, world_size, *args)`; its return
 value (anything torch.save takes) comes back to the parent, one per rank. An
 exception in a worker fails the launch with every rank's traceback, and so
-does a process that crashes at exit after its result; a rank still running
-`timeout` seconds after the launch (or 15 seconds after another rank failed,
-so it is probably waiting on it) is killed.
+does a process that crashes after its result; a rank still running `timeout`
+seconds after the launch (or 15 seconds after another rank failed, so it is
+probably waiting on it) is killed.
+
+A rank tears down what fn left (gc.collect(): every muon optimizer destroyed,
+with the interpreter alive), saves its result, destroys the process groups and
+leaves with os._exit(0), skipping interpreter finalization: there, a gloo
+worker thread that drops the last reference to a tensor needs the GIL and
+aborts the process ("terminate called without an active exception"; seen in
+2 of 12 runs of torch_checkpoint_test under load), torch's teardown, not the
+library's.
 """
 
 import datetime
+import gc
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -39,6 +49,7 @@ def _entry(fn, rank, world_size, port, out_dir, args):
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=60))
         result = {"ok": True, "value": fn(rank, world_size, *args)}
+        gc.collect()
         dist.barrier()
     except BaseException:  # noqa: B902 - reported to the parent
         result = {"ok": False, "error": traceback.format_exc()}
@@ -49,6 +60,9 @@ def _entry(fn, rank, world_size, port, out_dir, args):
                 dist.destroy_process_group()
             except Exception:
                 pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # see the module's docstring
 
 
 def launch(fn, world_size, *args, timeout=240):
@@ -89,8 +103,8 @@ def launch(fn, world_size, *args, timeout=240):
             elif not res["ok"]:
                 problems.append("rank %d:\n%s" % (r, res["error"]))
             elif procs[r].exitcode != 0:
-                problems.append("rank %d: finished, then exited with code %s (a crash at "
-                                "interpreter exit)" % (r, procs[r].exitcode))
+                problems.append("rank %d: finished, then exited with code %s (a crash after "
+                                "its result)" % (r, procs[r].exitcode))
         if problems:
             raise AssertionError("distributed run of %s failed:\n%s"
                                  % (fn.__name__, "\n".join(problems)))
