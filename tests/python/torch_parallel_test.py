@@ -7,7 +7,9 @@ step both must agree bit for bit (fp32 Newton-Schulz), matrices through Muon
 and biases through AdamW, and every matrix is orthogonalized once per step
 in the whole job. The same holds when one of create_dtensor_config's
 functions is replaced (the design's "create the config, then override one
-function"): the custom path then runs them."""
+function"): the custom path then runs them. And the design's Example 2 as
+written (create_devicemesh_config(device_mesh=mesh, mesh_dim_names=["dp",
+"tp"]) over FSDP2 + TP), on a "cpu" mesh."""
 
 import copy
 
@@ -93,7 +95,7 @@ def _plain_copy(model):
     return plain
 
 
-def _fsdp2_model():
+def _fsdp2_model(root=True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -102,8 +104,17 @@ def _fsdp2_model():
     mesh = init_device_mesh("cpu", (WORLD,))
     for b in model.blocks:
         fully_shard(b, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if root:
+        fully_shard(model, mesh=mesh)
     return model
+
+
+def _fsdp2_plain_head(rank):
+    """The design's mixed case: the blocks are DTensors, the head a plain tensor,
+    whole on every rank (the same batch everywhere keeps its copies equal)."""
+    model = _fsdp2_model(root=False)
+    assert not hasattr(model.head.weight, "device_mesh")
+    return _train(model, muon.create_dtensor_config(), rank, lambda step, r: _batch(step, 0))
 
 
 def _fsdp2(rank):
@@ -119,7 +130,7 @@ def _fsdp2_own_assignment(rank):
     return _train(_fsdp2_model(), config, rank, _batch)
 
 
-def _tp_fsdp2(rank, override_gather=False):
+def _tp_fsdp2(rank, override_gather=False, devicemesh=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -133,6 +144,13 @@ def _tp_fsdp2(rank, override_gather=False):
         fully_shard(b, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
+    if devicemesh:
+        # The design's Example 2, as written but on "cpu" (2 x 2): the config of
+        # the mesh, whose DTensor params then describe their own layout.
+        config = muon.create_devicemesh_config(device_mesh=mesh, mesh_dim_names=["dp", "tp"])
+        out = _train(model, config, rank, lambda step, r: _batch(step, r // 2))
+        out["config_type"] = type(config).__name__
+        return out
     config = muon.create_dtensor_config()
     if override_gather:
         native_gather = config.gather_fn
@@ -171,7 +189,9 @@ def _worker(rank, world):
     torch.set_num_threads(1)
     return {"fsdp2": _fsdp2(rank), "tp_fsdp2": _tp_fsdp2(rank), "ddp": _ddp(rank),
             "fsdp2_own_assignment": _fsdp2_own_assignment(rank),
-            "tp_fsdp2_own_gather": _tp_fsdp2(rank, override_gather=True)}
+            "tp_fsdp2_own_gather": _tp_fsdp2(rank, override_gather=True),
+            "tp_fsdp2_devicemesh": _tp_fsdp2(rank, devicemesh=True),
+            "fsdp2_plain_head": _fsdp2_plain_head(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +203,8 @@ MATRICES = 5  # 2 blocks x (up, down) + head
 
 
 @pytest.mark.parametrize("layout", ["fsdp2", "tp_fsdp2", "ddp", "fsdp2_own_assignment",
-                                    "tp_fsdp2_own_gather"])
+                                    "tp_fsdp2_own_gather", "tp_fsdp2_devicemesh",
+                                    "fsdp2_plain_head"])
 def test_bit_for_bit_with_single_process_muon_on_the_same_gradients(runs, layout):
     for rank, res in enumerate(runs):
         out = res[layout]

@@ -44,6 +44,11 @@ def _torch():
     return torch, dist
 
 
+def _torch_version():
+    torch, _ = _torch()
+    return torch.__version__
+
+
 def _require_dist(what):
     _, dist = _torch()
     if not dist.is_available() or not dist.is_initialized():

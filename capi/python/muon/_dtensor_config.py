@@ -7,10 +7,9 @@ replaced.
 import math
 
 from ._comm import Replicate, Shard
-from ._config import (DistributedConfig, _is_dtensor, _lookup, _matrix_ndim_error, _matrix_view,
-                      _require_dist, _torch)
+from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _matrix_ndim_error,
+                      _matrix_view, _require_dist, _torch, _torch_version)
 from ._dist import TorchDistComm
-from ._pg_config import _torch_version
 
 def _dtensor_class():
     try:
@@ -183,34 +182,46 @@ class _DTensorConfig(DistributedConfig):
         if not self._native():
             return super()._attach(optimizer, named_params)
         _require_dist("create_dtensor_config")
-        DTensor = _dtensor_class()
-        torch, _ = _torch()
-        optimizer.set_world(TorchDistComm(None))
-        # Groups first (the library takes no group after a registration), one per
-        # mesh dim, in the order the params meet them (the same on every rank).
-        group_ids = {}
-        for default_name, param in named_params:
-            if isinstance(param, DTensor):
-                mesh = param.device_mesh
-                dims = [(mesh, d) for d in range(mesh.ndim)] + _replica_dims(default_name, mesh)
-                for m, dim in dims:
-                    key = (id(m), dim)
-                    if key not in group_ids:
-                        group_ids[key] = optimizer.add_group(TorchDistComm(m.get_group(dim)))
-        for default_name, param in named_params:
-            found, name = _lookup(self.names, default_name, param)
-            name = str(name) if found else default_name
-            if not isinstance(param, DTensor):
-                raise TypeError("muon.create_dtensor_config: param '%s' is not a DTensor" % name)
-            if param.ndim < 2:
-                raise ValueError(_matrix_ndim_error(name, tuple(param.shape)))
+        _attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
+
+
+def _attach_dtensors(optimizer, named_params, names, replicated_mode):
+    """Registers DTensor params with their placements: the world, one group per
+    mesh dim, then each param (names: create_dtensor_config's `names`). A param
+    that is not a DTensor is a whole tensor on every rank, as the design says
+    (Replicate over the world: the host keeps the copies equal, as DDP does)."""
+    DTensor = _dtensor_class()
+    torch, _ = _torch()
+    world = optimizer.set_world(TorchDistComm(None))
+    # Groups first (the library takes no group after a registration), one per
+    # mesh dim, in the order the params meet them (the same on every rank).
+    group_ids = {}
+    for default_name, param in named_params:
+        if isinstance(param, DTensor):
             mesh = param.device_mesh
-            placements = [Replicate(group_ids[(id(m), d)])
-                          for m, d in _replica_dims(name, mesh)] + _dtensor_placements(
-                name, param, [group_ids[(id(mesh), dim)] for dim in range(mesh.ndim)])
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            optimizer.register(param.to_local(), param.grad.to_local(), name=name,
+            dims = [(mesh, d) for d in range(mesh.ndim)] + _replica_dims(default_name, mesh)
+            for m, dim in dims:
+                key = (id(m), dim)
+                if key not in group_ids:
+                    group_ids[key] = optimizer.add_group(TorchDistComm(m.get_group(dim)))
+    for default_name, param in named_params:
+        found, name = _lookup(names, default_name, param)
+        name = str(name) if found else default_name
+        if param.ndim < 2:
+            raise ValueError(_matrix_ndim_error(name, tuple(param.shape)))
+        if not isinstance(param, DTensor):
+            optimizer.register(param, _grad_buffer(param), name=name,
                                matrix_view=_matrix_view(param.ndim),
-                               global_shape=tuple(param.shape), placements=placements,
-                               replicated_mode=self.replicated_mode)
+                               global_shape=tuple(param.shape), placements=[Replicate(world)],
+                               replicated_mode=replicated_mode)
+            continue
+        mesh = param.device_mesh
+        placements = [Replicate(group_ids[(id(m), d)])
+                      for m, d in _replica_dims(name, mesh)] + _dtensor_placements(
+            name, param, [group_ids[(id(mesh), dim)] for dim in range(mesh.ndim)])
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        optimizer.register(param.to_local(), param.grad.to_local(), name=name,
+                           matrix_view=_matrix_view(param.ndim),
+                           global_shape=tuple(param.shape), placements=placements,
+                           replicated_mode=replicated_mode)

@@ -18,8 +18,8 @@ import math
 import zlib
 
 from ._comm import FlatRange, Replicate, Shard
-from ._config import (DistributedConfig, _grad_buffer, _lookup, _lookup_any,
-                      _matrix_ndim_error, _matrix_view, _require_dist, _torch)
+from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _lookup_any,
+                      _matrix_ndim_error, _matrix_view, _require_dist, _torch, _torch_version)
 from ._dist import TorchDistComm
 
 # ---------------------------------------------------------------------------
@@ -222,6 +222,8 @@ class _ProcessGroupConfig(DistributedConfig):
             DistributedConfig._prepare(self, named_matrices)
 
     def _attach(self, optimizer, named_params):
+        if any(_is_dtensor(p) for _, p in named_params):
+            return self._attach_dtensors(optimizer, named_params)
         job = _Job(self, _require_dist("create_processgroup_config"))
         entries = self._read_params(job, named_params)
         good = [e for e in entries if not e["bad"]]
@@ -242,6 +244,17 @@ class _ProcessGroupConfig(DistributedConfig):
         else:
             registered = self._register_custom(job, optimizer, entries)
         job.raise_on_every_rank(registered)
+
+    def _attach_dtensors(self, optimizer, named_params):
+        """DTensor params (FSDP2, tensor parallel on the mesh) describe their own
+        layout: registered from their placements, as create_dtensor_config does
+        (a plain tensor beside them is whole on every rank)."""
+        if not self._native():
+            raise ValueError("muon distributed config: with DTensor params, a replaced "
+                             "assign_fn, gather_fn or redistribute_fn needs "
+                             "create_dtensor_config, whose functions take DTensors")
+        from ._dtensor_config import _attach_dtensors
+        _attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 
     def _read_params(self, job, named_params):
         """Names, local shapes, global shapes and TP dims, and the checks that need
@@ -786,11 +799,6 @@ def create_auto_config(fsdp_process_group=None, tp_process_group=None,
 # ---------------------------------------------------------------------------
 # DeviceMesh (torch >= 2.x)
 # ---------------------------------------------------------------------------
-
-
-def _torch_version():
-    torch, _ = _torch()
-    return torch.__version__
 
 
 def _device_mesh_class():
