@@ -21,6 +21,7 @@ from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _lookup_any,
                       _matrix_ndim_error, _matrix_view, _require_dist, _torch, _torch_version)
 from ._dist import TorchDistComm
+from ._flat import segment_of
 
 # ---------------------------------------------------------------------------
 # Placements from process groups
@@ -277,8 +278,11 @@ class _ProcessGroupConfig(DistributedConfig):
                          % (taken[e["name"]], default_name, e["name"]))
             taken[e["name"]] = default_name
             e["local"] = tuple(param.shape)
+            e["segment"] = segment_of(param)
             try:
                 e["global"] = self._global_shape(e["name"], default_name, param)
+                if e["global"] is None and e["segment"] is not None:
+                    e["global"] = e["segment"].shape
                 e["tp_dim"] = self._tp_dim(e["name"], default_name, param) \
                     if "tp" in job.groups else None
             except Exception as err:  # noqa: BLE001
@@ -289,6 +293,15 @@ class _ProcessGroupConfig(DistributedConfig):
         return entries
 
     def _check_shapes(self, job, e):
+        if e["segment"] is not None and ("fsdp" not in job.groups or
+                                         self._fsdp_outer(job.groups)):
+            job.fail(e, "param '%s' is a range of a flat buffer (an FSDP1 FlatParameter or a "
+                     "ZeRO partition), split over the ranks of its FSDP group: %s"
+                     % (e["name"], "pass that group as fsdp_pg (FSDP1: the model's "
+                                   "process_group)" if "fsdp" not in job.groups else
+                                   "the buffer flattens the TP piece, so pass "
+                                   "gather_order=('fsdp', 'tp')"))
+            return
         flat = self.fsdp_mode == "flat" and "fsdp" in job.groups
         if flat and e["global"] is None:
             job.fail(e, "param '%s': fsdp_mode='flat' needs its global shape; pass "
@@ -311,12 +324,18 @@ class _ProcessGroupConfig(DistributedConfig):
             return good
         n = job.sizes["fsdp"]
         me = job.dist.get_rank(job.groups["fsdp"])
-        everyone = job.gather("fsdp", {e["name"]: e[src] for e in good})
+        payload = {e["name"]: e[src] for e in good}
+        payload.update({("range", e["name"]): (e["segment"].start, e["segment"].length)
+                        for e in good if e["segment"] is not None})
+        everyone = job.gather("fsdp", payload)
         for e in good:
             missing = everyone.ranks_without(e["name"])
             if missing:
                 job.fail(e, "param '%s' is sharded over the FSDP group but rank(s) "
                          "%s do not have it" % (e["name"], missing))
+            elif e["segment"] is not None:
+                e["ranges"] = [d.get(("range", e["name"]), (0, 0)) for d in everyone]
+                self._flat_piece(job, e, n, me, dst)
             elif self.fsdp_mode == "flat":
                 self._flat_piece(job, e, n, me, dst)
             else:
@@ -330,10 +349,13 @@ class _ProcessGroupConfig(DistributedConfig):
                      "over %d TP ranks" % (e["name"], e["tp_dim"],
                                            e["global"][e["tp_dim"]], job.sizes["tp"]))
             return
+        e[dst] = piece
+        if e["segment"] is not None:  # the flat buffer says which range
+            e["fsdp"] = ("flat", e["segment"].start, e["segment"].length)
+            return
         total = math.prod(piece)
         step = -(-total // n)
         start = min(me * step, total)
-        e[dst] = piece
         e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
 
     def _chunked_piece(self, job, e, everyone, n, src, dst):
@@ -567,8 +589,9 @@ class _ProcessGroupConfig(DistributedConfig):
             else:
                 total = math.prod(shape)
                 c = -(-total // n)
-                ranges = [(min(r * c, total), max(0, min(c, total - min(r * c, total))))
-                          for r in range(n)]
+                ranges = e.get("ranges") or [
+                    (min(r * c, total), max(0, min(c, total - min(r * c, total))))
+                    for r in range(n)]
                 steps.append({"group": role, "kind": "flat", "shape": tuple(shape),
                               "ranges": ranges})
                 shape = [ranges[me][1]]

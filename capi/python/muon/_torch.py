@@ -14,6 +14,7 @@ import operator
 import torch
 
 from . import _optimizer
+from ._flat import FlatBuffer, fsdp1_segments
 
 _DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 _ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
@@ -240,6 +241,7 @@ class Muon(torch.optim.Optimizer):
                             "_attach(optimizer, named_params), got %s"
                             % type(distributed_config).__name__)
         self._config = distributed_config
+        self._flat = {}        # id(param) -> FlatBuffer: a flat buffer stepped range by range
         self._groups = []      # per param group index: _Group, or None until its first step
         self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
@@ -253,7 +255,8 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         order = getattr(self._config, "_set_param_order", None)
         if order is not None:
-            order([p for group in self.param_groups for p in group["params"]])
+            order([p for gi, group in enumerate(self.param_groups)
+                   for _, p in self._members(gi, group)])
         self._prepare_config()
 
     def _prepare_config(self):
@@ -262,6 +265,34 @@ class Muon(torch.optim.Optimizer):
         if prepare is not None:
             prepare([(self._name(gi, i), p) for gi, group in enumerate(self.param_groups)
                      for i, p in self._matrices(gi, group)])
+
+    # -- flat buffers (FSDP1's FlatParameter, ZeRO partitions) -----------------------
+
+    def _flat_segments(self, name, p):
+        """The segments of a flat buffer (muon._flat), or None for a plain param:
+        what the config's table says (framework adapters), else FSDP1's own
+        metadata."""
+        if self._config is None:
+            return None
+        table = getattr(self._config, "_flat_segments", None)
+        segments = table(name, p) if table is not None else None
+        return segments if segments is not None else fsdp1_segments(p)
+
+    def _members(self, gi, group):
+        """(key, tensor) of what the group steps: a plain param as itself (key: its
+        index), a flat buffer as the views of its segments (key: (index, k))."""
+        out = []
+        for i, p in enumerate(group["params"]):
+            fb = self._flat.get(id(p))
+            if fb is None:
+                out.append((i, p))
+            else:
+                out.extend(((i, k), v) for k, v in enumerate(fb.views))
+        return out
+
+    def _sync_flat(self):
+        for fb in self._flat.values():
+            fb.sync()
 
     # -- param groups ----------------------------------------------------------
 
@@ -273,9 +304,16 @@ class Muon(torch.optim.Optimizer):
             _check_group(group)
             gi = len(self.param_groups) - 1
             for i, p in enumerate(group["params"]):
+                segments = self._flat_segments(self._name(gi, i), p)
+                if segments is not None:
+                    self._flat[id(p)] = FlatBuffer(self._name(gi, i), p, segments)
+            for i, p in self._members(gi, group):
                 if self._is_matrix(gi, i, p):
                     _check_param(p, self._config is not None)
         except BaseException:
+            for group in self.param_groups[count:]:
+                for p in group["params"]:
+                    self._flat.pop(id(p), None)
             del self.param_groups[count:]  # nothing half-added
             raise
 
@@ -288,17 +326,24 @@ class Muon(torch.optim.Optimizer):
                 group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]))
 
     def _name(self, gi, i):
+        if isinstance(i, tuple):  # a segment of a flat buffer
+            i, k = i
+            fb = self._flat[id(self.param_groups[gi]["params"][i])]
+            return "group%d.param%d.%s" % (gi, i, fb.segments[k].name)
         return "group%d.param%d" % (gi, i)
 
     def _is_matrix(self, gi, i, p):
         """Muon's (a matrix, globally) or AdamW's."""
+        segment = getattr(p, "_muon_segment", None)
+        if segment is not None:
+            return len(segment.shape) >= 2
         if self._config is not None and hasattr(self._config, "_global_ndim"):
             return self._config._global_ndim(self._name(gi, i), p) >= 2
         return p.ndim >= 2
 
     def _matrices(self, gi, group):
-        """(index in the group, param) of the group's matrices."""
-        return [(i, p) for i, p in enumerate(group["params"]) if self._is_matrix(gi, i, p)]
+        """(key in the group, param) of the group's matrices."""
+        return [(i, p) for i, p in self._members(gi, group) if self._is_matrix(gi, i, p)]
 
     def _build(self, gi, group, indexed):
         kwargs = _lowlevel_kwargs(group)
@@ -488,6 +533,7 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_flat()
         self._prepare_config()
         for gi, group in enumerate(self.param_groups):
             indexed = self._matrices(gi, group)
@@ -522,7 +568,7 @@ class Muon(torch.optim.Optimizer):
         groups, key = [], []
         for gi, group in enumerate(self.param_groups):
             matrices = {id(p) for _, p in self._matrices(gi, group)}
-            others = [p for p in group["params"] if id(p) not in matrices]
+            others = [p for _, p in self._members(gi, group) if id(p) not in matrices]
             if not others:
                 continue
             lr = group["adamw_lr"] if group["adamw_lr"] is not None else group["lr"]
@@ -555,11 +601,19 @@ class Muon(torch.optim.Optimizer):
         return total
 
     def state_dict(self):
-        added = []  # (param, what self.state held for it before)
+        added = []  # (tensor, what self.state held for it before)
+
+        def put(t, entry):
+            added.append((t, self.state.get(t)))
+            if entry is None:
+                self.state.pop(t, None)
+            else:
+                self.state[t] = entry
+
         for gi, group in enumerate(self.param_groups):
             g = self._groups[gi] if gi < len(self._groups) else None
             position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
-            for p in group["params"]:
+            for _, p in self._members(gi, group):
                 buf = None
                 k = position.get(id(p))
                 if id(p) in self._pending:
@@ -569,19 +623,25 @@ class Muon(torch.optim.Optimizer):
                       and k < len(g.ids) and g.ids[k] is not None):
                     buf = self._local_state(g, g.ids[k])
                 if buf is not None:
-                    buf = _like_param(buf, p)
-                    before = self.state.get(p)
-                    self.state[p] = dict(before or {}, momentum_buffer=buf)
-                    added.append((p, before))
+                    put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p)))
+        # A flat buffer's state is the buffer's: its segments' folded into
+        # buffer-shaped tensors (torch's format for the param the host gave).
+        for fb in self._flat.values():
+            folded = fb.fold({v: self.state.get(v) for v in fb.views})
+            for v in fb.views:
+                if v in self.state:
+                    put(v, None)
+            if folded:
+                put(fb.param, folded)
         try:
             return super().state_dict()
         finally:
             # The dict returned keeps the copies; the library has the live buffers.
-            for p, before in added:
+            for t, before in reversed(added):
                 if before is None:
-                    self.state.pop(p, None)
+                    self.state.pop(t, None)
                 else:
-                    self.state[p] = before
+                    self.state[t] = before
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
@@ -590,8 +650,9 @@ class Muon(torch.optim.Optimizer):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
             _check_group(group)
-        for group in self.param_groups:
-            for p in group["params"]:
+        self._unfold_flat_state()
+        for gi, group in enumerate(self.param_groups):
+            for _, p in self._members(gi, group):
                 entry = self.state.get(p)
                 buf = entry.pop("momentum_buffer", None) if entry is not None else None
                 if entry is not None and not entry:
@@ -604,6 +665,23 @@ class Muon(torch.optim.Optimizer):
         for g in self._groups:
             if g is not None:
                 self._apply_pending(g)
+
+    def _unfold_flat_state(self):
+        """A flat buffer's loaded state back onto its segments: momentum for the
+        matrices', AdamW's entries for the others'."""
+        matrices = {id(p) for gi, group in enumerate(self.param_groups)
+                    for _, p in self._matrices(gi, group)}
+
+        for fb in self._flat.values():
+            entry = self.state.pop(fb.param, None)
+            for v in fb.views:
+                self.state.pop(v, None)
+            if not entry:
+                continue
+            adamw_keys = tuple(k for k in entry if k != "momentum_buffer")
+            for v, values in fb.unfold(entry, lambda view: ("momentum_buffer",)
+                                       if id(view) in matrices else adamw_keys).items():
+                self.state[v] = values
 
     def __del__(self):
         for g in getattr(self, "_groups", ()):

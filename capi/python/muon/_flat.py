@@ -1,0 +1,172 @@
+"""Flat buffers: one 1-D tensor that holds ranges of several parameters.
+
+FSDP1's FlatParameter (the parameters of one FSDP unit, flattened, joined and
+split over the FSDP group), DeepSpeed ZeRO-1/2's partitions and Megatron's
+distributed-optimizer shards are such buffers. muon.Muon steps each range as
+a piece of its own parameter: a `Segment` says which parameter (name, whole
+shape) and which elements of its row-major flattening ([start, start +
+length)) sit at `offset` of the buffer. The matrices' ranges go to the
+library as FlatRange pieces, the other parameters' ranges to AdamW, and the
+buffer's optimizer state stays buffer-shaped (torch's format for the
+parameter the host gave, which FSDP1's optim_state_dict understands).
+
+This module reads segments (FSDP1's own metadata, or a table a framework
+adapter gives) and keeps the views; it imports torch and nothing of muon.
+"""
+
+import math
+
+import torch
+
+
+class Segment:
+    """One parameter's range in a flat buffer: elements [start, start + length)
+    of the row-major flattening of a tensor of `shape`, at `offset` of the
+    buffer. `name` identifies the parameter on every rank."""
+
+    __slots__ = ("name", "shape", "start", "length", "offset")
+
+    def __init__(self, name, shape, start, length, offset):
+        self.name = str(name)
+        self.shape = tuple(int(d) for d in shape)
+        self.start = int(start)
+        self.length = int(length)
+        self.offset = int(offset)
+        numel = math.prod(self.shape)
+        if self.length < 0 or self.start < 0 or self.start + self.length > numel:
+            raise ValueError("flat buffer: segment '%s' [%d, %d) is outside its parameter "
+                             "of shape %s (%d elements)" % (self.name, self.start,
+                                                            self.start + self.length,
+                                                            self.shape, numel))
+
+    def __repr__(self):
+        return "Segment(%r, shape=%s, start=%d, length=%d, offset=%d)" % (
+            self.name, self.shape, self.start, self.length, self.offset)
+
+
+def fsdp1_segments(param):
+    """The segments of an FSDP1 FlatParameter (use_orig_params=False, the
+    default: model.parameters() yields these), read from its own metadata; None
+    for any other tensor. Every parameter of the FSDP unit has a segment on
+    every rank, empty where this rank's shard holds none of it."""
+    if not getattr(param, "_is_flat_param", False):
+        return None
+    infos = getattr(param, "_shard_param_infos", None)
+    fqns = getattr(param, "_fqns", None)
+    shapes = getattr(param, "_shapes", None)
+    if infos is None or fqns is None or shapes is None or \
+            not len(infos) == len(fqns) == len(shapes):
+        raise ValueError("muon: an FSDP1 FlatParameter without the metadata of this torch "
+                         "(_shard_param_infos, _fqns, _shapes); torch %s is not supported "
+                         "for FSDP1 flat parameters" % torch.__version__)
+    out = []
+    for fqn, shape, info in zip(fqns, shapes, infos):
+        if info.in_shard:
+            out.append(Segment(fqn, shape, info.intra_param_start_idx, info.numel_in_shard,
+                               info.offset_in_shard))
+        else:
+            out.append(Segment(fqn, shape, 0, 0, 0))
+    return out
+
+
+def check_segments(name, buffer, segments):
+    """ValueError naming the buffer when segments overlap or leave the buffer."""
+    if buffer.ndim != 1:
+        raise ValueError("muon: flat buffer '%s' has shape %s; a flat buffer is 1-D"
+                         % (name, tuple(buffer.shape)))
+    seen = set()
+    spans = []
+    for s in segments:
+        if s.name in seen:
+            raise ValueError("muon: flat buffer '%s' names parameter '%s' twice"
+                             % (name, s.name))
+        seen.add(s.name)
+        if s.offset < 0 or s.offset + s.length > buffer.numel():
+            raise ValueError("muon: flat buffer '%s': segment '%s' at [%d, %d) is outside the "
+                             "buffer's %d elements" % (name, s.name, s.offset,
+                                                       s.offset + s.length, buffer.numel()))
+        if s.length:
+            spans.append((s.offset, s.offset + s.length, s.name))
+    spans.sort()
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+        if begin < end:
+            raise ValueError("muon: flat buffer '%s': segments '%s' and '%s' overlap"
+                             % (name, a, b))
+
+
+class FlatBuffer:
+    """A flat buffer the host gave muon.Muon, and one leaf tensor per segment
+    that views its range (the parameter's piece, 1-D) with a .grad that views
+    the buffer's gradient."""
+
+    __slots__ = ("param", "segments", "views", "_data_ptr")
+
+    def __init__(self, name, param, segments):
+        check_segments(name, param, segments)
+        self.param = param
+        self.segments = list(segments)
+        self.views = [torch.nn.Parameter(self._slice(param.data, s), requires_grad=False)
+                      for s in self.segments]
+        for view, s in zip(self.views, self.segments):
+            view._muon_segment = s
+        self._data_ptr = param.data_ptr()
+
+    @staticmethod
+    def _slice(t, s):
+        return t.detach().narrow(0, s.offset, s.length)
+
+    def sync(self):
+        """Points the views at the buffer's current storage and gradient (a host
+        may swap either between steps); a view's .grad is None when the
+        buffer's is."""
+        p = self.param
+        if p.data_ptr() != self._data_ptr:
+            for view, s in zip(self.views, self.segments):
+                view.data = self._slice(p.data, s)
+            self._data_ptr = p.data_ptr()
+        grad = p.grad
+        for view, s in zip(self.views, self.segments):
+            view.grad = None if grad is None else self._slice(grad, s)
+
+    def fold(self, per_view_state):
+        """One buffer-shaped state (torch's format for the buffer) from the views'
+        states: each tensor state covers the whole buffer, zeros outside the
+        views that have it; scalars (AdamW's step) are shared."""
+        out = {}
+        for view, s in zip(self.views, self.segments):
+            for key, value in (per_view_state.get(view) or {}).items():
+                if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                    full = out.get(key)
+                    if full is None:
+                        full = out[key] = torch.zeros(self.param.shape, dtype=value.dtype)
+                    full.narrow(0, s.offset, s.length).copy_(value.reshape(-1))
+                else:
+                    out[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        return out
+
+    def unfold(self, state, keys_of_view):
+        """The inverse of fold: {view: {key: its range of the buffer-shaped value}}
+        for the keys keys_of_view(view) names (scalars shared)."""
+        out = {}
+        for view, s in zip(self.views, self.segments):
+            mine = {}
+            for key in keys_of_view(view):
+                if key not in state:
+                    continue
+                value = state[key]
+                if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                    if value.numel() != self.param.numel():
+                        raise ValueError("muon: state '%s' of a flat buffer has %d elements, "
+                                         "the buffer %d" % (key, value.numel(),
+                                                            self.param.numel()))
+                    mine[key] = value.reshape(-1).narrow(0, s.offset, s.length).clone()
+                else:
+                    mine[key] = value.clone() if isinstance(value, torch.Tensor) else value
+            if mine:
+                out[view] = mine
+        return out
+
+
+def segment_of(t):
+    """The Segment a view of muon.Muon's stands for, or None for a plain tensor."""
+    return getattr(t, "_muon_segment", None)
