@@ -25,7 +25,8 @@ python_env() {
   echo "deps: installing the Python environment (.venv: $(grep -v '^#' \
     tools/python-requirements.txt | xargs))" >&2
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv .venv
-  .venv/bin/python -m pip install -q --disable-pip-version-check \
+  # DS_BUILD_OPS=0: DeepSpeed's sdist builds no C++/CUDA ops (none is used here).
+  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
     -r tools/python-requirements.txt
   cp tools/python-requirements.txt "$stamp"
 }

@@ -163,3 +163,15 @@ def test_gather_order_defaults_to_the_designs_and_can_be_stated():
     for bad in ("tp", ("tp", "dp"), ("tp",)):
         with pytest.raises(ValueError, match="gather_order must be"):
             muon.create_processgroup_config(fsdp_pg=group, gather_order=bad)
+
+
+def test_framework_adapters_load_as_attributes_of_a_plain_import():
+    # `import muon` then muon.megatron / muon.deepspeed, as their docs write it
+    # (a fresh interpreter: no test has imported them yet).
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "import muon; print(muon.megatron.__name__, "
+                          "muon.deepspeed.__name__)"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["muon.megatron", "muon.deepspeed"]

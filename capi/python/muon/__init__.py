@@ -56,8 +56,10 @@ def __getattr__(name):
     # stays usable (and quick to import) with numpy alone.
     if name == "Muon":
         from ._torch import Muon as value
-    elif name == "megatron":
-        from . import megatron as value
+    elif name in ("megatron", "deepspeed"):
+        # (import_module: `from . import x` would ask this __getattr__ again)
+        import importlib
+        value = importlib.import_module("." + name, __name__)
     elif name in ("zeropower_via_newtonschulz", "_zeropower_via_newtonschulz"):
         from . import _newton_schulz
         value = getattr(_newton_schulz, name)

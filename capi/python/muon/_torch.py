@@ -241,8 +241,10 @@ class Muon(torch.optim.Optimizer):
                             "_attach(optimizer, named_params), got %s"
                             % type(distributed_config).__name__)
         self._config = distributed_config
-        self._flat = {}        # id(param) -> FlatBuffer: a flat buffer stepped range by range
-        self._groups = []      # per param group index: _Group, or None until its first step
+        self._flat = {}        # id(param) -> (param, its FlatBuffer or None for a plain one)
+        self._numbers = {}     # id(param group dict) -> (the dict, its number)
+        self._by_number = {}   # number -> param group dict
+        self._groups = {}      # param group number -> _Group, once it stepped
         self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
         self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
@@ -255,16 +257,29 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, defaults)
         order = getattr(self._config, "_set_param_order", None)
         if order is not None:
-            order([p for gi, group in enumerate(self.param_groups)
-                   for _, p in self._members(gi, group)])
+            order([p for gi, group in self._numbered() for _, p in self._members(gi, group)])
         self._prepare_config()
 
     def _prepare_config(self):
         """Lets the config see every matrix once (the design's assign_fn runs there)."""
         prepare = getattr(self._config, "_prepare", None)
         if prepare is not None:
-            prepare([(self._name(gi, i), p) for gi, group in enumerate(self.param_groups)
+            prepare([(self._name(gi, i), p) for gi, group in self._numbered()
                      for i, p in self._matrices(gi, group)])
+
+    def _numbered(self):
+        """(number, group) of the current param groups. A group keeps its number
+        (its position when first seen) while its dict lives, so a host that
+        steps one group at a time (DeepSpeed's ZeRO sets param_groups to
+        [group] around each step()) reaches the same library optimizer."""
+        out = []
+        for group in self.param_groups:
+            entry = self._numbers.get(id(group))
+            if entry is None or entry[0] is not group:
+                entry = self._numbers[id(group)] = (group, len(self._by_number))
+                self._by_number[entry[1]] = group
+            out.append((entry[1], group))
+        return out
 
     # -- flat buffers (FSDP1's FlatParameter, ZeRO partitions) -----------------------
 
@@ -278,21 +293,34 @@ class Muon(torch.optim.Optimizer):
         segments = table(name, p) if table is not None else None
         return segments if segments is not None else fsdp1_segments(p)
 
+    def _flat_of(self, gi, i, p):
+        """p's FlatBuffer, or None for a plain param (asked once per param object:
+        a host may put flat buffers into param_groups after construction, as
+        DeepSpeed's ZeRO and Megatron's distributed optimizer do)."""
+        entry = self._flat.get(id(p))
+        if entry is None or entry[0] is not p:
+            segments = self._flat_segments(self._name(gi, i), p)
+            fb = FlatBuffer(self._name(gi, i), p, segments) if segments is not None else None
+            entry = self._flat[id(p)] = (p, fb)
+        return entry[1]
+
     def _members(self, gi, group):
         """(key, tensor) of what the group steps: a plain param as itself (key: its
         index), a flat buffer as the views of its segments (key: (index, k))."""
         out = []
         for i, p in enumerate(group["params"]):
-            fb = self._flat.get(id(p))
+            fb = self._flat_of(gi, i, p)
             if fb is None:
                 out.append((i, p))
             else:
                 out.extend(((i, k), v) for k, v in enumerate(fb.views))
         return out
 
-    def _sync_flat(self):
-        for fb in self._flat.values():
-            fb.sync()
+    def _flat_buffers(self):
+        """The FlatBuffers of the current param groups."""
+        return [fb for gi, group in self._numbered()
+                for i, p in enumerate(group["params"])
+                for fb in (self._flat_of(gi, i, p),) if fb is not None]
 
     # -- param groups ----------------------------------------------------------
 
@@ -302,19 +330,18 @@ class Muon(torch.optim.Optimizer):
         try:
             group = self.param_groups[-1]
             _check_group(group)
-            gi = len(self.param_groups) - 1
-            for i, p in enumerate(group["params"]):
-                segments = self._flat_segments(self._name(gi, i), p)
-                if segments is not None:
-                    self._flat[id(p)] = FlatBuffer(self._name(gi, i), p, segments)
+            gi = [n for n, g in self._numbered() if g is group][0]
             for i, p in self._members(gi, group):
                 if self._is_matrix(gi, i, p):
                     _check_param(p, self._config is not None)
         except BaseException:
-            for group in self.param_groups[count:]:
+            for group in self.param_groups[count:]:  # nothing half-added
                 for p in group["params"]:
                     self._flat.pop(id(p), None)
-            del self.param_groups[count:]  # nothing half-added
+                entry = self._numbers.pop(id(group), None)
+                if entry is not None and entry[0] is group:
+                    self._by_number.pop(entry[1], None)
+            del self.param_groups[count:]
             raise
 
     # -- the library optimizers ---------------------------------------------------
@@ -328,7 +355,7 @@ class Muon(torch.optim.Optimizer):
     def _name(self, gi, i):
         if isinstance(i, tuple):  # a segment of a flat buffer
             i, k = i
-            fb = self._flat[id(self.param_groups[gi]["params"][i])]
+            fb = self._flat[id(self._by_number[gi]["params"][i])][1]
             return "group%d.param%d.%s" % (gi, i, fb.segments[k].name)
         return "group%d.param%d" % (gi, i)
 
@@ -360,8 +387,6 @@ class Muon(torch.optim.Optimizer):
         except BaseException:
             opt.close()
             raise
-        while len(self._groups) <= gi:
-            self._groups.append(None)
         self._groups[gi] = g
         return g
 
@@ -435,7 +460,7 @@ class Muon(torch.optim.Optimizer):
                     raise
 
     def _group_for_step(self, gi, group, indexed):
-        g = self._groups[gi] if gi < len(self._groups) else None
+        g = self._groups.get(gi)
         if g is not None:
             same_params = len(g.params) == len(indexed) and all(
                 a is b for a, (_, b) in zip(g.params, indexed))
@@ -453,7 +478,7 @@ class Muon(torch.optim.Optimizer):
             if pid is not None and self._has_state.get(id(p)):
                 self._pending[id(p)] = self._local_state(g, pid)
         g.opt.close()
-        self._groups[gi] = None
+        del self._groups[gi]
 
     def _push_hyper(self, g, group):
         values = (_real("lr", group["lr"]), _real("weight_decay", group["weight_decay"]),
@@ -510,9 +535,7 @@ class Muon(torch.optim.Optimizer):
         return stepped
 
     def _unbind_missing_grads(self):
-        for g in self._groups:
-            if g is None:
-                continue
+        for g in self._groups.values():
             for i, p in enumerate(g.params):
                 if g.grads[i] is not None and p.grad is None:
                     # Unbound now, so the dropped gradient's memory can be freed.
@@ -533,9 +556,10 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._sync_flat()
+        for fb in self._flat_buffers():
+            fb.sync()
         self._prepare_config()
-        for gi, group in enumerate(self.param_groups):
+        for gi, group in self._numbered():
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
                 continue  # (distributed: stepped anyway, the step is collective)
@@ -566,7 +590,7 @@ class Muon(torch.optim.Optimizer):
         """torch.optim.AdamW over every group's non-matrix params, with the group's
         adamw_* values; its state is this optimizer's (self.state)."""
         groups, key = [], []
-        for gi, group in enumerate(self.param_groups):
+        for gi, group in self._numbered():
             matrices = {id(p) for _, p in self._matrices(gi, group)}
             others = [p for _, p in self._members(gi, group) if id(p) not in matrices]
             if not others:
@@ -590,8 +614,8 @@ class Muon(torch.optim.Optimizer):
         """What moved and what was computed in the last step on this rank, summed
         over the param groups (the library's muon_get_stats)."""
         total = {}
-        for g in getattr(self, "_groups", []):
-            if g is None or getattr(g, "opt", None) is None:
+        for g in getattr(self, "_groups", {}).values():
+            if getattr(g, "opt", None) is None:
                 continue
             for k, v in g.opt.stats().items():
                 if k == "steps":
@@ -610,8 +634,8 @@ class Muon(torch.optim.Optimizer):
             else:
                 self.state[t] = entry
 
-        for gi, group in enumerate(self.param_groups):
-            g = self._groups[gi] if gi < len(self._groups) else None
+        for gi, group in self._numbered():
+            g = self._groups.get(gi)
             position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
             for _, p in self._members(gi, group):
                 buf = None
@@ -626,7 +650,7 @@ class Muon(torch.optim.Optimizer):
                     put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p)))
         # A flat buffer's state is the buffer's: its segments' folded into
         # buffer-shaped tensors (torch's format for the param the host gave).
-        for fb in self._flat.values():
+        for fb in self._flat_buffers():
             folded = fb.fold({v: self.state.get(v) for v in fb.views})
             for v in fb.views:
                 if v in self.state:
@@ -644,14 +668,19 @@ class Muon(torch.optim.Optimizer):
                     self.state[t] = before
 
     def load_state_dict(self, state_dict):
+        numbered = self._numbered()
         super().load_state_dict(state_dict)
+        # torch made new group dicts, in the same order: they keep the numbers.
+        for (n, _), group in zip(numbered, self.param_groups):
+            self._numbers[id(group)] = (group, n)
+            self._by_number[n] = group
         for group in self.param_groups:
             # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's applies.
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
             _check_group(group)
         self._unfold_flat_state()
-        for gi, group in enumerate(self.param_groups):
+        for gi, group in self._numbered():
             for _, p in self._members(gi, group):
                 entry = self.state.get(p)
                 buf = entry.pop("momentum_buffer", None) if entry is not None else None
@@ -662,17 +691,16 @@ class Muon(torch.optim.Optimizer):
                     self._has_state.pop(id(p), None)
                 else:
                     self._has_state[id(p)] = True
-        for g in self._groups:
-            if g is not None:
-                self._apply_pending(g)
+        for g in self._groups.values():
+            self._apply_pending(g)
 
     def _unfold_flat_state(self):
         """A flat buffer's loaded state back onto its segments: momentum for the
         matrices', AdamW's entries for the others'."""
-        matrices = {id(p) for gi, group in enumerate(self.param_groups)
+        matrices = {id(p) for gi, group in self._numbered()
                     for _, p in self._matrices(gi, group)}
 
-        for fb in self._flat.values():
+        for fb in self._flat_buffers():
             entry = self.state.pop(fb.param, None)
             for v in fb.views:
                 self.state.pop(v, None)
@@ -684,7 +712,7 @@ class Muon(torch.optim.Optimizer):
                 self.state[v] = values
 
     def __del__(self):
-        for g in getattr(self, "_groups", ()):
+        for g in getattr(self, "_groups", {}).values():
             if g is not None:
                 try:
                     g.opt.close()
