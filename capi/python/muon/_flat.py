@@ -11,12 +11,12 @@ buffer's optimizer state stays buffer-shaped (torch's format for the
 parameter the host gave, which FSDP1's optim_state_dict understands).
 
 This module reads segments (FSDP1's own metadata, or a table a framework
-adapter gives) and keeps the views; it imports torch and nothing of muon.
+adapter gives) and keeps the views; it imports nothing of muon, and torch
+only where a FlatBuffer needs it (the process-group configs import it, and
+`import muon` stays free of torch).
 """
 
 import math
-
-import torch
 
 
 class Segment:
@@ -56,6 +56,7 @@ def fsdp1_segments(param):
     shapes = getattr(param, "_shapes", None)
     if infos is None or fqns is None or shapes is None or \
             not len(infos) == len(fqns) == len(shapes):
+        import torch
         raise ValueError("muon: an FSDP1 FlatParameter without the metadata of this torch "
                          "(_shard_param_infos, _fqns, _shapes); torch %s is not supported "
                          "for FSDP1 flat parameters" % torch.__version__)
@@ -70,10 +71,7 @@ def fsdp1_segments(param):
 
 
 def check_segments(name, buffer, segments):
-    """ValueError naming the buffer when segments overlap or leave the buffer."""
-    if buffer.ndim != 1:
-        raise ValueError("muon: flat buffer '%s' has shape %s; a flat buffer is 1-D"
-                         % (name, tuple(buffer.shape)))
+    """ValueError naming the buffer (1-D) when segments overlap or leave it."""
     seen = set()
     spans = []
     for s in segments:
@@ -95,25 +93,33 @@ def check_segments(name, buffer, segments):
 
 
 class FlatBuffer:
-    """A flat buffer the host gave muon.Muon, and one leaf tensor per segment
-    that views its range (the parameter's piece, 1-D) with a .grad that views
-    the buffer's gradient."""
+    """A flat buffer the host gave muon.Muon (1-D, or any contiguous tensor read
+    as its row-major flattening), and one leaf tensor per segment that views
+    its range (the parameter's piece, 1-D) with a .grad that views the
+    buffer's gradient (`grad_attr`: "grad", or "main_grad" where Megatron's
+    DDP keeps it)."""
 
-    __slots__ = ("param", "segments", "views", "_data_ptr")
+    __slots__ = ("param", "segments", "views", "grad_attr", "_data_ptr")
 
-    def __init__(self, name, param, segments):
-        check_segments(name, param, segments)
+    def __init__(self, name, param, segments, grad_attr="grad"):
+        import torch
+        if not param.is_contiguous():
+            raise ValueError("muon: flat buffer '%s' is not contiguous (strides %s)"
+                             % (name, param.stride()))
+        check_segments(name, param.detach().reshape(-1), segments)
         self.param = param
         self.segments = list(segments)
+        self.grad_attr = grad_attr
         self.views = [torch.nn.Parameter(self._slice(param.data, s), requires_grad=False)
                       for s in self.segments]
         for view, s in zip(self.views, self.segments):
             view._muon_segment = s
+            view._muon_buffer = param
         self._data_ptr = param.data_ptr()
 
     @staticmethod
     def _slice(t, s):
-        return t.detach().narrow(0, s.offset, s.length)
+        return t.detach().view(-1).narrow(0, s.offset, s.length)
 
     def sync(self):
         """Points the views at the buffer's current storage and gradient (a host
@@ -124,7 +130,7 @@ class FlatBuffer:
             for view, s in zip(self.views, self.segments):
                 view.data = self._slice(p.data, s)
             self._data_ptr = p.data_ptr()
-        grad = p.grad
+        grad = getattr(p, self.grad_attr, None)
         for view, s in zip(self.views, self.segments):
             view.grad = None if grad is None else self._slice(grad, s)
 
@@ -132,6 +138,7 @@ class FlatBuffer:
         """One buffer-shaped state (torch's format for the buffer) from the views'
         states: each tensor state covers the whole buffer, zeros outside the
         views that have it; scalars (AdamW's step) are shared."""
+        import torch
         out = {}
         for view, s in zip(self.views, self.segments):
             for key, value in (per_view_state.get(view) or {}).items():
@@ -139,7 +146,7 @@ class FlatBuffer:
                     full = out.get(key)
                     if full is None:
                         full = out[key] = torch.zeros(self.param.shape, dtype=value.dtype)
-                    full.narrow(0, s.offset, s.length).copy_(value.reshape(-1))
+                    full.view(-1).narrow(0, s.offset, s.length).copy_(value.reshape(-1))
                 else:
                     out[key] = value.clone() if isinstance(value, torch.Tensor) else value
         return out
@@ -147,6 +154,7 @@ class FlatBuffer:
     def unfold(self, state, keys_of_view):
         """The inverse of fold: {view: {key: its range of the buffer-shaped value}}
         for the keys keys_of_view(view) names (scalars shared)."""
+        import torch
         out = {}
         for view, s in zip(self.views, self.segments):
             mine = {}

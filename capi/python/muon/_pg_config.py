@@ -281,10 +281,14 @@ class _ProcessGroupConfig(DistributedConfig):
             e["segment"] = segment_of(param)
             try:
                 e["global"] = self._global_shape(e["name"], default_name, param)
-                if e["global"] is None and e["segment"] is not None:
-                    e["global"] = e["segment"].shape
                 e["tp_dim"] = self._tp_dim(e["name"], default_name, param) \
                     if "tp" in job.groups else None
+                if e["global"] is None and e["segment"] is not None:
+                    # The range indexes the TP piece (the whole tensor without TP).
+                    g = list(e["segment"].shape)
+                    if e["tp_dim"] is not None and 0 <= e["tp_dim"] < len(g):
+                        g[e["tp_dim"]] *= job.sizes["tp"]
+                    e["global"] = tuple(g)
             except Exception as err:  # noqa: BLE001
                 job.fail(e, "param '%s': reading global_shapes/tp_dims raised %s: %s"
                          % (e["name"], type(err).__name__, err))

@@ -300,7 +300,9 @@ class Muon(torch.optim.Optimizer):
         entry = self._flat.get(id(p))
         if entry is None or entry[0] is not p:
             segments = self._flat_segments(self._name(gi, i), p)
-            fb = FlatBuffer(self._name(gi, i), p, segments) if segments is not None else None
+            fb = None if segments is None else FlatBuffer(
+                self._name(gi, i), p, segments,
+                grad_attr=getattr(self._config, "_flat_grad_attr", "grad"))
             entry = self._flat[id(p)] = (p, fb)
         return entry[1]
 
@@ -584,6 +586,9 @@ class Muon(torch.optim.Optimizer):
                 if _increment_version is not None:
                     _increment_version(p)  # updated in place, as torch's optimizers do
         self._step_adamw()
+        after = getattr(self._config, "_after_step", None)
+        if after is not None:
+            after()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss
 
     def _step_adamw(self):

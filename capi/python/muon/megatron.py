@@ -18,15 +18,33 @@ context parallel, whose ranks hold replicas too) is a replica group: the host
 averages gradients before step(), as Megatron's DDP does; pipeline stages
 register their own parameters.
 
-Not mapped yet: expert parameters (allreduce=False, Megatron's MoE) and the
-distributed optimizer's flat ranges (megatron.core.optimizer's
-DistributedOptimizer shards each bucket of its grad buffer, which needs CUDA);
-an expert parameter fails at the first step naming it.
+With Megatron's distributed-optimizer layout
+(DistributedDataParallel(..., DistributedDataParallelConfig(
+use_distributed_optimizer=True), model)), pass the DDP model as `ddp`: each
+bucket of its grad buffer is split evenly over the data-parallel ranks, so a
+rank owns a flat range of each parameter (DistributedOptimizer's recipe,
+read from the buffers: param_index_map, bucket offsets and sizes). muon.Muon
+then steps exactly those ranges, as FlatRange pieces of each TP piece over
+the data-parallel group (Newton-Schulz once per matrix in the job), reading
+the reduce-scattered gradient from param.main_grad, and ends its step with
+the DDP model's param all-gather, which is what DistributedOptimizer.step
+does for Adam. It replaces DistributedOptimizer, which admits Adam only:
+
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(
+        use_distributed_optimizer=True), model)
+    opt = muon.Muon(ddp.parameters(), lr=0.02,
+                    distributed_config=muon.megatron.create_megatron_config(ddp=ddp))
+    ddp.zero_grad_buffer(); loss.backward(); ddp.finish_grad_sync(); opt.step()
+
+Not mapped yet: expert parameters (allreduce=False, Megatron's MoE, also
+its expert-parallel buffers); an expert parameter fails at the first step
+naming it.
 """
 
-from ._pg_config import create_processgroup_config
+from ._flat import Segment
+from ._pg_config import _ProcessGroupConfig, create_processgroup_config
 
-__all__ = ["create_megatron_config", "megatron_tp_dim"]
+__all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges"]
 
 
 def megatron_tp_dim(param):
@@ -55,7 +73,84 @@ def _parallel_state():
     return parallel_state
 
 
-def create_megatron_config(*, tp_group=None, dp_group=None, pp_group=None,
+def megatron_flat_ranges(ddp, dp_rank=None):
+    """{param: (start, length)}: the range of each parameter's row-major
+    flattening that data-parallel rank `dp_rank` (default: this one) owns under
+    Megatron's distributed optimizer, for every dense parameter of the DDP
+    model(s) `ddp` (length 0 where the rank owns none of it). Megatron's rule:
+    bucket b covers [offset, offset + numel) of its buffer, rank r owns the
+    r-th of dp equal pieces of it, and buffer.param_index_map places each
+    parameter in the buffer."""
+    out = {}
+    for chunk in ddp if isinstance(ddp, (list, tuple)) else [ddp]:
+        if not getattr(getattr(chunk, "ddp_config", None), "use_distributed_optimizer", False):
+            raise ValueError("muon.megatron: the DDP model was not built with "
+                             "DistributedDataParallelConfig(use_distributed_optimizer=True)")
+        if getattr(chunk, "expert_parallel_buffers", None):
+            raise ValueError("muon.megatron: expert parameters (Megatron's MoE) are not "
+                             "mapped yet")
+        for buffer in chunk.buffers:
+            group = buffer.data_parallel_group
+            n = group.size()
+            r = group.rank() if dp_rank is None else dp_rank
+            for b, bucket in enumerate(buffer.buckets):
+                size = bucket.grad_data.numel()
+                if size % n:
+                    raise ValueError("muon.megatron: bucket %d (%d elements) does not split "
+                                     "evenly over %d data-parallel ranks" % (b, size, n))
+                lo = bucket.offset + r * (size // n)
+                hi = lo + size // n
+                for param, (start, end, bucket_id) in buffer.param_index_map.items():
+                    if bucket_id != b:
+                        continue
+                    first, last = max(start, lo), min(end, hi)
+                    out[param] = (first - start, last - first) if first < last else (0, 0)
+    return out
+
+
+class MegatronDistOptConfig(_ProcessGroupConfig):
+    """What create_megatron_config(ddp=...) returns: each parameter of the DDP
+    model(s) is a flat buffer (its own flattening) of which this rank steps
+    the range Megatron's distributed optimizer gives it."""
+
+    _flat_grad_attr = "main_grad"
+
+    def __init__(self, chunks, tp_group, pp_group, **kwargs):
+        ranges = megatron_flat_ranges(chunks)
+        groups = {b.data_parallel_group for c in chunks for b in c.buffers}
+        if len(groups) != 1:
+            raise ValueError("muon.megatron: the DDP buffers use %d data-parallel groups; "
+                             "one is mapped" % len(groups))
+        dp_group = groups.pop()
+        names = {}
+        for c in chunks:
+            for name, p in c.module.named_parameters():
+                names.setdefault(p, name)
+        _ProcessGroupConfig.__init__(
+            self, {"fsdp": dp_group, "tp": tp_group, "pp": pp_group}, None,
+            lambda name, param: megatron_tp_dim(getattr(param, "_muon_buffer", param)),
+            "flat", None, "host_averaged", None, kwargs["verify_replicas"],
+            kwargs["async_gpu_parallelism"], kwargs["prefetch_count"], ("fsdp", "tp"))
+        self._chunks = list(chunks)
+        self._ranges = ranges
+        self._names = names
+
+    def _flat_segments(self, name, param):
+        r = self._ranges.get(param)
+        if r is None:
+            return None
+        start, length = r
+        return [Segment(self._names.get(param, name), tuple(param.shape), start, length,
+                        start)]
+
+    def _after_step(self):
+        # What DistributedOptimizer does after the inner step: every rank's
+        # updated ranges all-gathered into the whole params.
+        for chunk in self._chunks:
+            chunk.start_param_sync(force_sync=True)
+
+
+def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=None,
                            replicated_mode="host_averaged", verify_replicas=True,
                            async_gpu_parallelism=True, prefetch_count=1):
     """A muon.DistributedConfig for a model built of Megatron-core layers.
@@ -67,15 +162,30 @@ def create_megatron_config(*, tp_group=None, dp_group=None, pp_group=None,
     the raw gradients over DP itself and keeps momentum on each matrix's owner
     only. The rest: as muon.create_processgroup_config, which this calls with
     tp_dims read by megatron_tp_dim.
+
+    ddp: Megatron's DistributedDataParallel model (or a list of its chunks)
+    built with use_distributed_optimizer=True: the distributed optimizer's
+    layout (see the module's docstring); its buffers give the data-parallel
+    group, and dp_group and replicated_mode do not apply.
     """
-    if tp_group is None or dp_group is None:
+    if tp_group is None or (dp_group is None and ddp is None):
         ps = _parallel_state()
         tp_group = tp_group if tp_group is not None else \
             ps.get_tensor_model_parallel_group()
-        dp_group = dp_group if dp_group is not None else \
-            ps.get_data_parallel_group(with_context_parallel=True)
+        if dp_group is None and ddp is None:
+            dp_group = ps.get_data_parallel_group(with_context_parallel=True)
         if pp_group is None and ps.get_pipeline_model_parallel_world_size() > 1:
             pp_group = ps.get_pipeline_model_parallel_group()
+    if ddp is not None:
+        if dp_group is not None or replicated_mode != "host_averaged":
+            raise ValueError("muon.megatron.create_megatron_config: with ddp=, the data-parallel "
+                             "group is the DDP buffers' and the ranges are sharded: leave "
+                             "dp_group and replicated_mode unset")
+        chunks = list(ddp) if isinstance(ddp, (list, tuple)) else [ddp]
+        return MegatronDistOptConfig(chunks, tp_group, pp_group,
+                                     verify_replicas=verify_replicas,
+                                     async_gpu_parallelism=async_gpu_parallelism,
+                                     prefetch_count=prefetch_count)
     return create_processgroup_config(
         tp_pg=tp_group, dp_pg=dp_group, pp_pg=pp_group,
         tp_dims=lambda name, param: megatron_tp_dim(param),
