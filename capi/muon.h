@@ -30,7 +30,12 @@
  * pointers (not the DLTensor structs themselves, which may be temporaries):
  * the storage of every registered parameter and gradient must stay valid and
  * unmoved until the optimizer is destroyed. The host writes gradients in place
- * before each muon_step; the library updates parameters in place.
+ * before each muon_step; the library updates parameters in place. A tensor is
+ * refused (MUON_INVALID_ARGUMENT, naming it) when its device code is none of
+ * kDLCPU, kDLCUDA, kDLCUDAHost (read as an integer, whatever the host wrote),
+ * its strides are not row-major contiguous, its byte size does not fit in 64
+ * bits (the shape is named), or its data pointer is NULL while it has
+ * elements or a nonzero byte_offset.
  *
  * Devices and streams: parameters may be host tensors (kDLCPU, or pinned
  * kDLCUDAHost) or CUDA tensors (kDLCUDA). The first registered parameter picks
@@ -433,10 +438,13 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * A communicator or callback failure during the exchange (or a device error
  * once momentum updates began) is returned with the parameter and operation
  * named; momentum buffers and parameters may then be half-updated, so the
- * optimizer refuses further steps (FAILED_
- * PRECONDITION) until the host restores state with muon_load_state or
- * muon_set_state (and its parameters from its own checkpoint). No retry and
- * no fallback to a non-distributed step ever happens. */
+ * optimizer is poisoned: it refuses further steps (FAILED_PRECONDITION,
+ * saying how many parameters are restored so far) until the host restores
+ * the state of every parameter it holds, with one muon_load_state of a whole
+ * blob or muon_set_state for each of them (restoring one is not enough), and
+ * its parameters from its own checkpoint. An unexpected internal failure
+ * (out of memory) once momentum updates began poisons the same way. No retry
+ * and no fallback to a non-distributed step ever happens. */
 MUON_API muon_status_t muon_step(muon_optimizer_t* opt, void* stream);
 
 /* Newton-Schulz on its own, what torch's _zeropower_via_newtonschulz
@@ -604,7 +612,10 @@ MUON_API muon_status_t muon_get_state_dtype(const muon_optimizer_t* opt, int64_t
 MUON_API muon_status_t muon_get_state(const muon_optimizer_t* opt, int64_t param_id,
                                       const DLTensor* dst);
 
-/* Overwrites a parameter's momentum buffer from `src` (same rules as dst). */
+/* Overwrites a parameter's momentum buffer from `src` (same rules as dst).
+ * On a poisoned optimizer (see muon_step) this counts the parameter as
+ * restored; the optimizer steps again once every parameter holding state on
+ * this rank has been restored. */
 MUON_API muon_status_t muon_set_state(muon_optimizer_t* opt, int64_t param_id,
                                       const DLTensor* src);
 
@@ -619,8 +630,12 @@ MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer
 
 /* Restores a blob written by muon_save_state into an optimizer that has the
  * same parameters registered in the same order (same shapes, dtypes and
- * state dtypes). Validates the whole blob before changing anything. A
- * resumed optimizer continues bit for bit like the one that saved. */
+ * state dtypes). Validates the whole blob before changing anything: the
+ * magic bytes and format version, the reserved and padding words (zero), a
+ * step count of at least 0, each parameter's name, shape, view, dtype and
+ * byte count, and no bytes after the last parameter. A resumed optimizer
+ * continues bit for bit like the one that saved; loading a whole blob also
+ * lifts a poisoning (see muon_step). */
 MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer, size_t size);
 
 #ifdef __cplusplus

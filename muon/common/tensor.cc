@@ -2,6 +2,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -36,12 +37,17 @@ absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& w
 
 absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what) {
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": DLTensor pointer is NULL"));
-  const DLDeviceType type = t->device.device_type;
-  if (type != kDLCPU && type != kDLCUDAHost && type != kDLCUDA) {
+  // The device code is read as the integer the host wrote: a value DLDeviceType
+  // does not list must not be loaded as the enum (undefined behaviour).
+  static_assert(sizeof(t->device.device_type) == sizeof(int32_t), "DLDeviceType is 32-bit");
+  int32_t code;
+  std::memcpy(&code, &t->device.device_type, sizeof(code));
+  if (code != kDLCPU && code != kDLCUDAHost && code != kDLCUDA) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": tensor is on DLPack device type ", static_cast<int>(type),
+        what, ": tensor is on DLPack device type ", code,
         "; libmuon accepts kDLCPU (1), kDLCUDA (2) and kDLCUDAHost (3) tensors"));
   }
+  const DLDeviceType type = static_cast<DLDeviceType>(code);
   if (type == kDLCUDA && t->device.device_id < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": CUDA device ordinal ", t->device.device_id, " is negative"));
@@ -80,10 +86,22 @@ absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what
       expected *= v.shape[i];
     }
   }
-  if (t->data == nullptr && numel > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": data pointer is NULL"));
+  if (numel > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(SizeOf(v.dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": shape ", ShapeString(v.shape), " of ", DTypeName(v.dtype),
+        " elements is more bytes than a 64-bit size holds"));
   }
-  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  if (t->data == nullptr) {
+    if (numel > 0) return absl::InvalidArgumentError(absl::StrCat(what, ": data pointer is NULL"));
+    if (t->byte_offset != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": data pointer is NULL with byte_offset ", t->byte_offset,
+          " (an empty tensor without data needs byte_offset 0)"));
+    }
+    v.data = nullptr;
+  } else {
+    v.data = static_cast<char*>(t->data) + t->byte_offset;
+  }
   if (type == kDLCUDA) v.device = t->device;
   return v;
 }

@@ -2,6 +2,8 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cstring>
+
 #include "gtest/gtest.h"
 
 namespace muon {
@@ -104,6 +106,52 @@ TEST(ViewTensor, KeepsTheCudaDevice) {
   v = ViewCpuTensor(&t, "p");
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(v->on_host());
+}
+
+}  // namespace
+}  // namespace muon
+
+namespace muon {
+namespace {
+
+TEST(ViewTensor, RefusesADeviceCodeDLPackDoesNotList) {
+  float data[4];
+  int64_t shape[2] = {2, 2};
+  DLTensor t = MakeTensor(data, shape, 2);
+  const int32_t unknown = 12345;  // no DLDeviceType has it: read as an integer
+  std::memcpy(&t.device.device_type, &unknown, sizeof(unknown));
+  auto v = ViewTensor(&t, "param 'w'");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(v.status(), "param 'w'"));
+  EXPECT_TRUE(Mentions(v.status(), "device type 12345"));
+}
+
+TEST(ViewTensor, RefusesByteSizesA64BitSizeCannotHold) {
+  int64_t shape[2] = {int64_t{1} << 31, int64_t{1} << 31};  // 2^62 floats: 2^64 bytes
+  float data[1];
+  DLTensor t = MakeTensor(data, shape, 2);
+  auto v = ViewTensor(&t, "param 'huge'");
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(Mentions(v.status(), "param 'huge'"));
+  EXPECT_TRUE(Mentions(v.status(), "[2147483648, 2147483648]"));
+  EXPECT_TRUE(Mentions(v.status(), "64-bit"));
+  // 2^60 floats (2^62 bytes) fit, and are viewed (nothing is read).
+  shape[1] = (int64_t{1} << 29);
+  EXPECT_TRUE(ViewTensor(&t, "p").ok());
+}
+
+TEST(ViewTensor, EmptyTensorsMayHaveNoDataButNoOffsetFromNull) {
+  int64_t shape[2] = {0, 4};
+  DLTensor t = MakeTensor(nullptr, shape, 2);
+  auto v = ViewTensor(&t, "p");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->data, nullptr);
+  t.byte_offset = 16;
+  v = ViewTensor(&t, "grad of 'e'");
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(Mentions(v.status(), "grad of 'e'"));
+  EXPECT_TRUE(Mentions(v.status(), "NULL with byte_offset 16"));
 }
 
 }  // namespace

@@ -105,6 +105,14 @@ absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
         absl::StrCat("state blob: format version ", format, " is not supported (expected ",
                      kFormat, ")"));
   }
+  if (reserved != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state blob: header word 'reserved' is ", reserved, " (a libmuon blob writes 0)"));
+  }
+  if (out.step_count < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state blob: step count ", out.step_count, " is negative"));
+  }
   if (count != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("state blob: holds ", count,
                                                    " parameters, the optimizer has ",
@@ -126,6 +134,10 @@ absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
     uint16_t pad = 0;
     uint32_t ndim = 0;
     if (!r.Get(&dtype) || !r.Get(&view) || !r.Get(&pad) || !r.Get(&ndim)) return Truncated(who);
+    if (pad != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": padding word is ", pad, " (a libmuon blob writes 0)"));
+    }
     // A corrupted ndim must not allocate: the dims have to be in the blob.
     if (ndim > r.Remaining() / sizeof(int64_t)) return Truncated(who);
     std::vector<int64_t> shape(ndim);

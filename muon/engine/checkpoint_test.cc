@@ -145,11 +145,39 @@ TEST(StateBlob, NoParameters) {
   const std::vector<Param> none;
   EXPECT_EQ(StateBlobSize(none), 32u);
   std::vector<unsigned char> blob(StateBlobSize(none));
-  WriteStateBlob(none, -3, {}, blob.data());
+  WriteStateBlob(none, 3, {}, blob.data());
   auto parsed = ParseStateBlob(none, blob.data(), blob.size());
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->step_count, -3);
+  EXPECT_EQ(parsed->step_count, 3);
   EXPECT_TRUE(parsed->momentum.empty());
+}
+
+TEST(StateBlob, EveryHeaderFieldIsValidated) {
+  Storage a({3, 5}), b({2, 4, 3});
+  const std::vector<Param> params = TwoParams(&a, &b);
+  std::vector<unsigned char> good(StateBlobSize(params));
+  WriteStateBlob(params, 5, Momenta(params), good.data());
+  struct Case {
+    size_t at;          // byte offset of the field
+    int64_t value;      // written over it (little-endian, `width` bytes)
+    size_t width;
+    const char* words;  // what the message must say
+  };
+  const size_t first_param = 32 + 4 + 1;  // header, name length, "w"
+  const Case cases[] = {
+      {12, 1, 4, "header word 'reserved' is 1"},
+      {16, -1, 8, "step count -1 is negative"},
+      {16, INT64_MIN, 8, "is negative"},
+      {first_param + 2, 7, 2, "param 'w': padding word is 7"},
+  };
+  for (const Case& c : cases) {
+    std::vector<unsigned char> blob = good;
+    std::memcpy(blob.data() + c.at, &c.value, c.width);
+    auto parsed = ParseStateBlob(params, blob.data(), blob.size());
+    ASSERT_FALSE(parsed.ok()) << c.words;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(c.words), std::string::npos) << parsed.status();
+  }
 }
 
 TEST(StateBlob, ParseRefusesABlobOfOtherParams) {

@@ -1,6 +1,7 @@
 #include "muon/engine/optimizer.h"
 
 #include <algorithm>
+#include <exception>
 #include <new>
 #include <utility>
 
@@ -62,11 +63,18 @@ absl::Status Optimizer::Step(void* stream) {
   MUON_RETURN_IF_ERROR(Prepare(stream));
   // From the first momentum update on, state changes: a failure poisons the
   // optimizer until state is restored.
-  absl::Status st = UpdateMomenta();
-  if (st.ok()) st = RunSteppers(stream);
-  if (st.ok()) st = ApplyUpdates();
+  absl::Status st;
+  try {
+    st = UpdateMomenta();
+    if (st.ok()) st = RunSteppers(stream);
+    if (st.ok()) st = ApplyUpdates();
+  } catch (const std::bad_alloc&) {
+    st = absl::ResourceExhaustedError("out of host memory in the middle of a step");
+  } catch (const std::exception& e) {
+    st = absl::InternalError(absl::StrCat("in the middle of a step: ", e.what()));
+  }
   if (!st.ok()) {
-    poisoned_ = std::string(st.message());
+    Poison(st);
     return st;
   }
   ++step_count_;
@@ -74,12 +82,25 @@ absl::Status Optimizer::Step(void* stream) {
   return absl::OkStatus();
 }
 
+void Optimizer::Poison(const absl::Status& cause) {
+  poisoned_ = std::string(cause.message());
+  restored_.assign(registry_.params().size(), false);
+}
+
 absl::Status Optimizer::Prepare(void* stream) {
   if (!poisoned_.empty()) {
+    size_t done = 0, total = 0;
+    const std::vector<Param>& params = registry_.params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].holds_state) continue;
+      ++total;
+      done += restored_[i] ? 1 : 0;
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "refused because an earlier step failed mid-way (", poisoned_,
         "); parameters and state may be half-updated: restore both from a checkpoint "
-        "(muon_load_state or muon_set_state) before stepping again"));
+        "(muon_load_state with a whole blob, or muon_set_state for every parameter: ", done,
+        " of ", total, " restored so far) before stepping again"));
   }
   if (registry_.params().empty() && !registry_.distributed()) {
     return absl::FailedPreconditionError(
@@ -225,7 +246,14 @@ absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
         v->on_host() ? device.FromHost(p->momentum.data(), v->data, p->momentum.size())
                      : device.CopyBytes(p->momentum.data(), v->data, p->momentum.size()));
   }
-  poisoned_.clear();
+  if (!poisoned_.empty()) {
+    // Poisoned until every param holding state here has been restored.
+    const std::vector<Param>& params = registry_.params();
+    restored_[static_cast<size_t>(p - params.data())] = true;
+    bool all = true;
+    for (size_t i = 0; i < params.size(); ++i) all = all && (restored_[i] || !params[i].holds_state);
+    if (all) poisoned_.clear();
+  }
   return absl::OkStatus();
 }
 

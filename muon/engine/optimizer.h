@@ -103,7 +103,11 @@ class Optimizer {
   Options options_;
   Registry registry_;
   std::unique_ptr<StepSetup> setup_;  // built at the first step
-  std::string poisoned_;  // set when a step failed after changing state
+  void Poison(const absl::Status& cause);
+  // Set when a step failed after changing state; cleared by a whole blob
+  // (LoadState) or once every param holding state here was restored (CopyStateIn).
+  std::string poisoned_;
+  std::vector<bool> restored_;  // per param, while poisoned: restored since
   int64_t step_count_ = 0;
   StepStats stats_;
 };

@@ -386,7 +386,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       if (st != MUON_OK) res.error = LastError("register", st);
     }
     std::vector<unsigned char> blob;
-    std::vector<std::vector<float>> saved;
+    std::vector<std::vector<float>> saved, saved_state;
     for (int s = 0; s < cfg.steps && st == MUON_OK; ++s) {
       for (size_t j = 0; j < grads.size(); ++j) {
         for (size_t i = 0; i < grads[j].size(); ++i) {
@@ -399,6 +399,11 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
         blob.resize(size);
         muon_save_state(opt, blob.data(), size, &size);
         saved = res.params;
+        saved_state = res.params;  // the momentum, param by param (float32 here)
+        for (size_t j = 0; j < saved_state.size(); ++j) {
+          DLTensor m = Tensor1D(saved_state[j].data(), &counts[j]);
+          muon_get_state(opt, static_cast<int64_t>(j), &m);
+        }
       }
       st = muon_step(opt, nullptr);
       if (st != MUON_OK) res.error = LastError("step", st);
@@ -409,7 +414,18 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       for (size_t j = 0; j < saved.size(); ++j) {  // in place: the library holds the pointers
         std::copy(saved[j].begin(), saved[j].end(), res.params[j].begin());
       }
-      if (muon_load_state(opt, blob.data(), blob.size()) == MUON_OK) {
+      if (cfg.restore_with_set_state) {
+        bool ok = true;
+        for (size_t j = 0; j < saved_state.size(); ++j) {
+          if (j + 1 == saved_state.size() && j > 0) {
+            muon_status_t early = muon_step(opt, nullptr);
+            res.refused_when_partly_restored = LastError("step partly restored", early);
+          }
+          DLTensor m = Tensor1D(saved_state[j].data(), &counts[j]);
+          ok = ok && muon_set_state(opt, static_cast<int64_t>(j), &m) == MUON_OK;
+        }
+        res.recovered = ok && muon_step(opt, nullptr) == MUON_OK;
+      } else if (muon_load_state(opt, blob.data(), blob.size()) == MUON_OK) {
         res.recovered = muon_step(opt, nullptr) == MUON_OK;
       }
     }

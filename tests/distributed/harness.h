@@ -94,6 +94,9 @@ struct RunConfig {
   // then checks the refusal of a further step and the recovery by restoring
   // the checkpoint taken before the failing step.
   int fail_exchange_call = -1;
+  // With fail_exchange_call: restore with muon_set_state, one param at a time
+  // (a step tried before the last one must still be refused), not a blob.
+  bool restore_with_set_state = false;
   // Hand every communicator over with broadcast and barrier NULL (the
   // optional collectives).
   bool without_optional_collectives = false;
@@ -108,6 +111,7 @@ struct RankResult {
   // With fail_exchange_call: what a second step said, and whether the step
   // after restoring the checkpoint succeeded.
   std::string refused;
+  std::string refused_when_partly_restored;  // restore_with_set_state, all but one
   bool recovered = false;
 };
 

@@ -136,6 +136,24 @@ TEST(Misuse, CommunicatorFailureMidStepPoisonsUntilRestored) {
   }
 }
 
+TEST(Misuse, APoisonedOptimizerWaitsForEveryParamsStateNotJustOne) {
+  RunConfig cfg;
+  cfg.steps = 3;
+  cfg.prefetch_count = 0;
+  cfg.fail_exchange_call = 3;
+  cfg.restore_with_set_state = true;
+  auto res = RunDistributed(Model(), Mesh{{2, 2}}, cfg);
+  for (size_t r = 0; r < res.size(); ++r) {
+    ASSERT_GE(res[r].names.size(), 2u) << "rank " << r;
+    const std::string& partly = res[r].refused_when_partly_restored;
+    EXPECT_TRUE(Has(partly, "FAILED_PRECONDITION")) << partly;
+    const size_t n = res[r].names.size();
+    EXPECT_TRUE(Has(partly, std::to_string(n - 1) + " of " + std::to_string(n) + " restored"))
+        << partly;
+    EXPECT_TRUE(res[r].recovered) << "rank " << r;
+  }
+}
+
 // Zero redundancy, counted: with known owners (the last holder of each
 // matrix), each rank sends and receives exactly the formula's bytes: the
 // owner receives each element it does not hold once (from its canonical
