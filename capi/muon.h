@@ -12,8 +12,8 @@
  *   for a code; muon_last_error_message() gives the detail of the last failed
  *   call on the calling thread, naming the parameter and the cause.
  * - On error nothing changes: out-parameters are untouched, nothing is
- *   half-registered, and a failed muon_step leaves parameters and optimizer
- *   state as they were before the call.
+ *   half-registered. The one exception is muon_step once momentum updates
+ *   began: see there (poisoning, outcome agreement).
  * - Handles are pointers to incomplete structs. muon_destroy accepts NULL.
  * - Extensible structs start with `size_t struct_size`, only grow at the end,
  *   are passed by pointer, and are filled with defaults by their *_init
@@ -435,10 +435,23 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * parameter or rank that differs, on every rank).
  * Fails with MUON_FAILED_PRECONDITION when no parameter is registered.
  * A failure before the exchange (setup, validation, memory) changes nothing.
- * A communicator or callback failure during the exchange (or a device error
- * once momentum updates began) is returned with the parameter and operation
- * named; momentum buffers and parameters may then be half-updated, so the
- * optimizer is poisoned: it refuses further steps (FAILED_PRECONDITION,
+ * Outcome agreement: with a world of more than one rank, every rank returns
+ * the same status for a step. A rank whose own part fails (a communicator or
+ * callback failure, the math, a refusal because it is poisoned) keeps taking
+ * part in every remaining collective of the step, changing no more state;
+ * then the ranks exchange a 16-byte verdict each (status code and a digest of
+ * lr, weight_decay, momentum, nesterov, adjust_lr) in one all_gather over
+ * the world, and only when something is wrong a second all_gather of each
+ * rank's cause. Every rank returns the first failing rank's code with the
+ * failing ranks and causes named (or INVALID_ARGUMENT naming the ranks'
+ * differing hyper-parameters), and no update is applied. The first step's
+ * setup is agreed the same way. On a GPU the verdicts travel through device
+ * memory and the agreement waits for `stream`. A failure after the verdicts
+ * (a device error applying the update) poisons that rank alone; its refusal
+ * of the next step is agreed like any failure, so every rank fails that one.
+ * A failure once momentum updates began (on any rank, agreed as above) leaves
+ * momentum buffers (and ZeRO-2 parameters) half-updated, so the optimizer is
+ * poisoned: it refuses further steps (FAILED_PRECONDITION,
  * saying how many parameters are restored so far) until the host restores
  * the state of every parameter it holds, with one muon_load_state of a whole
  * blob or muon_set_state for each of them (restoring one is not enough), and

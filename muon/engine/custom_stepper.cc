@@ -32,45 +32,55 @@ absl::StatusOr<std::unique_ptr<CustomStepper>> CustomStepper::Create(std::vector
   return s;
 }
 
-absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream) {
+absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool failed) {
+  // The callbacks are the host's collectives: they are called whatever failed
+  // before (so that the other holders' calls pair up); after a failure the
+  // owner skips Newton-Schulz and hands back what the slot holds, and the
+  // update buffer (scratch) is not applied.
   Param& p = (*ctx_.params)[c.local];
   float* update = ctx_.update(c.local);
   const std::string who = absl::StrCat("param '", p.name, "'");
   const float* full = nullptr;
   int64_t rows = -1, cols = -1;
   const bool owner = c.owner == me_;
+  absl::Status result;
   absl::Status st = p.custom->gather(update, p.numel(), c.owner, &full, &rows, &cols, stream);
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(who, ": gather_fn failed: ", st.message()));
+    result = absl::Status(st.code(), absl::StrCat(who, ": gather_fn failed: ", st.message()));
+  } else if (owner && (full == nullptr || rows != c.rows || cols != c.cols)) {
+    result = absl::InvalidArgumentError(absl::StrCat(
+        who, ": gather_fn returned a ", rows, " x ", cols, " matrix",
+        full == nullptr ? " with no data" : "", "; the parameter is registered as ", c.rows,
+        " x ", c.cols));
   }
-  if (owner) {
-    if (full == nullptr || rows != c.rows || cols != c.cols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": gather_fn returned a ", rows, " x ", cols, " matrix",
-          full == nullptr ? " with no data" : "", "; the parameter is registered as ", c.rows,
-          " x ", c.cols));
-    }
+  if (owner && result.ok() && !failed) {
     std::copy(full, full + rows * cols, slot_.begin());
-    MUON_RETURN_IF_ERROR(
-        ctx_.device->math().Orthogonalize(ctx_.options->ns, {slot_.data(), 1, c.rows, c.cols}));
-    stats_.orthogonalized += 1;
-    stats_.ns_flops += c.flops;
+    result = ctx_.device->math().Orthogonalize(ctx_.options->ns,
+                                               {slot_.data(), 1, c.rows, c.cols});
+    if (result.ok()) {
+      stats_.orthogonalized += 1;
+      stats_.ns_flops += c.flops;
+    }
   }
   st = p.custom->redistribute(owner ? slot_.data() : nullptr, c.rows, c.cols, c.owner, update,
                               p.numel(), stream);
-  if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(who, ": redistribute_fn failed: ", st.message()));
+  if (!st.ok() && result.ok()) {
+    result = absl::Status(st.code(), absl::StrCat(who, ": redistribute_fn failed: ",
+                                                  st.message()));
   }
-  return absl::OkStatus();
+  return result;
 }
 
-absl::Status CustomStepper::Run(void* stream) {
+absl::Status CustomStepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
+  absl::Status first;
   for (const CustomUnit& c : units_) {
-    if (c.local >= 0) MUON_RETURN_IF_ERROR(RunOne(c, stream));
+    if (c.local < 0) continue;
+    absl::Status st = RunOne(c, stream, failed || !first.ok());
+    if (first.ok()) first = st;
   }
-  return absl::OkStatus();
+  return first;
 }
 
 }  // namespace muon

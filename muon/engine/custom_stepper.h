@@ -23,13 +23,13 @@ class CustomStepper : public Stepper {
                                                                int world_rank,
                                                                const StepContext& ctx);
 
-  absl::Status Run(void* stream) override;
+  absl::Status Run(void* stream, bool failed) override;
   const StepperStats& stats() const override { return stats_; }
 
  private:
   CustomStepper(std::vector<CustomUnit> units, int world_rank, const StepContext& ctx)
       : units_(std::move(units)), me_(world_rank), ctx_(ctx) {}
-  absl::Status RunOne(const CustomUnit& c, void* stream);
+  absl::Status RunOne(const CustomUnit& c, void* stream, bool failed);
 
   std::vector<CustomUnit> units_;
   int me_;

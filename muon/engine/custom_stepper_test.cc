@@ -86,7 +86,7 @@ TEST(CustomStepper, TheHostMovesThePiecesAndTheOwnerOrthogonalizes) {
     ASSERT_TRUE(stepper.ok()) << stepper.status();
     EXPECT_EQ((*stepper)->stats().matrices_total, 2);
     EXPECT_EQ((*stepper)->stats().matrices_owned, 1);
-    status[rank] = (*stepper)->Run(nullptr);
+    status[rank] = (*stepper)->Run(nullptr, false);
     if (!status[rank].ok()) return;
     EXPECT_EQ((*stepper)->stats().orthogonalized, 1);
     EXPECT_EQ((*stepper)->stats().ns_flops, rank == 1 ? 1.0 : 2.0);
@@ -123,7 +123,7 @@ absl::Status RunBroken(int64_t gathered_rows, absl::Status gather, absl::Status 
   Options o;
   auto stepper = CustomStepper::Create({{"m", 0, 3, 2, 0, 1.0}}, 0, job.Context(&o));
   EXPECT_TRUE(stepper.ok());
-  return (*stepper)->Run(nullptr);
+  return (*stepper)->Run(nullptr, false);
 }
 
 TEST(CustomStepper, CallbackErrorsAndWrongShapesNameTheParam) {

@@ -32,7 +32,7 @@ class ExchangeStepper : public Stepper {
                                                                  const StepContext& ctx,
                                                                  Comm& world);
 
-  absl::Status Run(void* stream) override;
+  absl::Status Run(void* stream, bool failed) override;
   const StepperStats& stats() const override { return stats_; }
   int rounds() const { return static_cast<int>(tables_.size()); }
 

@@ -85,7 +85,7 @@ std::vector<RankOutcome> RunJob(int n, const Config& cfg) {
     RankOutcome& res = out[rank];
     res.rounds = (*stepper)->rounds();
     for (int step = 0; step < 2; ++step) {  // twice: the buffers are reused
-      res.status = (*stepper)->Run(nullptr);
+      res.status = (*stepper)->Run(nullptr, false);
       if (!res.status.ok()) return;
     }
     res.orthogonalized = (*stepper)->stats().orthogonalized;
@@ -199,7 +199,7 @@ TEST(ExchangeStepper, AFailingExchangeIsReturnedNamingTheRound) {
     Options o;
     auto stepper = ExchangeStepper::Create(*plan, job.Context(&o), **w);
     ASSERT_TRUE(stepper.ok());
-    status[rank] = (*stepper)->Run(nullptr);
+    status[rank] = (*stepper)->Run(nullptr, false);
     EXPECT_EQ(flaky.calls.load(), 2);
     w->reset();
     table.release(table.ctx);

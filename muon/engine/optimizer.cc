@@ -12,6 +12,7 @@
 #include "muon/device/cuda_loader.h"
 #include "muon/engine/local_update.h"
 #include "muon/engine/orthogonalize.h"
+#include "muon/engine/outcome.h"
 
 namespace muon {
 
@@ -60,21 +61,33 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 }
 
 absl::Status Optimizer::Step(void* stream) {
-  MUON_RETURN_IF_ERROR(Prepare(stream));
-  // From the first momentum update on, state changes: a failure poisons the
-  // optimizer until state is restored.
-  absl::Status st;
+  absl::Status ready = Prepare(stream);
+  // Until the plan exists nothing of a step is collective but the setup,
+  // which agrees on its own; in a world of one there is nobody to agree with.
+  const bool shared = setup_ != nullptr && registry_.world().size() > 1;
+  if (setup_ == nullptr || setup_->empty() || (!shared && !ready.ok())) return ready;
+  // From the first momentum update on, state changes. A rank whose part
+  // fails (or that refuses: poisoned) goes on taking part in every
+  // collective of the step; then every rank agrees on the outcome.
+  LocalOutcome local;
+  local.Note(ready);
   try {
-    st = UpdateMomenta();
-    if (st.ok()) st = RunSteppers(stream);
-    if (st.ok()) st = ApplyUpdates();
+    if (local.ok()) local.Note(UpdateMomenta());
+    local.Note(RunSteppers(stream, !local.ok()));
   } catch (const std::bad_alloc&) {
-    st = absl::ResourceExhaustedError("out of host memory in the middle of a step");
+    local.Note(absl::ResourceExhaustedError("out of host memory in the middle of a step"));
   } catch (const std::exception& e) {
-    st = absl::InternalError(absl::StrCat("in the middle of a step: ", e.what()));
+    local.Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
   }
+  absl::Status st =
+      shared ? AgreeOutcome(registry_.world(), registry_.device().get(), local, options_, stream,
+                            absl::StrCat("step ", step_count_ + 1))
+             : local.status();
+  // Applied only where every rank succeeded (a device error there poisons
+  // this rank, whose next step every rank then fails).
+  if (st.ok()) st = ApplyUpdates();
   if (!st.ok()) {
-    Poison(st);
+    if (poisoned_.empty()) Poison(st);
     return st;
   }
   ++step_count_;
@@ -83,7 +96,9 @@ absl::Status Optimizer::Step(void* stream) {
 }
 
 void Optimizer::Poison(const absl::Status& cause) {
-  poisoned_ = std::string(cause.message());
+  constexpr size_t kKept = 300;  // the refusal repeats it: keep it short
+  poisoned_ = std::string(cause.message().substr(0, kKept));
+  if (cause.message().size() > kKept) poisoned_ += "...";
   restored_.assign(registry_.params().size(), false);
 }
 
@@ -97,10 +112,10 @@ absl::Status Optimizer::Prepare(void* stream) {
       done += restored_[i] ? 1 : 0;
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "refused because an earlier step failed mid-way (", poisoned_,
-        "); parameters and state may be half-updated: restore both from a checkpoint "
-        "(muon_load_state with a whole blob, or muon_set_state for every parameter: ", done,
-        " of ", total, " restored so far) before stepping again"));
+        "refused: an earlier step failed mid-way, so parameters and state may be "
+        "half-updated; restore both from a checkpoint (muon_load_state with a whole blob, or "
+        "muon_set_state for every parameter: ", done, " of ", total,
+        " restored so far) before stepping again. The failure: ", poisoned_));
   }
   if (registry_.params().empty() && !registry_.distributed()) {
     return absl::FailedPreconditionError(
@@ -136,12 +151,17 @@ absl::Status Optimizer::UpdateMomenta() {
   return absl::OkStatus();
 }
 
-absl::Status Optimizer::RunSteppers(void* stream) {
+absl::Status Optimizer::RunSteppers(void* stream, bool failed) {
   // 2. Every stepper: pieces to their owners, Newton-Schulz, the results back.
+  // Each one issues all its collectives whatever failed (stepper.h).
   registry_.world().ResetCounters();
   for (const auto& g : registry_.groups()) g->ResetCounters();
-  for (Stepper* s : setup_->steppers()) MUON_RETURN_IF_ERROR(s->Run(stream));
-  return absl::OkStatus();
+  absl::Status first;
+  for (Stepper* s : setup_->steppers()) {
+    absl::Status st = s->Run(stream, failed || !first.ok());
+    if (first.ok()) first = st;
+  }
+  return first;
 }
 
 absl::Status Optimizer::ApplyUpdates() {

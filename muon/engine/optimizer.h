@@ -95,7 +95,7 @@ class Optimizer {
   absl::Status Prepare(void* stream);
   // The three stages of a step (see the top of this file).
   absl::Status UpdateMomenta();
-  absl::Status RunSteppers(void* stream);
+  absl::Status RunSteppers(void* stream, bool failed);
   absl::Status ApplyUpdates();
   void CountStats();
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;

@@ -61,47 +61,42 @@ Pipeline::~Pipeline() {
   worker_.join();
 }
 
-absl::Status Pipeline::RunInline(int rounds, const Stages& stages) {
+absl::Status Pipeline::RunInline(int rounds, const Stages& stages, bool skip_compute) {
+  absl::Status comm_error, compute_error;
   for (const PipelineOp& op : PipelineSchedule(rounds, 0)) {
-    if (op.scatter) {
-      absl::Status st = RunStage(stages.compute, op.round, kComputeLane);
-      if (!st.ok()) return st;
+    if (op.scatter && !skip_compute && compute_error.ok() && comm_error.ok()) {
+      compute_error = RunStage(stages.compute, op.round, kComputeLane);
     }
     absl::Status st = RunStage(op.scatter ? stages.scatter : stages.gather, op.round, kCommLane);
-    if (!st.ok()) return st;
+    if (comm_error.ok()) comm_error = st;
   }
-  return absl::OkStatus();
+  return comm_error.ok() ? compute_error : comm_error;
 }
 
-absl::Status Pipeline::Run(int rounds, const Stages& stages) {
-  if (lookahead_ == 0 || rounds <= 1) return RunInline(rounds, stages);
+absl::Status Pipeline::Run(int rounds, const Stages& stages, bool skip_compute) {
+  if (lookahead_ == 0 || rounds <= 1) return RunInline(rounds, stages, skip_compute);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stages_ = &stages;
     ops_ = PipelineSchedule(rounds, lookahead_);
     gathered_ = computed_ = 0;
-    stop_ = false;
     comm_error_ = absl::OkStatus();
     job_ = true;
   }
   cv_.notify_all();
   absl::Status compute_error;
   for (int r = 0; r < rounds; ++r) {
+    bool skip = skip_compute || !compute_error.ok();
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return gathered_ > r || stop_; });
-      if (stop_) break;
+      if (!skip) cv_.wait(lock, [&] { return gathered_ > r || !comm_error_.ok(); });
+      skip = skip || !comm_error_.ok();
     }
-    absl::Status st = RunStage(stages.compute, r, kComputeLane);
+    absl::Status st = skip ? absl::OkStatus() : RunStage(stages.compute, r, kComputeLane);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!st.ok()) {
-      compute_error = st;
-      stop_ = true;
-    } else {
-      computed_ = r + 1;
-    }
+    if (!st.ok()) compute_error = st;
+    computed_ = r + 1;  // computed or skipped: its scatter may go
     cv_.notify_all();
-    if (stop_) break;
   }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !job_; });
@@ -127,25 +122,18 @@ void Pipeline::WorkerLoop() {
 }
 
 void Pipeline::Communicate() {
+  // Every op is issued, failed or not (see the header).
   for (const PipelineOp& op : ops_) {
-    {
+    if (op.scatter) {
       std::unique_lock<std::mutex> lock(mu_);
-      if (op.scatter) cv_.wait(lock, [&] { return computed_ > op.round || stop_; });
-      if (stop_) return;
+      cv_.wait(lock, [&] { return computed_ > op.round; });
     }
     absl::Status st =
         RunStage(op.scatter ? stages_->scatter : stages_->gather, op.round, kCommLane);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!st.ok()) {
-      comm_error_ = st;
-      stop_ = true;
-      cv_.notify_all();
-      return;
-    }
-    if (!op.scatter) {
-      gathered_ = op.round + 1;
-      cv_.notify_all();
-    }
+    if (!st.ok() && comm_error_.ok()) comm_error_ = st;
+    if (!op.scatter) gathered_ = op.round + 1;
+    cv_.notify_all();
   }
 }
 

@@ -11,9 +11,13 @@
 // pipeline's lifetime (never per step), while the calling thread computes;
 // with L == 0 everything runs on the calling thread, round after round.
 //
-// The first failure stops both lanes: nothing further is issued, and Run
-// returns the communication error if there was one, else the compute error.
-// Exceptions thrown by a stage become Internal errors; none escapes a thread.
+// A failure stops the computation, not the communication: every gather and
+// scatter of the schedule is still issued (so the other ranks' collectives
+// pair up and none waits for ever), while no later round is computed; Run
+// returns the first failure (a communication error before a compute error).
+// A Run told to skip_compute from the start (this rank already failed its
+// step) only communicates. Exceptions thrown by a stage become Internal
+// errors; none escapes a thread.
 #ifndef MUON_ENGINE_PIPELINE_H_
 #define MUON_ENGINE_PIPELINE_H_
 
@@ -57,11 +61,11 @@ class Pipeline {
   int lookahead() const { return lookahead_; }
 
   // Runs `rounds` rounds of `stages`; not reentrant.
-  absl::Status Run(int rounds, const Stages& stages);
+  absl::Status Run(int rounds, const Stages& stages, bool skip_compute = false);
 
  private:
   explicit Pipeline(int lookahead) : lookahead_(lookahead) {}
-  absl::Status RunInline(int rounds, const Stages& stages);
+  absl::Status RunInline(int rounds, const Stages& stages, bool skip_compute);
   void WorkerLoop();
   void Communicate();  // one step's communication lane (on the worker)
 
@@ -75,8 +79,7 @@ class Pipeline {
   const Stages* stages_ = nullptr;
   std::vector<PipelineOp> ops_;
   int gathered_ = 0;  // rounds whose gather is done
-  int computed_ = 0;  // rounds whose compute is done
-  bool stop_ = false;
+  int computed_ = 0;  // rounds whose compute is done (or skipped)
   absl::Status comm_error_;
 };
 

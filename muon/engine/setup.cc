@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/engine/outcome.h"
 #include "muon/sharding/handshake.h"
 
 namespace muon {
@@ -77,17 +78,12 @@ bool StepSetup::empty() const {
          !zero2->has_blocks();
 }
 
-absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const Options& options,
-                                                      void* stream) {
-  Comm& world = registry.world();
-  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> members,
-                        GatherGroupMembers(world, registry.groups(), stream));
-  absl::Status local_error;
-  const RankDesc me = Describe(registry, members, &local_error);
-  MUON_ASSIGN_OR_RETURN(Plan plan, AgreePlan(world, me, Fingerprint(options),
-                                             PlanOptionsOf(options), local_error, stream));
+namespace {
 
-  auto s = std::make_unique<StepSetup>();
+// Everything the steps need, allocated once (local: may fail on one rank).
+absl::Status Build(Registry& registry, const Options& options,
+                   const std::vector<std::vector<int>>& members, Plan& plan, Comm& world,
+                   StepSetup* s) {
   std::vector<Param>& params = registry.params();
   for (const Param& p : params) {
     MUON_ASSIGN_OR_RETURN(
@@ -105,6 +101,29 @@ absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const 
   MUON_ASSIGN_OR_RETURN(s->custom, CustomStepper::Create(std::move(plan.custom), world.rank(), ctx));
   MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
                                                        plan.zero2_matrices, ctx));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const Options& options,
+                                                      void* stream) {
+  Comm& world = registry.world();
+  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> members,
+                        GatherGroupMembers(world, registry.groups(), stream));
+  absl::Status local_error;
+  const RankDesc me = Describe(registry, members, &local_error);
+  MUON_ASSIGN_OR_RETURN(Plan plan, AgreePlan(world, me, Fingerprint(options),
+                                             PlanOptionsOf(options), local_error, stream));
+
+  auto s = std::make_unique<StepSetup>();
+  absl::Status built = Build(registry, options, members, plan, world, s.get());
+  // What each rank allocated is its own: the ranks agree on it (and on the
+  // hyper-parameters) before any step, so that none steps alone.
+  LocalOutcome local;
+  local.Note(built);
+  MUON_RETURN_IF_ERROR(AgreeOutcome(world, registry.device().get(), local, options, stream,
+                                    "the first step's setup"));
   return s;
 }
 

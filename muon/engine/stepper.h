@@ -44,9 +44,12 @@ struct StepperStats {
 class Stepper {
  public:
   virtual ~Stepper() = default;
-  // One step's orthogonalization. A failure may leave state half-updated
-  // (the optimizer then refuses further steps until state is restored).
-  virtual absl::Status Run(void* stream) = 0;
+  // One step's orthogonalization. Every collective of the stepper is issued
+  // whatever fails on this rank (the other ranks' calls must pair up); after
+  // a failure, and throughout when `failed` (this rank already failed its
+  // step), nothing more is computed and no state is changed. Returns the
+  // first failure; the optimizer agrees on the step's outcome after.
+  virtual absl::Status Run(void* stream, bool failed) = 0;
   virtual const StepperStats& stats() const = 0;
 };
 

@@ -110,7 +110,7 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   return absl::OkStatus();
 }
 
-absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream) {
+absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed) {
   std::vector<Param>& params = *ctx_.params;
   Comm& g = *groups_[blk.group];
   const int n = g.size(), me = g.rank();
@@ -126,10 +126,12 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream) {
       std::memset(dst, 0, bytes);
     }
   }
-  MUON_RETURN_IF_ERROR(g.ReduceScatter(send_.data(), recv_.data(),
-                                       static_cast<size_t>(blk.elems), blk.dtype, stream,
-                                       absl::StrCat("averaging gradients of the ", what)));
-  if (blk.params[me] >= 0) MUON_RETURN_IF_ERROR(StepOwned(blk, blk.params[me]));
+  // Both collectives are issued whatever failed (see stepper.h); a failed
+  // rank neither steps its owned param nor takes the others' new values.
+  absl::Status st = g.ReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(blk.elems),
+                                    blk.dtype, stream,
+                                    absl::StrCat("averaging gradients of the ", what));
+  if (st.ok() && !failed && blk.params[me] >= 0) st = StepOwned(blk, blk.params[me]);
   // The owners' new values to every replica.
   unsigned char* mine = send_.data();
   if (blk.params[me] >= 0) {
@@ -137,8 +139,10 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream) {
   } else {
     std::memset(mine, 0, bytes);
   }
-  MUON_RETURN_IF_ERROR(g.AllGather(mine, recv_.data(), bytes, stream,
-                                   absl::StrCat("sharing the new values of the ", what)));
+  absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream,
+                                    absl::StrCat("sharing the new values of the ", what));
+  if (st.ok()) st = shared;
+  if (!st.ok() || failed) return st;
   for (int c = 0; c < n; ++c) {
     if (c == me || blk.params[c] < 0) continue;
     std::memcpy(params[blk.params[c]].value.data, recv_.data() + c * bytes, bytes);
@@ -146,11 +150,15 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream) {
   return absl::OkStatus();
 }
 
-absl::Status Zero2Stepper::Run(void* stream) {
+absl::Status Zero2Stepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
-  for (const Block& blk : blocks_) MUON_RETURN_IF_ERROR(RunBlock(blk, stream));
-  return absl::OkStatus();
+  absl::Status first;
+  for (const Block& blk : blocks_) {
+    absl::Status st = RunBlock(blk, stream, failed || !first.ok());
+    if (first.ok()) first = st;
+  }
+  return first;
 }
 
 }  // namespace muon

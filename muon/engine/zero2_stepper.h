@@ -30,7 +30,7 @@ class Zero2Stepper : public Stepper {
       const std::vector<std::vector<int>>& members, int64_t matrices_total,
       const StepContext& ctx);
 
-  absl::Status Run(void* stream) override;
+  absl::Status Run(void* stream, bool failed) override;
   const StepperStats& stats() const override { return stats_; }
   // This rank takes part in at least one block.
   bool has_blocks() const { return !blocks_.empty(); }
@@ -46,7 +46,7 @@ class Zero2Stepper : public Stepper {
 
   Zero2Stepper(const std::vector<std::shared_ptr<Comm>>& groups, const StepContext& ctx)
       : groups_(groups), ctx_(ctx) {}
-  absl::Status RunBlock(const Block& blk, void* stream);
+  absl::Status RunBlock(const Block& blk, void* stream, bool failed);
   absl::Status StepOwned(const Block& blk, int param);
 
   std::vector<std::shared_ptr<Comm>> groups_;

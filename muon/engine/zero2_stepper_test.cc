@@ -54,7 +54,7 @@ TEST(Zero2Stepper, OwnersStepFromTheAverageAndEveryReplicaAgrees) {
       EXPECT_EQ(job.params()[j].holds_state, mine) << names[j];
       EXPECT_EQ(job.params()[j].momentum.empty(), !mine) << names[j];
     }
-    absl::Status st = (*stepper)->Run(nullptr);
+    absl::Status st = (*stepper)->Run(nullptr, false);
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ((*stepper)->stats().orthogonalized, 2);
     for (size_t j = 0; j < names.size(); ++j) values[rank].push_back(job.value(j));

@@ -290,13 +290,16 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
                          Device& device, const unsigned char* send, unsigned char* recv,
                          void* stream) {
+  // The collective is issued even when packing failed, so that the other
+  // ranks' calls pair up (the failure is returned, and agreed on after).
   absl::Status st = device.Run(*d.pack);
-  if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
+  if (!st.ok()) st = absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
   if (!b.single_rank) {
-    st = comm.AllToAllV(send, d.send_bytes, d.send_offsets, recv, d.recv_bytes, d.recv_offsets,
-                        stream, d.label);
-    if (!st.ok()) return st;
+    absl::Status moved = comm.AllToAllV(send, d.send_bytes, d.send_offsets, recv, d.recv_bytes,
+                                        d.recv_offsets, stream, d.label);
+    if (st.ok()) st = moved;
   }
+  if (!st.ok()) return st;
   st = device.Run(*d.unpack);
   if (!st.ok()) return absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
   return absl::OkStatus();

@@ -86,7 +86,8 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
                                            bool single_rank);
 
 // Runs one direction (b.gather or b.scatter): pack, one all_to_all_v over
-// `comm` on `stream`, unpack.
+// `comm` on `stream`, unpack. The all_to_all_v is issued even when packing
+// failed (the other ranks' calls must pair up); nothing is unpacked then.
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
                          Device& device, const unsigned char* send, unsigned char* recv,
                          void* stream);

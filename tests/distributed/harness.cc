@@ -148,35 +148,48 @@ void Options(const RunConfig& cfg, muon_options_t* o) {
   o->assign_fn = cfg.assign_fn;
 }
 
-// A world communicator whose all_to_all_v fails on one call (after moving the data).
-struct FailingComm {
-  muon_comm_t inner;
-  int fail_on;
-  int calls = 0;
+// Fault injection: one rank's collectives, counted over all its
+// communicators (the world and the groups) from the start of the run; call
+// number `fail_on` of kind `kind` (-1: any kind) fails with UNAVAILABLE after
+// moving the data, so that the other ranks' calls complete.
+struct CallCounter {
+  int fail_on = -1;
+  int kind = -1;  // 0 all_gather, 1 all_to_all_v, 2 reduce_scatter; -1 any
+  int calls = 0;  // of the counted kind(s)
 };
 
-muon_status_t FailingA2a(void* ctx, const void* send, const size_t* sb, const size_t* so,
-                         void* recv, const size_t* rb, const size_t* ro, void* stream) {
-  auto* f = static_cast<FailingComm*>(ctx);
-  muon_status_t st = f->inner.all_to_all_v(f->inner.ctx, send, sb, so, recv, rb, ro, stream);
-  if (st == MUON_OK && f->calls++ == f->fail_on) {
+struct FailingComm {
+  muon_comm_t inner;
+  CallCounter* counter;
+};
+
+muon_status_t Counted(FailingComm* f, int kind, muon_status_t st) {
+  CallCounter& c = *f->counter;
+  if (c.kind >= 0 && c.kind != kind) return st;
+  if (st == MUON_OK && c.calls++ == c.fail_on) {
     muon_set_callback_error("injected link failure");
     return MUON_UNAVAILABLE;
   }
   return st;
 }
 
-muon_status_t PassAllGather(void* ctx, const void* s, void* r, size_t b, void* st) {
+muon_status_t FailingA2a(void* ctx, const void* send, const size_t* sb, const size_t* so,
+                         void* recv, const size_t* rb, const size_t* ro, void* stream) {
   auto* f = static_cast<FailingComm*>(ctx);
-  return f->inner.all_gather(f->inner.ctx, s, r, b, st);
+  return Counted(f, 1, f->inner.all_to_all_v(f->inner.ctx, send, sb, so, recv, rb, ro, stream));
+}
+muon_status_t FailingAllGather(void* ctx, const void* s, void* r, size_t b, void* st) {
+  auto* f = static_cast<FailingComm*>(ctx);
+  return Counted(f, 0, f->inner.all_gather(f->inner.ctx, s, r, b, st));
 }
 muon_status_t PassBroadcast(void* ctx, void* buf, size_t b, int32_t root, void* st) {
   auto* f = static_cast<FailingComm*>(ctx);
   return f->inner.broadcast(f->inner.ctx, buf, b, root, st);
 }
-muon_status_t PassReduceScatter(void* ctx, const void* s, void* r, size_t c, int32_t d, void* st) {
+muon_status_t FailingReduceScatter(void* ctx, const void* s, void* r, size_t c, int32_t d,
+                                   void* st) {
   auto* f = static_cast<FailingComm*>(ctx);
-  return f->inner.reduce_scatter(f->inner.ctx, s, r, c, d, st);
+  return Counted(f, 2, f->inner.reduce_scatter(f->inner.ctx, s, r, c, d, st));
 }
 muon_status_t PassBarrier(void* ctx, void* st) {
   auto* f = static_cast<FailingComm*>(ctx);
@@ -188,14 +201,14 @@ void ReleaseFailing(void* ctx) {
   delete f;
 }
 
-muon_comm_t WrapFailing(const muon_comm_t& inner, int fail_on) {
+muon_comm_t WrapFailing(const muon_comm_t& inner, CallCounter* counter) {
   muon_comm_t t = inner;
-  t.ctx = new FailingComm{inner, fail_on};
-  t.all_gather = PassAllGather;
+  t.ctx = new FailingComm{inner, counter};
+  t.all_gather = FailingAllGather;
   t.all_to_all_v = FailingA2a;
-  t.broadcast = PassBroadcast;
-  t.reduce_scatter = PassReduceScatter;
-  t.barrier = PassBarrier;
+  t.broadcast = inner.broadcast ? PassBroadcast : nullptr;
+  t.reduce_scatter = FailingReduceScatter;
+  t.barrier = inner.barrier ? PassBarrier : nullptr;
   t.release = ReleaseFailing;
   return t;
 }
@@ -275,8 +288,20 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     }
     muon_comm_t comm;
     int32_t world_id = -1;
+    // Counting (and failing) collectives: a clean run counts them per step.
+    CallCounter counter;
+    const bool injecting = cfg.fail_exchange_call >= 0 || cfg.fail_call >= 0;
+    if (cfg.fail_exchange_call >= 0) {
+      counter.fail_on = cfg.fail_exchange_call;
+      counter.kind = 1;
+    } else if (cfg.fail_call >= 0 && (cfg.fail_rank < 0 || cfg.fail_rank == rank)) {
+      counter.fail_on = cfg.fail_call;
+    }
+    auto wrap = [&](muon_comm_t* t) {
+      if (cfg.count_calls || injecting) *t = WrapFailing(*t, &counter);
+    };
     st = muon_inprocess_comm(world, nullptr, 0, rank, &comm);
-    if (st == MUON_OK && cfg.fail_exchange_call >= 0) comm = WrapFailing(comm, cfg.fail_exchange_call);
+    if (st == MUON_OK) wrap(&comm);
     auto optional = [&](muon_comm_t* t) {
       if (!cfg.without_optional_collectives) return;
       t->broadcast = nullptr;
@@ -290,6 +315,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       int32_t id = -1;
       st = muon_inprocess_comm(world, members.data(), static_cast<int32_t>(members.size()), rank,
                                &comm);
+      if (st == MUON_OK && cfg.fail_exchange_call < 0) wrap(&comm);
       optional(&comm);
       if (st == MUON_OK) st = muon_add_group(opt, &comm, &id);
       group_ids.push_back(id);
@@ -377,6 +403,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       muon_param_options_init(&po, sizeof po);
       po.name = p.name.c_str();
       po.matrix_view = p.view;
+      po.replicated_mode = p.replicated_mode;
       po.global_ndim = static_cast<int32_t>(p.shape.size());
       po.global_shape = p.shape.data();
       po.num_placements = static_cast<int32_t>(placements[j].size());
@@ -387,13 +414,14 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     }
     std::vector<unsigned char> blob;
     std::vector<std::vector<float>> saved, saved_state;
-    for (int s = 0; s < cfg.steps && st == MUON_OK; ++s) {
+    for (int s = 0; s < cfg.steps && (st == MUON_OK || cfg.keep_stepping); ++s) {
       for (size_t j = 0; j < grads.size(); ++j) {
         for (size_t i = 0; i < grads[j].size(); ++i) {
           grads[j][i] = GradValue(res.names[j], res.indices[j][i], s);
         }
       }
-      if (cfg.fail_exchange_call >= 0 && s > 0) {  // a checkpoint before each step
+      res.calls_before_step.push_back(counter.calls);
+      if (injecting && s > 0) {  // a checkpoint before each step
         size_t size = 0;
         muon_save_state(opt, nullptr, 0, &size);
         blob.resize(size);
@@ -406,9 +434,14 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
         }
       }
       st = muon_step(opt, nullptr);
-      if (st != MUON_OK) res.error = LastError("step", st);
+      res.step_errors.push_back(st == MUON_OK ? "" : LastError("step", st));
+      if (st != MUON_OK && res.failed_step < 0) {
+        res.error = res.step_errors.back();
+        res.failed_step = s;
+      }
     }
-    if (st != MUON_OK && cfg.fail_exchange_call >= 0 && !blob.empty()) {
+    res.calls_before_step.push_back(counter.calls);
+    if (st != MUON_OK && injecting && !blob.empty() && !cfg.keep_stepping) {
       muon_status_t again = muon_step(opt, nullptr);
       res.refused = LastError("step again", again);
       for (size_t j = 0; j < saved.size(); ++j) {  // in place: the library holds the pointers

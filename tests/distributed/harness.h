@@ -65,6 +65,7 @@ struct TParam {
   std::vector<TPlacement> placements;
   // Which world ranks register it (null: all).
   std::function<bool(int rank)> registered_on;
+  int replicated_mode = MUON_REPLICATED_HOST_AVERAGED;  // muon_replicated_mode_t
 };
 
 // Flat ranges the harness hands out: rank r of a group of n over m elements
@@ -94,6 +95,17 @@ struct RunConfig {
   // then checks the refusal of a further step and the recovery by restoring
   // the checkpoint taken before the failing step.
   int fail_exchange_call = -1;
+  // >= 0: collective number `fail_call` of rank `fail_rank` (-1: of every
+  // rank), counted over all of that rank's communicators (world and groups,
+  // setup included) from the start, fails the same way; then the same
+  // refusal and recovery as above. count_calls: count without failing
+  // (RankResult::calls_before_step).
+  int fail_call = -1;
+  int fail_rank = -1;
+  bool count_calls = false;
+  // Go on stepping after a failed step (every step's status in
+  // RankResult::step_errors), without the refusal and recovery checks.
+  bool keep_stepping = false;
   // With fail_exchange_call: restore with muon_set_state, one param at a time
   // (a step tried before the last one must still be refused), not a blob.
   bool restore_with_set_state = false;
@@ -113,6 +125,11 @@ struct RankResult {
   std::string refused;
   std::string refused_when_partly_restored;  // restore_with_set_state, all but one
   bool recovered = false;
+  int failed_step = -1;  // the first step that failed, -1 if none
+  std::vector<std::string> step_errors;  // per step: its error, empty if it succeeded
+  // Collectives this rank issued before each step (and, last, in all), when
+  // counting (count_calls, fail_call or fail_exchange_call).
+  std::vector<int> calls_before_step;
 };
 
 // Runs the model on the mesh (one thread per rank) and returns each rank's result.

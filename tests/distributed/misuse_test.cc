@@ -207,12 +207,16 @@ TEST(ZeroRedundancy, BytesMatchTheFormula) {
         sent[owner] += mine * down;
       }
     }
+    // Besides the pieces: each rank's 16-byte step verdict to every other
+    // rank (the outcome agreement), in one all_gather.
+    const int64_t verdicts = 16 * (n - 1);
     for (int r = 0; r < n; ++r) {
       ASSERT_TRUE(res[r].error.empty()) << res[r].error;
-      EXPECT_EQ(res[r].stats.bytes_sent, sent[r]) << "rank " << r;
-      EXPECT_EQ(res[r].stats.bytes_received, received[r]) << "rank " << r;
+      EXPECT_EQ(res[r].stats.bytes_sent, sent[r] + verdicts) << "rank " << r;
+      EXPECT_EQ(res[r].stats.bytes_received, received[r] + verdicts) << "rank " << r;
       EXPECT_EQ(res[r].stats.matrices_orthogonalized, owned[r]) << "rank " << r;
-      EXPECT_EQ(res[r].stats.collectives, 2 * res[r].stats.rounds) << "one exchange per direction per round";
+      EXPECT_EQ(res[r].stats.collectives, 2 * res[r].stats.rounds + 1)
+          << "one exchange per direction per round, and the verdicts";
     }
   }
 }

@@ -160,8 +160,8 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
     EXPECT_EQ(stats[r].matrices_total, static_cast<int64_t>(Model().size()));
     EXPECT_EQ(stats[r].matrices_owned, stats[r].matrices_orthogonalized);
     // Two blocks of 4 and one of 2 (8x6), one of 3 (5x7): one reduce-scatter
-    // and one all-gather per block.
-    EXPECT_EQ(stats[r].collectives, 2 * 3) << "rank " << r;
+    // and one all-gather per block; and the step verdicts' all_gather.
+    EXPECT_EQ(stats[r].collectives, 2 * 3 + 1) << "rank " << r;
     for (size_t k = 0; k < Model().size(); ++k) {
       ASSERT_EQ(0, std::memcmp(finals[r][k].data(), ref[k].data(), ref[k].size() * sizeof(float)))
           << "rank " << r << " param " << Model()[k].name;

@@ -1,0 +1,144 @@
+#include "muon/engine/outcome.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "muon/common/status.h"
+
+namespace muon {
+namespace {
+
+constexpr uint32_t kVerdictMagic = 0x5644554du;  // "MUDV"
+constexpr size_t kReportBytes = 512;             // code, then text (truncated)
+
+struct Verdict {
+  uint32_t magic;
+  int32_t code;
+  uint64_t digest;
+};
+static_assert(sizeof(Verdict) == 16, "the verdict is 16 bytes on the wire");
+
+const char* AdjustName(AdjustLr a) {
+  switch (a) {
+    case AdjustLr::kOriginal: return "original";
+    case AdjustLr::kMatchRmsAdamW: return "match_rms_adamw";
+    case AdjustLr::kNone: return "none";
+    case AdjustLr::kSpectralUnclamped: return "spectral_unclamped";
+  }
+  return "?";
+}
+
+// Every rank's `bytes` bytes, in rank order, through host or device memory.
+absl::Status GatherAll(Comm& world, Device* device, const void* mine, size_t bytes,
+                       std::vector<unsigned char>* all, void* stream, const std::string& op) {
+  const size_t n = static_cast<size_t>(world.size());
+  all->assign(n * bytes, 0);
+  if (device == nullptr || device->is_host()) {
+    return world.AllGather(mine, all->data(), bytes, stream, op);
+  }
+  // A device communicator (NCCL) moves device memory: stage through it.
+  std::shared_ptr<Device> dev(device, [](Device*) {});
+  MUON_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(dev, bytes, "the step verdict"));
+  MUON_ASSIGN_OR_RETURN(DeviceBuffer recv,
+                        DeviceBuffer::Make(dev, n * bytes, "the job's step verdicts"));
+  MUON_RETURN_IF_ERROR(device->FromHost(send.data(), mine, bytes));
+  MUON_RETURN_IF_ERROR(world.AllGather(send.data(), recv.data(), bytes, stream, op));
+  return device->ToHost(all->data(), recv.data(), n * bytes);
+}
+
+std::string ReportText(const unsigned char* report) {
+  const char* text = reinterpret_cast<const char*>(report + 4);
+  return std::string(text, strnlen(text, kReportBytes - 4));
+}
+
+}  // namespace
+
+std::string HyperText(const Options& o) {
+  return absl::StrFormat("lr=%.17g, weight_decay=%.17g, momentum=%.17g, nesterov=%s, "
+                         "adjust_lr=%s",
+                         o.lr, o.weight_decay, o.momentum, o.nesterov ? "true" : "false",
+                         AdjustName(o.adjust_lr));
+}
+
+uint64_t HyperDigest(const Options& o) {
+  // FNV-1a over the values' bytes: equal values, equal digests.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    const unsigned char* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  const double values[3] = {o.lr, o.weight_decay, o.momentum};
+  mix(values, sizeof values);
+  const int32_t flags[2] = {o.nesterov ? 1 : 0, static_cast<int32_t>(o.adjust_lr)};
+  mix(flags, sizeof flags);
+  return h;
+}
+
+absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
+                          const Options& options, void* stream, const std::string& what) {
+  if (world.size() == 1) return local.status();
+  Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()), HyperDigest(options)};
+  std::vector<unsigned char> all;
+  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream,
+                                 absl::StrCat("agreeing on the outcome of ", what)));
+  const int n = world.size();
+  std::vector<Verdict> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), all.data(), all.size());
+  bool failed = false, differ = false;
+  for (const Verdict& x : v) {
+    if (x.magic != kVerdictMagic) {
+      return absl::InternalError(absl::StrCat(
+          what, ": a rank's verdict arrived damaged (magic ", x.magic,
+          "); the communicator mis-paired the collectives of this step"));
+    }
+    failed = failed || x.code != 0;
+    differ = differ || x.digest != v[0].digest;
+  }
+  if (!failed && !differ) return absl::OkStatus();
+
+  // Something to tell: every rank's report (its failure, or its values).
+  unsigned char report[kReportBytes] = {};
+  const int32_t code = static_cast<int32_t>(local.status().code());
+  std::memcpy(report, &code, 4);
+  const std::string text = local.ok() ? HyperText(options)
+                                      : absl::StrCat(absl::StatusCodeToString(local.status().code()),
+                                                     ": ", local.status().message());
+  std::memcpy(report + 4, text.data(), std::min(text.size(), kReportBytes - 5));
+  MUON_RETURN_IF_ERROR(GatherAll(world, device, report, kReportBytes, &all, stream,
+                                 absl::StrCat("reporting the outcome of ", what)));
+  if (failed) {
+    // Bounded: the first few failing ranks' causes, each cut short.
+    constexpr int kNamed = 4;
+    constexpr size_t kCause = 240;
+    int first = -1, count = 0;
+    std::string causes;
+    for (int r = 0; r < n; ++r) {
+      if (v[static_cast<size_t>(r)].code == 0) continue;
+      if (first < 0) first = r;
+      if (++count > kNamed) continue;
+      std::string cause = ReportText(all.data() + static_cast<size_t>(r) * kReportBytes);
+      if (cause.size() > kCause) cause = cause.substr(0, kCause) + "...";
+      absl::StrAppend(&causes, causes.empty() ? "" : "; ", "rank ", r, ": ", cause);
+    }
+    if (count > kNamed) absl::StrAppend(&causes, "; and ", count - kNamed, " more rank(s)");
+    return absl::Status(static_cast<absl::StatusCode>(v[static_cast<size_t>(first)].code),
+                        absl::StrCat(what, " failed on ", count, " of ", n, " ranks (", causes,
+                                     "); every rank returns this error"));
+  }
+  std::string values;
+  for (int r = 0; r < n; ++r) {
+    if (r > 0 && v[static_cast<size_t>(r)].digest == v[static_cast<size_t>(r - 1)].digest) {
+      continue;
+    }
+    absl::StrAppend(&values, values.empty() ? "" : "; ", "rank ", r, " has ",
+                    ReportText(all.data() + static_cast<size_t>(r) * kReportBytes));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": the ranks step with different hyper-parameters (", values,
+      "); set the same lr, weight_decay, momentum, nesterov and adjust_lr on every rank"));
+}
+
+}  // namespace muon

@@ -1,0 +1,63 @@
+// Outcome agreement: every rank of a job returns the same verdict for a step.
+//
+// A rank whose own part of a step fails (a communicator call, a host
+// callback, the math, a refusal because it is poisoned) notes the failure in
+// its LocalOutcome and goes on taking part in every remaining collective of
+// the step, changing no more state; then the ranks agree. AgreeOutcome
+// all-gathers one 16-byte verdict per rank over the world (the failure's
+// code and a digest of the hyper-parameters the rank stepped with); only
+// when some rank failed or the digests differ does a second all_gather carry
+// each rank's report (the cause, or its hyper-parameters), so that every
+// rank returns the same error naming the ranks and causes, or the differing
+// values. The exchange of the verdicts is the step's one added collective; a
+// failure after it (a device error applying the update) poisons the rank,
+// which then refuses the next step in its verdict, so every rank learns it
+// there.
+#ifndef MUON_ENGINE_OUTCOME_H_
+#define MUON_ENGINE_OUTCOME_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "muon/comm/comm.h"
+#include "muon/device/device.h"
+#include "muon/engine/options.h"
+
+namespace muon {
+
+// This rank's part of one step: the first failure, kept while the rank goes
+// on taking part.
+class LocalOutcome {
+ public:
+  bool ok() const { return first_.ok(); }
+  void Note(const absl::Status& st) {
+    if (first_.ok() && !st.ok()) first_ = st;
+  }
+  const absl::Status& status() const { return first_; }
+
+ private:
+  absl::Status first_;
+};
+
+// The hyper-parameters every rank must step with, as text (for messages)
+// and as a digest (for the verdict).
+std::string HyperText(const Options& o);
+uint64_t HyperDigest(const Options& o);
+
+// The job's verdict on a step, the same on every rank of `world` (`what`
+// names the step in messages, e.g. "step 3"): OK when every rank succeeded
+// with the same hyper-parameters; else the first failing rank's code with
+// every failing rank and its cause named, or INVALID_ARGUMENT naming the
+// ranks' differing hyper-parameters. A world of one returns `local` as is.
+// When a verdict cannot be exchanged (the all_gather itself fails), that
+// error is returned on the ranks where it failed.
+// `device`: where a device communicator (NCCL) wants the verdicts staged (on
+// a GPU the agreement waits for the step's stream); NULL or a host device:
+// host memory.
+absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
+                          const Options& options, void* stream, const std::string& what);
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_OUTCOME_H_

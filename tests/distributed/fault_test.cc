@@ -1,0 +1,156 @@
+// Fault injection at every collective of a step, on one rank and on every
+// rank, for the exchange stepper and the ZeRO-2 stepper (in-process ranks
+// over the C API, each communicator wrapped to fail its k-th call after the
+// data moved). For every k: no hang (the test's timeout bounds it), every
+// rank returns an error for the step (the one exception: when the fault hits
+// the step's own verdict exchange on one rank, the other ranks learn it at
+// the next step, which every rank then fails), a further step is refused,
+// and restoring the checkpoint taken before the step resumes bit for bit
+// like an uninterrupted run.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/distributed/harness.h"
+
+namespace muon_test {
+namespace {
+
+constexpr int kSteps = 3;      // the fault hits step 1; the run then recovers it
+constexpr int kFaultStep = 1;
+
+std::vector<TParam> ExchangeModel() {
+  // More matrices than ranks: with a small round_bytes, several rounds.
+  return {
+      {"w", {12, 8}, MUON_MATRIX_VIEW_2D, {Shard(0, 0), Flat(1)}, nullptr},
+      {"v", {6, 10}, MUON_MATRIX_VIEW_2D, {Replicate(0), Flat(1)}, nullptr},
+      {"u", {12, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0), Shard(1, 1)}, nullptr},
+      {"t", {9, 7}, MUON_MATRIX_VIEW_2D,
+       {Shard(0, 0, MUON_SPLIT_CHUNK), Shard(1, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"s", {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0), Replicate(1)}, nullptr},
+      {"q", {10, 6}, MUON_MATRIX_VIEW_2D, {Shard(0, 1), Shard(1, 0)}, nullptr},
+  };
+}
+
+std::vector<TParam> Zero2Model() {
+  std::vector<TParam> m = {
+      {"a", {8, 6}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+      {"b", {5, 7}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+      {"c", {8, 6}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+  };
+  for (TParam& p : m) p.replicated_mode = MUON_REPLICATED_ZERO2;
+  return m;
+}
+
+bool Has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+struct Case {
+  const char* name;
+  std::vector<TParam> model;
+  Mesh mesh;
+  size_t round_bytes = 0;  // small: several exchange rounds per step
+};
+
+void InjectEverywhere(const Case& c, int prefetch) {
+  SCOPED_TRACE(std::string(c.name) + " prefetch " + std::to_string(prefetch));
+  RunConfig clean;
+  clean.steps = kFaultStep + 1;  // what a recovered run must end equal to
+  clean.prefetch_count = prefetch;
+  clean.round_bytes = c.round_bytes;
+  clean.count_calls = true;
+  const std::vector<RankResult> want = RunDistributed(c.model, c.mesh, clean);
+  const int n = c.mesh.size();
+  for (int r = 0; r < n; ++r) ASSERT_TRUE(want[r].error.empty()) << want[r].error;
+  int injected = 0;
+  for (int fail_rank : {-1, 1}) {
+    // Rank 1's collectives of the faulty step (every rank issues the same
+    // number: the steppers issue all of theirs whatever happens).
+    const int first = want[1].calls_before_step[kFaultStep];
+    const int last = want[1].calls_before_step[kFaultStep + 1];
+    ASSERT_GT(last, first);
+    for (int k = first; k < last; ++k) {
+      SCOPED_TRACE("collective " + std::to_string(k - first) + " of the step, on " +
+                   (fail_rank < 0 ? std::string("every rank") : "rank 1"));
+      RunConfig cfg;
+      cfg.steps = kSteps;
+      cfg.prefetch_count = prefetch;
+      cfg.round_bytes = c.round_bytes;
+      cfg.fail_call = k;
+      cfg.fail_rank = fail_rank;
+      // The verdict exchange is the step's last collective: failing there on
+      // one rank, that rank alone knows this step failed; it refuses the
+      // next, which every rank then fails.
+      const bool verdict = k == last - 1;
+      if (verdict && fail_rank >= 0) {
+        cfg.keep_stepping = true;
+        const std::vector<RankResult> res = RunDistributed(c.model, c.mesh, cfg);
+        ++injected;
+        for (int r = 0; r < n; ++r) {
+          SCOPED_TRACE("rank " + std::to_string(r));
+          ASSERT_EQ(res[r].step_errors.size(), static_cast<size_t>(kSteps));
+          EXPECT_EQ(res[r].step_errors[kFaultStep].empty(), r != fail_rank)
+              << res[r].step_errors[kFaultStep];
+          const std::string& next = res[r].step_errors[kFaultStep + 1];
+          EXPECT_TRUE(Has(next, "FAILED_PRECONDITION")) << next;
+          EXPECT_TRUE(Has(next, "rank 1: FAILED_PRECONDITION: refused")) << next;
+        }
+        continue;
+      }
+      const std::vector<RankResult> res = RunDistributed(c.model, c.mesh, cfg);
+      ++injected;
+      for (int r = 0; r < n; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        EXPECT_EQ(res[r].failed_step, kFaultStep) << res[r].error;
+        // Every rank names the injected failure, and (agreed) the rank it hit.
+        EXPECT_TRUE(Has(res[r].error, "injected link failure")) << res[r].error;
+        if (!verdict) {
+          EXPECT_TRUE(Has(res[r].error, fail_rank < 0 ? "rank 0:" : "rank 1:")) << res[r].error;
+        }
+        EXPECT_TRUE(Has(res[r].refused, "FAILED_PRECONDITION")) << res[r].refused;
+        EXPECT_TRUE(res[r].recovered);
+        // Restored and re-stepped: bit for bit the uninterrupted run.
+        ASSERT_EQ(res[r].params.size(), want[r].params.size());
+        for (size_t j = 0; j < want[r].params.size(); ++j) {
+          EXPECT_EQ(res[r].params[j], want[r].params[j]) << res[r].names[j];
+        }
+      }
+    }
+  }
+  std::printf("%s, prefetch %d: %d faults injected and survived\n", c.name, prefetch, injected);
+}
+
+TEST(Faults, ExchangeStepperAtEveryCollective) {
+  // At most one matrix per rank and round: two rounds, so that with prefetch a
+  // fault meets the other round's exchange in flight.
+  for (int prefetch : {0, 1}) {
+    InjectEverywhere({"exchange", ExchangeModel(), Mesh{{2, 2}}, 4 * 12 * 8}, prefetch);
+  }
+}
+
+TEST(Faults, Zero2StepperAtEveryCollective) {
+  InjectEverywhere({"zero2", Zero2Model(), Mesh{{4}}}, 0);
+}
+
+TEST(Faults, TheFailingRankAndItsCauseReachEveryRank) {
+  RunConfig clean;
+  clean.steps = 2;
+  clean.count_calls = true;
+  const auto want = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, clean);
+  RunConfig cfg;
+  cfg.steps = 3;
+  cfg.fail_call = want[3].calls_before_step[1];  // rank 3's first collective of step 1
+  cfg.fail_rank = 3;
+  const auto res = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, cfg);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(Has(res[r].error, "UNAVAILABLE")) << res[r].error;
+    EXPECT_TRUE(Has(res[r].error, "failed on 1 of 4 ranks (rank 3:")) << res[r].error;
+    EXPECT_TRUE(Has(res[r].error, "all_to_all_v on world (rank 3 of 4)")) << res[r].error;
+    EXPECT_TRUE(Has(res[r].error, "every rank returns this error")) << res[r].error;
+  }
+}
+
+}  // namespace
+}  // namespace muon_test
