@@ -1,5 +1,6 @@
 #include "capi/convert.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -209,6 +210,7 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   }
   o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;
+  o.skip_nonfinite = c.skip_nonfinite != 0;
   if (c.reserved0 != 0 || c.reserved1 != 0) {
     return absl::InvalidArgumentError("options->reserved0 and reserved1 must be 0");
   }
@@ -361,10 +363,12 @@ absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& optio
 
 void StatsToC(const StepStats& s, muon_stats_t* out) {
   const size_t caller_size = out->struct_size;
-  *out = muon_stats_t{caller_size,        s.steps,   s.traffic.bytes_sent,
-                      s.traffic.bytes_received, s.traffic.collectives, s.rounds,
-                      s.matrices_orthogonalized, s.ns_flops, s.matrices_total,
-                      s.matrices_owned};
+  const muon_stats_t full{caller_size,        s.steps,   s.traffic.bytes_sent,
+                          s.traffic.bytes_received, s.traffic.collectives, s.rounds,
+                          s.matrices_orthogonalized, s.ns_flops, s.matrices_total,
+                          s.matrices_owned, s.nonfinite_grads, s.steps_skipped};
+  // An older caller's struct is shorter: it gets the fields it has.
+  std::memcpy(out, &full, std::min(caller_size, sizeof full));
 }
 
 }  // namespace capi

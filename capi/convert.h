@@ -27,6 +27,7 @@ namespace capi {
 // shorter, newer ones' longer).
 constexpr size_t kOptionsV1Size = offsetof(muon_options_t, assignment);
 constexpr size_t kParamOptionsV1Size = offsetof(muon_param_options_t, global_ndim);
+constexpr size_t kStatsV1Size = offsetof(muon_stats_t, nonfinite_grads);
 
 // InvalidArgument "<name>->struct_size is ..." when `given` < `minimum`.
 absl::Status CheckStructSize(const char* name, size_t given, size_t minimum);

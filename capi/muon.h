@@ -82,7 +82,7 @@ extern "C" {
 #endif
 
 #define MUON_VERSION_MAJOR 0
-#define MUON_VERSION_MINOR 3
+#define MUON_VERSION_MINOR 4
 #define MUON_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */
@@ -214,6 +214,19 @@ typedef struct muon_options_t {
   muon_status_t (*assign_fn)(void* assign_state, size_t num_matrices,
                              const struct muon_matrix_info_t* matrices, int32_t* owners);
   void* assign_state;
+  /* ---- 0.4 ---- */
+  /* Non-finite gradients (NaN, +-Inf). Zero (default): stepped as torch does:
+   * the momentum of an element that saw one becomes non-finite for good, and
+   * Newton-Schulz spreads it over the matrix; muon_stats_t.nonfinite_grads
+   * counts them (in the momentum pass, no extra pass). Nonzero: before the
+   * step changes anything, every rank counts its gradients' non-finite
+   * elements (one read of the gradients) and the ranks agree on the counts
+   * (one all_gather of 8 bytes per rank); if any rank saw one, every rank
+   * skips the step: MUON_OK, nothing changes, the step count stays and
+   * muon_stats_t.steps_skipped grows, as mixed-precision training skips an
+   * overflowing step. Host tensors only (a CUDA parameter with it set is
+   * refused at registration). Must be the same on every rank. */
+  int32_t skip_nonfinite;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
@@ -570,6 +583,12 @@ typedef struct muon_stats_t {
   /* Planned, the same every step: */
   int64_t matrices_total;         /* matrices in the whole job */
   int64_t matrices_owned;         /* of which this rank orthogonalizes */
+  /* ---- 0.4 (a caller's older, shorter struct gets the fields it has) ---- */
+  /* Last step: non-finite gradient elements this rank's momentum pass read
+   * (ZeRO-2: the averaged gradients of the matrices it owns), or with
+   * skip_nonfinite, its gradients' (-1 on a GPU: not counted there yet). */
+  int64_t nonfinite_grads;
+  int64_t steps_skipped;          /* steps skipped with skip_nonfinite, in all */
 } muon_stats_t;
 
 MUON_API muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size);

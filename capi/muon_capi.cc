@@ -252,8 +252,8 @@ muon_status_t muon_add_group(muon_optimizer_t* opt, const muon_comm_t* comm, int
 muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size) {
   return Guard("muon_stats_init", [&]() -> absl::Status {
     if (stats == nullptr) return NullArg("stats");
-    if (struct_size < sizeof(muon_stats_t)) {
-      return CheckStructSize("stats", struct_size, sizeof(muon_stats_t));
+    if (struct_size < muon::capi::kStatsV1Size) {
+      return CheckStructSize("stats", struct_size, muon::capi::kStatsV1Size);
     }
     std::memset(stats, 0, struct_size);
     stats->struct_size = struct_size;
@@ -265,7 +265,8 @@ muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t* stats) {
   return Guard("muon_get_stats", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");
     if (stats == nullptr) return NullArg("stats");
-    absl::Status size_ok = CheckStructSize("stats", stats->struct_size, sizeof(muon_stats_t));
+    absl::Status size_ok =
+        CheckStructSize("stats", stats->struct_size, muon::capi::kStatsV1Size);
     if (!size_ok.ok()) return size_ok;
     muon::capi::StatsToC(opt->impl->stats(), stats);
     return absl::OkStatus();

@@ -84,6 +84,16 @@ inline float LoadAsFloat(DType t, const void* base, int64_t i) {
   }
 }
 
+// Non-finite (NaN, +-Inf) elements among n of type t at base.
+inline int64_t CountNonFinite(DType t, const void* base, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = LoadAsFloat(t, base, i);
+    count += (v - v == 0.0f) ? 0 : 1;  // false for NaN and +-Inf
+  }
+  return count;
+}
+
 // Stores `f` (rounded to `t`) as element i of a buffer of type `t`.
 inline void StoreFromFloat(DType t, void* base, int64_t i, float f) {
   switch (t) {

@@ -3,7 +3,8 @@
 namespace muon {
 
 absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
-                            DType grad_dtype, const void* grad, float* update) {
+                            DType grad_dtype, const void* grad, float* update,
+                            int64_t* nonfinite) {
   MomentumArgs m;
   m.grad_dtype = grad_dtype;
   m.grad = grad;
@@ -13,6 +14,7 @@ absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
   m.momentum = options.momentum;
   m.nesterov = options.nesterov;
   m.out = update;
+  m.nonfinite = nonfinite;
   return math.Momentum(m);
 }
 

@@ -16,7 +16,8 @@ namespace muon {
 // momentum) : buf. `grad` holds p.numel() elements of `grad_dtype`; `update`
 // receives p.numel() fp32 values.
 absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
-                            DType grad_dtype, const void* grad, float* update);
+                            DType grad_dtype, const void* grad, float* update,
+                            int64_t* nonfinite = nullptr);
 
 // p <- p * (1 - lr * weight_decay) - adjusted_lr * update.
 absl::Status ApplyUpdate(MathBackend& math, const Options& options, const Param& p,

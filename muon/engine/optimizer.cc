@@ -49,6 +49,11 @@ absl::Status Optimizer::SetMomentum(double momentum) {
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int view,
                                                  const DistSpec* dist) {
+  if (options_.skip_nonfinite && value != nullptr && value->device.device_type == kDLCUDA) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': is a CUDA tensor, and skip_nonfinite counts gradients on the host "
+        "only; leave skip_nonfinite 0 for CUDA parameters"));
+  }
   return registry_.Register(value, grad, name, view, dist, options_.momentum_fp32);
 }
 
@@ -71,6 +76,15 @@ absl::Status Optimizer::Step(void* stream) {
   // collective of the step; then every rank agrees on the outcome.
   LocalOutcome local;
   local.Note(ready);
+  if (options_.skip_nonfinite) {
+    absl::StatusOr<bool> skip = AgreeToSkip(shared, local.ok(), stream);
+    if (!skip.ok()) {
+      local.Note(skip.status());
+    } else if (*skip) {
+      ++stats_.steps_skipped;  // nothing changed, on any rank
+      return absl::OkStatus();
+    }
+  }
   try {
     if (local.ok()) local.Note(UpdateMomenta());
     local.Note(RunSteppers(stream, !local.ok()));
@@ -140,15 +154,41 @@ absl::Status Optimizer::Prepare(void* stream) {
 }
 
 absl::Status Optimizer::UpdateMomenta() {
-  // 1. Momentum into each local piece's update buffer.
+  // 1. Momentum into each local piece's update buffer (non-finite gradient
+  // elements counted in the same pass).
   std::vector<Param>& params = registry_.params();
+  nonfinite_ = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!StepsLocally(p)) continue;
     MUON_RETURN_IF_ERROR(UpdateMomentum(registry_.device()->math(), options_, p, p.grad.dtype,
-                                        p.grad.data, setup_->updates[i].as<float>()));
+                                        p.grad.data, setup_->updates[i].as<float>(),
+                                        &nonfinite_));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* stream) {
+  // Host tensors only (registration refuses CUDA ones with skip_nonfinite).
+  int64_t mine = -1;  // -1: this rank already failed its step
+  if (local_ok) {
+    mine = 0;
+    for (const Param& p : registry_.params()) {
+      if (p.active) mine += CountNonFinite(p.grad.dtype, p.grad.data, p.numel());
+    }
+  }
+  std::vector<int64_t> all = {mine};
+  if (shared) {
+    MUON_ASSIGN_OR_RETURN(all, GatherInt64(registry_.world(), registry_.device().get(), mine,
+                                           stream, "counting non-finite gradients"));
+  }
+  int64_t total = 0;
+  for (int64_t c : all) {
+    if (c < 0) return false;  // a rank failed: the step goes on, to fail on every rank
+    total += c;
+  }
+  stats_.nonfinite_grads = mine;
+  return total > 0;
 }
 
 absl::Status Optimizer::RunSteppers(void* stream, bool failed) {
@@ -189,12 +229,16 @@ void Optimizer::CountStats() {
   count(&registry_.world());
   for (const auto& g : registry_.groups()) count(g.get());
   s.rounds = setup_->exchange->rounds();
+  s.nonfinite_grads = nonfinite_;
   for (const Stepper* st : setup_->steppers()) {
     s.matrices_orthogonalized += st->stats().orthogonalized;
     s.ns_flops += st->stats().ns_flops;
+    const int64_t n = st->stats().nonfinite;
+    s.nonfinite_grads = (s.nonfinite_grads < 0 || n < 0) ? -1 : s.nonfinite_grads + n;
   }
   s.matrices_total = stats_.matrices_total;
   s.matrices_owned = stats_.matrices_owned;
+  s.steps_skipped = stats_.steps_skipped;
   stats_ = s;
 }
 

@@ -36,6 +36,8 @@ struct StepStats {
   double ns_flops = 0;
   int64_t matrices_total = 0;
   int64_t matrices_owned = 0;
+  int64_t nonfinite_grads = 0;  // last step (-1: not counted, on a GPU)
+  int64_t steps_skipped = 0;    // with skip_nonfinite, in all
 };
 
 class Optimizer {
@@ -98,6 +100,9 @@ class Optimizer {
   absl::Status RunSteppers(void* stream, bool failed);
   absl::Status ApplyUpdates();
   void CountStats();
+  // skip_nonfinite: whether every rank skips this step (a gradient of some
+  // rank is not finite), agreed before anything changes.
+  absl::StatusOr<bool> AgreeToSkip(bool shared, bool local_ok, void* stream);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
 
   Options options_;
@@ -108,6 +113,7 @@ class Optimizer {
   // (LoadState) or once every param holding state here was restored (CopyStateIn).
   std::string poisoned_;
   std::vector<bool> restored_;  // per param, while poisoned: restored since
+  int64_t nonfinite_ = 0;       // this step's momentum pass
   int64_t step_count_ = 0;
   StepStats stats_;
 };

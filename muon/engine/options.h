@@ -31,6 +31,7 @@ struct Options {
   NsConfig ns;
   AdjustLr adjust_lr = AdjustLr::kOriginal;
   bool momentum_fp32 = false;
+  bool skip_nonfinite = false;  // skip the step on every rank when a grad is not finite
   DistOptions dist;
 };
 

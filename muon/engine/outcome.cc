@@ -77,6 +77,15 @@ uint64_t HyperDigest(const Options& o) {
   return h;
 }
 
+absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
+                                                 void* stream, const std::string& op) {
+  std::vector<unsigned char> all;
+  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream, op));
+  std::vector<int64_t> out(static_cast<size_t>(world.size()));
+  std::memcpy(out.data(), all.data(), all.size());
+  return out;
+}
+
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what) {
   if (world.size() == 1) return local.status();

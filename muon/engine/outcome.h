@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "muon/comm/comm.h"
@@ -57,6 +58,10 @@ uint64_t HyperDigest(const Options& o);
 // host memory.
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what);
+
+// Every rank's `mine`, in rank order (one all_gather over the world).
+absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
+                                                 void* stream, const std::string& op);
 
 }  // namespace muon
 

@@ -39,6 +39,7 @@ struct StepperStats {
   int64_t matrices_owned = 0;  // planned: of which this rank orthogonalizes
   int64_t orthogonalized = 0;  // last step, this rank
   double ns_flops = 0;         // last step, this rank
+  int64_t nonfinite = 0;       // last step: non-finite gradient elements its momentum pass read
 };
 
 class Stepper {

@@ -102,7 +102,8 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   MathBackend& math = ctx_.device->math();
   const Options& options = *ctx_.options;
   // The average, already rounded to the grad dtype, enters as fp32.
-  MUON_RETURN_IF_ERROR(UpdateMomentum(math, options, p, DType::kF32, average_.data(), update));
+  MUON_RETURN_IF_ERROR(UpdateMomentum(math, options, p, DType::kF32, average_.data(), update,
+                                      &stats_.nonfinite));
   MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
   MUON_RETURN_IF_ERROR(ApplyUpdate(math, options, p, update));
   stats_.orthogonalized += p.batch;
@@ -153,6 +154,7 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
 absl::Status Zero2Stepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
+  stats_.nonfinite = 0;
   absl::Status first;
   for (const Block& blk : blocks_) {
     absl::Status st = RunBlock(blk, stream, failed || !first.ok());

@@ -35,6 +35,9 @@ struct MomentumArgs {
   double momentum = 0.95;
   bool nesterov = true;
   float* out = nullptr;
+  // When set: += the non-finite elements of grad, counted in the same pass
+  // (-1 where the backend does not count them).
+  int64_t* nonfinite = nullptr;
 };
 
 // Decoupled decay and the update on n elements of a parameter:

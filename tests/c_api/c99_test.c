@@ -46,7 +46,9 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved1) == 116, opt_reserved
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, round_bytes) == 120, opt_round_bytes);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_fn) == 128, opt_assign_fn);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_state) == 136, opt_assign_state);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 144, opt_sizeof);
+/* 0.4: grown at the end. */
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, skip_nonfinite) == 144, opt_skip_nonfinite);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 152, opt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, struct_size) == 0, popt_struct_size);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, name) == 8, popt_name);
@@ -102,7 +104,10 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_orthogonalized) == 48, s
 MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, ns_flops) == 56, st_ns_flops);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_total) == 64, st_matrices_total);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_owned) == 72, st_matrices_owned);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_stats_t) == 80, st_sizeof);
+/* 0.4: grown at the end. */
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, nonfinite_grads) == 80, st_nonfinite_grads);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, steps_skipped) == 88, st_steps_skipped);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_stats_t) == 96, st_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, data) == 0, ga_data);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, rows) == 8, ga_rows);

@@ -563,8 +563,11 @@ def test_struct_layouts_follow_the_header():
     assert (info.ns_flops.offset, info.holders.offset, info.num_holders.offset) == (32, 40, 48)
     comm = _lib.muon_comm_t
     assert (comm.rank.offset, comm.all_gather.offset, comm.release.offset) == (16, 24, 64)
-    assert ctypes.sizeof(_lib.muon_stats_t) == 80
-    assert _lib.muon_options_t.assign_fn.offset + 16 == ctypes.sizeof(_lib.muon_options_t)
+    assert ctypes.sizeof(_lib.muon_stats_t) == 96  # 0.4: nonfinite_grads, steps_skipped
+    assert _lib.muon_stats_t.nonfinite_grads.offset == 80
+    # 0.4: skip_nonfinite after assign_state, then padding to 8.
+    assert _lib.muon_options_t.assign_fn.offset + 16 == _lib.muon_options_t.skip_nonfinite.offset
+    assert ctypes.sizeof(_lib.muon_options_t) == 152
 
 
 def test_inprocess_comm_objects():

@@ -155,6 +155,7 @@ class muon_options_t(ctypes.Structure):
         ("round_bytes", ctypes.c_size_t),
         ("assign_fn", ASSIGN_FN),
         ("assign_state", ctypes.c_void_p),
+        ("skip_nonfinite", ctypes.c_int32),
     ]
 
 
@@ -262,6 +263,8 @@ class muon_stats_t(ctypes.Structure):
         ("ns_flops", ctypes.c_double),
         ("matrices_total", ctypes.c_int64),
         ("matrices_owned", ctypes.c_int64),
+        ("nonfinite_grads", ctypes.c_int64),
+        ("steps_skipped", ctypes.c_int64),
     ]
 
 

@@ -155,6 +155,8 @@ class Optimizer:
     order: by parameter name, then index) and returns the owner's world rank
     for each, the same on every rank. prefetch_count, async_parallelism and
     round_bytes tune the exchange pipeline (results are bit-identical).
+    skip_nonfinite: skip a step on every rank when any rank's gradient holds a
+    NaN or Inf (nothing changes; stats()["steps_skipped"] counts them).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -163,7 +165,7 @@ class Optimizer:
     def __init__(self, lr=None, weight_decay=None, momentum=None, nesterov=None, ns_steps=None,
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
                  momentum_fp32=None, assignment=None, prefetch_count=None,
-                 async_parallelism=None, round_bytes=None):
+                 async_parallelism=None, round_bytes=None, skip_nonfinite=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -193,6 +195,8 @@ class Optimizer:
             o.ns_dtype = _choice("ns_dtype", ns_dtype, _NS_DTYPE)
         if momentum_fp32 is not None:
             o.momentum_fp32 = 1 if momentum_fp32 else 0
+        if skip_nonfinite is not None:
+            o.skip_nonfinite = 1 if skip_nonfinite else 0
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM
@@ -662,7 +666,9 @@ class Optimizer:
     def stats(self):
         """What moved and what was computed on this rank (muon_get_stats): steps;
         for the last step bytes_sent, bytes_received, collectives, rounds,
-        matrices_orthogonalized, ns_flops; planned: matrices_total, matrices_owned."""
+        matrices_orthogonalized, ns_flops, nonfinite_grads (non-finite gradient
+        elements; -1 on a GPU); planned: matrices_total, matrices_owned; in all:
+        steps_skipped (skip_nonfinite)."""
         s = _lib.muon_stats_t()
         check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
         check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))

@@ -45,12 +45,15 @@ absl::Status Guarded(const char* what, Fn&& fn) {
 absl::Status CpuBackend::Momentum(const MomentumArgs& a) {
   const float w_buf = static_cast<float>(1.0 - a.momentum);
   const float w_out = static_cast<float>(a.momentum);
+  int64_t nonfinite = 0;
   for (int64_t i = 0; i < a.n; ++i) {
     const float g = LoadAsFloat(a.grad_dtype, a.grad, i);
+    nonfinite += std::isfinite(g) ? 0 : 1;
     const float b = RoundTo(a.buf_dtype, TorchLerp(LoadAsFloat(a.buf_dtype, a.buf, i), g, w_buf));
     StoreFromFloat(a.buf_dtype, a.buf, i, b);
     a.out[i] = a.nesterov ? RoundTo(a.buf_dtype, TorchLerp(g, b, w_out)) : b;
   }
+  if (a.nonfinite != nullptr) *a.nonfinite += nonfinite;
   return absl::OkStatus();
 }
 

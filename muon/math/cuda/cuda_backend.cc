@@ -101,6 +101,7 @@ absl::Status CudaBackend::Momentum(const MomentumArgs& a) {
                                  static_cast<float>(1.0 - a.momentum),
                                  static_cast<float>(a.momentum), a.nesterov, a.out, impl_->stream),
             "momentum kernel");
+  if (a.nonfinite != nullptr) *a.nonfinite = -1;  // not counted on the GPU yet
   return absl::OkStatus();
 }
 
