@@ -653,22 +653,48 @@ MUON_API muon_status_t muon_set_state(muon_optimizer_t* opt, int64_t param_id,
 
 /* Whole-optimizer state as one self-describing byte blob (host memory; on a
  * GPU the call waits for the last step's stream): a header, the step
- * count, and for every parameter its name, shape, dtype and momentum bytes.
+ * count, and for every parameter its name, local and global shape, dtype, the
+ * global elements its momentum bytes hold (format 2; see muon_load_states)
+ * and those bytes (none for a ZeRO-2 parameter another rank owns).
  * With buffer == NULL, *size receives the bytes needed. Otherwise `capacity`
  * must be at least that and *size receives the bytes written. Hyper-parameters
  * are not part of the blob (the host owns its schedule). */
 MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer,
                                        size_t capacity, size_t* size);
 
-/* Restores a blob written by muon_save_state into an optimizer that has the
- * same parameters registered in the same order (same shapes, dtypes and
- * state dtypes). Validates the whole blob before changing anything: the
+/* Restores this rank's own blob, written by muon_save_state (format 2, or
+ * format 1 of libmuon 0.3), into an optimizer that has the same parameters
+ * registered in the same order (same shapes, dtypes and state dtypes) with
+ * the same layout. Before the first step, a ZeRO-2 parameter this rank held
+ * no momentum of when it saved is left to its owner (the first step fails,
+ * agreed on every rank, if this rank owns it now). Validates the whole blob before changing anything: the
  * magic bytes and format version, the reserved and padding words (zero), a
  * step count of at least 0, each parameter's name, shape, view, dtype and
  * byte count, and no bytes after the last parameter. A resumed optimizer
  * continues bit for bit like the one that saved; loading a whole blob also
  * lifts a poisoning (see muon_step). */
 MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer, size_t size);
+
+/* Resume anywhere: restores the momentum of this rank's parameters from the
+ * blobs of several ranks, e.g. every blob of a checkpoint saved at another
+ * world size or with another layout (FSDP, TP x FSDP, flat ranges, ZeRO-2;
+ * the host reads all of them on every rank, or gathers them). A blob
+ * (format 2, what muon_save_state writes) lists, for every parameter, the
+ * global elements its momentum bytes hold (offsets into the row-major
+ * flattened global tensor); each of this rank's pieces is looked up there by
+ * name, global shape, matrix view and state dtype, in whichever blob holds
+ * its elements (replicas' copies are equal; the first is taken). Fails,
+ * changing nothing, naming the parameter and the first global elements no
+ * blob holds, a blob whose shape, view or dtype differs, blobs saved at
+ * different steps, a format-1 blob (no global coordinates), or a custom-path
+ * parameter (its layout is the host's: restore it from this rank's own blob
+ * with muon_load_state). Entries of parameters this rank does not hold
+ * (other pipeline stages, experts) are ignored. The step count is the blobs'.
+ * Before the first step it restores every rank's full momentum of ZeRO-2
+ * parameters; the setup then keeps it on their owners. Also lifts a
+ * poisoning. The parameters themselves are the host's to restore. */
+MUON_API muon_status_t muon_load_states(muon_optimizer_t* opt, const void* const* buffers,
+                                        const size_t* sizes, size_t count);
 
 #ifdef __cplusplus
 } /* extern "C" */

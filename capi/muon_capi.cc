@@ -328,4 +328,21 @@ muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer, size_t 
   });
 }
 
+muon_status_t muon_load_states(muon_optimizer_t* opt, const void* const* buffers,
+                               const size_t* sizes, size_t count) {
+  return Guard("muon_load_states", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (buffers == nullptr) return NullArg("buffers");
+    if (sizes == nullptr) return NullArg("sizes");
+    if (count == 0) return absl::InvalidArgumentError("count: 0 blobs; hand at least one");
+    for (size_t k = 0; k < count; ++k) {
+      if (buffers[k] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("buffers[", k, "] is NULL"));
+      }
+    }
+    return opt->impl->LoadStates(reinterpret_cast<const unsigned char* const*>(buffers), sizes,
+                                 count);
+  });
+}
+
 }  // extern "C"

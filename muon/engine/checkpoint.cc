@@ -1,14 +1,16 @@
 #include "muon/engine/checkpoint.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
 
 namespace muon {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'U', 'O', 'N', 'S', 'T', 'A', 'T'};
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;   // written; format 1 is still read
 
 class Writer {
  public:
@@ -60,9 +62,16 @@ absl::Status Truncated(const std::string& where) {
 size_t StateBlobSize(const std::vector<Param>& params) {
   size_t n = sizeof kMagic + 4 + 4 + 8 + 8;
   for (const Param& p : params) {
-    n += 4 + p.name.size() + 1 + 1 + 2 + 4 + 8 * p.value.shape.size() + 8 + p.momentum.size();
+    n += 4 + p.name.size() + 4 + 4 + 8 * p.value.shape.size() + 4 + 8 * p.global_shape.size() +
+         8 + 16 * SavedRuns(p).size() + 8 + p.momentum.size();
   }
   return n;
+}
+
+std::vector<Run> SavedRuns(const Param& p) {
+  // The custom path's global layout is the host's: its bytes are local only.
+  if (p.custom != nullptr || !p.holds_state || p.momentum.empty()) return {};
+  return p.piece.runs;
 }
 
 void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
@@ -79,96 +88,142 @@ void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
     w.Bytes(p.name.data(), p.name.size());
     w.Put<uint8_t>(static_cast<uint8_t>(p.state_dtype));
     w.Put<uint8_t>(static_cast<uint8_t>(p.view));
-    w.Put<uint16_t>(0);
+    w.Put<uint8_t>(p.custom != nullptr ? kLocalOnly : kGlobalRuns);
+    w.Put<uint8_t>(0);
     w.Put<uint32_t>(static_cast<uint32_t>(p.value.shape.size()));
     for (int64_t d : p.value.shape) w.Put<int64_t>(d);
+    w.Put<uint32_t>(static_cast<uint32_t>(p.global_shape.size()));
+    for (int64_t d : p.global_shape) w.Put<int64_t>(d);
+    const std::vector<Run> runs = SavedRuns(p);
+    w.Put<uint64_t>(runs.size());
+    for (const Run& r : runs) {
+      w.Put<int64_t>(r.offset);
+      w.Put<int64_t>(r.length);
+    }
     w.Put<uint64_t>(p.momentum.size());
     w.Bytes(momentum[i], p.momentum.size());
   }
 }
 
-absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
-                                           const unsigned char* data, size_t size) {
+namespace {
+
+absl::Status Bad(const std::string& who, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(who, ": ", what));
+}
+
+absl::Status GetDims(Reader& r, const std::string& who, const char* which,
+                     std::vector<int64_t>* dims, int64_t* numel) {
+  uint32_t ndim = 0;
+  if (!r.Get(&ndim)) return Truncated(who);
+  // A corrupted count must not allocate: the dims have to be in the blob.
+  if (ndim > r.Remaining() / sizeof(int64_t)) return Truncated(who);
+  dims->resize(ndim);
+  *numel = 1;
+  for (auto& d : *dims) {
+    if (!r.Get(&d)) return Truncated(who);
+    if (d < 0) return Bad(who, absl::StrCat(which, " shape has a negative dimension"));
+    if (d != 0 && *numel > std::numeric_limits<int64_t>::max() / d) {
+      return Bad(who, absl::StrCat(which, " shape ", ShapeString(*dims), " overflows"));
+    }
+    *numel *= d;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size,
+                                          const std::string& blob) {
   Reader r(data, size);
   const unsigned char* magic = r.Skip(sizeof kMagic);
   if (magic == nullptr || std::memcmp(magic, kMagic, sizeof kMagic) != 0) {
-    return absl::InvalidArgumentError("state blob: not a libmuon state (bad magic bytes)");
+    return Bad(blob, "not a libmuon state (bad magic bytes)");
   }
-  uint32_t format = 0, reserved = 0;
-  ParsedState out;
+  SavedState out;
+  uint32_t reserved = 0;
   uint64_t count = 0;
-  if (!r.Get(&format) || !r.Get(&reserved) || !r.Get(&out.step_count) || !r.Get(&count)) {
-    return Truncated("state blob header");
+  if (!r.Get(&out.format) || !r.Get(&reserved) || !r.Get(&out.step_count) || !r.Get(&count)) {
+    return Truncated(absl::StrCat(blob, " header"));
   }
-  if (format != kFormat) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state blob: format version ", format, " is not supported (expected ",
-                     kFormat, ")"));
+  if (out.format != 1 && out.format != 2) {
+    return Bad(blob, absl::StrCat("format version ", out.format,
+                                  " is not supported (1 and 2 are)"));
   }
   if (reserved != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state blob: header word 'reserved' is ", reserved, " (a libmuon blob writes 0)"));
+    return Bad(blob, absl::StrCat("header word 'reserved' is ", reserved,
+                                  " (a libmuon blob writes 0)"));
   }
   if (out.step_count < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state blob: step count ", out.step_count, " is negative"));
+    return Bad(blob, absl::StrCat("step count ", out.step_count, " is negative"));
   }
-  if (count != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("state blob: holds ", count,
-                                                   " parameters, the optimizer has ",
-                                                   params.size()));
-  }
-  for (const Param& p : params) {
-    const std::string who = absl::StrCat("state blob, param '", p.name, "'");
+  // Each parameter takes at least 24 bytes: a corrupted count must not allocate.
+  if (count > r.Remaining() / 24) return Truncated(absl::StrCat(blob, " header"));
+  out.params.resize(static_cast<size_t>(count));
+  for (uint64_t k = 0; k < count; ++k) {
+    SavedParam& sp = out.params[static_cast<size_t>(k)];
+    std::string who = absl::StrCat(blob, ", parameter ", k);
     uint32_t name_len = 0;
     if (!r.Get(&name_len)) return Truncated(who);
     const unsigned char* name = r.Skip(name_len);
     if (name == nullptr) return Truncated(who);
-    const std::string saved_name(reinterpret_cast<const char*>(name), name_len);
-    if (saved_name != p.name) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": the blob has '", saved_name, "' at this position; register the parameters "
-          "in the order they were saved"));
+    sp.name.assign(reinterpret_cast<const char*>(name), name_len);
+    who = absl::StrCat(blob, ", param '", sp.name, "'");
+    uint8_t dtype = 0, pad8 = 0;
+    if (!r.Get(&dtype) || !r.Get(&sp.view)) return Truncated(who);
+    if (out.format == 2) {
+      if (!r.Get(&sp.kind) || !r.Get(&pad8)) return Truncated(who);
+      if (sp.kind != kGlobalRuns && sp.kind != kLocalOnly) {
+        return Bad(who, absl::StrCat("unknown entry kind ", static_cast<int>(sp.kind)));
+      }
+      if (pad8 != 0) {
+        return Bad(who, absl::StrCat("padding word is ", static_cast<int>(pad8),
+                                     " (a libmuon blob writes 0)"));
+      }
+    } else {
+      uint16_t pad = 0;
+      if (!r.Get(&pad)) return Truncated(who);
+      if (pad != 0) return Bad(who, absl::StrCat("padding word is ", pad, " (a libmuon blob writes 0)"));
+      sp.kind = kLocalOnly;  // format 1 carries no global coordinates
     }
-    uint8_t dtype = 0, view = 0;
-    uint16_t pad = 0;
-    uint32_t ndim = 0;
-    if (!r.Get(&dtype) || !r.Get(&view) || !r.Get(&pad) || !r.Get(&ndim)) return Truncated(who);
-    if (pad != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": padding word is ", pad, " (a libmuon blob writes 0)"));
+    if (dtype > 2) return Bad(who, absl::StrCat("unknown momentum dtype ", static_cast<int>(dtype)));
+    sp.state_dtype = static_cast<DType>(dtype);
+    int64_t local_numel = 0, global_numel = 0;
+    MUON_RETURN_IF_ERROR(GetDims(r, who, "local", &sp.local_shape, &local_numel));
+    if (out.format == 2) {
+      MUON_RETURN_IF_ERROR(GetDims(r, who, "global", &sp.global_shape, &global_numel));
+      uint64_t runs = 0;
+      if (!r.Get(&runs)) return Truncated(who);
+      if (runs > r.Remaining() / 16) return Truncated(who);
+      sp.runs.resize(static_cast<size_t>(runs));
+      int64_t held = 0;
+      for (Run& run : sp.runs) {
+        if (!r.Get(&run.offset) || !r.Get(&run.length)) return Truncated(who);
+        if (run.offset < 0 || run.length < 0 || run.offset > global_numel ||
+            run.length > global_numel - run.offset) {
+          return Bad(who, absl::StrCat("run [", run.offset, ", +", run.length,
+                                       ") is outside its ", global_numel, " global elements"));
+        }
+        held += run.length;
+      }
+      if (sp.kind == kLocalOnly && !sp.runs.empty()) {
+        return Bad(who, "a local-only entry (custom path) lists global runs");
+      }
+      sp.held = sp.kind == kGlobalRuns ? held : local_numel;
+    } else {
+      sp.global_shape = sp.local_shape;
+      sp.held = local_numel;
     }
-    // A corrupted ndim must not allocate: the dims have to be in the blob.
-    if (ndim > r.Remaining() / sizeof(int64_t)) return Truncated(who);
-    std::vector<int64_t> shape(ndim);
-    for (auto& d : shape) {
-      if (!r.Get(&d)) return Truncated(who);
+    if (!r.Get(&sp.nbytes)) return Truncated(who);
+    const uint64_t want = static_cast<uint64_t>(sp.held) * SizeOf(sp.state_dtype);
+    if (sp.nbytes != want && sp.nbytes != 0) {
+      return Bad(who, absl::StrCat("holds ", sp.nbytes, " momentum bytes for ", sp.held,
+                                   " elements of ", DTypeName(sp.state_dtype)));
     }
-    if (shape != p.value.shape || view != static_cast<uint8_t>(p.view)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": saved shape ", ShapeString(shape), " (view ", view,
-                       ") differs from the registered ", ShapeString(p.value.shape), " (view ",
-                       static_cast<int>(p.view), ")"));
-    }
-    if (dtype != static_cast<uint8_t>(p.state_dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": saved momentum dtype ", dtype > 2 ? "unknown" : DTypeName(DType(dtype)),
-          " differs from this optimizer's ", DTypeName(p.state_dtype),
-          " (check momentum_fp32 and the gradient dtype)"));
-    }
-    uint64_t nbytes = 0;
-    if (!r.Get(&nbytes)) return Truncated(who);
-    if (nbytes != p.momentum.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": holds ", nbytes, " momentum bytes, expected ", p.momentum.size()));
-    }
-    const unsigned char* bytes = r.Skip(nbytes);
-    if (bytes == nullptr) return Truncated(who);
-    out.momentum.push_back(bytes);
+    if (sp.nbytes == 0) sp.held = 0;  // no state here (a ZeRO-2 param another rank owned)
+    sp.bytes = r.Skip(static_cast<size_t>(sp.nbytes));
+    if (sp.bytes == nullptr) return Truncated(who);
   }
-  if (!r.AtEnd()) {
-    return absl::InvalidArgumentError("state blob: unexpected bytes after the last parameter");
-  }
+  if (!r.AtEnd()) return Bad(blob, "unexpected bytes after the last parameter");
   return out;
 }
 

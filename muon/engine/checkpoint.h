@@ -1,8 +1,19 @@
 // The optimizer state as a self-describing byte blob (see muon_save_state).
 //
-// Layout (little-endian): "MUONSTAT" | u32 format=1 | u32 0 | i64 step_count |
-// u64 param_count | per param: u32 name_len, name, u8 state dtype, u8 view,
-// u16 0, u32 ndim, i64 dims[ndim], u64 nbytes, momentum bytes.
+// Format 2 (written), little-endian:
+//   "MUONSTAT" | u32 format=2 | u32 0 | i64 step_count | u64 param_count |
+//   per param: u32 name_len, name, u8 state dtype, u8 view, u8 kind, u8 0,
+//              u32 ndim, i64 local dims[ndim], u32 global_ndim,
+//              i64 global dims[global_ndim], u64 num_runs,
+//              (i64 offset, i64 length)[num_runs], u64 nbytes, momentum bytes.
+// kind 0: the momentum bytes are the global elements the runs list, in order
+// (offsets into the row-major flattened global tensor): any rank of any
+// layout can find its elements there. kind 1 (the custom path, whose layout
+// only the host knows): the bytes are this rank's local piece, no runs. A
+// param holding no state here (ZeRO-2, another rank owns it) has no runs and
+// no bytes.
+// Format 1 (read): the same without kind, global dims and runs (a u16 0 after
+// view): local pieces only.
 #ifndef MUON_ENGINE_CHECKPOINT_H_
 #define MUON_ENGINE_CHECKPOINT_H_
 
@@ -16,6 +27,13 @@
 
 namespace muon {
 
+constexpr uint8_t kGlobalRuns = 0;  // entry kind: global runs
+constexpr uint8_t kLocalOnly = 1;   // entry kind: a local piece only
+
+// The runs a param's entry lists (empty for local-only entries and for
+// params holding no state here).
+std::vector<Run> SavedRuns(const Param& p);
+
 size_t StateBlobSize(const std::vector<Param>& params);
 
 // Writes the blob into out[0, StateBlobSize(params)); momentum[i] is a host
@@ -23,16 +41,30 @@ size_t StateBlobSize(const std::vector<Param>& params);
 void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
                     const std::vector<const void*>& momentum, unsigned char* out);
 
-// Where each parameter's momentum bytes sit in a checked blob.
-struct ParsedState {
-  int64_t step_count = 0;
-  std::vector<const unsigned char*> momentum;  // one per param, in order
+// One parameter's entry of a parsed blob; `bytes` points into the blob.
+struct SavedParam {
+  std::string name;
+  DType state_dtype = DType::kF32;
+  uint8_t view = 0;
+  uint8_t kind = kGlobalRuns;
+  std::vector<int64_t> local_shape, global_shape;
+  std::vector<Run> runs;  // kind kGlobalRuns: the global elements of `bytes`, in order
+  int64_t held = 0;       // elements in `bytes`
+  const unsigned char* bytes = nullptr;
+  uint64_t nbytes = 0;
 };
 
-// Checks the whole blob against `params` (count, names, shapes, views, dtypes,
-// sizes) without changing anything; errors name the first mismatch.
-absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
-                                           const unsigned char* data, size_t size);
+struct SavedState {
+  uint32_t format = 0;
+  int64_t step_count = 0;
+  std::vector<SavedParam> params;
+};
+
+// Checks a blob on its own (magic, format, reserved and padding words, step
+// count, every size and run against its shapes, no trailing bytes) without
+// reference to any optimizer; errors start with `blob` (e.g. "state blob 2").
+absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size,
+                                          const std::string& blob);
 
 }  // namespace muon
 

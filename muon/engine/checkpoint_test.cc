@@ -94,7 +94,7 @@ TEST(StateBlob, LayoutIsTheDocumentedOne) {
 
   Cursor c(blob);
   EXPECT_EQ(c.Text(8), "MUONSTAT");
-  EXPECT_EQ(c.Next<uint32_t>(), 1u);  // format
+  EXPECT_EQ(c.Next<uint32_t>(), 2u);  // format
   EXPECT_EQ(c.Next<uint32_t>(), 0u);  // reserved
   EXPECT_EQ(c.Next<int64_t>(), 42);   // step count
   EXPECT_EQ(c.Next<uint64_t>(), 2u);  // parameters
@@ -113,9 +113,17 @@ TEST(StateBlob, LayoutIsTheDocumentedOne) {
     EXPECT_EQ(c.Text(w.name.size()), w.name);
     EXPECT_EQ(c.Next<uint8_t>(), w.dtype);
     EXPECT_EQ(c.Next<uint8_t>(), w.view);
-    EXPECT_EQ(c.Next<uint16_t>(), 0u);
-    ASSERT_EQ(c.Next<uint32_t>(), w.shape.size());
+    EXPECT_EQ(c.Next<uint8_t>(), kGlobalRuns);  // kind
+    EXPECT_EQ(c.Next<uint8_t>(), 0u);           // padding
+    ASSERT_EQ(c.Next<uint32_t>(), w.shape.size());  // local shape
     for (int64_t d : w.shape) EXPECT_EQ(c.Next<int64_t>(), d);
+    ASSERT_EQ(c.Next<uint32_t>(), w.shape.size());  // global shape (one process: the same)
+    for (int64_t d : w.shape) EXPECT_EQ(c.Next<int64_t>(), d);
+    ASSERT_EQ(c.Next<uint64_t>(), 1u);  // one run: the whole tensor
+    int64_t numel = 1;
+    for (int64_t d : w.shape) numel *= d;
+    EXPECT_EQ(c.Next<int64_t>(), 0);
+    EXPECT_EQ(c.Next<int64_t>(), numel);
     ASSERT_EQ(c.Next<uint64_t>(), w.bytes);
     for (size_t i = 0; i < w.bytes; ++i) {
       ASSERT_EQ(c.Next<uint8_t>(), static_cast<unsigned char>(17 * k + i)) << k << " " << i;
@@ -129,15 +137,20 @@ TEST(StateBlob, ParsePointsIntoTheBlob) {
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params));
   WriteStateBlob(params, 7, Momenta(params), blob.data());
-  auto parsed = ParseStateBlob(params, blob.data(), blob.size());
+  auto parsed = ParseStateBlob(blob.data(), blob.size(), "blob");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->format, 2u);
   EXPECT_EQ(parsed->step_count, 7);
-  ASSERT_EQ(parsed->momentum.size(), 2u);
+  ASSERT_EQ(parsed->params.size(), 2u);
   for (size_t k = 0; k < 2; ++k) {
-    const unsigned char* m = parsed->momentum[k];
-    ASSERT_GE(m, blob.data());
-    ASSERT_LE(m + params[k].momentum.size(), blob.data() + blob.size());
-    EXPECT_EQ(0, std::memcmp(m, params[k].momentum.data(), params[k].momentum.size()));
+    const SavedParam& sp = parsed->params[k];
+    EXPECT_EQ(sp.name, params[k].name);
+    EXPECT_EQ(sp.global_shape, params[k].global_shape);
+    EXPECT_EQ(sp.runs, params[k].piece.runs);
+    ASSERT_EQ(sp.nbytes, params[k].momentum.size());
+    ASSERT_GE(sp.bytes, blob.data());
+    ASSERT_LE(sp.bytes + sp.nbytes, blob.data() + blob.size());
+    EXPECT_EQ(0, std::memcmp(sp.bytes, params[k].momentum.data(), sp.nbytes));
   }
 }
 
@@ -146,13 +159,13 @@ TEST(StateBlob, NoParameters) {
   EXPECT_EQ(StateBlobSize(none), 32u);
   std::vector<unsigned char> blob(StateBlobSize(none));
   WriteStateBlob(none, 3, {}, blob.data());
-  auto parsed = ParseStateBlob(none, blob.data(), blob.size());
+  auto parsed = ParseStateBlob(blob.data(), blob.size(), "blob");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->step_count, 3);
-  EXPECT_TRUE(parsed->momentum.empty());
+  EXPECT_TRUE(parsed->params.empty());
 }
 
-TEST(StateBlob, EveryHeaderFieldIsValidated) {
+TEST(StateBlob, EveryFieldIsValidated) {
   Storage a({3, 5}), b({2, 4, 3});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> good(StateBlobSize(params));
@@ -163,37 +176,78 @@ TEST(StateBlob, EveryHeaderFieldIsValidated) {
     size_t width;
     const char* words;  // what the message must say
   };
-  const size_t first_param = 32 + 4 + 1;  // header, name length, "w"
+  const size_t w = 32 + 4 + 1;  // header, name length, "w": then dtype, view, kind, padding
+  const size_t local_dims = w + 4 + 4, global_dims = local_dims + 16 + 4, runs = global_dims + 16;
   const Case cases[] = {
+      {0, 0x58585858, 4, "bad magic"},
+      {8, 3, 4, "format version 3 is not supported"},
       {12, 1, 4, "header word 'reserved' is 1"},
       {16, -1, 8, "step count -1 is negative"},
       {16, INT64_MIN, 8, "is negative"},
-      {first_param + 2, 7, 2, "param 'w': padding word is 7"},
+      {24, 3, 8, "ends too early"},  // another parameter count: the entries run out
+      {w, 7, 1, "param 'w': unknown momentum dtype 7"},
+      {w + 2, 4, 1, "param 'w': unknown entry kind 4"},
+      {w + 3, 7, 1, "param 'w': padding word is 7"},
+      {local_dims, -3, 8, "param 'w': local shape has a negative dimension"},
+      {global_dims, -3, 8, "param 'w': global shape has a negative dimension"},
+      {runs + 8, 12, 8, "param 'w': run [12, +15) is outside its 15 global elements"},
+      {runs + 16, 0, 8, "param 'w': holds 60 momentum bytes for 0 elements"},
+      {runs + 16, 99, 8, "param 'w': run [0, +99) is outside its 15 global elements"},
   };
   for (const Case& c : cases) {
     std::vector<unsigned char> blob = good;
     std::memcpy(blob.data() + c.at, &c.value, c.width);
-    auto parsed = ParseStateBlob(params, blob.data(), blob.size());
+    auto parsed = ParseStateBlob(blob.data(), blob.size(), "state blob");
     ASSERT_FALSE(parsed.ok()) << c.words;
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(parsed.status().message().find(c.words), std::string::npos) << parsed.status();
   }
+  // Truncated anywhere, or with bytes after the end.
+  for (size_t cut = 0; cut < good.size(); cut += 7) {
+    EXPECT_FALSE(ParseStateBlob(good.data(), cut, "state blob").ok()) << cut;
+  }
+  std::vector<unsigned char> longer = good;
+  longer.push_back(0);
+  auto extra = ParseStateBlob(longer.data(), longer.size(), "state blob");
+  ASSERT_FALSE(extra.ok());
+  EXPECT_NE(extra.status().message().find("unexpected bytes after"), std::string::npos);
 }
 
-TEST(StateBlob, ParseRefusesABlobOfOtherParams) {
-  Storage a({3, 5}), b({2, 4, 3});
-  const std::vector<Param> params = TwoParams(&a, &b);
-  std::vector<unsigned char> blob(StateBlobSize(params));
-  WriteStateBlob(params, 1, Momenta(params), blob.data());
-
-  // Same names, first shape transposed.
-  Storage a2({5, 3}), b2({2, 4, 3});
-  const std::vector<Param> other = TwoParams(&a2, &b2);
-  auto parsed = ParseStateBlob(other, blob.data(), blob.size());
-  ASSERT_FALSE(parsed.ok());
-  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(parsed.status().message().find("param 'w'"), std::string::npos) << parsed.status();
-  EXPECT_NE(parsed.status().message().find("[3, 5]"), std::string::npos) << parsed.status();
+TEST(StateBlob, Format1BlobsAreStillRead) {
+  // libmuon 0.3's layout: no kind, global shape or runs; a u16 padding word.
+  std::vector<unsigned char> v1;
+  auto put = [&](const void* p, size_t n) {
+    v1.insert(v1.end(), static_cast<const unsigned char*>(p),
+              static_cast<const unsigned char*>(p) + n);
+  };
+  const uint32_t format = 1, zero = 0, name_len = 1, ndim = 2;
+  const int64_t step = 9, dims[2] = {2, 3};
+  const uint64_t count = 1, nbytes = 6 * 4;
+  const uint8_t dtype = 0, view = 0;
+  const uint16_t pad = 0;
+  const float momentum[6] = {1, 2, 3, 4, 5, 6};
+  put("MUONSTAT", 8);
+  put(&format, 4);
+  put(&zero, 4);
+  put(&step, 8);
+  put(&count, 8);
+  put(&name_len, 4);
+  put("w", 1);
+  put(&dtype, 1);
+  put(&view, 1);
+  put(&pad, 2);
+  put(&ndim, 4);
+  put(dims, 16);
+  put(&nbytes, 8);
+  put(momentum, sizeof momentum);
+  auto parsed = ParseStateBlob(v1.data(), v1.size(), "state blob");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->format, 1u);
+  EXPECT_EQ(parsed->step_count, 9);
+  ASSERT_EQ(parsed->params.size(), 1u);
+  EXPECT_EQ(parsed->params[0].kind, kLocalOnly);
+  EXPECT_EQ(parsed->params[0].local_shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(0, std::memcmp(parsed->params[0].bytes, momentum, sizeof momentum));
 }
 
 }  // namespace

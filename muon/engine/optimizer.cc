@@ -13,6 +13,7 @@
 #include "muon/engine/local_update.h"
 #include "muon/engine/orthogonalize.h"
 #include "muon/engine/outcome.h"
+#include "muon/engine/state_restore.h"
 
 namespace muon {
 
@@ -346,16 +347,33 @@ absl::Status Optimizer::SaveState(unsigned char* out) const {
 }
 
 absl::Status Optimizer::LoadState(const unsigned char* data, size_t size) {
-  std::vector<Param>& params = registry_.params();
-  MUON_ASSIGN_OR_RETURN(ParsedState parsed, ParseStateBlob(params, data, size));
-  for (size_t i = 0; i < params.size(); ++i) {
-    Param& p = params[i];
-    if (!p.momentum.empty()) {
-      MUON_RETURN_IF_ERROR(
-          registry_.device()->FromHost(p.momentum.data(), parsed.momentum[i], p.momentum.size()));
-    }
+  MUON_ASSIGN_OR_RETURN(SavedState blob, ParseStateBlob(data, size, "state blob"));
+  return Restore({std::move(blob)}, /*own_blob=*/true);
+}
+
+absl::Status Optimizer::LoadStates(const unsigned char* const* data, const size_t* sizes,
+                                   size_t count) {
+  std::vector<SavedState> blobs;
+  for (size_t k = 0; k < count; ++k) {
+    MUON_ASSIGN_OR_RETURN(SavedState blob,
+                          ParseStateBlob(data[k], sizes[k], absl::StrCat("state blob ", k)));
+    blobs.push_back(std::move(blob));
   }
-  step_count_ = parsed.step_count;
+  return Restore(blobs, /*own_blob=*/false);
+}
+
+absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_blob) {
+  std::vector<Param>& params = registry_.params();
+  // Everything is checked before the first byte is written.
+  MUON_ASSIGN_OR_RETURN(RestorePlan plan, PlanRestore(params, blobs, own_blob, setup_ != nullptr));
+  Device& device = *registry_.device();
+  for (const StateCopy& c : plan.copies) {
+    unsigned char* dst = params[c.param].momentum.as<unsigned char>() + c.dst_byte;
+    MUON_RETURN_IF_ERROR(device.FromHost(dst, c.src, c.bytes));
+  }
+  for (Param& p : params) p.momentum_elsewhere = false;
+  for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
+  step_count_ = plan.step_count;
   poisoned_.clear();
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
+#include "muon/engine/checkpoint.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
 #include "muon/engine/registry.h"
@@ -87,6 +88,8 @@ class Optimizer {
   size_t StateBlobSize() const;
   absl::Status SaveState(unsigned char* out) const;
   absl::Status LoadState(const unsigned char* data, size_t size);
+  // Several ranks' blobs (muon_load_states): any world size and layout.
+  absl::Status LoadStates(const unsigned char* const* data, const size_t* sizes, size_t count);
 
  private:
   Optimizer(const Options& options, std::shared_ptr<Comm> self);
@@ -100,6 +103,7 @@ class Optimizer {
   absl::Status RunSteppers(void* stream, bool failed);
   absl::Status ApplyUpdates();
   void CountStats();
+  absl::Status Restore(const std::vector<SavedState>& blobs, bool own_blob);
   // skip_nonfinite: whether every rank skips this step (a gradient of some
   // rank is not finite), agreed before anything changes.
   absl::StatusOr<bool> AgreeToSkip(bool shared, bool local_ok, void* stream);

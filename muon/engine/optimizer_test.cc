@@ -700,8 +700,10 @@ struct Model {
 
 TEST(StateBlob, SizeFollowsTheDocumentedLayout) {
   Model m;
-  // header 8 + 4 + 4 + 8 + 8; per param: 4 + name + 1 + 1 + 2 + 4 + 8 ndim + 8 + bytes.
-  const size_t want = 32 + (4 + 7 + 8 + 8 * 2 + 8 + 24 * 4) + (4 + 7 + 8 + 8 * 3 + 8 + 30 * 2);
+  // header 8 + 4 + 4 + 8 + 8; per param (format 2): 4 + name + 4 (dtype, view, kind, 0)
+  // + 4 + 8 ndim (local) + 4 + 8 ndim (global) + 8 + 16 (one run) + 8 + bytes.
+  const size_t want = 32 + (4 + 7 + 4 + 4 + 8 * 2 + 4 + 8 * 2 + 8 + 16 + 8 + 24 * 4) +
+                      (4 + 7 + 4 + 4 + 8 * 3 + 4 + 8 * 3 + 8 + 16 + 8 + 30 * 2);
   EXPECT_EQ(m.opt->StateBlobSize(), want);
 }
 
@@ -732,9 +734,10 @@ constexpr size_t kFirstParam = 32;
 constexpr size_t kNameAt = kFirstParam + 4;              // "embed.w"
 constexpr size_t kDtypeAt = kNameAt + 7;                 // u8
 constexpr size_t kViewAt = kDtypeAt + 1;                 // u8
-constexpr size_t kNdimAt = kViewAt + 3;                  // after u16 padding
+constexpr size_t kNdimAt = kViewAt + 3;                  // after the kind and padding bytes
 constexpr size_t kDimsAt = kNdimAt + 4;                  // i64[2]
-constexpr size_t kNbytesAt = kDimsAt + 16;               // u64
+// global ndim, i64[2], run count, one run (offset, length)
+constexpr size_t kNbytesAt = kDimsAt + 16 + 4 + 16 + 8 + 16;  // u64
 constexpr size_t kSecondParam = kNbytesAt + 8 + 24 * 4;  // "experts"
 constexpr size_t kSecondDtypeAt = kSecondParam + 4 + 7;
 
@@ -804,18 +807,18 @@ TEST_F(CorruptBlob, EveryTruncation) {
 
 TEST_F(CorruptBlob, UnsupportedFormat) {
   auto bad = blob_;
-  Poke<uint32_t>(&bad, 8, 2);
-  ExpectRefused(bad, "format version 2");
+  Poke<uint32_t>(&bad, 8, 3);
+  ExpectRefused(bad, "format version 3");
 }
 
 TEST_F(CorruptBlob, WrongCount) {
   auto bad = blob_;
-  Poke<uint64_t>(&bad, kCountAt, 3);
-  ExpectRefused(bad, "holds 3 parameters");
-  Poke<uint64_t>(&bad, kCountAt, 1);
-  ExpectRefused(bad, "holds 1 parameters");
+  Poke<uint64_t>(&bad, kCountAt, 3);  // the entries run out
+  ExpectRefused(bad, "truncated");
+  Poke<uint64_t>(&bad, kCountAt, 1);  // the second entry is left over
+  ExpectRefused(bad, "after the last parameter");
   Poke<uint64_t>(&bad, kCountAt, ~uint64_t{0});
-  ExpectRefused(bad, "parameters");
+  ExpectRefused(bad, "truncated");
 
   // An optimizer with one parameter cannot take a two-parameter blob.
   HostTensor p({4, 6}), g({4, 6});
@@ -873,7 +876,7 @@ TEST_F(CorruptBlob, WrongDtype) {
 TEST_F(CorruptBlob, WrongByteCount) {
   auto bad = blob_;
   Poke<uint64_t>(&bad, kNbytesAt, 24 * 4 - 1);
-  ExpectRefused(bad, "expected 96");
+  ExpectRefused(bad, "holds 95 momentum bytes for 24 elements");
 }
 
 TEST_F(CorruptBlob, TrailingBytes) {

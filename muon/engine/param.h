@@ -53,6 +53,9 @@ struct Param {
   // ZeRO-2 replicated mode: the group it is replicated over, or -1.
   int zero2_group = -1;
   bool holds_state = true;  // false for ZeRO-2 parameters another rank owns
+  // Restored before the first step from a blob that held none of its
+  // momentum (ZeRO-2): the setup checks that this rank does not own it.
+  bool momentum_elsewhere = false;
   bool active = true;       // false while no gradient is bound (skipped by steps)
 
   int64_t numel() const { return value.numel(); }  // local elements

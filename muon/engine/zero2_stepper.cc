@@ -67,6 +67,19 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
       }
     }
   }
+  // Before any param changes: a state restored before this setup from a blob
+  // that held none of an owned param's momentum is refused.
+  for (const Block& blk : s->blocks_) {
+    const int me = groups[blk.group]->rank();
+    const int mine = me < static_cast<int>(blk.params.size()) ? blk.params[me] : -1;
+    if (mine >= 0 && params[mine].momentum_elsewhere) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "param '", params[mine].name, "': the state blob loaded before the first step holds "
+          "none of its momentum, but this rank owns it (ZeRO-2): load every rank's blob with "
+          "muon_load_states"));
+    }
+  }
+  for (Param& p : params) p.momentum_elsewhere = false;
   for (const Block& blk : s->blocks_) {
     const int me = groups[blk.group]->rank();
     for (size_t c = 0; c < blk.params.size(); ++c) {

@@ -63,7 +63,8 @@ namespace {
   X(muon_get_state)              \
   X(muon_set_state)              \
   X(muon_save_state)             \
-  X(muon_load_state)
+  X(muon_load_state)             \
+  X(muon_load_states)
 
 // Typed pointers: decltype of the header's declarations checks that the
 // signatures we call are the header's (nothing is linked).

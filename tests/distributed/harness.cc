@@ -361,7 +361,9 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     for (size_t j = 0; j < res.params.size(); ++j) {
       const TParam& p = mine[which[j]];
       for (size_t i = 0; i < res.indices[j].size(); ++i) {
-        res.params[j][i] = InitValue(p.name, res.indices[j][i]);
+        res.params[j][i] = cfg.resume_values != nullptr
+                               ? cfg.resume_values->at(p.name)[res.indices[j][i]]
+                               : InitValue(p.name, res.indices[j][i]);
       }
       counts[j] = static_cast<int64_t>(res.indices[j].size());
       for (const TPlacement& tp : p.placements) {
@@ -412,9 +414,23 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       st = muon_register_param(opt, &v, &g, &po, &id);
       if (st != MUON_OK) res.error = LastError("register", st);
     }
+    if (st == MUON_OK && cfg.resume_from != nullptr) {  // before the first step
+      std::vector<const void*> blobs;
+      std::vector<size_t> sizes;
+      for (const auto& b : *cfg.resume_from) {
+        blobs.push_back(b.data());
+        sizes.push_back(b.size());
+      }
+      st = cfg.resume_own_blob
+               ? muon_load_state(opt, blobs[rank], sizes[rank])
+               : muon_load_states(opt, blobs.data(), sizes.data(), blobs.size());
+      if (st != MUON_OK) res.error = LastError("load", st);
+    }
     std::vector<unsigned char> blob;
     std::vector<std::vector<float>> saved, saved_state;
-    for (int s = 0; s < cfg.steps && (st == MUON_OK || cfg.keep_stepping); ++s) {
+    for (int s = cfg.first_step; s < cfg.first_step + cfg.steps &&
+                                 (st == MUON_OK || cfg.keep_stepping);
+         ++s) {
       for (size_t j = 0; j < grads.size(); ++j) {
         for (size_t i = 0; i < grads[j].size(); ++i) {
           grads[j][i] = GradValue(res.names[j], res.indices[j][i], s);
@@ -461,6 +477,13 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       } else if (muon_load_state(opt, blob.data(), blob.size()) == MUON_OK) {
         res.recovered = muon_step(opt, nullptr) == MUON_OK;
       }
+    }
+    if (cfg.save_at_end && st == MUON_OK) {
+      size_t size = 0;
+      muon_save_state(opt, nullptr, 0, &size);
+      res.blob.resize(size);
+      st = muon_save_state(opt, res.blob.data(), size, &size);
+      if (st != MUON_OK) res.error = LastError("save", st);
     }
     muon_stats_init(&res.stats, sizeof res.stats);
     muon_get_stats(opt, &res.stats);

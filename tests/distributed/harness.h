@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,16 @@ struct RunConfig {
   // Go on stepping after a failed step (every step's status in
   // RankResult::step_errors), without the refusal and recovery checks.
   bool keep_stepping = false;
+  // Resume: the steps run are first_step .. first_step + steps - 1 (their
+  // gradients); before the first, the params start from resume_values (whole
+  // tensors by name) and the state from resume_from (every rank's blob of a
+  // previous run, through muon_load_states; or, with resume_own_blob, this
+  // rank's own through muon_load_state). save_at_end: RankResult::blob.
+  int first_step = 0;
+  const std::map<std::string, std::vector<float>>* resume_values = nullptr;
+  const std::vector<std::vector<unsigned char>>* resume_from = nullptr;
+  bool resume_own_blob = false;
+  bool save_at_end = false;
   // With fail_exchange_call: restore with muon_set_state, one param at a time
   // (a step tried before the last one must still be refused), not a blob.
   bool restore_with_set_state = false;
@@ -127,6 +138,7 @@ struct RankResult {
   bool recovered = false;
   int failed_step = -1;  // the first step that failed, -1 if none
   std::vector<std::string> step_errors;  // per step: its error, empty if it succeeded
+  std::vector<unsigned char> blob;       // save_at_end: muon_save_state's blob
   // Collectives this rank issued before each step (and, last, in all), when
   // counting (count_calls, fail_call or fail_exchange_call).
   std::vector<int> calls_before_step;

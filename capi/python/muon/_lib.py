@@ -338,6 +338,8 @@ _SIGNATURES = {
     "muon_save_state": (
         status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "muon_load_state": (status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t]),
+    "muon_load_states": (status_t, [opt_p, ctypes.POINTER(ctypes.c_void_p),
+                                    ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]),
 }
 
 

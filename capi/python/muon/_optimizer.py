@@ -729,6 +729,18 @@ class Optimizer:
         data = bytes(data)
         check(_lib_handle.muon_load_state(self._h(), data, len(data)))
 
+    def load_states_bytes(self, blobs):
+        """Restores this rank's state from several ranks' state_bytes() (e.g.
+        every blob of a checkpoint saved at another world size or layout:
+        muon_load_states). Each param's elements are found by name and global
+        coordinates in whichever blob holds them."""
+        blobs = [bytes(b) for b in blobs]
+        n = len(blobs)
+        buffers = (ctypes.c_void_p * max(n, 1))(
+            *[ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p) for b in blobs])
+        sizes = (ctypes.c_size_t * max(n, 1))(*[len(b) for b in blobs])
+        check(_lib_handle.muon_load_states(self._h(), buffers, sizes, n))  # blobs: alive
+
     def __repr__(self):
         if self.closed:
             return "<muon.Optimizer (closed)>"

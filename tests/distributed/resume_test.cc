@@ -1,0 +1,207 @@
+// Resume anywhere: a job saved at world size N with one layout (every rank's
+// muon_save_state blob, and the whole parameters) is loaded at world size M
+// with another layout (muon_load_states with all N blobs, before the first
+// step) and continues bit for bit like one uninterrupted single-process run
+// (fp32 Newton-Schulz: the distributed engine equals it bit for bit). FSDP,
+// TP x FSDP, flat ranges and ZeRO-2, each into other layouts and sizes; a
+// ZeRO-2 job resumed at the same size from each rank's own blob; and the
+// errors of a checkpoint that cannot restore the job.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/distributed/harness.h"
+
+namespace muon_test {
+namespace {
+
+constexpr int kBefore = 2, kAfter = 2;
+
+struct Job {
+  const char* name;
+  std::vector<TParam> model;  // the same names and global shapes in every job
+  Mesh mesh;
+};
+
+TParam P(const char* name, std::vector<int64_t> shape, std::vector<TPlacement> pl,
+         int mode = MUON_REPLICATED_HOST_AVERAGED) {
+  TParam p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.placements = std::move(pl);
+  p.replicated_mode = mode;
+  return p;
+}
+
+// Three matrices; the layouts below split them in different ways.
+Job Fsdp4() {
+  return {"FSDP x4 (chunked rows)",
+          {P("a", {10, 6}, {Shard(0, 0, MUON_SPLIT_CHUNK)}),
+           P("b", {7, 9}, {Shard(0, 0, MUON_SPLIT_CHUNK)}),
+           P("c", {8, 8}, {Shard(0, 0, MUON_SPLIT_CHUNK)})},
+          Mesh{{4}}};
+}
+Job TpFsdp2x2() {
+  return {"TP 2 x FSDP 2",
+          {P("a", {10, 6}, {Shard(1, 1), Shard(0, 0, MUON_SPLIT_CHUNK)}),
+           P("b", {7, 9}, {Replicate(1), Shard(0, 0, MUON_SPLIT_CHUNK)}),
+           P("c", {8, 8}, {Shard(1, 0), Shard(0, 1)})},
+          Mesh{{2, 2}}};
+}
+Job Flat3() {
+  return {"flat ranges x3 (ZeRO-1)",
+          {P("a", {10, 6}, {Flat(0)}), P("b", {7, 9}, {Flat(0)}), P("c", {8, 8}, {Flat(0)})},
+          Mesh{{3}}};
+}
+Job Zero2x4() {
+  return {"ZeRO-2 x4",
+          {P("a", {10, 6}, {Replicate(0)}, MUON_REPLICATED_ZERO2),
+           P("b", {7, 9}, {Replicate(0)}, MUON_REPLICATED_ZERO2),
+           P("c", {8, 8}, {Replicate(0)}, MUON_REPLICATED_ZERO2)},
+          Mesh{{4}}};
+}
+Job Zero2x2() {
+  Job j = Zero2x4();
+  j.name = "ZeRO-2 x2";
+  j.mesh = Mesh{{2}};
+  return j;
+}
+Job Ddp2() {
+  return {"DDP x2",
+          {P("a", {10, 6}, {Replicate(0)}), P("b", {7, 9}, {Replicate(0)}),
+           P("c", {8, 8}, {Replicate(0)})},
+          Mesh{{2}}};
+}
+
+// Every rank's pieces put together into whole tensors.
+std::map<std::string, std::vector<float>> Whole(const Job& job, const std::vector<RankResult>& res) {
+  std::map<std::string, std::vector<float>> out;
+  for (const TParam& p : job.model) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    out[p.name].assign(static_cast<size_t>(n), 0.0f);
+  }
+  for (const RankResult& r : res) {
+    for (size_t j = 0; j < r.names.size(); ++j) {
+      for (size_t i = 0; i < r.indices[j].size(); ++i) {
+        out[r.names[j]][static_cast<size_t>(r.indices[j][i])] = r.params[j][i];
+      }
+    }
+  }
+  return out;
+}
+
+void ExpectEqualsReference(const Job& job, const std::vector<RankResult>& res,
+                           const std::vector<std::vector<float>>& ref) {
+  for (size_t r = 0; r < res.size(); ++r) {
+    ASSERT_TRUE(res[r].error.empty()) << "rank " << r << ": " << res[r].error;
+    for (size_t j = 0; j < res[r].names.size(); ++j) {
+      size_t k = 0;
+      while (job.model[k].name != res[r].names[j]) ++k;
+      for (size_t i = 0; i < res[r].indices[j].size(); ++i) {
+        ASSERT_EQ(res[r].params[j][i], ref[k][static_cast<size_t>(res[r].indices[j][i])])
+            << "rank " << r << " param " << res[r].names[j] << " element "
+            << res[r].indices[j][i];
+      }
+    }
+  }
+}
+
+void Resume(const Job& from, const Job& to, bool own_blob = false) {
+  SCOPED_TRACE(std::string(from.name) + " -> " + to.name);
+  RunConfig first;
+  first.steps = kBefore;
+  first.save_at_end = true;
+  const std::vector<RankResult> saved = RunDistributed(from.model, from.mesh, first);
+  std::vector<std::vector<unsigned char>> blobs;
+  for (const RankResult& r : saved) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    blobs.push_back(r.blob);
+  }
+  const auto values = Whole(from, saved);
+  RunConfig second;
+  second.first_step = kBefore;
+  second.steps = kAfter;
+  second.resume_values = &values;
+  second.resume_from = &blobs;
+  second.resume_own_blob = own_blob;
+  const std::vector<RankResult> resumed = RunDistributed(to.model, to.mesh, second);
+  RunConfig whole;
+  whole.steps = kBefore + kAfter;
+  const auto ref = RunReference(to.model, whole);
+  ASSERT_FALSE(ref.empty());
+  ExpectEqualsReference(to, resumed, ref);
+  for (const RankResult& r : resumed) EXPECT_EQ(r.stats.steps, kBefore + kAfter);
+}
+
+TEST(Resume, FsdpAtFourRanksIntoOtherSizesAndLayouts) {
+  Resume(Fsdp4(), Flat3());
+  Resume(Fsdp4(), TpFsdp2x2());
+  Resume(Fsdp4(), Zero2x2());
+}
+
+TEST(Resume, TpTimesFsdpIntoOtherSizesAndLayouts) {
+  Resume(TpFsdp2x2(), Fsdp4());
+  Resume(TpFsdp2x2(), Flat3());
+  Resume(TpFsdp2x2(), Ddp2());
+}
+
+TEST(Resume, FlatRangesIntoOtherSizesAndLayouts) {
+  Resume(Flat3(), Fsdp4());
+  Resume(Flat3(), TpFsdp2x2());
+}
+
+TEST(Resume, Zero2IntoOtherSizesAndLayouts) {
+  Resume(Zero2x4(), Zero2x2());
+  Resume(Zero2x4(), Fsdp4());
+  Resume(Zero2x2(), Flat3());
+}
+
+TEST(Resume, Zero2FromEachRanksOwnBlobIntoAFreshOptimizer) {
+  // The same job: each rank loads its own blob before the first step; the
+  // ranks that did not own a param's momentum hold none of it in their blob.
+  Resume(Zero2x4(), Zero2x4(), /*own_blob=*/true);
+}
+
+TEST(Resume, ACheckpointThatCannotRestoreTheJobChangesNothingAndSaysWhy) {
+  RunConfig first;
+  first.steps = kBefore;
+  first.save_at_end = true;
+  const auto saved = RunDistributed(Fsdp4().model, Fsdp4().mesh, first);
+  const auto values = Whole(Fsdp4(), saved);
+  // One rank's blob missing: rows of every matrix are in none of the others.
+  std::vector<std::vector<unsigned char>> three;
+  for (int r = 0; r < 3; ++r) three.push_back(saved[r].blob);
+  RunConfig second;  // loading only: a rank refused must not leave others stepping
+  second.first_step = kBefore;
+  second.steps = 0;
+  second.resume_values = &values;
+  second.resume_from = &three;
+  auto res = RunDistributed(Flat3().model, Flat3().mesh, second);
+  bool named = false;
+  for (const RankResult& r : res) {
+    if (r.error.empty()) continue;
+    EXPECT_NE(r.error.find("load: INVALID_ARGUMENT"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("are in none of the 3 blobs"), std::string::npos) << r.error;
+    named = true;
+  }
+  EXPECT_TRUE(named) << "no rank noticed the missing blob";
+  // Another layout from a rank's own blob: refused, pointing to muon_load_states.
+  std::vector<std::vector<unsigned char>> all;
+  for (const auto& r : saved) all.push_back(r.blob);
+  all.resize(3);
+  second.resume_from = &all;
+  second.resume_own_blob = true;
+  res = RunDistributed(Flat3().model, Flat3().mesh, second);
+  named = false;
+  for (const RankResult& r : res) {
+    if (r.error.empty()) continue;
+    EXPECT_NE(r.error.find("muon_load_states"), std::string::npos) << r.error;
+    named = true;
+  }
+  EXPECT_TRUE(named) << "a blob of another layout loaded as this rank's own";
+}
+
+}  // namespace
+}  // namespace muon_test
