@@ -1,7 +1,9 @@
 #include "capi/convert.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -81,9 +83,18 @@ CustomAssignFn AssignmentFromC(decltype(muon_options_t::assign_fn) fn, void* sta
 
 absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
   switch (c.ns_coefficients) {
-    case MUON_NS_COEFFICIENTS_FIXED:
+    case MUON_NS_COEFFICIENTS_FIXED: {
+      const std::pair<const char*, double> fields[] = {
+          {"ns_a", c.ns_a}, {"ns_b", c.ns_b}, {"ns_c", c.ns_c}};
+      for (const auto& [name, v] : fields) {
+        if (!std::isfinite(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("options->", name, ": ", v, " is non-finite"));
+        }
+      }
       ns->coefficients = {{c.ns_a, c.ns_b, c.ns_c}};
       return absl::OkStatus();
+    }
     case MUON_NS_COEFFICIENTS_TABLE:
       if (c.ns_table == nullptr) return NullField("options->ns_table (ns_coefficients = TABLE)");
       if (c.ns_table_rows < 1) {
@@ -92,6 +103,14 @@ absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
       }
       ns->coefficients.clear();
       for (int32_t i = 0; i < c.ns_table_rows; ++i) {
+        for (int k = 0; k < 3; ++k) {
+          const double v = c.ns_table[3 * i + k];
+          if (!std::isfinite(v)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "options->ns_table row ", i, " (ns_table[", 3 * i + k, "]): ", v,
+                " is non-finite"));
+          }
+        }
         ns->coefficients.push_back(
             {c.ns_table[3 * i], c.ns_table[3 * i + 1], c.ns_table[3 * i + 2]});
       }
@@ -211,8 +230,18 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;
   o.skip_nonfinite = c.skip_nonfinite != 0;
-  if (c.reserved0 != 0 || c.reserved1 != 0) {
-    return absl::InvalidArgumentError("options->reserved0 and reserved1 must be 0");
+  if (c.reserved0 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
+  }
+  if (c.reserved1 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->reserved1 is ", c.reserved1, "; it must be 0"));
+  }
+  if (c.round_bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->round_bytes: ", c.round_bytes, " is too large (at most ",
+                     std::numeric_limits<int64_t>::max(), ")"));
   }
   o.dist.prefetch_count = c.prefetch_count;
   o.dist.async_parallelism = c.async_parallelism != 0;

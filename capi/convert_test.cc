@@ -171,7 +171,10 @@ TEST(Options, ErrorsNameTheField) {
   EXPECT_TRUE(Has(OptionsFromC(c).status(), "options->adjust_lr: unknown value -1"));
   DefaultOptions(&c);
   c.reserved1 = 1;
-  EXPECT_TRUE(Has(OptionsFromC(c).status(), "options->reserved0 and reserved1 must be 0"));
+  EXPECT_TRUE(Has(OptionsFromC(c).status(), "options->reserved1 is 1; it must be 0"));
+  DefaultOptions(&c);
+  c.reserved0 = 2;
+  EXPECT_TRUE(Has(OptionsFromC(c).status(), "options->reserved0 is 2; it must be 0"));
   DefaultOptions(&c);
   c.lr = -1;
   const absl::Status s = OptionsFromC(c).status();

@@ -205,7 +205,8 @@ typedef struct muon_options_t {
   int32_t async_parallelism;
   int32_t reserved1;       /* must be 0 */
   /* Upper bound of the fp32 working memory one round may gather on a rank,
-   * in bytes (0: 256 MiB). A matrix larger than this still goes, alone. */
+   * in bytes (0: 256 MiB; at most INT64_MAX). A matrix larger than this still
+   * goes, alone. */
   size_t round_bytes;
   /* MUON_ASSIGNMENT_CUSTOM only: called once, at the first step, on every
    * rank with the same table; must write owners[i] (a world rank that holds
@@ -423,7 +424,8 @@ MUON_API muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const D
 /* Points a registered parameter at new storage between steps (hosts whose
  * framework reallocates a tensor, e.g. torch's zero_grad(set_to_none=True)
  * followed by a fresh .grad). `param` and `grad` must have the registered
- * shape and dtype and follow the same rules as at registration. `grad` may be
+ * shape and dtype and follow the same rules as at registration (`param` and
+ * `grad` may not share storage). `grad` may be
  * NULL without a world: the parameter is skipped by the next steps (no
  * momentum update, no change), as torch skips parameters without a gradient,
  * until a gradient is bound again. With a world every rank steps every
@@ -446,7 +448,8 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * first call runs a setup handshake that checks every rank registered
  * consistent parameters, layouts, groups and options (errors name the first
  * parameter or rank that differs, on every rank).
- * Fails with MUON_FAILED_PRECONDITION when no parameter is registered.
+ * Fails with MUON_FAILED_PRECONDITION when no parameter is registered (with a
+ * world: on no rank; registration then stays open, as before the call).
  * A failure before the exchange (setup, validation, memory) changes nothing.
  * Outcome agreement: with a world of more than one rank, every rank returns
  * the same status for a step. A rank whose own part fails (a communicator or
@@ -606,7 +609,10 @@ MUON_API muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t*
  * enqueues its copies on it and waits for them before returning, so a call
  * blocks the host (a test and single-process adapter, not a fast path).
  * reduce_scatter sums host memory only. Without the plugin, buffers must be
- * host memory and the stream NULL. */
+ * host memory and the stream NULL.
+ * The tables muon_inprocess_comm and muon_comm_from_nccl fill report each
+ * callback's outcome on the calling thread like any libmuon call: a host that
+ * calls one itself reads why it failed with muon_last_error_message(). */
 typedef struct muon_inprocess_world muon_inprocess_world_t;
 
 MUON_API muon_status_t muon_inprocess_world_create(int32_t size, muon_inprocess_world_t** out);

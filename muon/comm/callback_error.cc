@@ -15,4 +15,6 @@ std::string TakeCallbackError() {
   return out;
 }
 
+std::string PeekCallbackError() { return t_callback_error; }
+
 }  // namespace muon

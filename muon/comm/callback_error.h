@@ -12,6 +12,8 @@ namespace muon {
 void SetCallbackError(const char* message);
 // Returns and clears it.
 std::string TakeCallbackError();
+// Returns it and leaves it for the caller that takes it.
+std::string PeekCallbackError();
 
 }  // namespace muon
 

@@ -1,5 +1,6 @@
 #include "muon/engine/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -156,11 +157,10 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
   if (out.step_count < 0) {
     return Bad(blob, absl::StrCat("step count ", out.step_count, " is negative"));
   }
-  // Each parameter takes at least 24 bytes: a corrupted count must not allocate.
-  if (count > r.Remaining() / 24) return Truncated(absl::StrCat(blob, " header"));
-  out.params.resize(static_cast<size_t>(count));
+  // A corrupted count must not allocate: an entry takes at least 20 bytes.
+  out.params.reserve(static_cast<size_t>(std::min<uint64_t>(count, r.Remaining() / 20)));
   for (uint64_t k = 0; k < count; ++k) {
-    SavedParam& sp = out.params[static_cast<size_t>(k)];
+    SavedParam& sp = out.params.emplace_back();
     std::string who = absl::StrCat(blob, ", parameter ", k);
     uint32_t name_len = 0;
     if (!r.Get(&name_len)) return Truncated(who);

@@ -140,6 +140,15 @@ absl::Status Optimizer::Prepare(void* stream) {
   // Setup fails before any tensor is written.
   if (setup_ == nullptr) {
     MUON_ASSIGN_OR_RETURN(setup_, SetUpSteps(registry_, options_, stream));
+    int64_t job_matrices = 0;  // the plan's, the same on every rank
+    for (const Stepper* s : setup_->steppers()) job_matrices += s->stats().matrices_total;
+    if (job_matrices == 0) {
+      // No rank registered anything: every rank leaves registration open, as
+      // before the call.
+      setup_.reset();
+      return absl::FailedPreconditionError(
+          "no parameters are registered on any rank; call muon_register_param first");
+    }
     registry_.Close();
     stats_.matrices_total = stats_.matrices_owned = 0;
     for (const Stepper* s : setup_->steppers()) {

@@ -1,5 +1,6 @@
 #include "muon/engine/param.h"
 
+#include <limits>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,21 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
     return absl::InvalidArgumentError(absl::StrCat(who, ": grad dtype ", DTypeName(p.grad.dtype),
                                                    " differs from param dtype ",
                                                    DTypeName(p.value.dtype)));
+  }
+  if (global_shape != nullptr) {
+    // The global tensor is never a DLTensor: its shape gets the same checks here.
+    int64_t numel = 1;
+    for (int64_t d : *global_shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": global shape ", ShapeString(*global_shape), " has a negative dimension"));
+      }
+      if (d != 0 && numel > std::numeric_limits<int64_t>::max() / d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, ": global shape ", ShapeString(*global_shape), " has too many elements"));
+      }
+      numel *= d;
+    }
   }
   p.global_shape = global_shape ? *global_shape : p.value.shape;
   MUON_ASSIGN_OR_RETURN(const MatrixShape m, ViewAsMatrices(p.global_shape, view, who));

@@ -8,6 +8,16 @@
 #include "muon/device/cuda_loader.h"
 
 namespace muon {
+namespace {
+
+// Whether two tensors share a byte of storage.
+bool Overlap(const TensorView& a, const TensorView& b) {
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
 
 Registry::Registry(std::shared_ptr<Comm> self)
     : device_(MakeHostDevice()), world_(std::move(self)) {}
@@ -65,19 +75,14 @@ absl::Status Registry::CheckName(const std::string& name) const {
 absl::Status Registry::Add(Param p) {
   // Overlapping storage would be updated twice (or a grad overwritten by the
   // step): refuse it, naming both tensors.
-  auto overlaps = [](const TensorView& a, const TensorView& b) {
-    const char* a0 = static_cast<const char*>(a.data);
-    const char* b0 = static_cast<const char*>(b.data);
-    return a.nbytes() > 0 && b.nbytes() > 0 && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-  };
-  if (overlaps(p.value, p.grad)) {
+  if (Overlap(p.value, p.grad)) {
     return absl::InvalidArgumentError(
         absl::StrCat("param '", p.name, "': param and grad share storage"));
   }
   for (const Param& q : params_) {
     for (const TensorView* mine : {&p.value, &p.grad}) {
       for (const TensorView* theirs : {&q.value, &q.grad}) {
-        if (overlaps(*mine, *theirs)) {
+        if (Overlap(*mine, *theirs)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
               " storage overlaps the ", theirs == &q.value ? "param" : "grad",
@@ -249,6 +254,12 @@ absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor*
     return absl::OkStatus();
   }
   MUON_ASSIGN_OR_RETURN(TensorView g, view_like(grad, p.grad, absl::StrCat("grad of ", who)));
+  // As at registration. (Other parameters' bindings are not compared: a host
+  // rebinding one parameter after another may reuse storage another one is
+  // about to leave.)
+  if (Overlap(v, g)) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": param and grad share storage"));
+  }
   p.value = v;
   p.grad = g;
   p.active = true;

@@ -162,10 +162,14 @@ absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>&
       case PlacementKind::kFlatRange: {
         const int64_t current = Product(piece.shape, 0, piece.shape.size());
         if (p.start < 0 || p.length < 0 || p.start > current || p.length > current - p.start) {
+          int64_t end = 0;
+          const std::string range =
+              __builtin_add_overflow(p.start, p.length, &end)
+                  ? absl::StrCat("[", p.start, ", ", p.start, " + ", p.length, ")")
+                  : absl::StrCat("[", p.start, ", ", end, ")");
           return absl::InvalidArgumentError(absl::StrCat(
-              where, ": range [", p.start, ", ", p.start + p.length, ") does not lie inside the ",
-              current, " elements of the tensor it splits (shape ", ShapeString(piece.shape),
-              ")"));
+              where, ": range ", range, " does not lie inside the ", current,
+              " elements of the tensor it splits (shape ", ShapeString(piece.shape), ")"));
         }
         map.Map(p.start, p.length, &next);
         piece.shape = {p.length};
