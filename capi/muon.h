@@ -455,16 +455,20 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * the same status for a step. A rank whose own part fails (a communicator or
  * callback failure, the math, a refusal because it is poisoned) keeps taking
  * part in every remaining collective of the step, changing no more state;
- * then the ranks exchange a 16-byte verdict each (status code and a digest of
- * lr, weight_decay, momentum, nesterov, adjust_lr) in one all_gather over
- * the world, and only when something is wrong a second all_gather of each
+ * the ranks exchange a 16-byte verdict each (status code and a digest of
+ * lr, weight_decay, momentum, nesterov, adjust_lr) on the step's last
+ * collective: the last exchange round's all_to_all_v carries every rank's
+ * verdict to every rank (no collective added), or, when custom-path or
+ * ZeRO-2 matrices are stepped after it, one all_gather of them ends the
+ * step; only when something is wrong does a second all_gather carry each
  * rank's cause. Every rank returns the first failing rank's code with the
  * failing ranks and causes named (or INVALID_ARGUMENT naming the ranks'
  * differing hyper-parameters), and no update is applied. The first step's
  * setup is agreed the same way. On a GPU the verdicts travel through device
- * memory and the agreement waits for `stream`. A failure after the verdicts
- * (a device error applying the update) poisons that rank alone; its refusal
- * of the next step is agreed like any failure, so every rank fails that one.
+ * memory and the agreement waits for `stream`. A failure after this rank's
+ * verdict left (its last collective itself, a device error applying the
+ * update) poisons that rank alone; its refusal of the next step is agreed
+ * like any failure, so every rank fails that one.
  * A failure once momentum updates began (on any rank, agreed as above) leaves
  * momentum buffers (and ZeRO-2 parameters) half-updated, so the optimizer is
  * poisoned: it refuses further steps (FAILED_PRECONDITION,

@@ -1,15 +1,18 @@
 #include "muon/engine/exchange_stepper.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include "muon/common/dtype.h"
 #include "muon/common/status.h"
+#include "muon/engine/outcome.h"
 
 namespace muon {
 
 absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& plan,
                                                                           const StepContext& ctx,
-                                                                          Comm& world) {
+                                                                          Comm& world,
+                                                                          bool carry_verdicts) {
   std::unique_ptr<ExchangeStepper> s(new ExchangeStepper(ctx, world));
   const Options& options = *ctx.options;
   const int me = world.rank();
@@ -34,7 +37,9 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
                                              "the working buffer of owned matrices"));
     s->slots_.push_back(std::move(b));
   }
-  const size_t exchange_bytes = MaxExchangeBytes(s->tables_);
+  s->carry_ = carry_verdicts && rounds > 0 && world.size() > 1;
+  const size_t trailers = s->carry_ ? kVerdictBytes * static_cast<size_t>(world.size()) : 0;
+  const size_t exchange_bytes = MaxExchangeBytes(s->tables_) + trailers;
   MUON_ASSIGN_OR_RETURN(s->send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
   MUON_ASSIGN_OR_RETURN(s->recv_,
                         DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
@@ -45,7 +50,8 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
         BoundExchange b,
         BindExchange(s->tables_[r], *ctx.device, updates,
                      s->slots_[r % s->slots_.size()].as<float>(), s->send_.as<unsigned char>(),
-                     s->recv_.as<unsigned char>(), world.size() == 1));
+                     s->recv_.as<unsigned char>(), world.size() == 1,
+                     s->carry_ && r == rounds - 1 ? kVerdictBytes : 0));
     s->bound_.push_back(std::move(b));
   }
   for (const RoundTable& t : s->tables_) {
@@ -69,15 +75,38 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
 absl::Status ExchangeStepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
+  // The first failure of this step so far (both lanes note theirs), for the
+  // verdict the last scatter carries.
+  std::mutex mu;
+  absl::Status first;
+  auto note = [&](absl::Status st) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (first.ok() && !st.ok()) first = st;
+    return st;
+  };
   auto exchange = [&](int round, bool scatter) {
     const BoundExchange& b = bound_[round];
-    return RunExchange(b, scatter ? b.scatter : b.gather, world_, *ctx_.device,
-                       send_.as<unsigned char>(), recv_.as<unsigned char>(), stream);
+    const BoundExchange::Direction& d = scatter ? b.scatter : b.gather;
+    if (d.trailer == 0) {
+      return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
+                              recv_.as<unsigned char>(), stream));
+    }
+    unsigned char mine[kVerdictBytes];
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const int32_t code =
+          verdict_code_ != 0 ? verdict_code_ : static_cast<int32_t>(first.code());
+      WriteVerdict(code, verdict_digest_, mine);
+    }
+    verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);
+    return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
+                            recv_.as<unsigned char>(), stream, mine, verdicts_.data()));
   };
   Pipeline::Stages stages;
   stages.gather = [&](int r) { return exchange(r, false); };
-  stages.compute = [&](int r) { return Orthogonalize(r); };
+  stages.compute = [&](int r) { return note(Orthogonalize(r)); };
   stages.scatter = [&](int r) { return exchange(r, true); };
+  verdicts_.clear();
   MUON_RETURN_IF_ERROR(pipeline_->Run(rounds(), stages, /*skip_compute=*/failed));
   if (failed) return absl::OkStatus();
   for (const RoundTable& t : tables_) {

@@ -28,13 +28,30 @@ class ExchangeStepper : public Stepper {
   // frees: the tables hold every span this rank moves), the working memory
   // of the step on ctx.device, allocated once, and every round's exchange
   // bound to it. `world` carries the exchanges.
+  // `carry_verdicts`: the step's last collective is this stepper's last
+  // scatter (no custom-path or ZeRO-2 matrix in the job, at least one round,
+  // more than one rank: the same on every rank); it then carries every
+  // rank's 16-byte step verdict to every rank (outcome.h), so that agreeing
+  // on the step adds no collective.
   static absl::StatusOr<std::unique_ptr<ExchangeStepper>> Create(Plan& plan,
                                                                  const StepContext& ctx,
-                                                                 Comm& world);
+                                                                 Comm& world,
+                                                                 bool carry_verdicts = false);
 
   absl::Status Run(void* stream, bool failed) override;
   const StepperStats& stats() const override { return stats_; }
   int rounds() const { return static_cast<int>(tables_.size()); }
+
+  bool carries_verdicts() const { return carry_; }
+  // Before Run: what this rank's verdict says unless the stepper itself
+  // fails first (the status code of a failure before it; 0 when none) and
+  // the hyper-parameters' digest.
+  void SetVerdict(int32_t code, uint64_t digest) {
+    verdict_code_ = code;
+    verdict_digest_ = digest;
+  }
+  // After Run: every rank's verdict, rank order (empty when not carried).
+  const std::vector<unsigned char>& verdicts() const { return verdicts_; }
 
  private:
   ExchangeStepper(const StepContext& ctx, Comm& world) : ctx_(ctx), world_(world) {}
@@ -42,6 +59,10 @@ class ExchangeStepper : public Stepper {
 
   StepContext ctx_;
   Comm& world_;
+  bool carry_ = false;
+  int32_t verdict_code_ = 0;
+  uint64_t verdict_digest_ = 0;
+  std::vector<unsigned char> verdicts_;
   std::vector<RoundTable> tables_;
   // prefetch + 1 working buffers of owned matrices (round r uses r % size),
   // the exchange's send and receive buffers, and each round's bound exchange.

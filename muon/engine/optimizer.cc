@@ -88,15 +88,21 @@ absl::Status Optimizer::Step(void* stream) {
   }
   try {
     if (local.ok()) local.Note(UpdateMomenta());
+    setup_->exchange->SetVerdict(static_cast<int32_t>(local.status().code()),
+                                 HyperDigest(options_));
     local.Note(RunSteppers(stream, !local.ok()));
   } catch (const std::bad_alloc&) {
     local.Note(absl::ResourceExhaustedError("out of host memory in the middle of a step"));
   } catch (const std::exception& e) {
     local.Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
   }
+  // The verdicts travelled with the exchange's last scatter when it ends the
+  // step; else one all_gather of them.
+  const ExchangeStepper& ex = *setup_->exchange;
   absl::Status st =
       shared ? AgreeOutcome(registry_.world(), registry_.device().get(), local, options_, stream,
-                            absl::StrCat("step ", step_count_ + 1))
+                            absl::StrCat("step ", step_count_ + 1),
+                            ex.carries_verdicts() ? &ex.verdicts() : nullptr)
              : local.status();
   // Applied only where every rank succeeded (a device error there poisons
   // this rank, whose next step every rank then fails).

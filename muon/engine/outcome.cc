@@ -1,6 +1,7 @@
 #include "muon/engine/outcome.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -56,11 +57,24 @@ std::string ReportText(const unsigned char* report) {
 
 }  // namespace
 
+void WriteVerdict(int32_t code, uint64_t digest, unsigned char out[kVerdictBytes]) {
+  const Verdict v{kVerdictMagic, code, digest};
+  std::memcpy(out, &v, sizeof v);
+}
+
+// The shortest text that reads back as the same double.
+std::string Shortest(double v) {
+  for (int digits = 1; digits < 17; ++digits) {
+    std::string s = absl::StrFormat("%.*g", digits, v);
+    if (std::strtod(s.c_str(), nullptr) == v) return s;
+  }
+  return absl::StrFormat("%.17g", v);
+}
+
 std::string HyperText(const Options& o) {
-  return absl::StrFormat("lr=%.17g, weight_decay=%.17g, momentum=%.17g, nesterov=%s, "
-                         "adjust_lr=%s",
-                         o.lr, o.weight_decay, o.momentum, o.nesterov ? "true" : "false",
-                         AdjustName(o.adjust_lr));
+  return absl::StrCat("lr=", Shortest(o.lr), ", weight_decay=", Shortest(o.weight_decay),
+                      ", momentum=", Shortest(o.momentum), ", nesterov=",
+                      o.nesterov ? "true" : "false", ", adjust_lr=", AdjustName(o.adjust_lr));
 }
 
 uint64_t HyperDigest(const Options& o) {
@@ -87,13 +101,19 @@ absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, in
 }
 
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
-                          const Options& options, void* stream, const std::string& what) {
+                          const Options& options, void* stream, const std::string& what,
+                          const std::vector<unsigned char>* exchanged) {
   if (world.size() == 1) return local.status();
-  Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()), HyperDigest(options)};
-  std::vector<unsigned char> all;
-  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream,
-                                 absl::StrCat("agreeing on the outcome of ", what)));
   const int n = world.size();
+  std::vector<unsigned char> all;
+  if (exchanged != nullptr && exchanged->size() == static_cast<size_t>(n) * sizeof(Verdict)) {
+    all = *exchanged;
+  } else {
+    Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()),
+                 HyperDigest(options)};
+    MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream,
+                                   absl::StrCat("agreeing on the outcome of ", what)));
+  }
   std::vector<Verdict> v(static_cast<size_t>(n));
   std::memcpy(v.data(), all.data(), all.size());
   bool failed = false, differ = false;
@@ -106,7 +126,7 @@ absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local
     failed = failed || x.code != 0;
     differ = differ || x.digest != v[0].digest;
   }
-  if (!failed && !differ) return absl::OkStatus();
+  if (!failed && !differ) return local.status();  // (not OK: failed after its verdict left)
 
   // Something to tell: every rank's report (its failure, or its values).
   unsigned char report[kReportBytes] = {};

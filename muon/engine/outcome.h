@@ -3,16 +3,15 @@
 // A rank whose own part of a step fails (a communicator call, a host
 // callback, the math, a refusal because it is poisoned) notes the failure in
 // its LocalOutcome and goes on taking part in every remaining collective of
-// the step, changing no more state; then the ranks agree. AgreeOutcome
-// all-gathers one 16-byte verdict per rank over the world (the failure's
-// code and a digest of the hyper-parameters the rank stepped with); only
+// the step, changing no more state; then the ranks agree on one 16-byte
+// verdict per rank (the failure's code and a digest of the hyper-parameters
+// the rank stepped with), exchanged on the step's last collective (the
+// exchange stepper's last scatter carries them) or all-gathered here; only
 // when some rank failed or the digests differ does a second all_gather carry
 // each rank's report (the cause, or its hyper-parameters), so that every
 // rank returns the same error naming the ranks and causes, or the differing
-// values. The exchange of the verdicts is the step's one added collective; a
-// failure after it (a device error applying the update) poisons the rank,
-// which then refuses the next step in its verdict, so every rank learns it
-// there.
+// values. A failure after this rank's verdict left poisons the rank, which
+// then refuses the next step in its verdict, so every rank learns it there.
 #ifndef MUON_ENGINE_OUTCOME_H_
 #define MUON_ENGINE_OUTCOME_H_
 
@@ -41,6 +40,11 @@ class LocalOutcome {
   absl::Status first_;
 };
 
+// One rank's verdict on the wire: 16 bytes (a magic word, the status code,
+// the hyper-parameters' digest).
+constexpr size_t kVerdictBytes = 16;
+void WriteVerdict(int32_t code, uint64_t digest, unsigned char out[kVerdictBytes]);
+
 // The hyper-parameters every rank must step with, as text (for messages)
 // and as a digest (for the verdict).
 std::string HyperText(const Options& o);
@@ -56,8 +60,14 @@ uint64_t HyperDigest(const Options& o);
 // `device`: where a device communicator (NCCL) wants the verdicts staged (on
 // a GPU the agreement waits for the step's stream); NULL or a host device:
 // host memory.
+// `exchanged`: every rank's verdict (rank order) when the step's last
+// collective already carried them (the exchange stepper's last scatter);
+// then only a problem costs a collective (the reports). A failure of this
+// rank after its verdict left (local fails, the verdicts say OK) is this
+// rank's alone: returned here, learnt by the others at the next step.
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
-                          const Options& options, void* stream, const std::string& what);
+                          const Options& options, void* stream, const std::string& what,
+                          const std::vector<unsigned char>* exchanged = nullptr);
 
 // Every rank's `mine`, in rank order (one all_gather over the world).
 absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,

@@ -98,7 +98,11 @@ absl::Status Build(Registry& registry, const Options& options,
   ctx.options = &options;
   ctx.params = &params;
   ctx.updates = &s->updates;
-  MUON_ASSIGN_OR_RETURN(s->exchange, ExchangeStepper::Create(plan, ctx, world));
+  // The exchange's last scatter ends the step unless the job has custom-path
+  // or ZeRO-2 matrices (the plan is the job's: the same answer on every rank).
+  const bool exchange_ends_step = plan.custom.empty() && plan.zero2_matrices == 0;
+  MUON_ASSIGN_OR_RETURN(s->exchange,
+                        ExchangeStepper::Create(plan, ctx, world, exchange_ends_step));
   MUON_ASSIGN_OR_RETURN(s->custom, CustomStepper::Create(std::move(plan.custom), world.rank(), ctx));
   MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
                                                        plan.zero2_matrices, ctx));

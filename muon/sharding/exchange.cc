@@ -258,7 +258,7 @@ absl::StatusOr<BoundExchange::Direction> BindDirection(
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
                                            const std::vector<float*>& updates, float* slots,
                                            unsigned char* send, unsigned char* recv,
-                                           bool single_rank) {
+                                           bool single_rank, size_t scatter_trailer) {
   // A world of one rank exchanges with itself: the unpack reads the packed
   // bytes where they are, and no collective is called.
   const unsigned char* incoming = single_rank ? send : recv;
@@ -279,25 +279,52 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
   SpanLayout(t.scatter_send, &sb, &so);
   SpanLayout(t.scatter_recv, &rb, &ro);
   if (single_rank) ro = so;
+  std::vector<size_t> st, rt;  // each peer's trailer, right after its pieces
+  if (scatter_trailer > 0 && !single_rank) {
+    for (size_t p = 0; p < sb.size(); ++p) {
+      so[p] += p * scatter_trailer;
+      st.push_back(so[p] + sb[p]);
+      sb[p] += scatter_trailer;
+    }
+    for (size_t p = 0; p < rb.size(); ++p) {
+      ro[p] += p * scatter_trailer;
+      rt.push_back(ro[p] + rb[p]);
+      rb[p] += scatter_trailer;
+    }
+  }
   d = BindDirection(device, PackOps(t.scatter_send, so, send, slot_of),
                     UnpackOps(t.scatter_recv, ro, incoming, update_of), sb, so, rb, ro,
                     absl::StrCat("scattering ", t.label));
   if (!d.ok()) return d.status();
   b.scatter = std::move(*d);
+  if (!st.empty()) {
+    b.scatter.trailer = scatter_trailer;
+    b.scatter.send_trailers = std::move(st);
+    b.scatter.recv_trailers = std::move(rt);
+  }
   return b;
 }
 
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
-                         Device& device, const unsigned char* send, unsigned char* recv,
-                         void* stream) {
+                         Device& device, unsigned char* send, unsigned char* recv, void* stream,
+                         const unsigned char* trailer_out, unsigned char* trailers_in) {
   // The collective is issued even when packing failed, so that the other
   // ranks' calls pair up (the failure is returned, and agreed on after).
   absl::Status st = device.Run(*d.pack);
   if (!st.ok()) st = absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
+  for (size_t at : d.send_trailers) {
+    absl::Status w = device.FromHost(send + at, trailer_out, d.trailer);
+    if (st.ok() && !w.ok()) st = w;
+  }
   if (!b.single_rank) {
     absl::Status moved = comm.AllToAllV(send, d.send_bytes, d.send_offsets, recv, d.recv_bytes,
                                         d.recv_offsets, stream, d.label);
     if (st.ok()) st = moved;
+  }
+  for (size_t p = 0; p < d.recv_trailers.size(); ++p) {
+    absl::Status r = device.ToHost(trailers_in + p * d.trailer, recv + d.recv_trailers[p],
+                                   d.trailer);
+    if (st.ok() && !r.ok()) st = r;
   }
   if (!st.ok()) return st;
   st = device.Run(*d.unpack);

@@ -72,6 +72,10 @@ struct BoundExchange {
     std::unique_ptr<CopyProgram> pack, unpack;
     std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
     std::string label;  // "gathering <round label>", for errors
+    // With a trailer: per peer, where the trailer bytes sit in send / recv
+    // (right after that peer's pieces); empty without one.
+    size_t trailer = 0;
+    std::vector<size_t> send_trailers, recv_trailers;
   };
   Direction gather, scatter;
   bool single_rank = false;  // a world of one: no collective, unpack from send
@@ -80,17 +84,25 @@ struct BoundExchange {
 // `updates[p]` is this rank's param p's fp32 update buffer; `slots` the
 // round's working buffer of owned matrices; `send`/`recv` hold
 // MaxExchangeBytes(tables) bytes. All are memory of `device`.
+// `scatter_trailer` > 0: the scatter direction also carries that many bytes
+// from every rank to every rank (itself included), after each peer's pieces;
+// send and recv then hold MaxExchangeBytes(tables) + size * scatter_trailer.
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
                                            const std::vector<float*>& updates, float* slots,
                                            unsigned char* send, unsigned char* recv,
-                                           bool single_rank);
+                                           bool single_rank, size_t scatter_trailer = 0);
 
 // Runs one direction (b.gather or b.scatter): pack, one all_to_all_v over
 // `comm` on `stream`, unpack. The all_to_all_v is issued even when packing
 // failed (the other ranks' calls must pair up); nothing is unpacked then.
+// With a trailer (d.trailer > 0): `trailer_out` (d.trailer bytes) is written
+// into every peer's trailer before the call, and every peer's trailer lands in
+// `trailers_in` (size * d.trailer bytes, rank order) after it, whether the
+// call reported an error or not (the bytes moved; the caller judges them).
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
-                         Device& device, const unsigned char* send, unsigned char* recv,
-                         void* stream);
+                         Device& device, unsigned char* send, unsigned char* recv, void* stream,
+                         const unsigned char* trailer_out = nullptr,
+                         unsigned char* trailers_in = nullptr);
 
 // Largest send / receive byte counts over all rounds and directions.
 size_t MaxExchangeBytes(const std::vector<RoundTable>& tables);

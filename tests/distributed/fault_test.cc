@@ -80,9 +80,10 @@ void InjectEverywhere(const Case& c, int prefetch) {
       cfg.round_bytes = c.round_bytes;
       cfg.fail_call = k;
       cfg.fail_rank = fail_rank;
-      // The verdict exchange is the step's last collective: failing there on
-      // one rank, that rank alone knows this step failed; it refuses the
-      // next, which every rank then fails.
+      // The step's last collective carries the verdicts (the exchange's last
+      // scatter, or the all_gather of them after the ZeRO-2 stepper): failing
+      // there on one rank after its verdict left, that rank alone knows this
+      // step failed; it refuses the next, which every rank then fails.
       const bool verdict = k == last - 1;
       if (verdict && fail_rank >= 0) {
         cfg.keep_stepping = true;
