@@ -29,6 +29,10 @@ struct Host {
   int owner_choice = 1;
   bool disagree = false;
   bool refuse = false;  // assign_fn fails (returns -1 with a message)
+  // >= 0: that rank's gather_fn / redistribute_fn fails after taking part in
+  // the host's collective (its barrier), so no other rank waits on it.
+  int fail_gather_on = -1;
+  int fail_redistribute_on = -1;
 };
 
 struct RankState {
@@ -62,6 +66,10 @@ muon_status_t Gather(void* s, const float* local, int64_t n, int32_t owner, muon
   }
   std::memcpy(st->host->gathered.data() + FirstRow(st->rank) * kCols, local, n * sizeof(float));
   Barrier(st);
+  if (st->rank == st->host->fail_gather_on) {
+    muon_set_callback_error("the host lost its gather buffer");
+    return MUON_INTERNAL;
+  }
   if (st->rank == owner) {
     out->data = st->host->gathered.data();
     out->rows = st->host->wrong_rows > 0 ? st->host->wrong_rows : kRows;
@@ -77,6 +85,10 @@ muon_status_t Redistribute(void* s, const float* full, int64_t rows, int64_t col
   Barrier(st);
   std::memcpy(local, st->host->result.data() + FirstRow(st->rank) * kCols, n * sizeof(float));
   Barrier(st);
+  if (st->rank == st->host->fail_redistribute_on) {
+    muon_set_callback_error("the host's link went down");
+    return MUON_UNAVAILABLE;
+  }
   return MUON_OK;
 }
 
@@ -192,17 +204,35 @@ TEST(CustomPath, FailingAssignmentIsReportedOnEveryRank) {
   }
 }
 
-TEST(CustomPath, WrongShapeFromGatherIsRefused) {
-  Host host;
-  host.ranks = 1;  // the owner alone, so nobody waits on it
+TEST(CustomPath, WrongShapeFromGatherIsRefusedOnEveryRank) {
+  Host host;  // 4 ranks: the owner's check fails, the others go on and agree
   host.owner_choice = 0;
   host.wrong_rows = 9;
-  // One rank holding rows 0..1 of the 10 x 6 matrix.
   auto out = RunRanks(host, 1);
-  EXPECT_NE(out.errors[0].find("param 'custom': gather_fn returned a 9 x 6 matrix"),
-            std::string::npos)
-      << out.errors[0];
-  EXPECT_NE(out.errors[0].find("registered as 10 x 6"), std::string::npos) << out.errors[0];
+  for (int r = 0; r < host.ranks; ++r) {
+    EXPECT_NE(out.errors[r].find("rank 0: INVALID_ARGUMENT: param 'custom': gather_fn returned "
+                                 "a 9 x 6 matrix"),
+              std::string::npos)
+        << "rank " << r << ": " << out.errors[r];
+    EXPECT_NE(out.errors[r].find("registered as 10 x 6"), std::string::npos) << out.errors[r];
+  }
+}
+
+TEST(CustomPath, ACallbackFailingOnOneRankFailsTheStepOnEveryRank) {
+  for (bool in_gather : {true, false}) {
+    Host host;
+    (in_gather ? host.fail_gather_on : host.fail_redistribute_on) = 2;
+    auto out = RunRanks(host, 2);  // the failing step is the first: no second one
+    for (int r = 0; r < host.ranks; ++r) {
+      const std::string& e = out.errors[r];
+      EXPECT_NE(e.find("failed on 1 of 4 ranks (rank 2: "), std::string::npos) << e;
+      EXPECT_NE(e.find(in_gather ? "gather_fn failed: the host lost its gather buffer"
+                                 : "redistribute_fn failed: the host's link went down"),
+                std::string::npos)
+          << e;
+      EXPECT_EQ(out.stats[r].steps, 0) << "rank " << r;
+    }
+  }
 }
 
 }  // namespace
