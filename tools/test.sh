@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: the whole suite, then the C/C++ unit tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, the threaded multi-rank tests under
-# ThreadSanitizer, libmuon as a dependency of another workspace, and the
-# pip-installed wheel. Ends with "N passed, N failed".
+# Runs every test: the whole suite, then the C/C++ tests again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (the MPI adapter's under mpirun
+# too), Python tests against an ASan build of libmuon.so, the threaded
+# multi-rank and C API tests under ThreadSanitizer, libmuon as a dependency of
+# another workspace, and the pip-installed wheel. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
@@ -17,13 +18,17 @@ bash tools/check_layout.sh 2>&1 | tee -a "$log" || rc=1
 echo "== all tests"
 bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 
-echo "== C/C++ unit tests under ASan + UBSan"
+echo "== C/C++ tests under ASan + UBSan (the MPI adapter's under mpirun)"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
-  //muon/... //capi/... //tests/c_api/... //tests/distributed/... 2>&1 | tee -a "$log" || rc=1
+  //muon/... //capi/... //tests/c_api/... //tests/distributed/... //tests/mpi/... 2>&1 | tee -a "$log" || rc=1
 
-echo "== multi-rank (threaded) tests under ThreadSanitizer"
+echo "== Python tests against libmuon.so built with ASan + UBSan"
+bash tools/asan_python.sh 2>&1 | tee -a "$log" || rc=1
+
+echo "== multi-rank (threaded) and C API tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
-  //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... 2>&1 | tee -a "$log" || rc=1
+  //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... \
+  //capi/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1
