@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: the whole suite, then the C/C++ unit tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, the threaded multi-rank tests under
-# ThreadSanitizer, libmuon as a dependency of another workspace, and the
-# pip-installed wheel. Ends with "N passed, N failed".
+# ThreadSanitizer, the libFuzzer targets for 30 s each, libmuon as a dependency
+# of another workspace, and the pip-installed wheel. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
@@ -24,6 +24,10 @@ bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
 echo "== multi-rank (threaded) tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
   //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... 2>&1 | tee -a "$log" || rc=1
+
+echo "== libFuzzer targets (bounded)"
+# Prints //fuzz:<target> PASSED or FAILED per target (counted below).
+bash tools/fuzz.sh 30 2>&1 | tee -a "$log" || rc=1
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1

@@ -21,6 +21,23 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+absl::Status CheckShape(const std::vector<int64_t>& shape, const std::string& what) {
+  int64_t product = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", ShapeString(shape), " has a negative dimension"));
+    }
+    if (d == 0) continue;
+    if (product > std::numeric_limits<int64_t>::max() / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", ShapeString(shape), " has more elements than a 64-bit count holds"));
+    }
+    product *= d;
+  }
+  return absl::OkStatus();
+}
+
 std::string DeviceString(const DLDevice& d) {
   return d.device_type == kDLCUDA ? absl::StrCat("cuda:", d.device_id) : "cpu";
 }

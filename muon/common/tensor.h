@@ -39,6 +39,12 @@ absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what
 // kDLCUDAHost only.
 absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& what);
 
+// Checks a shape that is not a tensor's own (a global shape, a matrix view's
+// input): no negative dimension, and the product of its nonzero dimensions
+// fits in int64_t, so that the product of any of its dimensions does. Errors
+// start with `what` (e.g. "param 'w': global shape") and give the shape.
+absl::Status CheckShape(const std::vector<int64_t>& shape, const std::string& what);
+
 // "cpu" or "cuda:<ordinal>".
 std::string DeviceString(const DLDevice& d);
 

@@ -1,6 +1,7 @@
 #include "muon/engine/checkpoint.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -112,6 +113,11 @@ absl::StatusOr<ParsedState> ParseStateBlob(const std::vector<Param>& params,
   if (out.step_count < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("state blob: step count ", out.step_count, " is negative"));
+  }
+  if (out.step_count == std::numeric_limits<int64_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state blob: step count ", out.step_count, " is out of range (the next step could not "
+        "be counted)"));
   }
   if (count != params.size()) {
     return absl::InvalidArgumentError(absl::StrCat("state blob: holds ", count,

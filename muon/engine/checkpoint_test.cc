@@ -168,6 +168,8 @@ TEST(StateBlob, EveryHeaderFieldIsValidated) {
       {12, 1, 4, "header word 'reserved' is 1"},
       {16, -1, 8, "step count -1 is negative"},
       {16, INT64_MIN, 8, "is negative"},
+      // Found by fuzz/state_blob_fuzzer: the next muon_step overflowed the count.
+      {16, INT64_MAX, 8, "step count 9223372036854775807 is out of range"},
       {first_param + 2, 7, 2, "param 'w': padding word is 7"},
   };
   for (const Case& c : cases) {

@@ -312,6 +312,7 @@ absl::Status Optimizer::LoadState(const unsigned char* data, size_t size) {
     }
   }
   step_count_ = parsed.step_count;
+  stats_.steps = step_count_;  // the stats count steps as muon_step_count does
   poisoned_.clear();
   return absl::OkStatus();
 }
