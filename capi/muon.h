@@ -679,7 +679,7 @@ MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer
  * no momentum of when it saved is left to its owner (the first step fails,
  * agreed on every rank, if this rank owns it now). Validates the whole blob before changing anything: the
  * magic bytes and format version, the reserved and padding words (zero), a
- * step count of at least 0, each parameter's name, shape, view, dtype and
+ * step count in [0, INT64_MAX), each parameter's name, shape, view, dtype and
  * byte count, and no bytes after the last parameter. A resumed optimizer
  * continues bit for bit like the one that saved; loading a whole blob also
  * lifts a poisoning (see muon_step). */

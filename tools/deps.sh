@@ -15,6 +15,7 @@ PACKAGES=(
   libdlpack-dev        # DLPack's header (DLTensor in the C ABI)
   libopenmpi-dev openmpi-bin  # the MPI adapter (libmuon_mpi.so) and its mpirun test
   python3 python3-venv # the Python package; its tests' torch comes from PyPI (.venv)
+  clang-14 libclang-rt-14-dev  # the libFuzzer targets of fuzz/ (tools/fuzz.sh)
 )
 
 python_env() {

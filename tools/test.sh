@@ -2,7 +2,8 @@
 # Runs every test: the whole suite, then the C/C++ tests again under
 # AddressSanitizer + UndefinedBehaviorSanitizer (the MPI adapter's under mpirun
 # too), Python tests against an ASan build of libmuon.so, the threaded
-# multi-rank and C API tests under ThreadSanitizer, libmuon as a dependency of
+# multi-rank and C API tests under ThreadSanitizer, the libFuzzer targets for
+# a bounded time each, libmuon as a dependency of
 # another workspace, and the pip-installed wheel. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,10 @@ echo "== multi-rank (threaded) and C API tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
   //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... \
   //capi/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
+
+echo "== libFuzzer targets (bounded)"
+# Prints //fuzz:<target> PASSED or FAILED per target (counted below).
+bash tools/fuzz.sh 30 2>&1 | tee -a "$log" || rc=1
 
 echo "== libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1

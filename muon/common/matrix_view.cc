@@ -1,6 +1,7 @@
 #include "muon/common/matrix_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
 #include "muon/common/tensor.h"
 
 namespace muon {
@@ -13,6 +14,7 @@ absl::StatusOr<MatrixShape> ViewAsMatrices(const std::vector<int64_t>& s, int vi
         "; Muon orthogonalizes matrices only, optimize 0-D and 1-D parameters "
         "(biases, norms) with AdamW"));
   }
+  MUON_RETURN_IF_ERROR(CheckShape(s, absl::StrCat(who, ": shape")));
   if (view < 0 || view > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": matrix_view ", view,

@@ -53,5 +53,19 @@ TEST(MatrixView, ErrorsNameTheParamAndTheCause) {
   EXPECT_TRUE(Has(Error({2, 3}, -1), "matrix_view -1 is unknown"));
 }
 
+// Found by fuzz/placement_fuzzer: the product of a shape's dimensions
+// overflowed int64_t (a global shape, or a local one with an empty dimension).
+TEST(MatrixView, ShapesWhoseElementCountOverflowsAreRefused) {
+  const int64_t big = int64_t{1} << 62;
+  EXPECT_TRUE(Has(Error({2, big}, 0), "param 'w': shape [2, 4611686018427387904] has more "
+                                      "elements than a 64-bit count holds"));
+  EXPECT_TRUE(Has(Error({0, big, 4}, 1), "has more elements than a 64-bit count holds"));
+  EXPECT_TRUE(Has(Error({3, big, 2, 0}, 2), "has more elements than a 64-bit count holds"));
+  EXPECT_TRUE(Has(Error({3, -2}, 0), "param 'w': shape [3, -2] has a negative dimension"));
+  // Empty dimensions are fine when the others fit.
+  EXPECT_EQ(View({0, big}, MatrixView::k2D), (MatrixShape{1, 0, big}));
+  EXPECT_EQ(View({big, 0, 1}, MatrixView::kBatchedLeading), (MatrixShape{big, 0, 1}));
+}
+
 }  // namespace
 }  // namespace muon

@@ -21,6 +21,23 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+absl::Status CheckShape(const std::vector<int64_t>& shape, const std::string& what) {
+  int64_t product = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", ShapeString(shape), " has a negative dimension"));
+    }
+    if (d == 0) continue;
+    if (product > std::numeric_limits<int64_t>::max() / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", ShapeString(shape), " has more elements than a 64-bit count holds"));
+    }
+    product *= d;
+  }
+  return absl::OkStatus();
+}
+
 std::string DeviceString(const DLDevice& d) {
   return d.device_type == kDLCUDA ? absl::StrCat("cuda:", d.device_id) : "cpu";
 }
@@ -35,13 +52,16 @@ absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& w
   return v;
 }
 
+int32_t DeviceCode(const DLDevice& d) {
+  static_assert(sizeof(d.device_type) == sizeof(int32_t), "DLDeviceType is 32-bit");
+  int32_t code;
+  std::memcpy(&code, &d.device_type, sizeof(code));
+  return code;
+}
+
 absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what) {
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat(what, ": DLTensor pointer is NULL"));
-  // The device code is read as the integer the host wrote: a value DLDeviceType
-  // does not list must not be loaded as the enum (undefined behaviour).
-  static_assert(sizeof(t->device.device_type) == sizeof(int32_t), "DLDeviceType is 32-bit");
-  int32_t code;
-  std::memcpy(&code, &t->device.device_type, sizeof(code));
+  const int32_t code = DeviceCode(t->device);
   if (code != kDLCPU && code != kDLCUDAHost && code != kDLCUDA) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": tensor is on DLPack device type ", code,

@@ -33,11 +33,21 @@ struct TensorView {
 // 'layer0.w'") and say why: NULL pointer, a device other than kDLCPU,
 // kDLCUDAHost and kDLCUDA, unsupported dtype, negative dims, or strides that
 // are not row-major contiguous.
+// The device code as the integer the host wrote: a value DLDeviceType does
+// not list must not be loaded as the enum (undefined behaviour).
+int32_t DeviceCode(const DLDevice& d);
+
 absl::StatusOr<TensorView> ViewTensor(const DLTensor* t, const std::string& what);
 
 // ViewTensor for tensors the host reads and writes itself: kDLCPU or
 // kDLCUDAHost only.
 absl::StatusOr<TensorView> ViewCpuTensor(const DLTensor* t, const std::string& what);
+
+// Checks a shape that is not a tensor's own (a global shape, a matrix view's
+// input): no negative dimension, and the product of its nonzero dimensions
+// fits in int64_t, so that the product of any of its dimensions does. Errors
+// start with `what` (e.g. "param 'w': global shape") and give the shape.
+absl::Status CheckShape(const std::vector<int64_t>& shape, const std::string& what);
 
 // "cpu" or "cuda:<ordinal>".
 std::string DeviceString(const DLDevice& d);

@@ -157,6 +157,10 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
   if (out.step_count < 0) {
     return Bad(blob, absl::StrCat("step count ", out.step_count, " is negative"));
   }
+  if (out.step_count == std::numeric_limits<int64_t>::max()) {
+    return Bad(blob, absl::StrCat("step count ", out.step_count,
+                                  " is out of range (the next step could not be counted)"));
+  }
   // A corrupted count must not allocate: an entry takes at least 20 bytes.
   out.params.reserve(static_cast<size_t>(std::min<uint64_t>(count, r.Remaining() / 20)));
   for (uint64_t k = 0; k < count; ++k) {

@@ -193,6 +193,8 @@ TEST(StateBlob, EveryFieldIsValidated) {
       {runs + 8, 12, 8, "param 'w': run [12, +15) is outside its 15 global elements"},
       {runs + 16, 0, 8, "param 'w': holds 60 momentum bytes for 0 elements"},
       {runs + 16, 99, 8, "param 'w': run [0, +99) is outside its 15 global elements"},
+      // Found by fuzz/state_blob_fuzzer: the next muon_step overflowed the count.
+      {16, INT64_MAX, 8, "step count 9223372036854775807 is out of range"},
   };
   for (const Case& c : cases) {
     std::vector<unsigned char> blob = good;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "muon/comm/self_comm.h"
 #include "muon/common/status.h"
+#include "muon/common/tensor.h"
 #include "muon/engine/checkpoint.h"
 #include "muon/device/cuda_loader.h"
 #include "muon/engine/local_update.h"
@@ -50,7 +51,7 @@ absl::Status Optimizer::SetMomentum(double momentum) {
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int view,
                                                  const DistSpec* dist) {
-  if (options_.skip_nonfinite && value != nullptr && value->device.device_type == kDLCUDA) {
+  if (options_.skip_nonfinite && value != nullptr && DeviceCode(value->device) == kDLCUDA) {
     return absl::InvalidArgumentError(absl::StrCat(
         "param '", name, "': is a CUDA tensor, and skip_nonfinite counts gradients on the host "
         "only; leave skip_nonfinite 0 for CUDA parameters"));
@@ -389,6 +390,7 @@ absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_b
   for (Param& p : params) p.momentum_elsewhere = false;
   for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
   step_count_ = plan.step_count;
+  stats_.steps = step_count_;  // the stats count steps as muon_step_count does
   poisoned_.clear();
   return absl::OkStatus();
 }

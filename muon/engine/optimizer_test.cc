@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/math/testing/reference_ns.h"
+#include "muon/comm/self_comm.h"
 #include "muon/common/dtype.h"
 
 namespace muon {
@@ -296,6 +297,31 @@ TEST(Optimizer, FailedRegistrationLeavesNothingBehind) {
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(*id, 1);
   EXPECT_EQ(opt->num_params(), 2u);
+}
+
+// Found by fuzz/api_sequence_fuzzer: registration computed every run of the
+// piece a (wrong, huge) global shape gives this rank before comparing it with
+// the local tensor, for minutes (or until memory ran out).
+TEST(Optimizer, AGlobalShapeTheLocalTensorDoesNotMatchIsRefusedAtOnce) {
+  auto opt = MakeOptimizer();
+  absl::StatusOr<std::shared_ptr<Comm>> world = Comm::Create(SelfCommTable(), "world");
+  ASSERT_TRUE(world.ok()) << world.status();
+  ASSERT_TRUE(opt->SetWorld(*world).ok());
+  HostTensor p({3, 4}), g({3, 4});
+  DLTensor pt = p.dl(), gt = g.dl();
+  DistSpec dist;
+  dist.global_shape = {int64_t{1} << 40, 4};
+  Placement shard;
+  shard.kind = PlacementKind::kShard;
+  shard.dim = 1;
+  shard.split = ShardSplit::kChunk;
+  dist.placements = {shard};
+  absl::StatusOr<int64_t> id = opt->RegisterParam(&pt, &gt, "w", 0, &dist);
+  ASSERT_FALSE(id.ok());
+  EXPECT_TRUE(Mentions(id.status(), "the local tensor has 12 elements (shape [3, 4]) but its "
+                                    "layout gives this rank 4398046511104"))
+      << id.status();
+  EXPECT_EQ(opt->num_params(), 0u);
 }
 
 TEST(Optimizer, RegistrationClosesAtTheFirstStep) {
@@ -728,6 +754,20 @@ TEST(StateBlob, RoundTrip) {
   EXPECT_TRUE(std::any_of(m0, m0 + p0->momentum.size(), [](unsigned char c) { return c != 0; }));
 }
 
+// Found by fuzz/api_sequence_fuzzer: the stats went on counting the steps
+// taken before a blob was loaded.
+TEST(StateBlob, LoadingSetsTheStepCountOfTheStats) {
+  Model src;
+  src.Steps(3, 100);
+  const std::vector<unsigned char> blob = SaveBlob(*src.opt);
+  Model dst;
+  dst.Steps(5, 200);
+  ASSERT_EQ(dst.opt->stats().steps, 5);
+  ASSERT_TRUE(dst.opt->LoadState(blob.data(), blob.size()).ok());
+  EXPECT_EQ(dst.opt->step_count(), 3);
+  EXPECT_EQ(dst.opt->stats().steps, 3);
+}
+
 // Byte offsets in the blob of Model, from the documented layout.
 constexpr size_t kCountAt = 24;
 constexpr size_t kFirstParam = 32;
@@ -803,6 +843,17 @@ TEST_F(CorruptBlob, EveryTruncation) {
       return;
     }
   }
+}
+
+// Found by fuzz/state_blob_fuzzer: this rank's own blob loaded whatever
+// global shape an entry recorded (and saved the registered one back).
+TEST_F(CorruptBlob, AnotherGlobalShape) {
+  auto bad = blob_;
+  const size_t global_dims = kDimsAt + 16 + 4;
+  Poke<int64_t>(&bad, global_dims, int64_t{16777218});
+  // The run [0, 24) still lies inside the larger shape, so only the shape is wrong.
+  ExpectRefused(bad, "param 'embed.w': saved global shape [16777218, 6] differs from the "
+                     "registered [4, 6]");
 }
 
 TEST_F(CorruptBlob, UnsupportedFormat) {

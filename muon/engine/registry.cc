@@ -208,13 +208,15 @@ absl::StatusOr<int64_t> Registry::Register(const DLTensor* value, const DLTensor
       sizes.push_back(g->size());
       coords.push_back(g->rank());
     }
-    MUON_ASSIGN_OR_RETURN(p.piece, ComputePiece(p.layout, sizes, coords, who));
-    if (p.piece.numel != p.numel()) {
+    // The shape first: a wrong global shape must not cost what it says.
+    MUON_ASSIGN_OR_RETURN(const Piece shape, PieceShape(p.layout, sizes, coords, who));
+    if (shape.numel != p.numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
           who, ": the local tensor has ", p.numel(), " elements (shape ",
-          ShapeString(p.value.shape), ") but its layout gives this rank ", p.piece.numel,
-          " (shape ", ShapeString(p.piece.shape), ")"));
+          ShapeString(p.value.shape), ") but its layout gives this rank ", shape.numel,
+          " (shape ", ShapeString(shape.shape), ")"));
     }
+    MUON_ASSIGN_OR_RETURN(p.piece, ComputePiece(p.layout, sizes, coords, who));
   }
   MUON_RETURN_IF_ERROR(Place(&p));
   MUON_RETURN_IF_ERROR(Add(std::move(p)));

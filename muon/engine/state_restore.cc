@@ -42,6 +42,12 @@ absl::Status PlanOwn(const std::vector<Param>& params, const SavedState& blob, b
                 "through muon_load_states"
               : ""));
     }
+    // (Format 1 records no global shape; the parser gives it the local one.)
+    if (blob.format >= 2 && s.global_shape != p.global_shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": saved global shape ", ShapeString(s.global_shape), " differs from the "
+          "registered ", ShapeString(p.global_shape)));
+    }
     if (s.state_dtype != p.state_dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           who, ": saved momentum dtype ", DTypeName(s.state_dtype),

@@ -131,8 +131,9 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   const size_t bytes = static_cast<size_t>(blk.elems) * SizeOf(blk.dtype);
   const int first = *std::max_element(blk.params.begin(), blk.params.end());
   const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
-  // Gradients, block c for the owner at coord c, summed onto it.
-  for (int c = 0; c < n; ++c) {
+  // Gradients, block c for the owner at coord c, summed onto it. (Empty
+  // tensors may have NULL data, and then no copy may be made of them.)
+  for (int c = 0; c < n && bytes > 0; ++c) {
     unsigned char* dst = send_.data() + c * bytes;
     if (blk.params[c] >= 0) {
       std::memcpy(dst, params[blk.params[c]].grad.data, bytes);
@@ -148,16 +149,16 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   if (st.ok() && !failed && blk.params[me] >= 0) st = StepOwned(blk, blk.params[me]);
   // The owners' new values to every replica.
   unsigned char* mine = send_.data();
-  if (blk.params[me] >= 0) {
+  if (bytes > 0 && blk.params[me] >= 0) {
     std::memcpy(mine, params[blk.params[me]].value.data, bytes);
-  } else {
+  } else if (bytes > 0) {
     std::memset(mine, 0, bytes);
   }
   absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream,
                                     absl::StrCat("sharing the new values of the ", what));
   if (st.ok()) st = shared;
   if (!st.ok() || failed) return st;
-  for (int c = 0; c < n; ++c) {
+  for (int c = 0; c < n && bytes > 0; ++c) {
     if (c == me || blk.params[c] < 0) continue;
     std::memcpy(params[blk.params[c]].value.data, recv_.data() + c * bytes, bytes);
   }

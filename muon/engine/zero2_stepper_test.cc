@@ -83,5 +83,29 @@ TEST(Zero2Stepper, OwnersStepFromTheAverageAndEveryReplicaAgrees) {
   }
 }
 
+// Found by fuzz/api_sequence_fuzzer: an empty ZeRO-2 parameter, whose
+// tensors may have NULL data, was copied with memcpy(dst, NULL, 0) (undefined
+// behaviour). Its blocks still issue their collectives on every rank.
+TEST(Zero2Stepper, EmptyParamsWithNullDataStep) {
+  testranks::World world(2);
+  Options o;
+  testranks::OnThreads(2, [&](int rank) {
+    std::shared_ptr<Comm> w = world.Join(rank);
+    ASSERT_NE(w, nullptr);
+    HostJob job;
+    for (const std::string name : {"e0", "e1", "e2"}) {
+      Param& p = job.Add(name, {0, 3}, 0);
+      p.zero2_group = 0;
+      p.value.data = nullptr;
+      p.grad.data = nullptr;
+    }
+    auto stepper = Zero2Stepper::Create({w}, {{0, 1}}, 3, job.Context(&o));
+    ASSERT_TRUE(stepper.ok()) << stepper.status();
+    EXPECT_TRUE((*stepper)->has_blocks());
+    absl::Status st = (*stepper)->Run(nullptr, false);
+    EXPECT_TRUE(st.ok()) << st;
+  });
+}
+
 }  // namespace
 }  // namespace muon

@@ -64,21 +64,17 @@ std::string Describe(const Placement& p, size_t index) {
   return absl::StrCat("placement ", index, " (", kind, " over group ", p.group, ")");
 }
 
-}  // namespace
-
-absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
-                                   const std::vector<int>& coords, const std::string& who) {
-  for (int64_t d : layout.global_shape) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": global shape ",
-                                                     ShapeString(layout.global_shape),
-                                                     " has a negative dimension"));
-    }
-  }
+// ComputePiece, and PieceShape when `with_runs` is false.
+absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
+                              const std::vector<int>& coords, const std::string& who,
+                              bool with_runs) {
+  // No negative dimension, and no product of dimensions below overflows.
+  absl::Status shape_ok = CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
+  if (!shape_ok.ok()) return shape_ok;
   Piece piece;
   piece.shape = layout.global_shape;
   const int64_t numel = Product(piece.shape, 0, piece.shape.size());
-  if (numel > 0) piece.runs.push_back({0, numel});
+  if (numel > 0 && with_runs) piece.runs.push_back({0, numel});
   std::vector<bool> used(group_sizes.size(), false);
 
   for (size_t i = 0; i < layout.placements.size(); ++i) {
@@ -137,6 +133,10 @@ absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>&
                 return absl::InvalidArgumentError(
                     absl::StrCat(where, ": negative size ", s));
               }
+              if (s > d - total) {  // (the sum itself may overflow)
+                return absl::InvalidArgumentError(absl::StrCat(
+                    where, ": sizes add up to more than ", d, ", the size of dim ", p.dim));
+              }
               total += s;
             }
             if (total != d) {
@@ -153,7 +153,8 @@ absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>&
         }
         const int64_t outer = Product(piece.shape, 0, p.dim);
         const int64_t inner = Product(piece.shape, p.dim + 1, piece.shape.size());
-        for (int64_t o = 0; o < outer; ++o) {
+        // (An empty slice has no runs, however many rows it spans.)
+        for (int64_t o = 0; with_runs && (b - a) * inner > 0 && o < outer; ++o) {
           map.Map((o * d + a) * inner, (b - a) * inner, &next);
         }
         piece.shape[p.dim] = b - a;
@@ -171,7 +172,7 @@ absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>&
               where, ": range ", range, " does not lie inside the ", current,
               " elements of the tensor it splits (shape ", ShapeString(piece.shape), ")"));
         }
-        map.Map(p.start, p.length, &next);
+        if (with_runs) map.Map(p.start, p.length, &next);
         piece.shape = {p.length};
         break;
       }
@@ -183,6 +184,18 @@ absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>&
   }
   piece.numel = Product(piece.shape, 0, piece.shape.size());
   return piece;
+}
+
+}  // namespace
+
+absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
+                                   const std::vector<int>& coords, const std::string& who) {
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/true);
+}
+
+absl::StatusOr<Piece> PieceShape(const Layout& layout, const std::vector<int>& group_sizes,
+                                 const std::vector<int>& coords, const std::string& who) {
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/false);
 }
 
 std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, int64_t end) {

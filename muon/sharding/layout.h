@@ -67,6 +67,13 @@ struct Piece {
 absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
                                    const std::vector<int>& coords, const std::string& who);
 
+// ComputePiece without the runs (left empty): the same checks, the shape,
+// numel and canonical flag, at a cost that does not grow with the tensor.
+// The registry compares it with the local tensor before computing the runs,
+// whose number can be as large as the global shape says.
+absl::StatusOr<Piece> PieceShape(const Layout& layout, const std::vector<int>& group_sizes,
+                                 const std::vector<int>& coords, const std::string& who);
+
 // The runs of `runs` (a local storage order) restricted to the global range
 // [begin, end), with the local position where each kept run starts.
 struct LocatedRun {

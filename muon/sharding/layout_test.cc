@@ -1,6 +1,8 @@
 #include "muon/sharding/layout.h"
 
+#include <cstdint>
 #include <functional>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "muon/sharding/testing/job.h"
@@ -178,6 +180,55 @@ TEST(Layout, Errors) {
   EXPECT_NE(msg({{4, 4}, {Shard(0, 0), Shard(0, 1)}}, {2}, {0}).find("already used"),
             std::string::npos);
   EXPECT_NE(msg({{4, 4}, {Shard(0, 5)}}, {2}, {0}).find("param 'w'"), std::string::npos);
+}
+
+// Found by fuzz/placement_fuzzer: numbers a host passes (a global shape,
+// explicit sizes, a flat range) overflowed int64_t inside ComputePiece.
+TEST(Layout, HostNumbersThatWouldOverflowAreRefused) {
+  const int64_t big = int64_t{1} << 62, max = INT64_MAX;
+  auto msg = [](const Layout& l) {
+    auto p = ComputePiece(l, {2}, {0}, "param 'w'");
+    EXPECT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(p.status().message());
+  };
+  EXPECT_NE(msg({{2, big}, {}}).find("param 'w': global shape [2, 4611686018427387904] has more "
+                                     "elements than a 64-bit count holds"),
+            std::string::npos);
+  // An empty dimension does not hide the overflow of the others.
+  EXPECT_NE(msg({{0, big, 4}, {Shard(0, 1, ShardSplit::kChunk)}}).find("64-bit"),
+            std::string::npos);
+  EXPECT_NE(msg({{5, 6}, {Shard(0, 0, ShardSplit::kSizes, {1, max})}})
+                .find("sizes add up to more than 5, the size of dim 0"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 5}, {Flat(0, 5, max)}})
+                .find("range [5, 5 + 9223372036854775807) does not lie inside "
+                      "the 20 elements"),
+            std::string::npos);
+  EXPECT_NE(msg({{4, 5}, {Flat(0, INT64_MIN, INT64_MIN)}}).find("does not lie inside"),
+            std::string::npos);
+}
+
+// Found by fuzz/api_sequence_fuzzer: the registry computed the runs of a
+// piece before comparing its size with the local tensor, so a wrong global
+// shape cost what it said. PieceShape gives the shape at no such cost.
+TEST(Layout, PieceShapeCostsNothingWhateverTheShape) {
+  const int64_t big = int64_t{1} << 40;
+  auto p = PieceShape({{big, 4}, {Shard(0, 1, ShardSplit::kChunk)}}, {2}, {1}, "w");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->shape, (std::vector<int64_t>{big, 2}));
+  EXPECT_EQ(p->numel, 2 * big);
+  EXPECT_TRUE(p->runs.empty());
+  EXPECT_TRUE(p->canonical);
+  // The same checks as ComputePiece.
+  auto bad = PieceShape({{7, 6}, {Shard(0, 0)}}, {2}, {0}, "param 'w'");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("does not split evenly"), std::string::npos);
+  // And ComputePiece spends nothing on an empty slice, however many rows it spans.
+  auto empty = ComputePiece({{big, 0}, {Shard(0, 1, ShardSplit::kChunk)}}, {2}, {1}, "w");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->numel, 0);
+  EXPECT_TRUE(empty->runs.empty());
 }
 
 TEST(Layout, TilingFindsOverlapAndGap) {

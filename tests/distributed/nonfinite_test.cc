@@ -209,6 +209,15 @@ TEST(NonFinite, CudaParametersAreRefusedWithTheOption) {
   EXPECT_NE(msg.find("param 'gpu.w'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("skip_nonfinite"), std::string::npos) << msg;
   EXPECT_EQ(id, -1);
+  // Found by fuzz/api_sequence_fuzzer: with the option, a device code DLPack
+  // does not define was loaded as the enum (undefined behaviour) before the
+  // tensor was checked; it is refused like any unknown code.
+  int32_t unknown = 99;
+  std::memcpy(&v.device.device_type, &unknown, sizeof unknown);
+  EXPECT_EQ(muon_register_param(opt, &v, &g, &po, &id), MUON_INVALID_ARGUMENT);
+  const std::string unknown_msg = muon_last_error_message();
+  EXPECT_NE(unknown_msg.find("DLPack device type 99"), std::string::npos) << unknown_msg;
+  EXPECT_EQ(id, -1);
   muon_destroy(opt);
 }
 
