@@ -26,7 +26,18 @@
 //     and every later call on it fails with ncclInvalidUsage;
 //   - reduce-scatter sums in rank order in fp32 (bf16/fp16 rounded once).
 // ncclGetLastError tells why a clique call failed.
+//
+// Device semantics (fake_nccl_set_device, for tests on the strict GPU of
+// muon/device/testing): every buffer of a clique call must be device memory
+// (the check callback says, else the call fails with ncclInvalidArgument
+// naming the buffer), and nothing moves when the call returns: the call is
+// enqueued on its stream (the enqueue callback) and runs, rendezvous
+// included, when the stream reaches it, as NCCL's kernels do. A failure
+// there is the stream's (the runtime reports it at the next wait).
+#include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <memory>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -96,7 +107,15 @@ struct Queued {
   size_t bytes;
   int peer;
   FakeComm* comm;
+  void* stream;
 };
+
+// Device semantics (see the top); null: host memory, run at the call.
+using CheckFn = int (*)(const void* ptr, size_t bytes, char* why, size_t why_size);
+using WorkFn = int (*)(void* arg, char* why, size_t why_size);
+using EnqueueFn = int (*)(void* stream, WorkFn work, void* arg);
+std::atomic<CheckFn> g_check{nullptr};
+std::atomic<EnqueueFn> g_enqueue{nullptr};
 
 thread_local std::string t_log;
 thread_local std::string t_error;  // why the last clique call failed
@@ -258,10 +277,8 @@ int Collective(FakeComm* comm, Call call) {
   return 0;
 }
 
-// The queued sends and receives of this thread's group (one communicator).
-int RunGroup() {
-  std::vector<Queued> ops;
-  ops.swap(t_queued);
+// The sends and receives of one group (one communicator).
+int RunGroupOps(const std::vector<Queued>& ops) {
   if (ops.empty()) return 0;
   Clique& q = *ops[0].comm->clique;
   const int me = ops[0].comm->rank;
@@ -314,12 +331,84 @@ int RunGroup() {
   return mismatch ? kInvalidUsage : 0;
 }
 
+// A clique call deferred to its stream (device semantics).
+struct Deferred {
+  FakeComm* comm = nullptr;
+  Call call;
+  bool group = false;
+  std::vector<Queued> ops;
+};
+
+int RunDeferred(void* arg, char* why, size_t why_size) {
+  std::unique_ptr<Deferred> d(static_cast<Deferred*>(arg));
+  const int r = d->group ? RunGroupOps(d->ops) : Collective(d->comm, d->call);
+  if (r != 0 && why != nullptr && why_size > 0) std::snprintf(why, why_size, "%s", t_error.c_str());
+  return r;
+}
+
+// Runs `d` now, or enqueues it on `stream` under device semantics.
+int RunOrEnqueue(std::unique_ptr<Deferred> d, void* stream) {
+  const EnqueueFn enqueue = g_enqueue.load();
+  if (enqueue == nullptr) {
+    return RunDeferred(d.release(), nullptr, 0);
+  }
+  Deferred* raw = d.release();
+  if (enqueue(stream, &RunDeferred, raw) != 0) {
+    delete raw;
+    return Failed(kInvalidUsage, "the stream did not take the call");
+  }
+  return 0;
+}
+
+// The queued sends and receives of this thread's group.
+int RunGroup() {
+  auto d = std::make_unique<Deferred>();
+  d->group = true;
+  d->ops.swap(t_queued);
+  if (d->ops.empty()) return 0;
+  void* stream = d->ops[0].stream;
+  return RunOrEnqueue(std::move(d), stream);
+}
+
+// Under device semantics: why [ptr, ptr + bytes) is not device memory, or "".
+std::string NotDevice(const std::string& op, const char* which, const void* ptr, size_t bytes) {
+  const CheckFn check = g_check.load();
+  if (check == nullptr || bytes == 0) return "";
+  char why[512] = {};
+  if (check(ptr, bytes, why, sizeof why) == 0) return "";
+  return op + ": " + which + " buffer: " + why;
+}
+
+// A collective on a clique, checked and run (or enqueued).
+int CliqueCall(FakeComm* c, const Call& call, void* stream) {
+  const size_t bytes = call.count * ElemSize(call.dtype);
+  const size_t n = static_cast<size_t>(c->size);
+  std::string bad;
+  if (call.op == "AllGather") {
+    bad = NotDevice("ncclAllGather", "send", call.send, bytes);
+    if (bad.empty()) bad = NotDevice("ncclAllGather", "recv", call.recv, n * bytes);
+  } else if (call.op == "Broadcast") {
+    if (c->rank == call.root) bad = NotDevice("ncclBroadcast", "send", call.send, bytes);
+    if (bad.empty()) bad = NotDevice("ncclBroadcast", "recv", call.recv, bytes);
+  } else if (call.op == "ReduceScatter") {
+    bad = NotDevice("ncclReduceScatter", "send", call.send, n * bytes);
+    if (bad.empty()) bad = NotDevice("ncclReduceScatter", "recv", call.recv, bytes);
+  }
+  if (!bad.empty()) return Failed(kInvalidArgument, bad);
+  auto d = std::make_unique<Deferred>();
+  d->comm = c;
+  d->call = call;
+  return RunOrEnqueue(std::move(d), stream);
+}
+
 // A send or receive on a clique: queued in the open group, or a group of its own.
 int PointToPoint(const Queued& op) {
   t_error.clear();
   if (op.peer < 0 || op.peer >= op.comm->size) {
     return Failed(kInvalidArgument, "peer " + std::to_string(op.peer) + " is outside the clique");
   }
+  const std::string bad = NotDevice(op.send ? "ncclSend" : "ncclRecv", "the", op.buf, op.bytes);
+  if (!bad.empty()) return Failed(kInvalidArgument, bad);
   t_queued.push_back(op);
   return t_group_depth > 0 ? 0 : RunGroup();
 }
@@ -332,6 +421,10 @@ FAKE_API void fake_nccl_clear() { t_log.clear(); }
 FAKE_API void fake_nccl_fail_next(int result) { t_fail_next = result; }
 FAKE_API void* fake_nccl_clique_create(int size) { return new Clique(size); }
 FAKE_API void fake_nccl_clique_destroy(void* clique) { delete static_cast<Clique*>(clique); }
+FAKE_API void fake_nccl_set_device(CheckFn check, EnqueueFn enqueue) {
+  g_check.store(check);
+  g_enqueue.store(enqueue);
+}
 
 FAKE_API int ncclGroupStart() {
   Log("GroupStart");
@@ -350,13 +443,14 @@ FAKE_API int ncclGroupEnd() {
   return injected != 0 ? injected : r;
 }
 
-FAKE_API int ncclSend(const void* buf, size_t count, int dtype, int peer, void* comm, void*) {
+FAKE_API int ncclSend(const void* buf, size_t count, int dtype, int peer, void* comm,
+                      void* stream) {
   Log("Send(" + std::to_string(peer) + "," + std::to_string(count) + "," +
       std::to_string(dtype) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   int r = 0;
   if (c->clique != nullptr) {
-    r = PointToPoint({true, const_cast<void*>(buf), count * ElemSize(dtype), peer, c});
+    r = PointToPoint({true, const_cast<void*>(buf), count * ElemSize(dtype), peer, c, stream});
   } else if (peer == c->rank) {
     t_self_send = buf;
     t_self_bytes = count * ElemSize(dtype);
@@ -366,14 +460,14 @@ FAKE_API int ncclSend(const void* buf, size_t count, int dtype, int peer, void* 
   return r;
 }
 
-FAKE_API int ncclRecv(void* buf, size_t count, int dtype, int peer, void* comm, void*) {
+FAKE_API int ncclRecv(void* buf, size_t count, int dtype, int peer, void* comm, void* stream) {
   Log("Recv(" + std::to_string(peer) + "," + std::to_string(count) + "," +
       std::to_string(dtype) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   const size_t bytes = count * ElemSize(dtype);
   int r = 0;
   if (c->clique != nullptr) {
-    r = PointToPoint({false, buf, bytes, peer, c});
+    r = PointToPoint({false, buf, bytes, peer, c, stream});
   } else if (peer == c->rank && t_self_send != nullptr && t_self_bytes == bytes) {
     std::memcpy(buf, t_self_send, bytes);
     t_self_send = nullptr;
@@ -390,7 +484,7 @@ FAKE_API int ncclAllGather(const void* send, void* recv, size_t count, int dtype
       (send == static_cast<char*>(recv) + c->rank * count * ElemSize(dtype) ? ",inplace" : "") +
       (stream != nullptr ? ",stream" : "") + ")");
   if (c->clique != nullptr) {
-    const int r = Collective(c, {"AllGather", send, recv, count, dtype, 0, 0, ""});
+    const int r = CliqueCall(c, {"AllGather", send, recv, count, dtype, 0, 0, ""}, stream);
     return r != 0 ? r : Take();
   }
   if (c->size == 1) std::memmove(recv, send, count * ElemSize(dtype));
@@ -398,24 +492,24 @@ FAKE_API int ncclAllGather(const void* send, void* recv, size_t count, int dtype
 }
 
 FAKE_API int ncclBroadcast(const void* send, void* recv, size_t count, int dtype, int root,
-                           void* comm, void*) {
+                           void* comm, void* stream) {
   Log("Broadcast(" + std::to_string(count) + "," + std::to_string(dtype) + ",root" +
       std::to_string(root) + (send == recv ? ",inplace" : "") + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   if (c->clique != nullptr) {
-    const int r = Collective(c, {"Broadcast", send, recv, count, dtype, root, 0, ""});
+    const int r = CliqueCall(c, {"Broadcast", send, recv, count, dtype, root, 0, ""}, stream);
     return r != 0 ? r : Take();
   }
   return Take();
 }
 
 FAKE_API int ncclReduceScatter(const void* send, void* recv, size_t count, int dtype, int op,
-                               void* comm, void*) {
+                               void* comm, void* stream) {
   Log("ReduceScatter(" + std::to_string(count) + "," + std::to_string(dtype) + ",op" +
       std::to_string(op) + ")");
   FakeComm* c = static_cast<FakeComm*>(comm);
   if (c->clique != nullptr) {
-    const int r = Collective(c, {"ReduceScatter", send, recv, count, dtype, 0, op, ""});
+    const int r = CliqueCall(c, {"ReduceScatter", send, recv, count, dtype, 0, op, ""}, stream);
     return r != 0 ? r : Take();
   }
   if (c->size == 1) std::memmove(recv, send, count * ElemSize(dtype));

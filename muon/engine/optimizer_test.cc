@@ -87,7 +87,8 @@ absl::StatusOr<int64_t> Register(Optimizer* opt, HostTensor* p, HostTensor* g,
 
 std::vector<unsigned char> SaveBlob(const Optimizer& opt) {
   std::vector<unsigned char> blob(opt.StateBlobSize());
-  opt.SaveState(blob.data());
+  const absl::Status saved = opt.SaveState(blob.data());
+  EXPECT_TRUE(saved.ok()) << saved;
   return blob;
 }
 

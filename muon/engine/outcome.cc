@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "muon/common/status.h"
+#include "muon/sharding/host_gather.h"
 
 namespace muon {
 namespace {
@@ -35,19 +36,8 @@ const char* AdjustName(AdjustLr a) {
 // Every rank's `bytes` bytes, in rank order, through host or device memory.
 absl::Status GatherAll(Comm& world, Device* device, const void* mine, size_t bytes,
                        std::vector<unsigned char>* all, void* stream, const std::string& op) {
-  const size_t n = static_cast<size_t>(world.size());
-  all->assign(n * bytes, 0);
-  if (device == nullptr || device->is_host()) {
-    return world.AllGather(mine, all->data(), bytes, stream, op);
-  }
-  // A device communicator (NCCL) moves device memory: stage through it.
-  std::shared_ptr<Device> dev(device, [](Device*) {});
-  MUON_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(dev, bytes, "the step verdict"));
-  MUON_ASSIGN_OR_RETURN(DeviceBuffer recv,
-                        DeviceBuffer::Make(dev, n * bytes, "the job's step verdicts"));
-  MUON_RETURN_IF_ERROR(device->FromHost(send.data(), mine, bytes));
-  MUON_RETURN_IF_ERROR(world.AllGather(send.data(), recv.data(), bytes, stream, op));
-  return device->ToHost(all->data(), recv.data(), n * bytes);
+  all->assign(static_cast<size_t>(world.size()) * bytes, 0);
+  return HostAllGather(world, device, mine, all->data(), bytes, stream, op);
 }
 
 std::string ReportText(const unsigned char* report) {

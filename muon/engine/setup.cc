@@ -115,11 +115,13 @@ absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const 
                                                       void* stream) {
   Comm& world = registry.world();
   MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> members,
-                        GatherGroupMembers(world, registry.groups(), stream));
+                        GatherGroupMembers(world, registry.groups(), registry.device().get(),
+                                           stream));
   absl::Status local_error;
   const RankDesc me = Describe(registry, members, &local_error);
   MUON_ASSIGN_OR_RETURN(Plan plan, AgreePlan(world, me, Fingerprint(options),
-                                             PlanOptionsOf(options), local_error, stream));
+                                             PlanOptionsOf(options), local_error,
+                                             registry.device().get(), stream));
 
   auto s = std::make_unique<StepSetup>();
   absl::Status built = Build(registry, options, members, plan, world, s.get());

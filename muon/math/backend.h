@@ -67,6 +67,12 @@ class MathBackend {
   // ResourceExhausted when memory is short.
   virtual absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                                int64_t cols) = 0;
+  // Orders every later call on `stream` (a cudaStream_t on a GPU); the host
+  // backend has no streams.
+  virtual absl::Status SetStream(void* stream) {
+    (void)stream;
+    return absl::OkStatus();
+  }
 };
 
 // FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/sharding/host_gather.h"
 
 namespace muon {
 namespace {
@@ -157,13 +158,13 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
 }
 
 absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
-    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, void* stream) {
+    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, Device* device, void* stream) {
   std::vector<std::vector<int>> members;
   for (const auto& g : groups) {
     std::vector<int32_t> m(g->size());
     const int32_t mine = world.rank();
-    MUON_RETURN_IF_ERROR(
-        g->AllGather(&mine, m.data(), sizeof mine, stream, "setup: group membership"));
+    MUON_RETURN_IF_ERROR(HostAllGather(*g, device, &mine, m.data(), sizeof mine, stream,
+                                       "setup: group membership"));
     members.emplace_back(m.begin(), m.end());
   }
   return members;
@@ -171,20 +172,20 @@ absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
 
 absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
                                const PlanOptions& options, const absl::Status& local_error,
-                               void* stream) {
+                               Device* device, void* stream) {
   // Every rank's message, padded to the longest.
   const std::string mine = Frame(fingerprint, SerializeRankDesc(me));
   const int n = world.size();
   std::vector<uint64_t> sizes(n);
   const uint64_t my_size = mine.size();
-  MUON_RETURN_IF_ERROR(
-      world.AllGather(&my_size, sizes.data(), sizeof my_size, stream, "setup: handshake"));
+  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &my_size, sizes.data(), sizeof my_size, stream,
+                                     "setup: handshake"));
   const uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
   std::string padded = mine;
   padded.resize(longest);
   std::string all(longest * n, '\0');
   MUON_RETURN_IF_ERROR(
-      world.AllGather(padded.data(), &all[0], longest, stream, "setup: handshake"));
+      HostAllGather(world, device, padded.data(), &all[0], longest, stream, "setup: handshake"));
 
   // Every rank now holds the same data and reaches the same verdict; a rank
   // that fails alone (a custom assignment) still joins the digest exchange.
@@ -215,8 +216,8 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
     uint64_t failed;
   } my_verdict{built.ok() ? plan.digest : 0, built.ok() ? 0u : 1u};
   std::vector<Verdict> verdicts(n);
-  MUON_RETURN_IF_ERROR(world.AllGather(&my_verdict, verdicts.data(), sizeof my_verdict, stream,
-                                       "setup: plan check"));
+  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &my_verdict, verdicts.data(),
+                                     sizeof my_verdict, stream, "setup: plan check"));
   if (!built.ok()) return built;
   for (int r = 0; r < n; ++r) {
     if (verdicts[r].failed) {

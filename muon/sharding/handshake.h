@@ -9,7 +9,9 @@
 //                       the messages (padded to the longest), and one of the
 //                       verdicts (plan digest, or failed).
 // A message is this rank's settings fingerprint (options every rank must
-// share) followed by its description (SerializeRankDesc).
+// share) followed by its description (SerializeRankDesc). Each all_gather
+// moves host values through HostAllGather: with a GPU `device` (NCCL moves
+// device memory only) they are staged through device buffers on `stream`.
 #ifndef MUON_SHARDING_HANDSHAKE_H_
 #define MUON_SHARDING_HANDSHAKE_H_
 
@@ -20,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
+#include "muon/device/device.h"
 #include "muon/sharding/plan.h"
 
 namespace muon {
@@ -31,7 +34,7 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
 
 // The world ranks of every group's members, in group-rank order.
 absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
-    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, void* stream);
+    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, Device* device, void* stream);
 
 // Exchanges `me` (this rank's description, groups filled in) and
 // `fingerprint` over `world`, builds the plan and checks every rank built the
@@ -41,7 +44,7 @@ absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
 // with both named.
 absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
                                const PlanOptions& options, const absl::Status& local_error,
-                               void* stream);
+                               Device* device, void* stream);
 
 }  // namespace muon
 

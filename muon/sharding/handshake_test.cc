@@ -37,7 +37,7 @@ std::vector<Outcome> Handshake(
     std::shared_ptr<Comm> g = world.Join(rank, parity, "parity");
     ASSERT_TRUE(w && g);
     Outcome& o = out[rank];
-    auto members = GatherGroupMembers(*w, {w, g}, nullptr);
+    auto members = GatherGroupMembers(*w, {w, g}, nullptr, nullptr);
     ASSERT_TRUE(members.ok()) << members.status();
     o.members = *members;
     RankDesc me = testjob::DescribeRank(rank, n, {}, params);
@@ -45,7 +45,7 @@ std::vector<Outcome> Handshake(
     std::string fingerprint = "same options";
     absl::Status local;
     if (tweak) tweak(rank, &me, &fingerprint, &local);
-    absl::StatusOr<Plan> plan = AgreePlan(*w, me, fingerprint, PlanOptions(), local, nullptr);
+    absl::StatusOr<Plan> plan = AgreePlan(*w, me, fingerprint, PlanOptions(), local, nullptr, nullptr);
     o.status = plan.status();
     if (plan.ok()) o.plan = *std::move(plan);
   });

@@ -8,20 +8,13 @@
 
 #include <cstdint>
 
+#include "muon/device/gpu_copy_chunk.h"
+
 namespace muon {
 namespace cuda {
 
-// At most kChunkElems elements of one copy. Types are numbered like
-// muon::DType (0 float32, 1 bfloat16, 2 float16).
-struct CopyChunk {
-  const void* src;
-  void* dst;
-  int32_t n;
-  uint8_t src_type, dst_type, via;
-  uint8_t pad;
-};
-
-inline constexpr int32_t kChunkElems = 8192;
+using CopyChunk = GpuCopyChunk;
+inline constexpr int32_t kChunkElems = kGpuChunkElems;
 
 // Runs `count` chunks (a device array), stream-ordered.
 cudaError_t LaunchCopyChunks(const CopyChunk* chunks, int64_t count, cudaStream_t stream);

@@ -22,7 +22,7 @@ class CudaBackend final : public MathBackend {
 
   // Every later call is ordered on `stream` (a cudaStream_t; NULL: the
   // legacy default stream).
-  absl::Status SetStream(void* stream);
+  absl::Status SetStream(void* stream) override;
 
   absl::Status Momentum(const MomentumArgs& args) override;
   absl::Status Apply(const ApplyArgs& args) override;

@@ -1,0 +1,206 @@
+#include "muon/device/gpu_device.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/dtype.h"
+
+namespace muon {
+namespace {
+
+// Makes `ordinal` the calling thread's current device for a scope and puts
+// the previous one back.
+class OnDevice {
+ public:
+  OnDevice(GpuRuntime& rt, int ordinal) : rt_(rt) {
+    absl::StatusOr<int> now = rt.GetDevice();
+    if (!now.ok()) {
+      status_ = now.status();
+    } else if (*now != ordinal) {
+      previous_ = *now;
+      status_ = rt.SetDevice(ordinal);
+    }
+  }
+  ~OnDevice() {
+    if (previous_ >= 0 && status_.ok()) (void)rt_.SetDevice(previous_);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  GpuRuntime& rt_;
+  int previous_ = -1;
+  absl::Status status_;
+};
+
+#define MUON_ON_DEVICE(rt, ordinal, what)                                                   \
+  OnDevice on_device_(rt, ordinal);                                                         \
+  if (!on_device_.status().ok()) {                                                          \
+    return absl::Status(on_device_.status().code(),                                         \
+                        absl::StrCat(what, ": selecting the GPU: ", on_device_.status().message())); \
+  }
+
+class GpuProgram final : public CopyProgram {
+ public:
+  GpuProgram(std::shared_ptr<GpuRuntime> rt, int ordinal) : rt_(std::move(rt)), ordinal_(ordinal) {}
+  ~GpuProgram() override {
+    if (chunks_ != nullptr) {
+      OnDevice on(*rt_, ordinal_);
+      rt_->Free(chunks_);
+    }
+  }
+  int64_t elements() const override { return elements_; }
+
+  std::shared_ptr<GpuRuntime> rt_;
+  int ordinal_;
+  GpuCopyChunk* chunks_ = nullptr;  // device array
+  int64_t count_ = 0;
+  int64_t elements_ = 0;
+};
+
+// The math, called with the GPU current, whichever thread calls (a helper
+// thread starts on device 0).
+class GuardedMath final : public MathBackend {
+ public:
+  GuardedMath(std::shared_ptr<GpuRuntime> rt, int ordinal, std::unique_ptr<MathBackend> math)
+      : rt_(std::move(rt)), ordinal_(ordinal), math_(std::move(math)) {}
+  absl::Status SetStream(void* stream) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "binding the math to the stream");
+    return math_->SetStream(stream);
+  }
+  absl::Status Momentum(const MomentumArgs& args) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "the momentum update");
+    return math_->Momentum(args);
+  }
+  absl::Status Apply(const ApplyArgs& args) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "the parameter update");
+    return math_->Apply(args);
+  }
+  absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");
+    return math_->Orthogonalize(config, batch);
+  }
+  absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
+                       int64_t cols) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "reserving the Newton-Schulz workspace");
+    return math_->Reserve(config, count, rows, cols);
+  }
+
+ private:
+  std::shared_ptr<GpuRuntime> rt_;
+  int ordinal_;
+  std::unique_ptr<MathBackend> math_;
+};
+
+class GpuDevice final : public Device {
+ public:
+  GpuDevice(std::shared_ptr<GpuRuntime> rt, int ordinal, std::unique_ptr<MathBackend> math)
+      : rt_(rt), ordinal_(ordinal), math_(rt, ordinal, std::move(math)) {}
+
+  std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
+  bool is_host() const override { return false; }
+  MathBackend& math() override { return math_; }
+
+  absl::Status SetStream(void* stream) override {
+    stream_ = stream;
+    return math_.SetStream(stream);
+  }
+
+  absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("allocating ", what));
+    absl::StatusOr<void*> p =
+        rt_->Malloc(bytes, absl::StrCat("allocating ", what, " (", bytes, " bytes on ", name(), ")"));
+    if (!p.ok()) return p.status();
+    // Zeroed on the step's stream before anything else uses it; setup only.
+    absl::Status st = rt_->MemsetAsync(*p, 0, bytes, stream_, absl::StrCat("zeroing ", what));
+    if (st.ok()) st = rt_->StreamSynchronize(stream_, absl::StrCat("zeroing ", what));
+    if (!st.ok()) {
+      rt_->Free(*p);
+      return st;
+    }
+    return p;
+  }
+
+  void Free(void* ptr) override {
+    OnDevice on(*rt_, ordinal_);
+    rt_->Free(ptr);
+  }
+
+  absl::StatusOr<std::unique_ptr<CopyProgram>> Prepare(const std::vector<CopyOp>& ops) override {
+    std::vector<GpuCopyChunk> chunks;
+    auto program = std::make_unique<GpuProgram>(rt_, ordinal_);
+    for (const CopyOp& op : ops) {
+      program->elements_ += op.n;
+      const size_t src_size = SizeOf(op.src_type), dst_size = SizeOf(op.dst_type);
+      for (int64_t at = 0; at < op.n; at += kGpuChunkElems) {
+        GpuCopyChunk c;
+        c.src = static_cast<const char*>(op.src) + at * src_size;
+        c.dst = static_cast<char*>(op.dst) + at * dst_size;
+        c.n = static_cast<int32_t>(std::min<int64_t>(kGpuChunkElems, op.n - at));
+        c.src_type = static_cast<uint8_t>(op.src_type);
+        c.dst_type = static_cast<uint8_t>(op.dst_type);
+        c.via = static_cast<uint8_t>(op.via);
+        c.pad = 0;
+        chunks.push_back(c);
+      }
+    }
+    program->count_ = static_cast<int64_t>(chunks.size());
+    if (chunks.empty()) return std::unique_ptr<CopyProgram>(std::move(program));
+    const size_t bytes = chunks.size() * sizeof(GpuCopyChunk);
+    absl::StatusOr<void*> mem = Allocate(bytes, "the exchange's copy descriptors");
+    if (!mem.ok()) return mem.status();
+    program->chunks_ = static_cast<GpuCopyChunk*>(*mem);
+    // `chunks` is read when the stream reaches the copy: wait for it here.
+    absl::Status st = FromHost(program->chunks_, chunks.data(), bytes);
+    if (!st.ok()) return st;
+    return std::unique_ptr<CopyProgram>(std::move(program));
+  }
+
+  absl::Status Run(const CopyProgram& program) override {
+    const auto& p = static_cast<const GpuProgram&>(program);
+    if (p.count_ == 0) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "the exchange copy kernel");
+    return rt_->LaunchCopyChunks(p.chunks_, p.count_, stream_, "the exchange copy kernel");
+  }
+
+  absl::Status ToHost(void* host, const void* device, size_t bytes) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying optimizer state to the host");
+    absl::Status st = rt_->MemcpyAsync(host, device, bytes, CopyKind::kDeviceToHost, stream_,
+                                       "copying optimizer state to the host");
+    if (st.ok()) st = rt_->StreamSynchronize(stream_, "copying optimizer state to the host");
+    return st;
+  }
+
+  absl::Status FromHost(void* device, const void* host, size_t bytes) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying optimizer state to the GPU");
+    absl::Status st = rt_->MemcpyAsync(device, host, bytes, CopyKind::kHostToDevice, stream_,
+                                       "copying optimizer state to the GPU");
+    // `host` may go away when this returns: the copy must have run.
+    if (st.ok()) st = rt_->StreamSynchronize(stream_, "copying optimizer state to the GPU");
+    return st;
+  }
+
+  absl::Status CopyBytes(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying on the GPU");
+    return rt_->MemcpyAsync(dst, src, bytes, CopyKind::kDeviceToDevice, stream_,
+                            "copying on the GPU");
+  }
+
+ private:
+  std::shared_ptr<GpuRuntime> rt_;
+  int ordinal_;
+  GuardedMath math_;
+  void* stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> MakeGpuDevice(std::shared_ptr<GpuRuntime> runtime, int ordinal,
+                                      std::unique_ptr<MathBackend> math) {
+  return std::make_unique<GpuDevice>(std::move(runtime), ordinal, std::move(math));
+}
+
+}  // namespace muon

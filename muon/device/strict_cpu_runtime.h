@@ -1,0 +1,136 @@
+// A GpuRuntime on the CPU that is at least as strict as CUDA, for running
+// the GPU device's host logic in CI (see gpu_runtime.h):
+//
+//   - Each device's memory is an arena of its own: a region mapped with no
+//     access, opened only while that device's streams run work. A host
+//     thread that reads or writes device memory directly (as it could not on
+//     a GPU) faults there. Every copy, memset and kernel launch (and, through
+//     CheckDeviceMemory, every strict communicator call) is checked when
+//     issued: a device-side pointer range must lie inside one live
+//     allocation, a host-side one must not touch any; a kernel's memory must
+//     be its stream's device's. Else the call fails naming itself, the
+//     pointer and what it missed.
+//   - Nothing runs when it is issued. Each stream keeps its work until the
+//     host waits (StreamSynchronize, EventSynchronize, Free: the device's streams) or a stream that
+//     waits on one of its events runs; then the stream runs exactly up to the
+//     point needed. A host that reads a copy's destination before waiting
+//     reads what was there before, and a stream that reads another's results
+//     without an event reads stale memory. Host memory is read and written
+//     when the work runs.
+//   - Each device's null stream is a stream like the others (no implicit
+//     ordering with them: stricter than CUDA's legacy default stream).
+//   - Fresh allocations hold a pattern (0xA5 bytes), never zeros.
+//   - A failure of work that ran (a kernel's chunk pointing outside device
+//     memory) is sticky, as a GPU fault is: every later call returns it.
+//
+// Gaps: memory is opened per device, so a host thread touching device k's
+// memory while device k's streams run work on another thread is not caught.
+//
+// The current device is per thread (as CUDA's; a new thread starts on
+// device 0), kept in the instance. Thread-safe: one mutex over the
+// bookkeeping; work runs outside it.
+#ifndef MUON_DEVICE_STRICT_CPU_RUNTIME_H_
+#define MUON_DEVICE_STRICT_CPU_RUNTIME_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "muon/device/gpu_runtime.h"
+
+namespace muon {
+
+class StrictCpuRuntime final : public GpuRuntime {
+ public:
+  // `devices` devices of `capacity` bytes of address space each (reserved,
+  // not committed).
+  explicit StrictCpuRuntime(int devices = 1, size_t capacity = size_t{1} << 30);
+  ~StrictCpuRuntime() override;
+  StrictCpuRuntime(const StrictCpuRuntime&) = delete;
+  StrictCpuRuntime& operator=(const StrictCpuRuntime&) = delete;
+
+  std::string name() const override { return "strict-cpu"; }
+  absl::StatusOr<int> DeviceCount() override { return static_cast<int>(devices_.size()); }
+  absl::Status SetDevice(int ordinal) override;
+  absl::StatusOr<int> GetDevice() override;
+
+  absl::StatusOr<void*> Malloc(size_t bytes, const std::string& what) override;
+  void Free(void* ptr) override;
+
+  absl::Status MemsetAsync(void* dst, int value, size_t bytes, GpuStream stream,
+                           const std::string& what) override;
+  absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                           GpuStream stream, const std::string& what) override;
+  absl::Status LaunchCopyChunks(const GpuCopyChunk* chunks, int64_t count, GpuStream stream,
+                                const std::string& what) override;
+
+  absl::StatusOr<GpuStream> StreamCreate() override;
+  void StreamDestroy(GpuStream stream) override;
+  absl::Status StreamSynchronize(GpuStream stream, const std::string& what) override;
+
+  absl::StatusOr<GpuEvent> EventCreate() override;
+  void EventDestroy(GpuEvent event) override;
+  absl::Status EventRecord(GpuEvent event, GpuStream stream) override;
+  absl::Status StreamWaitEvent(GpuStream stream, GpuEvent event) override;
+  absl::Status EventSynchronize(GpuEvent event, const std::string& what) override;
+  absl::StatusOr<bool> EventQuery(GpuEvent event) override;
+
+  // OK when [ptr, ptr + bytes) lies inside one live allocation; else an
+  // error starting with `what`. Device memory of any device.
+  absl::Status CheckDeviceMemory(const void* ptr, size_t bytes, const std::string& what) const;
+  bool IsDeviceMemory(const void* ptr, size_t bytes) const;
+  // The device whose arena holds `ptr`, or -1.
+  int DeviceOf(const void* ptr) const;
+  // The device a stream (NULL: the current device's null stream) belongs to, or -1.
+  int DeviceOfStream(GpuStream stream) const;
+
+  // Issues `work` on `stream` (a strict communicator's stream-ordered
+  // collective); it runs when the stream is run, on the thread that runs it,
+  // with the stream's device memory open. A failure is sticky.
+  absl::Status Enqueue(GpuStream stream, std::function<absl::Status()> work);
+
+  // Work issued and not yet run, on every stream (tests).
+  int64_t pending() const;
+
+ private:
+  struct Stream;
+  struct Event {
+    Stream* stream = nullptr;  // of the last record; null: never recorded (complete)
+    int64_t target = 0;        // the stream's items up to the record
+  };
+  struct Arena {
+    unsigned char* base = nullptr;
+    size_t capacity = 0;
+    std::map<size_t, size_t> live;  // offset -> bytes
+    int open = 0;                   // work of this device running now
+    std::unique_ptr<Stream> null_stream;
+  };
+
+  Stream* StreamOfLocked(GpuStream s) const;
+  int CurrentLocked() const;
+  absl::Status EnqueueLocked(Stream* s, std::function<absl::Status()> work);
+  absl::Status RunUntil(Stream* s, int64_t target);
+  // Runs every stream of `device` (-1: of every device).
+  absl::Status RunAll(int device);
+  void OpenLocked(int device);
+  void CloseLocked(int device);
+  int DeviceOfLocked(const void* ptr) const;
+  absl::Status CheckLocked(const void* ptr, size_t bytes, const std::string& what) const;
+  absl::Status CheckHostLocked(const void* ptr, size_t bytes, const std::string& what) const;
+
+  mutable std::mutex mu_;
+  std::vector<Arena> devices_;
+  std::map<std::thread::id, int> current_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<std::unique_ptr<Event>> events_;
+  absl::Status failed_;  // sticky
+};
+
+}  // namespace muon
+
+#endif  // MUON_DEVICE_STRICT_CPU_RUNTIME_H_

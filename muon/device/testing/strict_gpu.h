@@ -1,0 +1,25 @@
+// A GPU for tests that runs on the CPU: the real GPU device (gpu_device.h)
+// over StrictCpuRuntime, with math that checks its pointers are the device's
+// memory and runs the CPU backend's arithmetic as stream work. The host
+// logic is the one the CUDA plugin runs; the arithmetic is the CPU
+// backend's (so results equal a host run's bit for bit).
+//
+// libmuon_strict_gpu.so (strict_plugin.cc) serves it as the CUDA plugin
+// (MUON_CUDA_PLUGIN=<its path>): kDLCUDA tensors then step on it, device i
+// being strict-cpu device i. Tests allocate and read device memory through
+// the runtime the plugin exports (muon_strict_gpu_runtime).
+#ifndef MUON_DEVICE_TESTING_STRICT_GPU_H_
+#define MUON_DEVICE_TESTING_STRICT_GPU_H_
+
+#include <memory>
+
+#include "muon/device/device.h"
+#include "muon/device/strict_cpu_runtime.h"
+
+namespace muon {
+
+std::unique_ptr<Device> MakeStrictGpuDevice(std::shared_ptr<StrictCpuRuntime> runtime, int ordinal);
+
+}  // namespace muon
+
+#endif  // MUON_DEVICE_TESTING_STRICT_GPU_H_

@@ -1,0 +1,25 @@
+// An all_gather of host values (the setup's handshake, the step verdicts)
+// over a communicator that may move device memory only (NCCL).
+#ifndef MUON_SHARDING_HOST_GATHER_H_
+#define MUON_SHARDING_HOST_GATHER_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "muon/comm/comm.h"
+#include "muon/device/device.h"
+
+namespace muon {
+
+// Every rank's `bytes` bytes of `mine` into all[rank * bytes, ...), host
+// memory both. With a device that is not the host (`device` non-NULL and not
+// is_host()), the values go through device buffers on `stream`: copied in,
+// gathered, copied out (Device::ToHost waits for the stream, the one wait).
+// `op` names the collective in errors.
+absl::Status HostAllGather(Comm& comm, Device* device, const void* mine, void* all, size_t bytes,
+                           void* stream, const std::string& op);
+
+}  // namespace muon
+
+#endif  // MUON_SHARDING_HOST_GATHER_H_
