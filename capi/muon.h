@@ -225,8 +225,9 @@ typedef struct muon_options_t {
    * (one all_gather of 8 bytes per rank); if any rank saw one, every rank
    * skips the step: MUON_OK, nothing changes, the step count stays and
    * muon_stats_t.steps_skipped grows, as mixed-precision training skips an
-   * overflowing step. Host tensors only (a CUDA parameter with it set is
-   * refused at registration). Must be the same on every rank. */
+   * overflowing step. On a GPU the count is a kernel, and the host waits
+   * for it (one wait per step, as a mixed-precision scaler's check of its
+   * inf flag). Must be the same on every rank. */
   int32_t skip_nonfinite;
 } muon_options_t;
 
@@ -464,11 +465,24 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * rank's cause. Every rank returns the first failing rank's code with the
  * failing ranks and causes named (or INVALID_ARGUMENT naming the ranks'
  * differing hyper-parameters), and no update is applied. The first step's
- * setup is agreed the same way. On a GPU the verdicts travel through device
- * memory and the agreement waits for `stream`. A failure after this rank's
- * verdict left (its last collective itself, a device error applying the
- * update) poisons that rank alone; its refusal of the next step is agreed
- * like any failure, so every rank fails that one.
+ * setup is agreed the same way (the setup waits for `stream` once).
+ * On a GPU (CUDA tensors, more than one rank) a step does not wait for its
+ * verdicts: they stay in device memory, where a kernel turns them into the
+ * step's go-ahead, which the update kernels read, so no rank applies a step
+ * some rank failed or stepped with other hyper-parameters; they are copied
+ * to the host on `stream` at the step's end. The host judges them at the
+ * start of the next muon_step, before that step does anything: its one
+ * wait, on the previous step's end (long passed in a training loop, where
+ * the forward and backward passes ran since; no wait for the current
+ * stream, no allocation). So a step's muon_step returns OK on every rank
+ * whose own part succeeded (a rank whose part failed returns its error at
+ * once); when the verdicts say the step failed, nothing of it was applied,
+ * the next muon_step returns that step's error on every rank (the failing
+ * ranks and causes, or the differing values; the step count is set back)
+ * and poisons as below, and muon_save_state refuses until then.
+ * A failure after this rank's verdict left (its last collective itself, a
+ * device error applying the update) poisons that rank alone; its refusal of
+ * the next step is agreed like any failure, so every rank fails that one.
  * A failure once momentum updates began (on any rank, agreed as above) leaves
  * momentum buffers (and ZeRO-2 parameters) half-updated, so the optimizer is
  * poisoned: it refuses further steps (FAILED_PRECONDITION,
@@ -593,7 +607,9 @@ typedef struct muon_stats_t {
   /* ---- 0.4 (a caller's older, shorter struct gets the fields it has) ---- */
   /* Last step: non-finite gradient elements this rank's momentum pass read
    * (ZeRO-2: the averaged gradients of the matrices it owns), or with
-   * skip_nonfinite, its gradients' (-1 on a GPU: not counted there yet). */
+   * skip_nonfinite, its gradients'. On a GPU the kernel counts them and the
+   * count reaches the host with the stream: muon_get_stats waits for the
+   * last step's end to read it. */
   int64_t nonfinite_grads;
   int64_t steps_skipped;          /* steps skipped with skip_nonfinite, in all */
 } muon_stats_t;

@@ -107,6 +107,14 @@ class HostDevice final : public Device {
     if (bytes > 0) std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
+  absl::Status FromHostAsync(void* device, const void* host, size_t bytes) override {
+    return FromHost(device, host, bytes);
+  }
+  absl::Status ToHostAsync(void* host, const void* device, size_t bytes) override {
+    return ToHost(host, device, bytes);
+  }
+  absl::Status Mark() override { return absl::OkStatus(); }
+  absl::Status WaitMark() override { return absl::OkStatus(); }
 
  private:
   CpuBackend cpu_;

@@ -69,6 +69,19 @@ class Device {
   virtual absl::Status FromHost(void* device, const void* host, size_t bytes) = 0;
   // Stream-ordered copy between two device buffers.
   virtual absl::Status CopyBytes(void* dst, const void* src, size_t bytes) = 0;
+
+  // Stream-ordered copies between host and device memory, for values a step
+  // hands on without waiting (the step verdicts on a GPU): the host bytes
+  // are read or written when the stream reaches the copy, so the host keeps
+  // them valid and untouched until it waited (WaitMark). The host device
+  // copies at once.
+  virtual absl::Status FromHostAsync(void* device, const void* host, size_t bytes) = 0;
+  virtual absl::Status ToHostAsync(void* host, const void* device, size_t bytes) = 0;
+  // Marks the stream's current point (replacing the last mark); WaitMark
+  // blocks the host until the stream passed it (at once on the host device,
+  // and when nothing was marked).
+  virtual absl::Status Mark() = 0;
+  virtual absl::Status WaitMark() = 0;
 };
 
 // Device memory owned by a buffer (move-only). Keeps its device alive.

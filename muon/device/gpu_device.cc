@@ -82,6 +82,16 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");
     return math_->Orthogonalize(config, batch);
   }
+  absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
+                              int64_t* counter) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");
+    return math_->CountNonFinite(dtype, data, n, counter);
+  }
+  absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                           int32_t* flag) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "the step's go-ahead");
+    return math_->VerdictGate(verdicts, n, magic, flag);
+  }
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "reserving the Newton-Schulz workspace");
@@ -189,11 +199,46 @@ class GpuDevice final : public Device {
                             "copying on the GPU");
   }
 
+  absl::Status FromHostAsync(void* device, const void* host, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying to the GPU");
+    return rt_->MemcpyAsync(device, host, bytes, CopyKind::kHostToDevice, stream_,
+                            "copying to the GPU");
+  }
+  absl::Status ToHostAsync(void* host, const void* device, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying to the host");
+    return rt_->MemcpyAsync(host, device, bytes, CopyKind::kDeviceToHost, stream_,
+                            "copying to the host");
+  }
+  absl::Status Mark() override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "marking the stream");
+    if (mark_ == nullptr) {
+      absl::StatusOr<GpuEvent> e = rt_->EventCreate();
+      if (!e.ok()) return e.status();
+      mark_ = *e;
+    }
+    return rt_->EventRecord(mark_, stream_);
+  }
+  absl::Status WaitMark() override {
+    if (mark_ == nullptr) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "waiting for the stream's mark");
+    return rt_->EventSynchronize(mark_, "waiting for the last step's verdicts");
+  }
+
+  ~GpuDevice() override {
+    if (mark_ != nullptr) {
+      OnDevice on(*rt_, ordinal_);
+      rt_->EventDestroy(mark_);
+    }
+  }
+
  private:
   std::shared_ptr<GpuRuntime> rt_;
   int ordinal_;
   GuardedMath math_;
   void* stream_ = nullptr;
+  GpuEvent mark_ = nullptr;
 };
 
 }  // namespace

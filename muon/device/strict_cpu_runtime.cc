@@ -109,6 +109,7 @@ absl::StatusOr<void*> StrictCpuRuntime::Malloc(size_t bytes, const std::string& 
         what, ": out of device memory (", bytes, " bytes on strict-cpu device ", d, ")"));
   }
   a.live[at] = bytes;
+  ++a.counters.mallocs;
   OpenLocked(d);
   std::memset(a.base + at, kFreshPattern, need);  // never zeros, as cudaMalloc promises none
   CloseLocked(d);
@@ -125,6 +126,7 @@ void StrictCpuRuntime::Free(void* ptr) {
     const auto it = a.live.find(static_cast<size_t>(static_cast<unsigned char*>(ptr) - a.base));
     if (it != a.live.end()) {
       a.live.erase(it);
+      ++a.counters.frees;
       return;
     }
   }
@@ -424,6 +426,7 @@ absl::Status StrictCpuRuntime::StreamSynchronize(GpuStream stream, const std::st
   {
     std::lock_guard<std::mutex> lock(mu_);
     s = StreamOfLocked(stream);
+    if (s != nullptr) ++devices_[s->device].counters.stream_waits;
   }
   if (s == nullptr) {
     return absl::InvalidArgumentError(
@@ -488,6 +491,7 @@ absl::Status StrictCpuRuntime::EventSynchronize(GpuEvent event, const std::strin
     auto* e = static_cast<Event*>(event);
     s = e->stream;
     target = e->target;
+    if (s != nullptr) ++devices_[s->device].counters.event_waits;
   }
   if (s == nullptr) return absl::OkStatus();
   absl::Status st = RunUntil(s, target);
@@ -500,6 +504,11 @@ absl::StatusOr<bool> StrictCpuRuntime::EventQuery(GpuEvent event) {
   if (!failed_.ok()) return failed_;
   auto* e = static_cast<Event*>(event);
   return e->stream == nullptr || e->stream->executed >= e->target;
+}
+
+StrictCpuRuntime::Counters StrictCpuRuntime::counters(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return devices_[static_cast<size_t>(device)].counters;
 }
 
 int64_t StrictCpuRuntime::pending() const {

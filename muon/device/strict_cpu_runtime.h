@@ -97,6 +97,15 @@ class StrictCpuRuntime final : public GpuRuntime {
   // Work issued and not yet run, on every stream (tests).
   int64_t pending() const;
 
+  // What the host asked of device `d` so far (tests: what a step costs).
+  struct Counters {
+    int64_t stream_waits = 0;  // StreamSynchronize
+    int64_t event_waits = 0;   // EventSynchronize
+    int64_t mallocs = 0;
+    int64_t frees = 0;
+  };
+  Counters counters(int device) const;
+
  private:
   struct Stream;
   struct Event {
@@ -109,6 +118,7 @@ class StrictCpuRuntime final : public GpuRuntime {
     std::map<size_t, size_t> live;  // offset -> bytes
     int open = 0;                   // work of this device running now
     std::unique_ptr<Stream> null_stream;
+    Counters counters;
   };
 
   Stream* StreamOfLocked(GpuStream s) const;

@@ -43,6 +43,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   MUON_ASSIGN_OR_RETURN(s->send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
   MUON_ASSIGN_OR_RETURN(s->recv_,
                         DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
+  if (s->carry_ && !device->is_host()) {
+    MUON_ASSIGN_OR_RETURN(s->verdicts_on_device_,
+                          DeviceBuffer::Make(device, trailers, "the step verdicts"));
+  }
   std::vector<float*> updates(ctx.params->size());
   for (size_t i = 0; i < updates.size(); ++i) updates[i] = ctx.update(i);
   for (int r = 0; r < rounds; ++r) {
@@ -91,16 +95,19 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
       return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
                               recv_.as<unsigned char>(), stream));
     }
-    unsigned char mine[kVerdictBytes];
     {
       std::lock_guard<std::mutex> lock(mu);
       const int32_t code =
           verdict_code_ != 0 ? verdict_code_ : static_cast<int32_t>(first.code());
-      WriteVerdict(code, verdict_digest_, mine);
+      WriteVerdict(code, verdict_digest_, mine_);
     }
-    verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);
+    unsigned char* in = verdicts_on_device_.as<unsigned char>();
+    if (ctx_.device->is_host()) {
+      verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);
+      in = verdicts_.data();
+    }
     return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
-                            recv_.as<unsigned char>(), stream, mine, verdicts_.data()));
+                            recv_.as<unsigned char>(), stream, mine_, in));
   };
   Pipeline::Stages stages;
   stages.gather = [&](int r) { return exchange(r, false); };

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
 #include "muon/device/device.h"
+#include "muon/engine/outcome.h"
 #include "muon/engine/pipeline.h"
 #include "muon/engine/stepper.h"
 #include "muon/sharding/exchange.h"
@@ -51,7 +52,10 @@ class ExchangeStepper : public Stepper {
     verdict_digest_ = digest;
   }
   // After Run: every rank's verdict, rank order (empty when not carried).
+  // On a GPU they stay on the device: verdicts() is empty and
+  // device_verdicts() holds them once the stream got there.
   const std::vector<unsigned char>& verdicts() const { return verdicts_; }
+  const void* device_verdicts() const { return verdicts_on_device_.data(); }
 
  private:
   ExchangeStepper(const StepContext& ctx, Comm& world) : ctx_(ctx), world_(world) {}
@@ -63,6 +67,8 @@ class ExchangeStepper : public Stepper {
   int32_t verdict_code_ = 0;
   uint64_t verdict_digest_ = 0;
   std::vector<unsigned char> verdicts_;
+  unsigned char mine_[kVerdictBytes] = {};  // read by the stream on a GPU: kept
+  DeviceBuffer verdicts_on_device_;
   std::vector<RoundTable> tables_;
   // prefetch + 1 working buffers of owned matrices (round r uses r % size),
   // the exchange's send and receive buffers, and each round's bound exchange.

@@ -19,7 +19,7 @@ absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
 }
 
 absl::Status ApplyUpdate(MathBackend& math, const Options& options, const Param& p,
-                         const float* update) {
+                         const float* update, const int32_t* gate) {
   ApplyArgs a;
   a.param_dtype = p.value.dtype;
   a.param = p.value.data;
@@ -27,6 +27,7 @@ absl::Status ApplyUpdate(MathBackend& math, const Options& options, const Param&
   a.update = update;
   a.decay = 1.0 - options.lr * options.weight_decay;
   a.lr_adjusted = AdjustedLr(options.lr, options.adjust_lr, p.rows, p.cols);
+  a.gate = gate;
   return math.Apply(a);
 }
 

@@ -19,9 +19,10 @@ absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
                             DType grad_dtype, const void* grad, float* update,
                             int64_t* nonfinite = nullptr);
 
-// p <- p * (1 - lr * weight_decay) - adjusted_lr * update.
+// p <- p * (1 - lr * weight_decay) - adjusted_lr * update; on the device,
+// nothing when `gate` (device memory, may be NULL) holds nonzero.
 absl::Status ApplyUpdate(MathBackend& math, const Options& options, const Param& p,
-                         const float* update);
+                         const float* update, const int32_t* gate = nullptr);
 
 }  // namespace muon
 

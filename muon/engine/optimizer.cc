@@ -51,11 +51,6 @@ absl::Status Optimizer::SetMomentum(double momentum) {
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int view,
                                                  const DistSpec* dist) {
-  if (options_.skip_nonfinite && value != nullptr && DeviceCode(value->device) == kDLCUDA) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "param '", name, "': is a CUDA tensor, and skip_nonfinite counts gradients on the host "
-        "only; leave skip_nonfinite 0 for CUDA parameters"));
-  }
   return registry_.Register(value, grad, name, view, dist, options_.momentum_fp32);
 }
 
@@ -68,7 +63,11 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 }
 
 absl::Status Optimizer::Step(void* stream) {
-  absl::Status ready = Prepare(stream);
+  // On a GPU: the last step's outcome first (every rank the same).
+  bool job_failed = false;
+  absl::Status settled = Settle(stream, &job_failed);
+  if (job_failed) return settled;
+  absl::Status ready = settled.ok() ? Prepare(stream) : settled;
   // Until the plan exists nothing of a step is collective but the setup,
   // which agrees on its own; in a world of one there is nobody to agree with.
   const bool shared = setup_ != nullptr && registry_.world().size() > 1;
@@ -97,6 +96,7 @@ absl::Status Optimizer::Step(void* stream) {
   } catch (const std::exception& e) {
     local.Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
   }
+  if (shared && !setup_->gate.empty()) return FinishOnDevice(stream, local);
   // The verdicts travelled with the exchange's last scatter when it ends the
   // step; else one all_gather of them.
   const ExchangeStepper& ex = *setup_->exchange;
@@ -114,7 +114,110 @@ absl::Status Optimizer::Step(void* stream) {
   }
   ++step_count_;
   CountStats();
+  if (!setup_->nonfinite.empty()) return SendCountHome();
   return absl::OkStatus();
+}
+
+absl::Status Optimizer::SendCountHome() {
+  Device& device = *registry_.device();
+  MUON_RETURN_IF_ERROR(
+      device.ToHostAsync(&pending_nonfinite_, setup_->nonfinite.data(), sizeof(int64_t)));
+  MUON_RETURN_IF_ERROR(device.Mark());
+  nonfinite_pending_ = true;
+  return absl::OkStatus();
+}
+
+const StepStats& Optimizer::stats() const {
+  if (nonfinite_pending_) {
+    nonfinite_pending_ = false;
+    stats_.nonfinite_grads = registry_.device()->WaitMark().ok() ? pending_nonfinite_ : -1;
+  }
+  return stats_;
+}
+
+absl::Status Optimizer::FinishOnDevice(void* stream, LocalOutcome& local) {
+  Device& device = *registry_.device();
+  Comm& world = registry_.world();
+  const size_t bytes = kVerdictBytes * static_cast<size_t>(world.size());
+  const std::string what = absl::StrCat("step ", step_count_ + 1);
+  const ExchangeStepper& ex = *setup_->exchange;
+  const void* verdicts = setup_->verdicts.data();
+  try {
+    if (ex.carries_verdicts()) {
+      verdicts = ex.device_verdicts();
+    } else {
+      // One all_gather of them on the device (issued whatever failed).
+      WriteVerdict(static_cast<int32_t>(local.status().code()), HyperDigest(options_),
+                   pending_.mine);
+      local.Note(device.FromHostAsync(setup_->verdict_send.data(), pending_.mine, kVerdictBytes));
+      local.Note(world.AllGather(setup_->verdict_send.data(), setup_->verdicts.data(),
+                                 kVerdictBytes, stream,
+                                 absl::StrCat("agreeing on the outcome of ", what)));
+    }
+    // Every rank applies only if every verdict says so: decided on the device.
+    int32_t* gate = setup_->gate.as<int32_t>();
+    if (local.ok()) local.Note(device.math().VerdictGate(verdicts, world.size(), kVerdictMagic, gate));
+    if (local.ok()) local.Note(ApplyUpdates(gate));
+    // The verdicts reach the host with the stream; the next step judges them.
+    pending_.verdicts.resize(bytes);
+    local.Note(device.ToHostAsync(pending_.verdicts.data(), verdicts, bytes));
+    local.Note(device.ToHostAsync(&pending_nonfinite_, setup_->nonfinite.data(), sizeof(int64_t)));
+    local.Note(device.Mark());
+  } catch (const std::bad_alloc&) {
+    local.Note(absl::ResourceExhaustedError("out of host memory at the end of a step"));
+  }
+  pending_.pending = true;
+  pending_.step = step_count_ + 1;
+  pending_.local = local.status();
+  pending_.options = options_;
+  pending_.counted = false;
+  if (!local.ok()) {
+    if (poisoned_.empty()) Poison(local.status());
+    return local.status();
+  }
+  ++step_count_;
+  pending_.counted = true;
+  CountStats();
+  nonfinite_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::Settle(void* stream, bool* job_failed) {
+  *job_failed = false;
+  if (!pending_.pending) return absl::OkStatus();
+  pending_.pending = false;
+  // The stream made the copy long ago in a training loop (the forward and
+  // backward passes ran since): this waits for nothing there.
+  absl::Status waited = registry_.device()->WaitMark();
+  if (!waited.ok()) {
+    if (poisoned_.empty()) Poison(waited);
+    return waited;  // this rank's: it refuses the step, in its verdict
+  }
+  const int n = registry_.world().size();
+  if (VerdictsSayOk(pending_.verdicts.data(), n)) return absl::OkStatus();
+  // Every rank holds the same verdicts and comes here: the reports.
+  LocalOutcome local;
+  local.Note(pending_.local);
+  absl::Status job =
+      JudgeVerdicts(registry_.world(), registry_.device().get(), local, pending_.options, stream,
+                    absl::StrCat("step ", pending_.step), pending_.verdicts);
+  if (job.ok()) job = absl::InternalError("the verdicts said no, their judgement yes");
+  // The updates were not applied on any rank: the step did not happen.
+  if (pending_.counted) --step_count_;
+  pending_.counted = false;
+  Poison(job);
+  *job_failed = true;
+  return job;
+}
+
+absl::Status Optimizer::PendingFailure() const {
+  if (!pending_.pending) return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(registry_.device()->WaitMark());
+  if (VerdictsSayOk(pending_.verdicts.data(), registry_.world().size())) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", pending_.step, " failed on some rank (its verdicts came back with the stream), "
+      "so nothing of it was applied and the state here is not a step's; the next muon_step "
+      "names the ranks and causes on every rank. Save the state of an earlier step"));
 }
 
 void Optimizer::Poison(const absl::Status& cause) {
@@ -175,36 +278,68 @@ absl::Status Optimizer::UpdateMomenta() {
   // elements counted in the same pass).
   std::vector<Param>& params = registry_.params();
   nonfinite_ = 0;
+  int64_t* counter = &nonfinite_;
+  if (!setup_->nonfinite.empty()) {  // a GPU: a device counter, zeroed on the stream
+    static const int64_t kZero = 0;
+    counter = setup_->nonfinite.as<int64_t>();
+    MUON_RETURN_IF_ERROR(registry_.device()->FromHostAsync(counter, &kZero, sizeof kZero));
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!StepsLocally(p)) continue;
     MUON_RETURN_IF_ERROR(UpdateMomentum(registry_.device()->math(), options_, p, p.grad.dtype,
-                                        p.grad.data, setup_->updates[i].as<float>(),
-                                        &nonfinite_));
+                                        p.grad.data, setup_->updates[i].as<float>(), counter));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* stream) {
-  // Host tensors only (registration refuses CUDA ones with skip_nonfinite).
+  Device& device = *registry_.device();
   int64_t mine = -1;  // -1: this rank already failed its step
-  if (local_ok) {
+  absl::Status counted;
+  if (local_ok && setup_->nonfinite.empty()) {
     mine = 0;
     for (const Param& p : registry_.params()) {
       if (p.active) mine += CountNonFinite(p.grad.dtype, p.grad.data, p.numel());
     }
+  } else if (local_ok) {
+    // A GPU: counted there, then the one wait this option costs (as a
+    // mixed-precision scaler's check of its inf flag).
+    static const int64_t kZero = 0;
+    int64_t* counter = setup_->nonfinite.as<int64_t>();
+    counted = device.FromHostAsync(counter, &kZero, sizeof kZero);
+    for (const Param& p : registry_.params()) {
+      if (counted.ok() && p.active) {
+        counted = device.math().CountNonFinite(p.grad.dtype, p.grad.data, p.numel(), counter);
+      }
+    }
+    if (counted.ok()) counted = device.ToHost(&mine, counter, sizeof mine);
+    if (!counted.ok()) mine = -1;
   }
   std::vector<int64_t> all = {mine};
-  if (shared) {
-    MUON_ASSIGN_OR_RETURN(all, GatherInt64(registry_.world(), registry_.device().get(), mine,
-                                           stream, "counting non-finite gradients"));
+  if (shared && !setup_->verdicts.empty()) {
+    // Through the step's verdict buffers (allocated at setup), on the stream.
+    const int n = registry_.world().size();
+    all.assign(static_cast<size_t>(n), 0);
+    absl::Status st = device.FromHost(setup_->verdict_send.data(), &mine, sizeof mine);
+    absl::Status gathered =  // issued whatever failed, so that the ranks pair up
+        registry_.world().AllGather(setup_->verdict_send.data(), setup_->verdicts.data(),
+                                    sizeof mine, stream, "counting non-finite gradients");
+    if (st.ok()) st = gathered;
+    if (st.ok()) st = device.ToHost(all.data(), setup_->verdicts.data(), n * sizeof mine);
+    MUON_RETURN_IF_ERROR(st);
+  } else if (shared) {
+    MUON_ASSIGN_OR_RETURN(all, GatherInt64(registry_.world(), &device, mine, stream,
+                                           "counting non-finite gradients"));
   }
+  MUON_RETURN_IF_ERROR(counted);
   int64_t total = 0;
   for (int64_t c : all) {
     if (c < 0) return false;  // a rank failed: the step goes on, to fail on every rank
     total += c;
   }
   stats_.nonfinite_grads = mine;
+  nonfinite_pending_ = false;  // this count is the step's
   return total > 0;
 }
 
@@ -221,13 +356,13 @@ absl::Status Optimizer::RunSteppers(void* stream, bool failed) {
   return first;
 }
 
-absl::Status Optimizer::ApplyUpdates() {
+absl::Status Optimizer::ApplyUpdates(const int32_t* gate) {
   // 3. Decay and the update onto each local piece.
   std::vector<Param>& params = registry_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!StepsLocally(params[i])) continue;
     MUON_RETURN_IF_ERROR(ApplyUpdate(registry_.device()->math(), options_, params[i],
-                                     setup_->updates[i].as<float>()));
+                                     setup_->updates[i].as<float>(), gate));
   }
   return absl::OkStatus();
 }
@@ -341,6 +476,7 @@ absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
 size_t Optimizer::StateBlobSize() const { return muon::StateBlobSize(registry_.params()); }
 
 absl::Status Optimizer::SaveState(unsigned char* out) const {
+  MUON_RETURN_IF_ERROR(PendingFailure());
   const std::vector<Param>& params = registry_.params();
   Device& device = *registry_.device();
   std::vector<const void*> momentum(params.size());
@@ -391,6 +527,10 @@ absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_b
   for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
   step_count_ = plan.step_count;
   stats_.steps = step_count_;  // the stats count steps as muon_step_count does
+  // A loaded state supersedes the step in flight (its copy may still land in
+  // pending_.verdicts, which stays allocated).
+  pending_.pending = false;
+  pending_.counted = false;
   poisoned_.clear();
   return absl::OkStatus();
 }

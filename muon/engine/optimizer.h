@@ -22,6 +22,7 @@
 #include "muon/comm/comm.h"
 #include "muon/engine/checkpoint.h"
 #include "muon/engine/options.h"
+#include "muon/engine/outcome.h"
 #include "muon/engine/param.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/setup.h"
@@ -74,7 +75,9 @@ class Optimizer {
 
   size_t num_params() const { return registry_.params().size(); }
   int64_t step_count() const { return step_count_; }
-  const StepStats& stats() const { return stats_; }
+  // On a GPU the last step's non-finite count arrives with the stream: the
+  // first call after a step waits for it.
+  const StepStats& stats() const;
 
   // Newton-Schulz alone (muon_orthogonalize): every matrix of `in` into
   // `out` under these options, on the parameters' device; before any
@@ -101,7 +104,16 @@ class Optimizer {
   // The three stages of a step (see the top of this file).
   absl::Status UpdateMomenta();
   absl::Status RunSteppers(void* stream, bool failed);
-  absl::Status ApplyUpdates();
+  absl::Status ApplyUpdates(const int32_t* gate = nullptr);
+  // On a GPU with more than one rank the step ends without waiting: the
+  // verdicts gate the updates on the device and reach the host with the
+  // stream; the next step judges them first (Settle) and, when some rank
+  // failed, every rank returns that step's error there (*job_failed) before
+  // doing anything else.
+  absl::Status FinishOnDevice(void* stream, LocalOutcome& local);
+  absl::Status Settle(void* stream, bool* job_failed);
+  // The pending step failed on some rank (SaveState refuses to save it).
+  absl::Status PendingFailure() const;
   void CountStats();
   absl::Status Restore(const std::vector<SavedState>& blobs, bool own_blob);
   // skip_nonfinite: whether every rank skips this step (a gradient of some
@@ -119,7 +131,24 @@ class Optimizer {
   std::vector<bool> restored_;  // per param, while poisoned: restored since
   int64_t nonfinite_ = 0;       // this step's momentum pass
   int64_t step_count_ = 0;
-  StepStats stats_;
+  // The GPU step whose verdicts are on their way to the host.
+  struct Pending {
+    bool pending = false;
+    bool counted = false;   // step_count_ counted it
+    int64_t step = 0;       // its number
+    absl::Status local;     // this rank's outcome of it
+    Options options;        // the hyper-parameters it stepped with (for the report)
+    unsigned char mine[kVerdictBytes] = {};  // read by the stream: kept until judged
+    std::vector<unsigned char> verdicts;     // written by the stream
+  };
+  Pending pending_;
+  // On a GPU: the last step's non-finite count, written by the stream.
+  mutable int64_t pending_nonfinite_ = 0;
+  mutable bool nonfinite_pending_ = false;
+  // Sends the step's non-finite count home with the stream (GPU), to be read
+  // once it got there.
+  absl::Status SendCountHome();
+  mutable StepStats stats_;
 };
 
 }  // namespace muon

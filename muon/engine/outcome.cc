@@ -13,7 +13,6 @@
 namespace muon {
 namespace {
 
-constexpr uint32_t kVerdictMagic = 0x5644554du;  // "MUDV"
 constexpr size_t kReportBytes = 512;             // code, then text (truncated)
 
 struct Verdict {
@@ -104,8 +103,29 @@ absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local
     MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream,
                                    absl::StrCat("agreeing on the outcome of ", what)));
   }
+  return JudgeVerdicts(world, device, local, options, stream, what, all);
+}
+
+bool VerdictsSayOk(const unsigned char* all, int n) {
   std::vector<Verdict> v(static_cast<size_t>(n));
-  std::memcpy(v.data(), all.data(), all.size());
+  std::memcpy(v.data(), all, v.size() * sizeof(Verdict));
+  for (const Verdict& x : v) {
+    if (x.magic != kVerdictMagic || x.code != 0 || x.digest != v[0].digest) return false;
+  }
+  return true;
+}
+
+absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& local,
+                           const Options& options, void* stream, const std::string& what,
+                           const std::vector<unsigned char>& verdicts) {
+  const int n = world.size();
+  std::vector<unsigned char> all;
+  if (verdicts.size() != static_cast<size_t>(n) * sizeof(Verdict)) {
+    return absl::InternalError(absl::StrCat(what, ": ", verdicts.size(), " bytes of verdicts for ",
+                                            n, " ranks"));
+  }
+  std::vector<Verdict> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), verdicts.data(), verdicts.size());
   bool failed = false, differ = false;
   for (const Verdict& x : v) {
     if (x.magic != kVerdictMagic) {

@@ -43,7 +43,11 @@ class LocalOutcome {
 // One rank's verdict on the wire: 16 bytes (a magic word, the status code,
 // the hyper-parameters' digest).
 constexpr size_t kVerdictBytes = 16;
+constexpr uint32_t kVerdictMagic = 0x5644554du;  // "MUDV", the first word
 void WriteVerdict(int32_t code, uint64_t digest, unsigned char out[kVerdictBytes]);
+// True when every one of the n verdicts at `all` says OK with verdict 0's
+// digest (what VerdictGate computes on a device).
+bool VerdictsSayOk(const unsigned char* all, int n);
 
 // The hyper-parameters every rank must step with, as text (for messages)
 // and as a digest (for the verdict).
@@ -68,6 +72,14 @@ uint64_t HyperDigest(const Options& o);
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what,
                           const std::vector<unsigned char>* exchanged = nullptr);
+
+// AgreeOutcome's judgement of verdicts every rank already holds (`all`, rank
+// order, the same bytes on every rank): on a GPU the verdicts of a step are
+// judged at the next step, from a copy the stream made. Collective only when
+// something is wrong (the reports), which every rank then sees alike.
+absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& local,
+                           const Options& options, void* stream, const std::string& what,
+                           const std::vector<unsigned char>& all);
 
 // Every rank's `mine`, in rank order (one all_gather over the world).
 absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,

@@ -106,6 +106,17 @@ absl::Status Build(Registry& registry, const Options& options,
   MUON_ASSIGN_OR_RETURN(s->custom, CustomStepper::Create(std::move(plan.custom), world.rank(), ctx));
   MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
                                                        plan.zero2_matrices, ctx));
+  if (!registry.device()->is_host()) {
+    MUON_ASSIGN_OR_RETURN(s->nonfinite, DeviceBuffer::Make(registry.device(), sizeof(int64_t),
+                                                           "the non-finite gradient count"));
+  }
+  if (!registry.device()->is_host() && world.size() > 1) {
+    const std::shared_ptr<Device>& d = registry.device();
+    const size_t all = kVerdictBytes * static_cast<size_t>(world.size());
+    MUON_ASSIGN_OR_RETURN(s->verdict_send, DeviceBuffer::Make(d, kVerdictBytes, "the step verdict"));
+    MUON_ASSIGN_OR_RETURN(s->verdicts, DeviceBuffer::Make(d, all, "the step verdicts"));
+    MUON_ASSIGN_OR_RETURN(s->gate, DeviceBuffer::Make(d, sizeof(int32_t), "the step's go-ahead"));
+  }
   return absl::OkStatus();
 }
 

@@ -20,6 +20,13 @@ struct StepSetup {
   std::unique_ptr<CustomStepper> custom;
   std::unique_ptr<Zero2Stepper> zero2;
 
+  // On a GPU with more than one rank (else empty), the step verdicts stay on
+  // the device: this rank's (when no exchange carries them), every rank's,
+  // and the go-ahead the updates are gated by (math VerdictGate).
+  DeviceBuffer verdict_send, verdicts, gate;
+  // On a GPU: the step's count of non-finite gradient elements (int64).
+  DeviceBuffer nonfinite;
+
   // In the order they run.
   std::vector<Stepper*> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }
   // No rank registered a matrix (ZeRO-2: this rank holds none).

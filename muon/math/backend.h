@@ -35,8 +35,9 @@ struct MomentumArgs {
   double momentum = 0.95;
   bool nesterov = true;
   float* out = nullptr;
-  // When set: += the non-finite elements of grad, counted in the same pass
-  // (-1 where the backend does not count them).
+  // When set: += the non-finite elements of grad, counted in the same pass.
+  // In the backend's memory (a device counter on a GPU, added to by the
+  // kernel, stream-ordered).
   int64_t* nonfinite = nullptr;
 };
 
@@ -50,6 +51,9 @@ struct ApplyArgs {
   const float* update = nullptr;
   double decay = 1.0;        // 1 - lr * weight_decay
   double lr_adjusted = 0.0;  // adjusted lr
+  // When set: the step's go-ahead in the backend's memory (VerdictGate's
+  // flag): nothing is applied unless *gate == 0.
+  const int32_t* gate = nullptr;
 };
 
 class MathBackend {
@@ -67,6 +71,20 @@ class MathBackend {
   // ResourceExhausted when memory is short.
   virtual absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                                int64_t cols) = 0;
+  // *counter += the non-finite elements of n elements of `dtype` at `data`
+  // (both in the backend's memory; stream-ordered): skip_nonfinite's count
+  // before a step changes anything.
+  virtual absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
+                                      int64_t* counter) = 0;
+
+  // The step's go-ahead, computed where the verdicts are (no host wait on a
+  // GPU): *flag = 0 when every one of the `n` 16-byte records at `verdicts`
+  // (u32 magic, i32 status code, u64 digest; see muon/engine/outcome.h) has
+  // `magic`, code 0 and record 0's digest; else 1. Both in the backend's
+  // memory; stream-ordered.
+  virtual absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                                   int32_t* flag) = 0;
+
   // Orders every later call on `stream` (a cudaStream_t on a GPU); the host
   // backend has no streams.
   virtual absl::Status SetStream(void* stream) {

@@ -313,7 +313,7 @@ absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction&
   absl::Status st = device.Run(*d.pack);
   if (!st.ok()) st = absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
   for (size_t at : d.send_trailers) {
-    absl::Status w = device.FromHost(send + at, trailer_out, d.trailer);
+    absl::Status w = device.FromHostAsync(send + at, trailer_out, d.trailer);
     if (st.ok() && !w.ok()) st = w;
   }
   if (!b.single_rank) {
@@ -322,8 +322,10 @@ absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction&
     if (st.ok()) st = moved;
   }
   for (size_t p = 0; p < d.recv_trailers.size(); ++p) {
-    absl::Status r = device.ToHost(trailers_in + p * d.trailer, recv + d.recv_trailers[p],
-                                   d.trailer);
+    unsigned char* to = trailers_in + p * d.trailer;
+    const unsigned char* from = recv + d.recv_trailers[p];
+    absl::Status r = device.is_host() ? device.ToHost(to, from, d.trailer)
+                                      : device.CopyBytes(to, from, d.trailer);
     if (st.ok() && !r.ok()) st = r;
   }
   if (!st.ok()) return st;

@@ -95,10 +95,14 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
 // Runs one direction (b.gather or b.scatter): pack, one all_to_all_v over
 // `comm` on `stream`, unpack. The all_to_all_v is issued even when packing
 // failed (the other ranks' calls must pair up); nothing is unpacked then.
-// With a trailer (d.trailer > 0): `trailer_out` (d.trailer bytes) is written
-// into every peer's trailer before the call, and every peer's trailer lands in
-// `trailers_in` (size * d.trailer bytes, rank order) after it, whether the
-// call reported an error or not (the bytes moved; the caller judges them).
+// With a trailer (d.trailer > 0): `trailer_out` (d.trailer bytes of host
+// memory) is written into every peer's trailer before the call, and every
+// peer's trailer lands in `trailers_in` (size * d.trailer bytes, rank order)
+// after it, whether the call reported an error or not (the bytes moved; the
+// caller judges them). On the host device both copies happen at once; on a
+// GPU they are stream-ordered and nothing waits: `trailer_out` is read when
+// the stream reaches it (keep it unchanged until a wait), and `trailers_in`
+// is device memory.
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
                          Device& device, unsigned char* send, unsigned char* recv, void* stream,
                          const unsigned char* trailer_out = nullptr,

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -102,9 +103,10 @@ std::vector<float> Values(size_t n, int salt) {
   return v;
 }
 
-muon_optimizer_t* Create(int prefetch) {
+muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
+  o.skip_nonfinite = skip_nonfinite;
   o.lr = 0.02;
   o.weight_decay = 0.01;
   o.prefetch_count = prefetch;
@@ -127,7 +129,8 @@ struct Model {
   void* stream;
   std::vector<std::unique_ptr<Tensor>> params, grads;
 
-  Model(int device, int prefetch, void* s) : opt(Create(prefetch)), stream(s) {
+  Model(int device, int prefetch, void* s, int skip_nonfinite = 0)
+      : opt(Create(prefetch, skip_nonfinite)), stream(s) {
     const std::vector<std::vector<int64_t>> shapes = {{12, 5}, {6, 16}};
     for (size_t i = 0; i < shapes.size(); ++i) {
       params.push_back(std::make_unique<Tensor>(shapes[i], device));
@@ -149,10 +152,15 @@ struct Model {
   }
   ~Model() { muon_destroy(opt); }
 
-  muon_status_t Step(int salt) {
+  // `poison`: that many gradient elements of the first parameter are NaN or Inf.
+  muon_status_t Step(int salt, int poison = 0) {
     std::vector<std::vector<float>> g;
     for (size_t i = 0; i < grads.size(); ++i) {
       g.push_back(Values(grads[i]->numel(), salt * 7 + static_cast<int>(i)));
+      for (int k = 0; i == 0 && k < poison; ++k) {
+        g.back()[static_cast<size_t>(3 + 7 * k)] =
+            k % 2 == 0 ? std::nanf("") : std::numeric_limits<float>::infinity();
+      }
       grads[i]->Write(g.back(), stream);
     }
     const muon_status_t st = muon_step(opt, stream);
@@ -168,6 +176,61 @@ struct Model {
     return out;
   }
 };
+
+// Bit patterns (NaN compares unequal to itself).
+std::vector<uint32_t> Bits(const std::vector<std::vector<float>>& v) {
+  std::vector<uint32_t> out;
+  for (const auto& x : v) {
+    for (float f : x) {
+      uint32_t b;
+      std::memcpy(&b, &f, 4);
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+muon_stats_t Stats(const muon_optimizer_t* opt) {
+  muon_stats_t st;
+  muon_stats_init(&st, sizeof st);
+  EXPECT_EQ(muon_get_stats(opt, &st), MUON_OK);
+  return st;
+}
+
+// Non-finite gradients on the GPU: counted by the momentum kernel (stats as
+// the host's); with skip_nonfinite, counted by a kernel before the step and
+// the step skipped, nothing changed, as on the host.
+TEST(StrictGpu, NonFiniteGradientsAreCountedAndSkippedAsOnTheHost) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  for (int skip : {0, 1}) {
+    SCOPED_TRACE("skip_nonfinite " + std::to_string(skip));
+    Model host(-1, 0, nullptr, skip), gpu(0, 0, stream, skip);
+    ASSERT_EQ(host.Step(1), MUON_OK);
+    ASSERT_EQ(gpu.Step(1), MUON_OK) << muon_last_error_message();
+    EXPECT_EQ(Stats(gpu.opt).nonfinite_grads, 0);
+    const std::vector<uint32_t> before = Bits(gpu.Values_());
+    ASSERT_EQ(host.Step(2, 3), MUON_OK);
+    ASSERT_EQ(gpu.Step(2, 3), MUON_OK) << muon_last_error_message();
+    const muon_stats_t hs = Stats(host.opt), gs = Stats(gpu.opt);
+    EXPECT_EQ(gs.nonfinite_grads, 3);
+    EXPECT_EQ(gs.nonfinite_grads, hs.nonfinite_grads);
+    EXPECT_EQ(gs.steps_skipped, skip);
+    EXPECT_EQ(gs.steps_skipped, hs.steps_skipped);
+    EXPECT_EQ(Bits(gpu.Values_()), Bits(host.Values_()));
+    if (skip) EXPECT_EQ(Bits(gpu.Values_()), before);  // nothing changed
+    int64_t hc = -1, gc = -1;
+    muon_step_count(host.opt, &hc);
+    muon_step_count(gpu.opt, &gc);
+    EXPECT_EQ(gc, hc);
+    EXPECT_EQ(gc, skip ? 1 : 2);
+    ASSERT_EQ(host.Step(3), MUON_OK);
+    ASSERT_EQ(gpu.Step(3), MUON_OK);
+    EXPECT_EQ(Bits(gpu.Values_()), Bits(host.Values_()));
+  }
+  Rt()->StreamDestroy(stream);
+}
 
 TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
   ASSERT_NE(Rt(), nullptr) << "MUON_CUDA_PLUGIN must name libmuon_strict_gpu.so";
@@ -211,6 +274,7 @@ TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
 struct FakeNccl {
   void* (*clique_create)(int) = nullptr;
   void (*clique_destroy)(void*) = nullptr;
+  void (*fail_next)(int) = nullptr;  // this thread's next data call fails
   bool ok = false;
 
   static FakeNccl& Get() {
@@ -221,6 +285,7 @@ struct FakeNccl {
       if (h == nullptr) return x;
       x.clique_create = reinterpret_cast<void* (*)(int)>(dlsym(h, "fake_nccl_clique_create"));
       x.clique_destroy = reinterpret_cast<void (*)(void*)>(dlsym(h, "fake_nccl_clique_destroy"));
+      x.fail_next = reinterpret_cast<void (*)(int)>(dlsym(h, "fake_nccl_fail_next"));
       using Work = int (*)(void*, char*, size_t);
       auto set = reinterpret_cast<void (*)(int (*)(const void*, size_t, char*, size_t),
                                            int (*)(void*, Work, void*))>(
@@ -329,7 +394,18 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch) {
         const std::vector<float> gm(ga.begin() + r * local_rows * cols,
                                     ga.begin() + (r + 1) * local_rows * cols);
         g.Write(gm, stream);
+        const StrictCpuRuntime::Counters before = Rt()->counters(r);
         if (muon_step(opt, stream) != MUON_OK) errors[r] = muon_last_error_message();
+        const StrictCpuRuntime::Counters after = Rt()->counters(r);
+        if (wire == Wire::kNccl && s > 0) {
+          // The steady state: no allocation, no wait for the stream; the
+          // one host wait is for the last step's verdicts, which the stream
+          // copied at that step's end.
+          EXPECT_EQ(after.stream_waits - before.stream_waits, 0) << "step " << s;
+          EXPECT_EQ(after.event_waits - before.event_waits, 1) << "step " << s;
+          EXPECT_EQ(after.mallocs - before.mallocs, 0) << "step " << s;
+          EXPECT_EQ(after.frees - before.frees, 0) << "step " << s;
+        }
         const absl::Status waited = Rt()->StreamSynchronize(stream, "after the step");
         if (errors[r].empty() && !waited.ok()) errors[r] = std::string(waited.message());
       }
@@ -367,6 +443,237 @@ TEST(StrictGpu, RanksOverNcclEqualOneHostProcess) {
       ExpectRanksEqualOneProcess(Wire::kNccl, ranks, prefetch);
     }
   }
+}
+
+enum class Fault { kMomentumKernel, kOtherLr };
+
+// On a GPU the step does not wait for its verdicts: they gate the updates on
+// the device, and the host judges them at the next step. Rank 1's momentum
+// kernel fails at step 2 (or rank 1 alone steps with another lr): rank 1
+// returns the error at once (or OK, not knowing), ranks 0 and 2 return OK,
+// nobody applies step 2 (the go-ahead said no on every GPU), a save before
+// the next step is refused, and step 3 fails on every rank naming rank 1's
+// cause (or both lrs). Every rank then loads the blob it saved after step 1
+// and continues like a run without the fault.
+void ExpectDeferredVerdict(Fault fault) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(FakeNccl::Get().ok);
+  static auto fail_momentum = [] {
+    void* h = dlopen(std::getenv("MUON_CUDA_PLUGIN"), RTLD_NOW | RTLD_LOCAL);
+    return reinterpret_cast<void (*)(int)>(dlsym(h, "muon_strict_gpu_fail_next_momentum"));
+  }();
+  ASSERT_NE(fail_momentum, nullptr);
+  constexpr int kRanks = 3;
+  const int64_t rows = 12, cols = 6, local_rows = rows / kRanks;
+  void* clique = FakeNccl::Get().clique_create(kRanks);
+  std::vector<FakeNcclComm> nccl(kRanks);
+  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  std::vector<std::vector<muon_status_t>> statuses(kRanks);
+  std::vector<std::string> step3(kRanks), save2(kRanks);
+  std::vector<std::vector<float>> after1(kRanks), after2(kRanks), resumed(kRanks), straight(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(Rt()->SetDevice(r).ok());
+      void* stream = *Rt()->StreamCreate();
+      muon_optimizer_t* opt = Create(0);
+      muon_comm_t comm;
+      int32_t world_group = -1;
+      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
+      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
+      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
+      const std::vector<float> all = Values(rows * cols, 3);
+      const std::vector<float> mine(all.begin() + r * local_rows * cols,
+                                    all.begin() + (r + 1) * local_rows * cols);
+      p.Write(mine, stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+      muon_placement_t shard{};
+      shard.kind = MUON_PLACEMENT_SHARD;
+      shard.group = world_group;
+      int64_t global[2] = {rows, cols};
+      muon_param_options_t o;
+      muon_param_options_init(&o, sizeof o);
+      o.name = "w";
+      o.global_ndim = 2;
+      o.global_shape = global;
+      o.num_placements = 1;
+      o.placements = &shard;
+      int64_t pid = -1;
+      ASSERT_EQ(muon_register_param(opt, &p.dl, &g.dl, &o, &pid), MUON_OK);
+      auto step = [&](int s) {
+        const std::vector<float> ga = Values(rows * cols, 50 + s);
+        const std::vector<float> gm(ga.begin() + r * local_rows * cols,
+                                    ga.begin() + (r + 1) * local_rows * cols);
+        g.Write(gm, stream);
+        const muon_status_t st = muon_step(opt, stream);
+        const std::string msg = muon_last_error_message();
+        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
+        return std::make_pair(st, msg);
+      };
+      statuses[r].push_back(step(1).first);
+      after1[r] = p.Read(stream);
+      const std::vector<unsigned char> blob1 = Save(opt);
+      if (r == 1 && fault == Fault::kMomentumKernel) fail_momentum(1);
+      if (r == 1 && fault == Fault::kOtherLr) muon_set_lr(opt, 0.03);
+      statuses[r].push_back(step(2).first);
+      if (r == 1) muon_set_lr(opt, 0.02);
+      after2[r] = p.Read(stream);
+      size_t size = 0;
+      if (muon_save_state(opt, nullptr, 0, &size) == MUON_OK) {
+        std::vector<unsigned char> b(size);
+        if (muon_save_state(opt, b.data(), size, &size) != MUON_OK) {
+          save2[r] = muon_last_error_message();
+        }
+      }
+      const auto [st3, msg3] = step(3);
+      statuses[r].push_back(st3);
+      step3[r] = msg3;
+      // Resume from step 1 everywhere, then steps 2 and 3 as they should have gone.
+      p.Write(after1[r], stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "restore").ok());
+      EXPECT_EQ(muon_load_state(opt, blob1.data(), blob1.size()), MUON_OK)
+          << muon_last_error_message();
+      statuses[r].push_back(step(2).first);
+      statuses[r].push_back(step(3).first);
+      resumed[r] = p.Read(stream);
+      muon_destroy(opt);
+      Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  FakeNccl::Get().clique_destroy(clique);
+  for (int r = 0; r < kRanks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(statuses[r].size(), 5u);
+    EXPECT_EQ(statuses[r][0], MUON_OK);
+    // Step 2: the failing rank knows at once; the others at step 3.
+    EXPECT_EQ(statuses[r][1], r == 1 && fault == Fault::kMomentumKernel ? MUON_INTERNAL : MUON_OK);
+    EXPECT_EQ(after2[r], after1[r]) << "step 2 was applied";
+    EXPECT_NE(save2[r].find("step 2 failed on some rank"), std::string::npos) << save2[r];
+    if (fault == Fault::kMomentumKernel) {
+      EXPECT_EQ(statuses[r][2], MUON_INTERNAL);
+      EXPECT_NE(step3[r].find("step 2 failed on 1 of 3 ranks (rank 1: INTERNAL: "),
+                std::string::npos)
+          << step3[r];
+      EXPECT_NE(step3[r].find("injected failure on strict-cpu device 1"), std::string::npos)
+          << step3[r];
+    } else {
+      EXPECT_EQ(statuses[r][2], MUON_INVALID_ARGUMENT);
+      EXPECT_NE(step3[r].find("step 2: the ranks step with different hyper-parameters (rank 0 "
+                              "has lr=0.02"),
+                std::string::npos)
+          << step3[r];
+      EXPECT_NE(step3[r].find("rank 1 has lr=0.03"), std::string::npos) << step3[r];
+    }
+    EXPECT_EQ(statuses[r][3], MUON_OK);
+    EXPECT_EQ(statuses[r][4], MUON_OK);
+  }
+  // The resumed run equals one that never failed: the single-process reference.
+  muon_optimizer_t* ref = Create(0);
+  Tensor rp({rows, cols}, -1), rg({rows, cols}, -1);
+  rp.Write(Values(rows * cols, 3), nullptr);
+  muon_param_options_t po;
+  muon_param_options_init(&po, sizeof po);
+  po.name = "w";
+  int64_t id = -1;
+  ASSERT_EQ(muon_register_param(ref, &rp.dl, &rg.dl, &po, &id), MUON_OK);
+  for (int s = 1; s <= 3; ++s) {
+    rg.Write(Values(rows * cols, 50 + s), nullptr);
+    ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
+  }
+  muon_destroy(ref);
+  std::vector<float> joined;
+  for (int r = 0; r < kRanks; ++r) joined.insert(joined.end(), resumed[r].begin(), resumed[r].end());
+  EXPECT_EQ(joined, rp.host);
+}
+
+// skip_nonfinite over NCCL: a NaN in rank 1's gradient at step 2 skips the
+// step on every rank (the counts agreed through device buffers); the run
+// equals one process that stepped 1 and 3.
+TEST(StrictGpu, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryGpu) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(FakeNccl::Get().ok);
+  constexpr int kRanks = 3;
+  const int64_t rows = 12, cols = 6, local_rows = rows / kRanks;
+  void* clique = FakeNccl::Get().clique_create(kRanks);
+  std::vector<FakeNcclComm> nccl(kRanks);
+  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  std::vector<std::vector<float>> got(kRanks);
+  std::vector<muon_stats_t> stats(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(Rt()->SetDevice(r).ok());
+      void* stream = *Rt()->StreamCreate();
+      muon_optimizer_t* opt = Create(1, /*skip_nonfinite=*/1);
+      muon_comm_t comm;
+      int32_t world_group = -1;
+      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
+      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
+      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
+      const std::vector<float> all = Values(rows * cols, 3);
+      const std::vector<float> mine(all.begin() + r * local_rows * cols,
+                                    all.begin() + (r + 1) * local_rows * cols);
+      p.Write(mine, stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+      muon_placement_t shard{};
+      shard.kind = MUON_PLACEMENT_SHARD;
+      shard.group = world_group;
+      int64_t global[2] = {rows, cols};
+      muon_param_options_t o;
+      muon_param_options_init(&o, sizeof o);
+      o.name = "w";
+      o.global_ndim = 2;
+      o.global_shape = global;
+      o.num_placements = 1;
+      o.placements = &shard;
+      int64_t pid = -1;
+      ASSERT_EQ(muon_register_param(opt, &p.dl, &g.dl, &o, &pid), MUON_OK);
+      for (int s = 1; s <= 3; ++s) {
+        const std::vector<float> ga = Values(rows * cols, 50 + s);
+        std::vector<float> gm(ga.begin() + r * local_rows * cols,
+                              ga.begin() + (r + 1) * local_rows * cols);
+        if (s == 2 && r == 1) gm[4] = std::nanf("");
+        g.Write(gm, stream);
+        EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
+        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
+      }
+      stats[r] = Stats(opt);
+      got[r] = p.Read(stream);
+      muon_destroy(opt);
+      Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  FakeNccl::Get().clique_destroy(clique);
+  muon_optimizer_t* ref = Create(1);
+  Tensor rp({rows, cols}, -1), rg({rows, cols}, -1);
+  rp.Write(Values(rows * cols, 3), nullptr);
+  muon_param_options_t po;
+  muon_param_options_init(&po, sizeof po);
+  po.name = "w";
+  int64_t id = -1;
+  ASSERT_EQ(muon_register_param(ref, &rp.dl, &rg.dl, &po, &id), MUON_OK);
+  for (int s : {1, 3}) {
+    rg.Write(Values(rows * cols, 50 + s), nullptr);
+    ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
+  }
+  muon_destroy(ref);
+  std::vector<float> joined;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(stats[r].steps_skipped, 1) << "rank " << r;
+    EXPECT_EQ(stats[r].steps, 2) << "rank " << r;
+    joined.insert(joined.end(), got[r].begin(), got[r].end());
+  }
+  EXPECT_EQ(joined, rp.host);
+}
+
+TEST(StrictGpu, AMomentumKernelFailingOnOneRankIsAppliedNowhereAndFailsTheNextStepEverywhere) {
+  ExpectDeferredVerdict(Fault::kMomentumKernel);
+}
+
+TEST(StrictGpu, AnotherLrOnOneRankIsAppliedNowhereAndFailsTheNextStepNamingBoth) {
+  ExpectDeferredVerdict(Fault::kOtherLr);
 }
 
 }  // namespace

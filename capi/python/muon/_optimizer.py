@@ -667,8 +667,8 @@ class Optimizer:
         """What moved and what was computed on this rank (muon_get_stats): steps;
         for the last step bytes_sent, bytes_received, collectives, rounds,
         matrices_orthogonalized, ns_flops, nonfinite_grads (non-finite gradient
-        elements; -1 on a GPU); planned: matrices_total, matrices_owned; in all:
-        steps_skipped (skip_nonfinite)."""
+        elements; on a GPU read once the last step ended); planned:
+        matrices_total, matrices_owned; in all: steps_skipped (skip_nonfinite)."""
         s = _lib.muon_stats_t()
         check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
         check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))

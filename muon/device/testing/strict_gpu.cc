@@ -1,5 +1,6 @@
 #include "muon/device/testing/strict_gpu.h"
 
+#include <atomic>
 #include <mutex>
 #include <utility>
 
@@ -11,11 +12,14 @@
 namespace muon {
 namespace {
 
+std::atomic<int> g_fail_momentum{-1};
+
 // The math of a GPU backend as the runtime sees it: device pointers only,
 // everything stream-ordered, nothing waited for.
 class StrictMath final : public MathBackend {
  public:
-  explicit StrictMath(std::shared_ptr<StrictCpuRuntime> rt) : rt_(std::move(rt)) {}
+  StrictMath(std::shared_ptr<StrictCpuRuntime> rt, int ordinal)
+      : rt_(std::move(rt)), ordinal_(ordinal) {}
 
   absl::Status SetStream(void* stream) override {
     if (rt_->DeviceOfStream(stream) < 0) {
@@ -26,6 +30,11 @@ class StrictMath final : public MathBackend {
   }
 
   absl::Status Momentum(const MomentumArgs& args) override {
+    int expected = ordinal_;
+    if (g_fail_momentum.compare_exchange_strong(expected, -1)) {
+      return absl::InternalError(
+          absl::StrCat("the momentum kernel (injected failure on strict-cpu device ", ordinal_, ")"));
+    }
     const size_t n = static_cast<size_t>(args.n);
     absl::Status st = rt_->CheckDeviceMemory(args.grad, n * SizeOf(args.grad_dtype),
                                              "the momentum update: gradient");
@@ -34,11 +43,11 @@ class StrictMath final : public MathBackend {
                                   "the momentum update: momentum buffer");
     }
     if (st.ok()) st = rt_->CheckDeviceMemory(args.out, n * 4, "the momentum update: output");
+    if (st.ok() && args.nonfinite != nullptr) {
+      st = rt_->CheckDeviceMemory(args.nonfinite, 8, "the momentum update: non-finite counter");
+    }
     if (!st.ok()) return st;
-    if (args.nonfinite != nullptr) *args.nonfinite = -1;  // as the CUDA backend: not counted
-    MomentumArgs a = args;
-    a.nonfinite = nullptr;
-    return Run([this, a] { return cpu_.Momentum(a); });
+    return Run([this, args] { return cpu_.Momentum(args); });
   }
 
   absl::Status Apply(const ApplyArgs& args) override {
@@ -46,6 +55,9 @@ class StrictMath final : public MathBackend {
     absl::Status st = rt_->CheckDeviceMemory(args.param, n * SizeOf(args.param_dtype),
                                              "the parameter update: parameter");
     if (st.ok()) st = rt_->CheckDeviceMemory(args.update, n * 4, "the parameter update: update");
+    if (st.ok() && args.gate != nullptr) {
+      st = rt_->CheckDeviceMemory(args.gate, 4, "the parameter update: gate");
+    }
     if (!st.ok()) return st;
     return Run([this, args] { return cpu_.Apply(args); });
   }
@@ -55,6 +67,23 @@ class StrictMath final : public MathBackend {
     absl::Status st = rt_->CheckDeviceMemory(batch.data, bytes, "Newton-Schulz: the matrices");
     if (!st.ok()) return st;
     return Run([this, config, batch] { return cpu_.Orthogonalize(config, batch); });
+  }
+
+  absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
+                              int64_t* counter) override {
+    absl::Status st = rt_->CheckDeviceMemory(data, static_cast<size_t>(n) * SizeOf(dtype),
+                                             "counting non-finite gradients: data");
+    if (st.ok()) st = rt_->CheckDeviceMemory(counter, 8, "counting non-finite gradients: counter");
+    if (!st.ok()) return st;
+    return Run([this, dtype, data, n, counter] { return cpu_.CountNonFinite(dtype, data, n, counter); });
+  }
+  absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                           int32_t* flag) override {
+    absl::Status st = rt_->CheckDeviceMemory(verdicts, static_cast<size_t>(n) * 16,
+                                             "the step's go-ahead: verdicts");
+    if (st.ok()) st = rt_->CheckDeviceMemory(flag, 4, "the step's go-ahead: flag");
+    if (!st.ok()) return st;
+    return Run([this, verdicts, n, magic, flag] { return cpu_.VerdictGate(verdicts, n, magic, flag); });
   }
 
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
@@ -73,6 +102,7 @@ class StrictMath final : public MathBackend {
   }
 
   std::shared_ptr<StrictCpuRuntime> rt_;
+  int ordinal_;
   void* stream_ = nullptr;
   std::mutex mu_;
   CpuBackend cpu_;
@@ -82,8 +112,10 @@ class StrictMath final : public MathBackend {
 
 std::unique_ptr<Device> MakeStrictGpuDevice(std::shared_ptr<StrictCpuRuntime> runtime,
                                             int ordinal) {
-  auto math = std::make_unique<StrictMath>(runtime);
+  auto math = std::make_unique<StrictMath>(runtime, ordinal);
   return MakeGpuDevice(std::move(runtime), ordinal, std::move(math));
 }
+
+void FailNextMomentum(int ordinal) { g_fail_momentum.store(ordinal); }
 
 }  // namespace muon

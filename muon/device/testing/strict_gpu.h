@@ -20,6 +20,10 @@ namespace muon {
 
 std::unique_ptr<Device> MakeStrictGpuDevice(std::shared_ptr<StrictCpuRuntime> runtime, int ordinal);
 
+// Fault injection: the next momentum update issued on device `ordinal`
+// fails (as a kernel launch can), on whichever optimizer issues it.
+void FailNextMomentum(int ordinal);
+
 }  // namespace muon
 
 #endif  // MUON_DEVICE_TESTING_STRICT_GPU_H_

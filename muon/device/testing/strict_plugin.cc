@@ -73,6 +73,12 @@ muon_cuda_plugin_memory_ops(int abi) {
   return abi == muon::kCudaPluginAbi ? &kOps : nullptr;
 }
 
+// Fault injection (strict_gpu.h).
+extern "C" __attribute__((visibility("default"))) void muon_strict_gpu_fail_next_momentum(
+    int ordinal) {
+  muon::FailNextMomentum(ordinal);
+}
+
 // The runtime the devices live on, for tests to allocate, copy and wait.
 extern "C" __attribute__((visibility("default"))) muon::StrictCpuRuntime* muon_strict_gpu_runtime() {
   return Runtime().get();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -58,12 +59,38 @@ absl::Status CpuBackend::Momentum(const MomentumArgs& a) {
 }
 
 absl::Status CpuBackend::Apply(const ApplyArgs& a) {
+  if (a.gate != nullptr && *a.gate != 0) return absl::OkStatus();  // the job said no
   const float decay = static_cast<float>(a.decay);
   const float alpha = static_cast<float>(-a.lr_adjusted);
   for (int64_t i = 0; i < a.n; ++i) {
     const float p = RoundTo(a.param_dtype, LoadAsFloat(a.param_dtype, a.param, i) * decay);
     StoreFromFloat(a.param_dtype, a.param, i, p + alpha * a.update[i]);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CountNonFinite(DType dtype, const void* data, int64_t n,
+                                        int64_t* counter) {
+  *counter += muon::CountNonFinite(dtype, data, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                                     int32_t* flag) {
+  const auto* v = static_cast<const unsigned char*>(verdicts);
+  uint64_t digest0 = 0;
+  if (n > 0) std::memcpy(&digest0, v + 8, 8);
+  int32_t bad = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    uint32_t m;
+    int32_t code;
+    uint64_t digest;
+    std::memcpy(&m, v + 16 * r, 4);
+    std::memcpy(&code, v + 16 * r + 4, 4);
+    std::memcpy(&digest, v + 16 * r + 8, 8);
+    if (m != magic || code != 0 || digest != digest0) bad = 1;
+  }
+  *flag = bad;
   return absl::OkStatus();
 }
 

@@ -16,6 +16,10 @@ class CpuBackend final : public MathBackend {
   absl::Status Momentum(const MomentumArgs& args) override;
   absl::Status Apply(const ApplyArgs& args) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+  absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                           int32_t* flag) override;
+  absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
+                              int64_t* counter) override;
 
   // Reserves the workspace for matrices up to rows x cols so that later calls
   // allocate nothing. Fails with ResourceExhausted when memory is short.

@@ -99,17 +99,30 @@ absl::Status CudaBackend::Momentum(const MomentumArgs& a) {
   MUON_CUDA(cuda::LaunchMomentum(static_cast<int>(a.grad_dtype), a.grad,
                                  static_cast<int>(a.buf_dtype), a.buf, a.n,
                                  static_cast<float>(1.0 - a.momentum),
-                                 static_cast<float>(a.momentum), a.nesterov, a.out, impl_->stream),
+                                 static_cast<float>(a.momentum), a.nesterov, a.out, a.nonfinite,
+                                 impl_->stream),
             "momentum kernel");
-  if (a.nonfinite != nullptr) *a.nonfinite = -1;  // not counted on the GPU yet
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Apply(const ApplyArgs& a) {
   MUON_CUDA(cuda::LaunchApply(static_cast<int>(a.param_dtype), a.param, a.n, a.update,
                               static_cast<float>(a.decay), static_cast<float>(-a.lr_adjusted),
-                              impl_->stream),
+                              a.gate, impl_->stream),
             "update kernel");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountNonFinite(DType dtype, const void* data, int64_t n,
+                                         int64_t* counter) {
+  MUON_CUDA(cuda::LaunchCountNonFinite(static_cast<int>(dtype), data, n, counter, impl_->stream),
+            "counting non-finite gradients");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                                      int32_t* flag) {
+  MUON_CUDA(cuda::LaunchVerdictGate(verdicts, n, magic, flag, impl_->stream), "verdict kernel");
   return absl::OkStatus();
 }
 

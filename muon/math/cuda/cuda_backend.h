@@ -27,6 +27,10 @@ class CudaBackend final : public MathBackend {
   absl::Status Momentum(const MomentumArgs& args) override;
   absl::Status Apply(const ApplyArgs& args) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+  absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
+                           int32_t* flag) override;
+  absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
+                              int64_t* counter) override;
 
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override;

@@ -55,18 +55,23 @@ unsigned Blocks(int64_t n) {
 }
 
 __global__ void MomentumKernel(int grad_type, const void* grad, int buf_type, void* buf,
-                               int64_t n, float w_buf, float w_out, bool nesterov, float* out) {
+                               int64_t n, float w_buf, float w_out, bool nesterov, float* out,
+                               unsigned long long* nonfinite) {
+  unsigned long long bad = 0;  // counted in the same pass; one atomic per thread that saw one
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = Load(grad_type, grad, i);
+    bad += isfinite(g) ? 0 : 1;
     const float b = Round(buf_type, Lerp(Load(buf_type, buf, i), g, w_buf));
     Store(buf_type, buf, i, b);
     out[i] = nesterov ? Round(buf_type, Lerp(g, b, w_out)) : b;
   }
+  if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
 }
 
 __global__ void ApplyKernel(int param_type, void* param, int64_t n, const float* update,
-                            float decay, float alpha) {
+                            float decay, float alpha, const int32_t* gate) {
+  if (gate != nullptr && *gate != 0) return;  // the job's verdict: not applied
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float p = Round(param_type, Load(param_type, param, i) * decay);
@@ -128,17 +133,64 @@ __global__ void NormalizeKernel(int x_type, void* x, int64_t elems, float eps) {
 
 cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
                            float w_buf, float w_out, bool nesterov, float* out,
-                           cudaStream_t stream) {
+                           int64_t* nonfinite, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  MomentumKernel<<<Blocks(n), kThreads, 0, stream>>>(grad_type, grad, buf_type, buf, n, w_buf,
-                                                     w_out, nesterov, out);
+  MomentumKernel<<<Blocks(n), kThreads, 0, stream>>>(
+      grad_type, grad, buf_type, buf, n, w_buf, w_out, nesterov, out,
+      reinterpret_cast<unsigned long long*>(nonfinite));
   return cudaGetLastError();
 }
 
 cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
-                        float alpha, cudaStream_t stream) {
+                        float alpha, const int32_t* gate, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(param_type, param, n, update, decay, alpha);
+  ApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(param_type, param, n, update, decay, alpha,
+                                                   gate);
+  return cudaGetLastError();
+}
+
+__global__ void CountNonFiniteKernel(int type, const void* x, int64_t n,
+                                     unsigned long long* counter) {
+  unsigned long long bad = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    bad += isfinite(Load(type, x, i)) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(counter, bad);
+}
+
+cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* counter,
+                                 cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(
+      type, x, n, reinterpret_cast<unsigned long long*>(counter));
+  return cudaGetLastError();
+}
+
+__global__ void VerdictGateKernel(const unsigned char* verdicts, int64_t n, uint32_t magic,
+                                  int32_t* flag) {
+  __shared__ int bad;
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  unsigned long long digest0;
+  memcpy(&digest0, verdicts + 8, 8);
+  for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+    uint32_t m;
+    int32_t code;
+    unsigned long long digest;
+    memcpy(&m, verdicts + 16 * r, 4);
+    memcpy(&code, verdicts + 16 * r + 4, 4);
+    memcpy(&digest, verdicts + 16 * r + 8, 8);
+    if (m != magic || code != 0 || digest != digest0) atomicOr(&bad, 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *flag = bad;
+}
+
+cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, int32_t* flag,
+                              cudaStream_t stream) {
+  VerdictGateKernel<<<1, kThreads, 0, stream>>>(static_cast<const unsigned char*>(verdicts), n,
+                                                magic, flag);
   return cudaGetLastError();
 }
 

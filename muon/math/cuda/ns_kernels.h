@@ -15,14 +15,25 @@ namespace cuda {
 enum ElemType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
 // buf <- lerp(buf, grad, w_buf) (rounded to buf_type);
-// out <- nesterov ? lerp(grad, buf, w_out) : buf (fp32, rounded to buf_type).
+// out <- nesterov ? lerp(grad, buf, w_out) : buf (fp32, rounded to buf_type);
+// *nonfinite (device memory, may be NULL) += the non-finite grad elements.
 cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
                            float w_buf, float w_out, bool nesterov, float* out,
-                           cudaStream_t stream);
+                           int64_t* nonfinite, cudaStream_t stream);
 
-// param <- round(param * decay); param <- round(param + alpha * update).
+// param <- round(param * decay); param <- round(param + alpha * update);
+// nothing when `gate` (device memory, may be NULL) holds nonzero.
 cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
-                        float alpha, cudaStream_t stream);
+                        float alpha, const int32_t* gate, cudaStream_t stream);
+
+// *counter (device memory) += the non-finite elements of x[0, n) (in `type`).
+cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* counter,
+                                 cudaStream_t stream);
+
+// *flag = 0 when each of the n 16-byte verdicts (u32 magic, i32 code, u64
+// digest) has `magic`, code 0 and verdict 0's digest, else 1 (one block).
+cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, int32_t* flag,
+                              cudaStream_t stream);
 
 // x[k] (m x n, in `x_type`) <- u[k] (rows x cols, fp32), transposed when
 // rows > cols (so m = min, n = max), for k < count.
