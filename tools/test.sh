@@ -28,7 +28,7 @@ bash tools/asan_python.sh 2>&1 | tee -a "$log" || rc=1
 
 echo "== multi-rank (threaded) and C API tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
-  //muon/comm/... //muon/engine/... //muon/sharding/... //tests/distributed/... \
+  //muon/comm/... //muon/device/... //muon/engine/... //muon/sharding/... //tests/distributed/... \
   //capi/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
 
 echo "== libFuzzer targets (bounded)"
