@@ -76,6 +76,8 @@ class HostDevice final : public Device {
   bool is_host() const override { return true; }
   MathBackend& math() override { return cpu_; }
   absl::Status SetStream(void*) override { return absl::OkStatus(); }
+  absl::StatusOr<int> Bind() override { return -1; }
+  void Unbind(int) override {}
 
   absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
     void* p = std::calloc(bytes, 1);

@@ -50,6 +50,13 @@ class Device {
   virtual bool is_host() const = 0;
   virtual MathBackend& math() = 0;
 
+  // Makes this device the calling thread's current one (on a GPU: what
+  // every communicator call and launch on its memory needs, whichever
+  // thread makes it) and returns the one current before (-1 on the host),
+  // which Unbind puts back.
+  virtual absl::StatusOr<int> Bind() = 0;
+  virtual void Unbind(int previous) = 0;
+
   // Orders every later call on `stream` (a cudaStream_t on a GPU; ignored on
   // the host).
   virtual absl::Status SetStream(void* stream) = 0;

@@ -118,6 +118,19 @@ class GpuDevice final : public Device {
     return math_.SetStream(stream);
   }
 
+  absl::StatusOr<int> Bind() override {
+    absl::StatusOr<int> now = rt_->GetDevice();
+    if (!now.ok()) return now.status();
+    if (*now != ordinal_) {
+      absl::Status st = rt_->SetDevice(ordinal_);
+      if (!st.ok()) return st;
+    }
+    return *now;
+  }
+  void Unbind(int previous) override {
+    if (previous >= 0 && previous != ordinal_) (void)rt_->SetDevice(previous);
+  }
+
   absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
     MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("allocating ", what));
     absl::StatusOr<void*> p =

@@ -27,6 +27,12 @@ struct StrictCpuRuntime::Stream {
 
 namespace {
 
+#define MUON_STRICT_RETURN(expr)            \
+  do {                                      \
+    absl::Status strict_status_ = (expr);   \
+    if (!strict_status_.ok()) return strict_status_; \
+  } while (0)
+
 constexpr size_t kAlign = 256;
 constexpr unsigned char kFreshPattern = 0xA5;
 
@@ -200,6 +206,14 @@ int StrictCpuRuntime::DeviceOf(const void* ptr) const {
   return DeviceOfLocked(ptr);
 }
 
+absl::Status StrictCpuRuntime::CheckCurrentLocked(const Stream* s, const std::string& what) const {
+  const int current = CurrentLocked();
+  if (s->device == current) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": work issued on a stream of device ", s->device, " while device ", current,
+      " is this thread's current device (make the stream's device current first)"));
+}
+
 StrictCpuRuntime::Stream* StrictCpuRuntime::StreamOfLocked(GpuStream s) const {
   if (s == nullptr) return devices_[CurrentLocked()].null_stream.get();
   for (const auto& st : streams_) {
@@ -228,6 +242,7 @@ absl::Status StrictCpuRuntime::Enqueue(GpuStream stream, std::function<absl::Sta
     return absl::InvalidArgumentError(
         absl::StrFormat("strict-cpu runtime: stream %p is not one of its streams", stream));
   }
+  MUON_STRICT_RETURN(CheckCurrentLocked(s, "stream work"));
   return EnqueueLocked(s, std::move(work));
 }
 
@@ -239,6 +254,7 @@ absl::Status StrictCpuRuntime::MemsetAsync(void* dst, int value, size_t bytes, G
   if (s == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
   }
+  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
   absl::Status st = CheckLocked(dst, bytes, absl::StrCat(what, ": memset destination"));
   if (!st.ok()) return st;
   if (bytes > 0 && DeviceOfLocked(dst) != s->device) {
@@ -261,6 +277,7 @@ absl::Status StrictCpuRuntime::MemcpyAsync(void* dst, const void* src, size_t by
   if (s == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
   }
+  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
   bool src_device = kind != CopyKind::kHostToDevice;
   bool dst_device = kind != CopyKind::kDeviceToHost;
   if (kind == CopyKind::kDefault) {
@@ -303,6 +320,7 @@ absl::Status StrictCpuRuntime::LaunchCopyChunks(const GpuCopyChunk* chunks, int6
   if (s == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
   }
+  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
   if (count == 0) return absl::OkStatus();
   absl::Status st = CheckLocked(chunks, static_cast<size_t>(count) * sizeof(GpuCopyChunk),
                                 absl::StrCat(what, ": the chunk array"));

@@ -17,6 +17,9 @@
 //     reads what was there before, and a stream that reads another's results
 //     without an event reads stale memory. Host memory is read and written
 //     when the work runs.
+//   - Work is issued on a stream only while the stream's device is the
+//     thread's current device (as a kernel launch requires; stricter than
+//     CUDA for copies).
 //   - Each device's null stream is a stream like the others (no implicit
 //     ordering with them: stricter than CUDA's legacy default stream).
 //   - Fresh allocations hold a pattern (0xA5 bytes), never zeros.
@@ -122,6 +125,9 @@ class StrictCpuRuntime final : public GpuRuntime {
   };
 
   Stream* StreamOfLocked(GpuStream s) const;
+  // Work may be issued on a stream only while its device is current (as
+  // kernel launches require).
+  absl::Status CheckCurrentLocked(const Stream* s, const std::string& what) const;
   int CurrentLocked() const;
   absl::Status EnqueueLocked(Stream* s, std::function<absl::Status()> work);
   absl::Status RunUntil(Stream* s, int64_t target);

@@ -180,19 +180,25 @@ TEST(StrictCpuRuntime, DevicesHaveTheirOwnMemoryStreamsAndCurrentDevice) {
   EXPECT_EQ(rt.DeviceOfStream(s1), 1);
   EXPECT_EQ(rt.DeviceOfStream(nullptr), 0);
   EXPECT_FALSE(rt.SetDevice(2).ok());
-  // A memset of device 0 memory on device 1's stream is refused; a peer copy runs.
-  EXPECT_TRUE(Mentions(rt.MemsetAsync(d0, 0, kBytes, s1, "zero"), "memset of device 0 memory"));
   const std::vector<float> a = Iota(kN, 3);
   std::vector<float> b(kN);
   ASSERT_TRUE(rt.MemcpyAsync(d0, a.data(), kBytes, CopyKind::kHostToDevice, nullptr, "up").ok());
   ASSERT_TRUE(rt.StreamSynchronize(nullptr, "wait").ok());
+  // Work goes on a stream only while its device is current.
+  EXPECT_TRUE(Mentions(rt.MemcpyAsync(d1, d0, kBytes, CopyKind::kDeviceToDevice, s1, "peer"),
+                       "peer: work issued on a stream of device 1 while device 0 is this "
+                       "thread's current device"));
+  ASSERT_TRUE(rt.SetDevice(1).ok());
+  // A memset of device 0 memory on device 1's stream is refused; a peer copy runs.
+  EXPECT_TRUE(Mentions(rt.MemsetAsync(d0, 0, kBytes, s1, "zero"), "memset of device 0 memory"));
   ASSERT_TRUE(rt.MemcpyAsync(d1, d0, kBytes, CopyKind::kDeviceToDevice, s1, "peer").ok());
   ASSERT_TRUE(rt.MemcpyAsync(b.data(), d1, kBytes, CopyKind::kDeviceToHost, s1, "down").ok());
   ASSERT_TRUE(rt.StreamSynchronize(s1, "wait").ok());
   EXPECT_EQ(b, a);
   rt.StreamDestroy(s1);
-  rt.Free(d0);
   rt.Free(d1);
+  ASSERT_TRUE(rt.SetDevice(0).ok());
+  rt.Free(d0);
 }
 
 TEST(StrictCpuRuntime, TheCopyKernelConvertsAndChecksItsChunksWhenItRuns) {

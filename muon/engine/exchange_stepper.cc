@@ -89,6 +89,10 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     return st;
   };
   auto exchange = [&](int round, bool scatter) {
+    // Possibly on the pipeline's worker thread: the device must be current
+    // for the communicator (a new thread starts on device 0).
+    absl::StatusOr<int> bound = ctx_.device->Bind();
+    if (!bound.ok()) note(bound.status());
     const BoundExchange& b = bound_[round];
     const BoundExchange::Direction& d = scatter ? b.scatter : b.gather;
     if (d.trailer == 0) {

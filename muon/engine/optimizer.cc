@@ -63,6 +63,16 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 }
 
 absl::Status Optimizer::Step(void* stream) {
+  // The tensors' device is current for the whole step (the communicators and
+  // launches need it), and the caller's is put back after.
+  struct Bound {
+    Device* device;
+    int previous;
+    ~Bound() { device->Unbind(previous); }
+  };
+  absl::StatusOr<int> previous = registry_.device()->Bind();
+  if (!previous.ok()) return previous.status();
+  const Bound bound{registry_.device().get(), *previous};
   // On a GPU: the last step's outcome first (every rank the same).
   bool job_failed = false;
   absl::Status settled = Settle(stream, &job_failed);

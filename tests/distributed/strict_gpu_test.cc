@@ -103,10 +103,11 @@ std::vector<float> Values(size_t n, int salt) {
   return v;
 }
 
-muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0) {
+muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
   o.skip_nonfinite = skip_nonfinite;
+  o.round_bytes = round_bytes;
   o.lr = 0.02;
   o.weight_decay = 0.01;
   o.prefetch_count = prefetch;
@@ -325,19 +326,39 @@ enum class Wire { kInProcess, kNccl };
 // Ranks as threads, each with its own strict GPU and stream, a parameter
 // sharded over the world (dim 0), through `wire`: the handshake, the
 // exchange and the verdicts over GPU buffers, equal to one host process.
-void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch) {
-  const int64_t rows = 12, cols = 6;
+// Seven matrices (more than ranks, so that rounds can split), each sharded
+// over the world on dim 0.
+const std::vector<std::pair<int64_t, int64_t>>& Shapes() {
+  static const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {12, 6}, {12, 9}, {6, 4}, {6, 6}, {12, 3}, {6, 10}, {18, 4}};
+  return shapes;
+}
+
+// `round_bytes` 1 gives each owner one matrix per round, so that with
+// prefetch the exchanges run on the pipeline's worker thread. `other_device`:
+// the rank's thread has another device current when it calls muon_step (the
+// library makes the tensors' device current for the step, and puts the
+// caller's back).
+void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round_bytes = 0,
+                                bool other_device = false) {
+  const size_t count = Shapes().size();
   // The single-process reference.
   muon_optimizer_t* ref = Create(prefetch);
-  Tensor rp({rows, cols}, -1), rg({rows, cols}, -1);
-  rp.Write(Values(rows * cols, 3), nullptr);  // (host: copied into the registered storage)
-  muon_param_options_t po;
-  muon_param_options_init(&po, sizeof po);
-  po.name = "w";
-  int64_t id = -1;
-  ASSERT_EQ(muon_register_param(ref, &rp.dl, &rg.dl, &po, &id), MUON_OK);
+  std::vector<std::unique_ptr<Tensor>> rp, rg;
+  for (size_t i = 0; i < count; ++i) {
+    const auto [rows, cols] = Shapes()[i];
+    rp.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
+    rg.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
+    rp[i]->Write(Values(rows * cols, 3 + i), nullptr);  // (host: into the registered storage)
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    const std::string name = "w" + std::to_string(i);
+    po.name = name.c_str();
+    int64_t id = -1;
+    ASSERT_EQ(muon_register_param(ref, &rp[i]->dl, &rg[i]->dl, &po, &id), MUON_OK);
+  }
   for (int s = 0; s < 3; ++s) {
-    rg.Write(Values(rows * cols, 50 + s), nullptr);
+    for (size_t i = 0; i < count; ++i) rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
     ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
   }
   muon_destroy(ref);
@@ -352,50 +373,66 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch) {
     clique = FakeNccl::Get().clique_create(ranks);
     for (int r = 0; r < ranks; ++r) nccl[r] = {r, ranks, clique};
   }
-  std::vector<std::vector<float>> got(ranks);
+  std::vector<std::vector<std::vector<float>>> got(ranks);
   std::vector<std::string> errors(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       ASSERT_TRUE(Rt()->SetDevice(r).ok());
       void* stream = *Rt()->StreamCreate();
-      muon_optimizer_t* opt = Create(prefetch);
+      muon_optimizer_t* opt = Create(prefetch, 0, round_bytes);
       muon_comm_t comm;
       int32_t world_group = -1;
       const muon_status_t made = wire == Wire::kInProcess
                                      ? muon_inprocess_comm(world, nullptr, 0, r, &comm)
                                      : muon_comm_from_nccl(&nccl[r], &comm);
-      const int64_t local_rows = rows / ranks;
-      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
-      const std::vector<float> all = Values(rows * cols, 3);
-      const std::vector<float> mine(all.begin() + r * local_rows * cols,
-                                    all.begin() + (r + 1) * local_rows * cols);
-      p.Write(mine, stream);
-      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-      muon_placement_t shard{};
-      shard.kind = MUON_PLACEMENT_SHARD;
-      shard.dim = 0;
-      int64_t global[2] = {rows, cols};
-      muon_param_options_t o;
-      muon_param_options_init(&o, sizeof o);
-      o.name = "w";
-      o.global_ndim = 2;
-      o.global_shape = global;
-      o.num_placements = 1;
-      o.placements = &shard;
-      int64_t pid = -1;
-      if (made != MUON_OK || muon_set_world(opt, &comm, &world_group) != MUON_OK ||
-          (shard.group = world_group, muon_register_param(opt, &p.dl, &g.dl, &o, &pid)) !=
-              MUON_OK) {
+      if (made != MUON_OK || muon_set_world(opt, &comm, &world_group) != MUON_OK) {
         errors[r] = muon_last_error_message();
       }
+      std::vector<std::unique_ptr<Tensor>> p, g;
+      for (size_t i = 0; i < count && errors[r].empty(); ++i) {
+        const auto [rows, cols] = Shapes()[i];
+        const int64_t local_rows = rows / ranks;
+        p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
+        g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
+        const std::vector<float> all = Values(rows * cols, 3 + i);
+        const std::vector<float> mine(all.begin() + r * local_rows * cols,
+                                      all.begin() + (r + 1) * local_rows * cols);
+        p[i]->Write(mine, stream);
+        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+        muon_placement_t shard{};
+        shard.kind = MUON_PLACEMENT_SHARD;
+        shard.group = world_group;
+        int64_t global[2] = {rows, cols};
+        muon_param_options_t o;
+        muon_param_options_init(&o, sizeof o);
+        const std::string name = "w" + std::to_string(i);
+        o.name = name.c_str();
+        o.global_ndim = 2;
+        o.global_shape = global;
+        o.num_placements = 1;
+        o.placements = &shard;
+        int64_t pid = -1;
+        if (muon_register_param(opt, &p[i]->dl, &g[i]->dl, &o, &pid) != MUON_OK) {
+          errors[r] = muon_last_error_message();
+        }
+      }
       for (int s = 0; s < 3 && errors[r].empty(); ++s) {
-        const std::vector<float> ga = Values(rows * cols, 50 + s);
-        const std::vector<float> gm(ga.begin() + r * local_rows * cols,
-                                    ga.begin() + (r + 1) * local_rows * cols);
-        g.Write(gm, stream);
+        std::vector<std::vector<float>> gm(count);
+        for (size_t i = 0; i < count; ++i) {
+          const auto [rows, cols] = Shapes()[i];
+          const int64_t local_rows = rows / ranks;
+          const std::vector<float> ga = Values(rows * cols, 50 + s + 9 * i);
+          gm[i].assign(ga.begin() + r * local_rows * cols, ga.begin() + (r + 1) * local_rows * cols);
+          g[i]->Write(gm[i], stream);
+        }
         const StrictCpuRuntime::Counters before = Rt()->counters(r);
+        if (other_device) ASSERT_TRUE(Rt()->SetDevice((r + 1) % ranks).ok());
         if (muon_step(opt, stream) != MUON_OK) errors[r] = muon_last_error_message();
+        if (other_device) {
+          EXPECT_EQ(*Rt()->GetDevice(), (r + 1) % ranks) << "the caller's device changed";
+          ASSERT_TRUE(Rt()->SetDevice(r).ok());
+        }
         const StrictCpuRuntime::Counters after = Rt()->counters(r);
         if (wire == Wire::kNccl && s > 0) {
           // The steady state: no allocation, no wait for the stream; the
@@ -409,7 +446,12 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch) {
         const absl::Status waited = Rt()->StreamSynchronize(stream, "after the step");
         if (errors[r].empty() && !waited.ok()) errors[r] = std::string(waited.message());
       }
-      got[r] = p.Read(stream);
+      if (round_bytes == 1 && errors[r].empty()) {
+        EXPECT_GT(Stats(opt).rounds, 1);  // the worker thread exchanges
+      }
+      for (auto& t : p) got[r].push_back(t->Read(stream));
+      p.clear();
+      g.clear();
       muon_destroy(opt);
       Rt()->StreamDestroy(stream);
     });
@@ -418,9 +460,11 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch) {
   if (world != nullptr) muon_inprocess_world_destroy(world);
   if (clique != nullptr) FakeNccl::Get().clique_destroy(clique);
   for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
-  std::vector<float> joined;
-  for (int r = 0; r < ranks; ++r) joined.insert(joined.end(), got[r].begin(), got[r].end());
-  EXPECT_EQ(joined, rp.host);
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<float> joined;
+    for (int r = 0; r < ranks; ++r) joined.insert(joined.end(), got[r][i].begin(), got[r][i].end());
+    EXPECT_EQ(joined, rp[i]->host) << "w" << i;
+  }
 }
 
 TEST(StrictGpu, RanksOverTheInProcessCommunicatorEqualOneHostProcess) {
@@ -442,6 +486,18 @@ TEST(StrictGpu, RanksOverNcclEqualOneHostProcess) {
       SCOPED_TRACE(std::to_string(ranks) + " ranks, prefetch " + std::to_string(prefetch));
       ExpectRanksEqualOneProcess(Wire::kNccl, ranks, prefetch);
     }
+  }
+}
+
+// A round per matrix with prefetch: the exchanges run on the pipeline's
+// worker thread, which must make the GPU current (a new thread starts on
+// device 0); and a caller whose current device is another one.
+TEST(StrictGpu, TheWorkerThreadAndTheCallerRunOnTheTensorsDevice) {
+  ASSERT_NE(Rt(), nullptr);
+  for (Wire wire : {Wire::kNccl, Wire::kInProcess}) {
+    SCOPED_TRACE(wire == Wire::kNccl ? "NCCL" : "in-process");
+    ExpectRanksEqualOneProcess(wire, 3, 1, /*round_bytes=*/1);
+    ExpectRanksEqualOneProcess(wire, 3, 2, /*round_bytes=*/1, /*other_device=*/true);
   }
 }
 
