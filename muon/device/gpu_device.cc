@@ -114,7 +114,21 @@ class GpuDevice final : public Device {
   MathBackend& math() override { return math_; }
 
   absl::Status SetStream(void* stream) override {
+    if (stream != stream_ && used_) {
+      // Another stream than the last step's: it waits for that one's work
+      // (an event, no host wait).
+      MUON_ON_DEVICE(*rt_, ordinal_, "ordering the new stream after the last");
+      if (switch_ == nullptr) {
+        absl::StatusOr<GpuEvent> e = rt_->EventCreate();
+        if (!e.ok()) return e.status();
+        switch_ = *e;
+      }
+      absl::Status st = rt_->EventRecord(switch_, stream_);
+      if (st.ok()) st = rt_->StreamWaitEvent(stream, switch_);
+      if (!st.ok()) return st;
+    }
     stream_ = stream;
+    used_ = true;
     return math_.SetStream(stream);
   }
 
@@ -240,10 +254,9 @@ class GpuDevice final : public Device {
   }
 
   ~GpuDevice() override {
-    if (mark_ != nullptr) {
-      OnDevice on(*rt_, ordinal_);
-      rt_->EventDestroy(mark_);
-    }
+    OnDevice on(*rt_, ordinal_);
+    if (mark_ != nullptr) rt_->EventDestroy(mark_);
+    if (switch_ != nullptr) rt_->EventDestroy(switch_);
   }
 
  private:
@@ -251,7 +264,9 @@ class GpuDevice final : public Device {
   int ordinal_;
   GuardedMath math_;
   void* stream_ = nullptr;
+  bool used_ = false;           // a stream was set (work may be on it)
   GpuEvent mark_ = nullptr;
+  GpuEvent switch_ = nullptr;   // orders a new stream after the last
 };
 
 }  // namespace

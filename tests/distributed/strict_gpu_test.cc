@@ -154,7 +154,10 @@ struct Model {
   ~Model() { muon_destroy(opt); }
 
   // `poison`: that many gradient elements of the first parameter are NaN or Inf.
-  muon_status_t Step(int salt, int poison = 0) {
+  // `wait`: the host waits for the stream after the step (else the gradients'
+  // host copies are kept in `kept` until it does).
+  std::vector<std::vector<float>> kept;
+  muon_status_t Step(int salt, int poison = 0, bool wait = true) {
     std::vector<std::vector<float>> g;
     for (size_t i = 0; i < grads.size(); ++i) {
       g.push_back(Values(grads[i]->numel(), salt * 7 + static_cast<int>(i)));
@@ -165,6 +168,10 @@ struct Model {
       grads[i]->Write(g.back(), stream);
     }
     const muon_status_t st = muon_step(opt, stream);
+    if (!wait) {
+      for (auto& x : g) kept.push_back(std::move(x));
+      return st;
+    }
     // The gradients' host copies must outlive the copies that read them.
     if (stream != nullptr || grads[0]->device >= 0) {
       EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
@@ -231,6 +238,32 @@ TEST(StrictGpu, NonFiniteGradientsAreCountedAndSkippedAsOnTheHost) {
     EXPECT_EQ(Bits(gpu.Values_()), Bits(host.Values_()));
   }
   Rt()->StreamDestroy(stream);
+}
+
+// The host steps on another stream than the last step's, without waiting in
+// between: the new stream waits for the old one's work (an event).
+TEST(StrictGpu, ANewStreamIsOrderedAfterTheLastStepsStream) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* a = *Rt()->StreamCreate();
+  void* b = *Rt()->StreamCreate();
+  Model host(-1, 0, nullptr), gpu(0, 0, a);
+  ASSERT_EQ(host.Step(1), MUON_OK);
+  ASSERT_EQ(gpu.Step(1, 0, /*wait=*/false), MUON_OK);  // step 1's work stays on stream a
+  ASSERT_EQ(host.Step(2), MUON_OK);
+  // Step 2's gradients are written on stream a (after step 1 read them),
+  // and step 2 runs on stream b.
+  gpu.stream = a;
+  for (size_t i = 0; i < gpu.grads.size(); ++i) {
+    gpu.kept.push_back(Values(gpu.grads[i]->numel(), 2 * 7 + static_cast<int>(i)));
+    gpu.grads[i]->Write(gpu.kept.back(), a);
+  }
+  ASSERT_EQ(muon_step(gpu.opt, b), MUON_OK) << muon_last_error_message();
+  gpu.stream = b;
+  EXPECT_EQ(gpu.Values_(), host.Values_());  // waits for b only
+  ASSERT_TRUE(Rt()->StreamSynchronize(a, "a").ok());
+  Rt()->StreamDestroy(a);
+  Rt()->StreamDestroy(b);
 }
 
 TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
