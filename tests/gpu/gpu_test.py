@@ -13,6 +13,12 @@ import torch
 
 import muon
 
+import os
+
+# MUON_REQUIRE_GPU=1 (tests/gpu/run_on_gpu.sh): no GPU is a failure, never a skip.
+if os.environ.get("MUON_REQUIRE_GPU") == "1" and not torch.cuda.is_available():
+    raise RuntimeError("MUON_REQUIRE_GPU=1, but torch.cuda.is_available() is False")
+
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device: torch.cuda.is_available() is False here; run "

@@ -23,9 +23,30 @@ export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${cuda_dirs}${LD_LIB
 export MUON_LIBRARY="$PWD/.gpu/lib/libmuon.so"
 export PYTHONPATH="$PWD/capi/python"
 export PYTHONUNBUFFERED=1
+export MUON_REQUIRE_GPU=1  # every GPU test's skip is a failure here
+
+# Before anything: a driver, a GPU, and every library the bundle needs.
+preflight() {
+  nvidia-smi -L >"$out/gpu.txt" 2>&1 || { cat "$out/gpu.txt"; echo "preflight: no driver or GPU (nvidia-smi)"; return 1; }
+  cat "$out/gpu.txt"
+  nvidia-smi --query-gpu=driver_version,compute_cap --format=csv,noheader
+  local missing=0 f
+  for f in .gpu/lib/libmuon.so .gpu/lib/libmuon_cuda.so .gpu/bin/cuda_backend_test .gpu/bin/ns_bench; do
+    [ -e "$f" ] || { echo "preflight: $f is missing (tools/gpu_bundle.sh makes it)"; missing=1; continue; }
+    if ldd "$f" | grep -q "not found"; then
+      echo "preflight: $f has unresolved libraries:"; ldd "$f" | grep "not found"; missing=1
+    fi
+  done
+  python3 -c 'import torch, sys; ok = torch.cuda.is_available(); print("torch", torch.__version__, "CUDA", torch.version.cuda, "sees a GPU:", ok); sys.exit(0 if ok else 1)' \
+    || { echo "preflight: torch sees no GPU"; missing=1; }
+  return $missing
+}
+if ! preflight; then
+  echo "preflight failed: nothing was run"
+  exit 1
+fi
 
 status=0
-nvidia-smi -L | tee "$out/gpu.txt"
 echo "== cuda_backend_test"
 .gpu/bin/cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.txt" || status=1
 echo "== gpu_test.py"

@@ -24,9 +24,17 @@ std::unique_ptr<CudaBackend> MakeOrSkip(std::string* why) {
   return std::move(b).value();
 }
 
-#define REQUIRE_GPU(var)                                             \
-  std::string why_;                                                  \
-  auto var = MakeOrSkip(&why_);                                      \
+// Skips where no GPU is, unless MUON_REQUIRE_GPU=1 (tests/gpu/run_on_gpu.sh):
+// then that is a failure, so that a run where nothing ran is never green.
+bool GpuRequired() {
+  const char* v = std::getenv("MUON_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+#define REQUIRE_GPU(var)                                                        \
+  std::string why_;                                                             \
+  auto var = MakeOrSkip(&why_);                                                 \
+  if (var == nullptr && GpuRequired()) FAIL() << "MUON_REQUIRE_GPU=1: " << why_; \
   if (var == nullptr) GTEST_SKIP() << "no GPU to test on: " << why_;
 
 template <typename T>
