@@ -47,12 +47,13 @@ absl::Status CpuBackend::Momentum(const MomentumArgs& a) {
   const float w_buf = static_cast<float>(1.0 - a.momentum);
   const float w_out = static_cast<float>(a.momentum);
   int64_t nonfinite = 0;
-  for (int64_t i = 0; i < a.n; ++i) {
-    const float g = LoadAsFloat(a.grad_dtype, a.grad, i);
-    nonfinite += std::isfinite(g) ? 0 : 1;
-    const float b = RoundTo(a.buf_dtype, TorchLerp(LoadAsFloat(a.buf_dtype, a.buf, i), g, w_buf));
-    StoreFromFloat(a.buf_dtype, a.buf, i, b);
-    a.out[i] = a.nesterov ? RoundTo(a.buf_dtype, TorchLerp(g, b, w_out)) : b;
+  const int grad_type = static_cast<int>(a.grad_dtype), buf_type = static_cast<int>(a.buf_dtype);
+  for (int64_t i = 0; i < a.n; ++i) {  // as the CUDA kernel: the same element functions
+    const float g = ew::Load(grad_type, a.grad, i);
+    nonfinite += ew::IsFinite(g) ? 0 : 1;
+    float b = ew::Load(buf_type, a.buf, i);
+    a.out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, a.nesterov);
+    ew::Store(buf_type, a.buf, i, b);
   }
   if (a.nonfinite != nullptr) *a.nonfinite += nonfinite;
   return absl::OkStatus();
@@ -62,9 +63,10 @@ absl::Status CpuBackend::Apply(const ApplyArgs& a) {
   if (a.gate != nullptr && *a.gate != 0) return absl::OkStatus();  // the job said no
   const float decay = static_cast<float>(a.decay);
   const float alpha = static_cast<float>(-a.lr_adjusted);
+  const int type = static_cast<int>(a.param_dtype);
   for (int64_t i = 0; i < a.n; ++i) {
-    const float p = RoundTo(a.param_dtype, LoadAsFloat(a.param_dtype, a.param, i) * decay);
-    StoreFromFloat(a.param_dtype, a.param, i, p + alpha * a.update[i]);
+    ew::Store(type, a.param, i,
+              ew::ApplyElement(type, ew::Load(type, a.param, i), a.update[i], decay, alpha));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "muon/math/backend.h"
+#include "muon/math/elementwise.h"
 
 namespace muon {
 
@@ -36,10 +37,8 @@ class CpuBackend final : public MathBackend {
   std::vector<float> x_, x_next_, gram_, poly_;
 };
 
-// torch's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w).
-inline float TorchLerp(float self, float end, float w) {
-  return (w < 0.5f && w > -0.5f) ? self + w * (end - self) : end - (end - self) * (1.0f - w);
-}
+// torch's lerp (muon/math/elementwise.h).
+inline float TorchLerp(float self, float end, float w) { return ew::TorchLerp(self, end, w); }
 
 }  // namespace muon
 

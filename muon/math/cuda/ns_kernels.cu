@@ -1,7 +1,5 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "muon/math/cuda/ns_kernels.h"
+#include "muon/math/elementwise.h"
 
 namespace muon {
 namespace cuda {
@@ -9,45 +7,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float Load(int type, const void* base, int64_t i) {
-  switch (type) {
-    case kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    case kF16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-__device__ __forceinline__ void Store(int type, void* base, int64_t i, float v) {
-  switch (type) {
-    case kBF16:
-      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
-      break;
-    case kF16:
-      static_cast<__half*>(base)[i] = __float2half_rn(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
-  }
-}
-
-__device__ __forceinline__ float Round(int type, float v) {
-  switch (type) {
-    case kBF16:
-      return __bfloat162float(__float2bfloat16_rn(v));
-    case kF16:
-      return __half2float(__float2half_rn(v));
-    default:
-      return v;
-  }
-}
-
-// torch's lerp: self + w (end - self) for |w| < 0.5, else end - (end - self)(1 - w).
-__device__ __forceinline__ float Lerp(float self, float end, float w) {
-  return (w < 0.5f && w > -0.5f) ? self + w * (end - self) : end - (end - self) * (1.0f - w);
-}
+// The element functions the CPU backend runs too (muon/math/elementwise.h).
+using ew::Load;
+using ew::Store;
+__device__ __forceinline__ float Round(int type, float v) { return ew::RoundTo(type, v); }
 
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -61,10 +24,10 @@ __global__ void MomentumKernel(int grad_type, const void* grad, int buf_type, vo
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float g = Load(grad_type, grad, i);
-    bad += isfinite(g) ? 0 : 1;
-    const float b = Round(buf_type, Lerp(Load(buf_type, buf, i), g, w_buf));
+    bad += ew::IsFinite(g) ? 0 : 1;
+    float b = Load(buf_type, buf, i);
+    out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, nesterov);
     Store(buf_type, buf, i, b);
-    out[i] = nesterov ? Round(buf_type, Lerp(g, b, w_out)) : b;
   }
   if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
 }
@@ -74,8 +37,8 @@ __global__ void ApplyKernel(int param_type, void* param, int64_t n, const float*
   if (gate != nullptr && *gate != 0) return;  // the job's verdict: not applied
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float p = Round(param_type, Load(param_type, param, i) * decay);
-    Store(param_type, param, i, p + alpha * update[i]);
+    Store(param_type, param, i,
+          ew::ApplyElement(param_type, Load(param_type, param, i), update[i], decay, alpha));
   }
 }
 
@@ -154,7 +117,7 @@ __global__ void CountNonFiniteKernel(int type, const void* x, int64_t n,
   unsigned long long bad = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    bad += isfinite(Load(type, x, i)) ? 0 : 1;
+    bad += ew::IsFinite(Load(type, x, i)) ? 0 : 1;
   }
   if (bad != 0) atomicAdd(counter, bad);
 }
