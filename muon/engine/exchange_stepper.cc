@@ -92,7 +92,7 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     // Possibly on the pipeline's worker thread: the device must be current
     // for the communicator (a new thread starts on device 0).
     absl::StatusOr<int> bound = ctx_.device->Bind();
-    if (!bound.ok()) note(bound.status());
+    if (!bound.ok()) (void)note(bound.status());
     const BoundExchange& b = bound_[round];
     const BoundExchange::Direction& d = scatter ? b.scatter : b.gather;
     if (d.trailer == 0) {
