@@ -74,8 +74,10 @@ absl::Status Optimizer::Step(void* stream) {
   if (!previous.ok()) return previous.status();
   const Bound bound{registry_.device().get(), *previous};
   // On a GPU: the last step's outcome first (every rank the same).
-  bool job_failed = false;
-  absl::Status settled = Settle(stream, &job_failed);
+  bool job_failed = false, uncount = false;
+  absl::Status settled = device_outcome_.Settle(registry_, stream, &job_failed, &uncount);
+  if (uncount) --step_count_;
+  if (!settled.ok() && (job_failed || poisoned_.empty())) Poison(settled);
   if (job_failed) return settled;
   absl::Status ready = settled.ok() ? Prepare(stream) : settled;
   // Until the plan exists nothing of a step is collective but the setup,
@@ -106,7 +108,19 @@ absl::Status Optimizer::Step(void* stream) {
   } catch (const std::exception& e) {
     local.Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
   }
-  if (shared && !setup_->gate.empty()) return FinishOnDevice(stream, local);
+  if (shared && !setup_->gate.empty()) {  // a GPU: judged at the next step
+    absl::Status st = device_outcome_.Finish(
+        registry_, *setup_, options_, local, stream, step_count_ + 1,
+        [this](const int32_t* gate) { return ApplyUpdates(gate); });
+    if (!st.ok()) {
+      if (poisoned_.empty()) Poison(st);
+      return st;
+    }
+    ++step_count_;
+    device_outcome_.Counted();
+    CountStats();
+    return absl::OkStatus();
+  }
   // The verdicts travelled with the exchange's last scatter when it ends the
   // step; else one all_gather of them.
   const ExchangeStepper& ex = *setup_->exchange;
@@ -124,110 +138,14 @@ absl::Status Optimizer::Step(void* stream) {
   }
   ++step_count_;
   CountStats();
-  if (!setup_->nonfinite.empty()) return SendCountHome();
-  return absl::OkStatus();
-}
-
-absl::Status Optimizer::SendCountHome() {
-  Device& device = *registry_.device();
-  MUON_RETURN_IF_ERROR(
-      device.ToHostAsync(&pending_nonfinite_, setup_->nonfinite.data(), sizeof(int64_t)));
-  MUON_RETURN_IF_ERROR(device.Mark());
-  nonfinite_pending_ = true;
+  if (!setup_->nonfinite.empty()) return device_outcome_.SendCountHome(*registry_.device(), *setup_);
   return absl::OkStatus();
 }
 
 const StepStats& Optimizer::stats() const {
-  if (nonfinite_pending_) {
-    nonfinite_pending_ = false;
-    stats_.nonfinite_grads = registry_.device()->WaitMark().ok() ? pending_nonfinite_ : -1;
-  }
+  int64_t count = 0;
+  if (device_outcome_.TakeCount(*registry_.device(), &count)) stats_.nonfinite_grads = count;
   return stats_;
-}
-
-absl::Status Optimizer::FinishOnDevice(void* stream, LocalOutcome& local) {
-  Device& device = *registry_.device();
-  Comm& world = registry_.world();
-  const size_t bytes = kVerdictBytes * static_cast<size_t>(world.size());
-  const std::string what = absl::StrCat("step ", step_count_ + 1);
-  const ExchangeStepper& ex = *setup_->exchange;
-  const void* verdicts = setup_->verdicts.data();
-  try {
-    if (ex.carries_verdicts()) {
-      verdicts = ex.device_verdicts();
-    } else {
-      // One all_gather of them on the device (issued whatever failed).
-      WriteVerdict(static_cast<int32_t>(local.status().code()), HyperDigest(options_),
-                   pending_.mine);
-      local.Note(device.FromHostAsync(setup_->verdict_send.data(), pending_.mine, kVerdictBytes));
-      local.Note(world.AllGather(setup_->verdict_send.data(), setup_->verdicts.data(),
-                                 kVerdictBytes, stream,
-                                 absl::StrCat("agreeing on the outcome of ", what)));
-    }
-    // Every rank applies only if every verdict says so: decided on the device.
-    int32_t* gate = setup_->gate.as<int32_t>();
-    if (local.ok()) local.Note(device.math().VerdictGate(verdicts, world.size(), kVerdictMagic, gate));
-    if (local.ok()) local.Note(ApplyUpdates(gate));
-    // The verdicts reach the host with the stream; the next step judges them.
-    pending_.verdicts.resize(bytes);
-    local.Note(device.ToHostAsync(pending_.verdicts.data(), verdicts, bytes));
-    local.Note(device.ToHostAsync(&pending_nonfinite_, setup_->nonfinite.data(), sizeof(int64_t)));
-    local.Note(device.Mark());
-  } catch (const std::bad_alloc&) {
-    local.Note(absl::ResourceExhaustedError("out of host memory at the end of a step"));
-  }
-  pending_.pending = true;
-  pending_.step = step_count_ + 1;
-  pending_.local = local.status();
-  pending_.options = options_;
-  pending_.counted = false;
-  if (!local.ok()) {
-    if (poisoned_.empty()) Poison(local.status());
-    return local.status();
-  }
-  ++step_count_;
-  pending_.counted = true;
-  CountStats();
-  nonfinite_pending_ = true;
-  return absl::OkStatus();
-}
-
-absl::Status Optimizer::Settle(void* stream, bool* job_failed) {
-  *job_failed = false;
-  if (!pending_.pending) return absl::OkStatus();
-  pending_.pending = false;
-  // The stream made the copy long ago in a training loop (the forward and
-  // backward passes ran since): this waits for nothing there.
-  absl::Status waited = registry_.device()->WaitMark();
-  if (!waited.ok()) {
-    if (poisoned_.empty()) Poison(waited);
-    return waited;  // this rank's: it refuses the step, in its verdict
-  }
-  const int n = registry_.world().size();
-  if (VerdictsSayOk(pending_.verdicts.data(), n)) return absl::OkStatus();
-  // Every rank holds the same verdicts and comes here: the reports.
-  LocalOutcome local;
-  local.Note(pending_.local);
-  absl::Status job =
-      JudgeVerdicts(registry_.world(), registry_.device().get(), local, pending_.options, stream,
-                    absl::StrCat("step ", pending_.step), pending_.verdicts);
-  if (job.ok()) job = absl::InternalError("the verdicts said no, their judgement yes");
-  // The updates were not applied on any rank: the step did not happen.
-  if (pending_.counted) --step_count_;
-  pending_.counted = false;
-  Poison(job);
-  *job_failed = true;
-  return job;
-}
-
-absl::Status Optimizer::PendingFailure() const {
-  if (!pending_.pending) return absl::OkStatus();
-  MUON_RETURN_IF_ERROR(registry_.device()->WaitMark());
-  if (VerdictsSayOk(pending_.verdicts.data(), registry_.world().size())) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "step ", pending_.step, " failed on some rank (its verdicts came back with the stream), "
-      "so nothing of it was applied and the state here is not a step's; the next muon_step "
-      "names the ranks and causes on every rank. Save the state of an earlier step"));
 }
 
 void Optimizer::Poison(const absl::Status& cause) {
@@ -349,7 +267,7 @@ absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* st
     total += c;
   }
   stats_.nonfinite_grads = mine;
-  nonfinite_pending_ = false;  // this count is the step's
+  device_outcome_.DropCount();  // this count is the step's
   return total > 0;
 }
 
@@ -421,128 +339,6 @@ absl::Status Optimizer::Orthogonalize(const DLTensor* in, const DLTensor* out, i
     }
   }
   return OrthogonalizeTensor(device, options_.ns, in, out, view, stream);
-}
-
-absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {
-  MUON_ASSIGN_OR_RETURN(const Param* p, registry_.Get(id));
-  if (!p->holds_state) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "param '", p->name, "': its momentum lives on its ZeRO-2 owner, another rank of its "
-        "data-parallel group; read or write it there"));
-  }
-  const std::string who = absl::StrCat("state tensor for param '", p->name, "'");
-  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, who));
-  const Device& device = *registry_.device();
-  if (!v.on_host() && DeviceString(v.device) != device.name()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": is on ", DeviceString(v.device),
-                                                   "; pass host memory or a tensor on ",
-                                                   device.name()));
-  }
-  if (v.shape != p->value.shape) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": shape ", ShapeString(v.shape),
-                                                   " differs from the parameter's ",
-                                                   ShapeString(p->value.shape)));
-  }
-  if (v.dtype != p->state_dtype) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": dtype ", DTypeName(v.dtype),
-                                                   " differs from the state dtype ",
-                                                   DTypeName(p->state_dtype)));
-  }
-  *param = const_cast<Param*>(p);
-  return absl::OkStatus();
-}
-
-absl::Status Optimizer::CopyStateOut(int64_t id, const DLTensor* dst) const {
-  Param* p = nullptr;
-  MUON_RETURN_IF_ERROR(CheckStateTensor(id, dst, &p));
-  auto v = ViewTensor(dst, "state tensor");
-  Device& device = *registry_.device();
-  if (p->momentum.empty()) return absl::OkStatus();
-  return v->on_host() ? device.ToHost(v->data, p->momentum.data(), p->momentum.size())
-                      : device.CopyBytes(v->data, p->momentum.data(), p->momentum.size());
-}
-
-absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
-  Param* p = nullptr;
-  MUON_RETURN_IF_ERROR(CheckStateTensor(id, src, &p));
-  auto v = ViewTensor(src, "state tensor");
-  Device& device = *registry_.device();
-  if (!p->momentum.empty()) {
-    MUON_RETURN_IF_ERROR(
-        v->on_host() ? device.FromHost(p->momentum.data(), v->data, p->momentum.size())
-                     : device.CopyBytes(p->momentum.data(), v->data, p->momentum.size()));
-  }
-  if (!poisoned_.empty()) {
-    // Poisoned until every param holding state here has been restored.
-    const std::vector<Param>& params = registry_.params();
-    restored_[static_cast<size_t>(p - params.data())] = true;
-    bool all = true;
-    for (size_t i = 0; i < params.size(); ++i) all = all && (restored_[i] || !params[i].holds_state);
-    if (all) poisoned_.clear();
-  }
-  return absl::OkStatus();
-}
-
-size_t Optimizer::StateBlobSize() const { return muon::StateBlobSize(registry_.params()); }
-
-absl::Status Optimizer::SaveState(unsigned char* out) const {
-  MUON_RETURN_IF_ERROR(PendingFailure());
-  const std::vector<Param>& params = registry_.params();
-  Device& device = *registry_.device();
-  std::vector<const void*> momentum(params.size());
-  std::vector<std::vector<unsigned char>> staged;  // host copies of device momentum
-  try {
-    if (!device.is_host()) staged.resize(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      const DeviceBuffer& m = params[i].momentum;
-      momentum[i] = m.data();
-      if (device.is_host() || m.empty()) continue;
-      staged[i].resize(m.size());
-      MUON_RETURN_IF_ERROR(device.ToHost(staged[i].data(), m.data(), m.size()));
-      momentum[i] = staged[i].data();
-    }
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of host memory for staging the state");
-  }
-  WriteStateBlob(params, step_count_, momentum, out);
-  return absl::OkStatus();
-}
-
-absl::Status Optimizer::LoadState(const unsigned char* data, size_t size) {
-  MUON_ASSIGN_OR_RETURN(SavedState blob, ParseStateBlob(data, size, "state blob"));
-  return Restore({std::move(blob)}, /*own_blob=*/true);
-}
-
-absl::Status Optimizer::LoadStates(const unsigned char* const* data, const size_t* sizes,
-                                   size_t count) {
-  std::vector<SavedState> blobs;
-  for (size_t k = 0; k < count; ++k) {
-    MUON_ASSIGN_OR_RETURN(SavedState blob,
-                          ParseStateBlob(data[k], sizes[k], absl::StrCat("state blob ", k)));
-    blobs.push_back(std::move(blob));
-  }
-  return Restore(blobs, /*own_blob=*/false);
-}
-
-absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_blob) {
-  std::vector<Param>& params = registry_.params();
-  // Everything is checked before the first byte is written.
-  MUON_ASSIGN_OR_RETURN(RestorePlan plan, PlanRestore(params, blobs, own_blob, setup_ != nullptr));
-  Device& device = *registry_.device();
-  for (const StateCopy& c : plan.copies) {
-    unsigned char* dst = params[c.param].momentum.as<unsigned char>() + c.dst_byte;
-    MUON_RETURN_IF_ERROR(device.FromHost(dst, c.src, c.bytes));
-  }
-  for (Param& p : params) p.momentum_elsewhere = false;
-  for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
-  step_count_ = plan.step_count;
-  stats_.steps = step_count_;  // the stats count steps as muon_step_count does
-  // A loaded state supersedes the step in flight (its copy may still land in
-  // pending_.verdicts, which stays allocated).
-  pending_.pending = false;
-  pending_.counted = false;
-  poisoned_.clear();
-  return absl::OkStatus();
 }
 
 }  // namespace muon

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
 #include "muon/engine/checkpoint.h"
+#include "muon/engine/device_outcome.h"
 #include "muon/engine/options.h"
 #include "muon/engine/outcome.h"
 #include "muon/engine/param.h"
@@ -105,15 +106,7 @@ class Optimizer {
   absl::Status UpdateMomenta();
   absl::Status RunSteppers(void* stream, bool failed);
   absl::Status ApplyUpdates(const int32_t* gate = nullptr);
-  // On a GPU with more than one rank the step ends without waiting: the
-  // verdicts gate the updates on the device and reach the host with the
-  // stream; the next step judges them first (Settle) and, when some rank
-  // failed, every rank returns that step's error there (*job_failed) before
-  // doing anything else.
-  absl::Status FinishOnDevice(void* stream, LocalOutcome& local);
-  absl::Status Settle(void* stream, bool* job_failed);
-  // The pending step failed on some rank (SaveState refuses to save it).
-  absl::Status PendingFailure() const;
+
   void CountStats();
   absl::Status Restore(const std::vector<SavedState>& blobs, bool own_blob);
   // skip_nonfinite: whether every rank skips this step (a gradient of some
@@ -131,23 +124,11 @@ class Optimizer {
   std::vector<bool> restored_;  // per param, while poisoned: restored since
   int64_t nonfinite_ = 0;       // this step's momentum pass
   int64_t step_count_ = 0;
-  // The GPU step whose verdicts are on their way to the host.
-  struct Pending {
-    bool pending = false;
-    bool counted = false;   // step_count_ counted it
-    int64_t step = 0;       // its number
-    absl::Status local;     // this rank's outcome of it
-    Options options;        // the hyper-parameters it stepped with (for the report)
-    unsigned char mine[kVerdictBytes] = {};  // read by the stream: kept until judged
-    std::vector<unsigned char> verdicts;     // written by the stream
-  };
-  Pending pending_;
-  // On a GPU: the last step's non-finite count, written by the stream.
-  mutable int64_t pending_nonfinite_ = 0;
-  mutable bool nonfinite_pending_ = false;
-  // Sends the step's non-finite count home with the stream (GPU), to be read
-  // once it got there.
-  absl::Status SendCountHome();
+  // On a GPU: the steps' outcomes and non-finite counts, known without a
+  // host wait (device_outcome.h).
+  DeviceOutcome device_outcome_;
+
+
   mutable StepStats stats_;
 };
 

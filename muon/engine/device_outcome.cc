@@ -1,0 +1,95 @@
+#include "muon/engine/device_outcome.h"
+
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+
+namespace muon {
+
+absl::Status DeviceOutcome::Finish(Registry& registry, StepSetup& setup, const Options& options,
+                                   LocalOutcome& local, void* stream, int64_t step,
+                                   const std::function<absl::Status(const int32_t* gate)>& apply) {
+  Device& device = *registry.device();
+  Comm& world = registry.world();
+  const size_t bytes = kVerdictBytes * static_cast<size_t>(world.size());
+  const std::string what = absl::StrCat("step ", step);
+  const ExchangeStepper& ex = *setup.exchange;
+  const void* verdicts = setup.verdicts.data();
+  try {
+    if (ex.carries_verdicts()) {
+      verdicts = ex.device_verdicts();
+    } else {
+      // One all_gather of them on the device (issued whatever failed).
+      WriteVerdict(static_cast<int32_t>(local.status().code()), HyperDigest(options), mine_);
+      local.Note(device.FromHostAsync(setup.verdict_send.data(), mine_, kVerdictBytes));
+      local.Note(world.AllGather(setup.verdict_send.data(), setup.verdicts.data(), kVerdictBytes,
+                                 stream, absl::StrCat("agreeing on the outcome of ", what)));
+    }
+    // Every rank applies only if every verdict says so: decided on the device.
+    int32_t* gate = setup.gate.as<int32_t>();
+    if (local.ok()) local.Note(device.math().VerdictGate(verdicts, world.size(), kVerdictMagic, gate));
+    if (local.ok()) local.Note(apply(gate));
+    // The verdicts reach the host with the stream; the next step judges them.
+    verdicts_.resize(bytes);
+    local.Note(device.ToHostAsync(verdicts_.data(), verdicts, bytes));
+    local.Note(device.ToHostAsync(&nonfinite_, setup.nonfinite.data(), sizeof(int64_t)));
+    local.Note(device.Mark());
+  } catch (const std::bad_alloc&) {
+    local.Note(absl::ResourceExhaustedError("out of host memory at the end of a step"));
+  }
+  pending_ = true;
+  counted_ = false;
+  step_ = step;
+  local_ = local.status();
+  options_ = options;
+  count_pending_ = local.ok();
+  return local.status();
+}
+
+absl::Status DeviceOutcome::SendCountHome(Device& device, const StepSetup& setup) {
+  MUON_RETURN_IF_ERROR(device.ToHostAsync(&nonfinite_, setup.nonfinite.data(), sizeof(int64_t)));
+  MUON_RETURN_IF_ERROR(device.Mark());
+  count_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceOutcome::Settle(Registry& registry, void* stream, bool* job_failed,
+                                   bool* uncount) {
+  *job_failed = *uncount = false;
+  if (!pending_) return absl::OkStatus();
+  pending_ = false;
+  // The stream made the copy long ago in a training loop (the forward and
+  // backward passes ran since): this waits for nothing there.
+  MUON_RETURN_IF_ERROR(registry.device()->WaitMark());
+  if (VerdictsSayOk(verdicts_.data(), registry.world().size())) return absl::OkStatus();
+  // Every rank holds the same verdicts and comes here: the reports.
+  LocalOutcome local;
+  local.Note(local_);
+  absl::Status job = JudgeVerdicts(registry.world(), registry.device().get(), local, options_,
+                                   stream, absl::StrCat("step ", step_), verdicts_);
+  if (job.ok()) job = absl::InternalError("the verdicts said no, their judgement yes");
+  *job_failed = true;
+  *uncount = counted_;  // the updates were applied nowhere: the step did not happen
+  counted_ = false;
+  return job;
+}
+
+absl::Status DeviceOutcome::PendingFailure(const Registry& registry) const {
+  if (!pending_) return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(registry.device()->WaitMark());
+  if (VerdictsSayOk(verdicts_.data(), registry.world().size())) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "step ", step_, " failed on some rank (its verdicts came back with the stream), so "
+      "nothing of it was applied and the state here is not a step's; the next muon_step names "
+      "the ranks and causes on every rank. Save the state of an earlier step"));
+}
+
+bool DeviceOutcome::TakeCount(Device& device, int64_t* count) const {
+  if (!count_pending_) return false;
+  count_pending_ = false;
+  *count = device.WaitMark().ok() ? nonfinite_ : -1;
+  return true;
+}
+
+}  // namespace muon

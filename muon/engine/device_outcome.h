@@ -1,0 +1,72 @@
+// A step's outcome on a GPU, without a host wait (capi/muon.h, muon_step):
+// with more than one rank the verdicts stay on the device, where the math's
+// VerdictGate turns them into the go-ahead the update kernels read (no rank
+// applies a step some rank failed), and reach the host with the stream; the
+// next step judges them before it does anything (Settle), so every rank
+// returns a failed step's error at the same call. The step's non-finite
+// count comes home the same way (one rank or more) and is read when asked.
+#ifndef MUON_ENGINE_DEVICE_OUTCOME_H_
+#define MUON_ENGINE_DEVICE_OUTCOME_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "muon/engine/options.h"
+#include "muon/engine/outcome.h"
+#include "muon/engine/registry.h"
+#include "muon/engine/setup.h"
+
+namespace muon {
+
+class DeviceOutcome {
+ public:
+  // Ends step number `step` on the device: the verdicts (carried by the
+  // exchange's last scatter, else one all_gather into the setup's buffers,
+  // issued whatever failed), the go-ahead, `apply(gate)` (the gated updates)
+  // when this rank succeeded, the copies home and a mark. Returns this
+  // rank's outcome; the job's is judged by the next Settle.
+  absl::Status Finish(Registry& registry, StepSetup& setup, const Options& options,
+                      LocalOutcome& local, void* stream, int64_t step,
+                      const std::function<absl::Status(const int32_t* gate)>& apply);
+  // One rank: the step's non-finite count home with the stream.
+  absl::Status SendCountHome(Device& device, const StepSetup& setup);
+  // The finished step was counted by the optimizer (Settle gives it back
+  // when the step failed).
+  void Counted() { counted_ = true; }
+
+  // The last finished step's verdicts, judged at the start of the next step
+  // (its one host wait, on the last step's end). OK when it succeeded (or
+  // none is pending). *job_failed: it failed, and the returned error (the
+  // failing ranks and causes, or the differing values) is every rank's; if
+  // it was counted, *uncount is set. Else an error of this rank alone (the
+  // wait failed), which it refuses the step with.
+  absl::Status Settle(Registry& registry, void* stream, bool* job_failed, bool* uncount);
+  // Refuses (FailedPrecondition) while the pending step failed on some rank.
+  absl::Status PendingFailure(const Registry& registry) const;
+  // The last step's non-finite count once the stream got there (-1 when the
+  // wait fails); false when none is pending.
+  bool TakeCount(Device& device, int64_t* count) const;
+  // The step's count is known on the host already (skip_nonfinite).
+  void DropCount() { count_pending_ = false; }
+  // A loaded state supersedes the step in flight (its copies may still
+  // land here: the buffers stay).
+  void Forget() { pending_ = counted_ = false; }
+
+ private:
+  bool pending_ = false;
+  bool counted_ = false;
+  int64_t step_ = 0;
+  absl::Status local_;  // this rank's outcome of it
+  Options options_;     // the hyper-parameters it stepped with (for the report)
+  unsigned char mine_[kVerdictBytes] = {};  // read by the stream: kept until judged
+  std::vector<unsigned char> verdicts_;     // written by the stream
+  mutable int64_t nonfinite_ = 0;           // written by the stream
+  mutable bool count_pending_ = false;
+};
+
+}  // namespace muon
+
+#endif  // MUON_ENGINE_DEVICE_OUTCOME_H_
