@@ -480,6 +480,11 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * the next muon_step returns that step's error on every rank (the failing
  * ranks and causes, or the differing values; the step count is set back)
  * and poisons as below, and muon_save_state refuses until then.
+ * CUDA graphs: a single-process GPU step after the first may be captured on
+ * `stream` and replayed (it allocates, waits and copies to the host nothing
+ * during capture; the hyper-parameters and the step count are the captured
+ * call's, and muon_get_stats does not see replays). With more than one rank
+ * a step cannot be captured yet.
  * A failure after this rank's verdict left (its last collective itself, a
  * device error applying the update) poisons that rank alone; its refusal of
  * the next step is agreed like any failure, so every rank fails that one.

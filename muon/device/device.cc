@@ -115,6 +115,11 @@ class HostDevice final : public Device {
   absl::Status ToHostAsync(void* host, const void* device, size_t bytes) override {
     return ToHost(host, device, bytes);
   }
+  absl::Status ZeroAsync(void* device, size_t bytes) override {
+    if (bytes > 0) std::memset(device, 0, bytes);
+    return absl::OkStatus();
+  }
+  bool Capturing() override { return false; }
   absl::Status Mark() override { return absl::OkStatus(); }
   absl::Status WaitMark() override { return absl::OkStatus(); }
 

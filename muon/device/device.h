@@ -84,6 +84,12 @@ class Device {
   // copies at once.
   virtual absl::Status FromHostAsync(void* device, const void* host, size_t bytes) = 0;
   virtual absl::Status ToHostAsync(void* host, const void* device, size_t bytes) = 0;
+  // Stream-ordered zeroing of device memory.
+  virtual absl::Status ZeroAsync(void* device, size_t bytes) = 0;
+  // Whether the stream is being captured into a CUDA graph now: the host
+  // then neither waits nor copies to its own memory (not permitted there).
+  virtual bool Capturing() = 0;
+
   // Marks the stream's current point (replacing the last mark); WaitMark
   // blocks the host until the stream passed it (at once on the host device,
   // and when nothing was marked).

@@ -238,6 +238,15 @@ class GpuDevice final : public Device {
     return rt_->MemcpyAsync(host, device, bytes, CopyKind::kDeviceToHost, stream_,
                             "copying to the host");
   }
+  absl::Status ZeroAsync(void* device, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    MUON_ON_DEVICE(*rt_, ordinal_, "zeroing on the GPU");
+    return rt_->MemsetAsync(device, 0, bytes, stream_, "zeroing on the GPU");
+  }
+  bool Capturing() override {
+    absl::StatusOr<bool> c = rt_->IsCapturing(stream_);
+    return c.ok() && *c;
+  }
   absl::Status Mark() override {
     MUON_ON_DEVICE(*rt_, ordinal_, "marking the stream");
     if (mark_ == nullptr) {

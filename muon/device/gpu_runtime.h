@@ -59,6 +59,9 @@ class GpuRuntime {
   virtual absl::Status LaunchCopyChunks(const GpuCopyChunk* chunks, int64_t count,
                                         GpuStream stream, const std::string& what) = 0;
 
+  // Whether `stream` is capturing work into a CUDA graph.
+  virtual absl::StatusOr<bool> IsCapturing(GpuStream stream) = 0;
+
   virtual absl::StatusOr<GpuStream> StreamCreate() = 0;
   virtual void StreamDestroy(GpuStream stream) = 0;
   // The host waits until everything issued on `stream` ran.

@@ -15,15 +15,6 @@
 
 namespace muon {
 
-// A stream's work not yet run. `issued` counts every item ever issued,
-// `executed` those that ran (their positions are what events record).
-struct StrictCpuRuntime::Stream {
-  int device = 0;
-  std::deque<std::function<absl::Status()>> items;
-  int64_t issued = 0;
-  int64_t executed = 0;
-  std::mutex run_mu;  // held by the thread running this stream's items
-};
 
 namespace {
 
@@ -102,6 +93,7 @@ void StrictCpuRuntime::CloseLocked(int device) {
 absl::StatusOr<void*> StrictCpuRuntime::Malloc(size_t bytes, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
+  MUON_STRICT_RETURN(CheckNotCapturingLocked(what));
   const int d = CurrentLocked();
   Arena& a = devices_[d];
   const size_t need = Rounded(bytes);
@@ -206,6 +198,12 @@ int StrictCpuRuntime::DeviceOf(const void* ptr) const {
   return DeviceOfLocked(ptr);
 }
 
+absl::Status StrictCpuRuntime::CheckNotCapturingLocked(const std::string& what) const {
+  if (capturing_ == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": not permitted while a stream is capturing a CUDA graph"));
+}
+
 absl::Status StrictCpuRuntime::CheckCurrentLocked(const Stream* s, const std::string& what) const {
   const int current = CurrentLocked();
   if (s->device == current) return absl::OkStatus();
@@ -229,6 +227,10 @@ int StrictCpuRuntime::DeviceOfStream(GpuStream stream) const {
 }
 
 absl::Status StrictCpuRuntime::EnqueueLocked(Stream* s, std::function<absl::Status()> work) {
+  if (s->capturing) {
+    s->graph.push_back(std::move(work));
+    return absl::OkStatus();
+  }
   s->items.push_back(std::move(work));
   ++s->issued;
   return absl::OkStatus();
@@ -292,6 +294,10 @@ absl::Status StrictCpuRuntime::MemcpyAsync(void* dst, const void* src, size_t by
     st = dst_device ? CheckLocked(dst, bytes, dst_what) : CheckHostLocked(dst, bytes, dst_what);
   }
   if (!st.ok()) return st;
+  if (s->capturing && (!src_device || !dst_device)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": a copy from or to host memory is not permitted in a CUDA graph capture"));
+  }
   if (bytes == 0) return EnqueueLocked(s, [] { return absl::OkStatus(); });
   // Memory of another device than the stream's (a peer copy) is opened too.
   std::vector<int> others;
@@ -445,6 +451,7 @@ absl::Status StrictCpuRuntime::StreamSynchronize(GpuStream stream, const std::st
     std::lock_guard<std::mutex> lock(mu_);
     s = StreamOfLocked(stream);
     if (s != nullptr) ++devices_[s->device].counters.stream_waits;
+    MUON_STRICT_RETURN(CheckNotCapturingLocked(what));
   }
   if (s == nullptr) {
     return absl::InvalidArgumentError(
@@ -479,6 +486,10 @@ absl::Status StrictCpuRuntime::EventRecord(GpuEvent event, GpuStream stream) {
     return absl::InvalidArgumentError(
         "strict-cpu runtime: EventRecord on an unknown stream or event");
   }
+  if (s->capturing) {
+    return absl::FailedPreconditionError(
+        "strict-cpu runtime: EventRecord on a capturing stream is not modelled");
+  }
   e->stream = s;
   e->target = s->issued;
   return absl::OkStatus();
@@ -495,6 +506,10 @@ absl::Status StrictCpuRuntime::StreamWaitEvent(GpuStream stream, GpuEvent event)
     return absl::InvalidArgumentError(
         "strict-cpu runtime: StreamWaitEvent on an unknown stream or event");
   }
+  if (s->capturing) {
+    return absl::FailedPreconditionError(
+        "strict-cpu runtime: StreamWaitEvent on a capturing stream is not modelled");
+  }
   Stream* target_stream = e->stream;  // the record as of now
   const int64_t target = e->target;
   if (target_stream == nullptr) return absl::OkStatus();  // never recorded: complete
@@ -510,6 +525,7 @@ absl::Status StrictCpuRuntime::EventSynchronize(GpuEvent event, const std::strin
     s = e->stream;
     target = e->target;
     if (s != nullptr) ++devices_[s->device].counters.event_waits;
+    MUON_STRICT_RETURN(CheckNotCapturingLocked(what));
   }
   if (s == nullptr) return absl::OkStatus();
   absl::Status st = RunUntil(s, target);

@@ -36,6 +36,7 @@
 #define MUON_DEVICE_STRICT_CPU_RUNTIME_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -72,6 +73,7 @@ class StrictCpuRuntime final : public GpuRuntime {
   absl::Status LaunchCopyChunks(const GpuCopyChunk* chunks, int64_t count, GpuStream stream,
                                 const std::string& what) override;
 
+  absl::StatusOr<bool> IsCapturing(GpuStream stream) override;
   absl::StatusOr<GpuStream> StreamCreate() override;
   void StreamDestroy(GpuStream stream) override;
   absl::Status StreamSynchronize(GpuStream stream, const std::string& what) override;
@@ -100,6 +102,20 @@ class StrictCpuRuntime final : public GpuRuntime {
   // Work issued and not yet run, on every stream (tests).
   int64_t pending() const;
 
+  // CUDA graphs, as a global-mode stream capture: between BeginCapture and
+  // EndCapture the stream's work is recorded, not run, and while any stream
+  // captures, what CUDA refuses then is refused (allocation, freeing, host
+  // waits, copies from or to host memory, events on the capturing stream).
+  // Replay issues the recorded work again on a stream (kernel arguments as
+  // recorded, memory as it is then).
+  struct Graph {
+    int device = 0;
+    std::vector<std::function<absl::Status()>> work;
+  };
+  absl::Status BeginCapture(GpuStream stream);
+  absl::StatusOr<Graph> EndCapture(GpuStream stream);
+  absl::Status Replay(const Graph& graph, GpuStream stream);
+
   // What the host asked of device `d` so far (tests: what a step costs).
   struct Counters {
     int64_t stream_waits = 0;  // StreamSynchronize
@@ -110,7 +126,17 @@ class StrictCpuRuntime final : public GpuRuntime {
   Counters counters(int device) const;
 
  private:
-  struct Stream;
+  // A stream's work not yet run. `issued` counts every item ever issued,
+  // `executed` those that ran (their positions are what events record).
+  struct Stream {
+    int device = 0;
+    bool capturing = false;
+    std::vector<std::function<absl::Status()>> graph;  // recorded while capturing
+    std::deque<std::function<absl::Status()>> items;
+    int64_t issued = 0;
+    int64_t executed = 0;
+    std::mutex run_mu;  // held by the thread running this stream's items
+  };
   struct Event {
     Stream* stream = nullptr;  // of the last record; null: never recorded (complete)
     int64_t target = 0;        // the stream's items up to the record
@@ -128,6 +154,8 @@ class StrictCpuRuntime final : public GpuRuntime {
   // Work may be issued on a stream only while its device is current (as
   // kernel launches require).
   absl::Status CheckCurrentLocked(const Stream* s, const std::string& what) const;
+  // Refuses what a capture in progress does not permit.
+  absl::Status CheckNotCapturingLocked(const std::string& what) const;
   int CurrentLocked() const;
   absl::Status EnqueueLocked(Stream* s, std::function<absl::Status()> work);
   absl::Status RunUntil(Stream* s, int64_t target);
@@ -145,6 +173,7 @@ class StrictCpuRuntime final : public GpuRuntime {
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<std::unique_ptr<Event>> events_;
   absl::Status failed_;  // sticky
+  int capturing_ = 0;    // streams capturing now
 };
 
 }  // namespace muon

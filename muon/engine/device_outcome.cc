@@ -8,7 +8,7 @@
 namespace muon {
 
 absl::Status DeviceOutcome::Finish(Registry& registry, StepSetup& setup, const Options& options,
-                                   LocalOutcome& local, void* stream, int64_t step,
+                                   LocalOutcome& local, void* stream, int64_t step, bool capturing,
                                    const std::function<absl::Status(const int32_t* gate)>& apply) {
   Device& device = *registry.device();
   Comm& world = registry.world();
@@ -30,6 +30,7 @@ absl::Status DeviceOutcome::Finish(Registry& registry, StepSetup& setup, const O
     int32_t* gate = setup.gate.as<int32_t>();
     if (local.ok()) local.Note(device.math().VerdictGate(verdicts, world.size(), kVerdictMagic, gate));
     if (local.ok()) local.Note(apply(gate));
+    if (capturing) return local.status();
     // The verdicts reach the host with the stream; the next step judges them.
     verdicts_.resize(bytes);
     local.Note(device.ToHostAsync(verdicts_.data(), verdicts, bytes));

@@ -27,9 +27,11 @@ class DeviceOutcome {
   // exchange's last scatter, else one all_gather into the setup's buffers,
   // issued whatever failed), the go-ahead, `apply(gate)` (the gated updates)
   // when this rank succeeded, the copies home and a mark. Returns this
-  // rank's outcome; the job's is judged by the next Settle.
+  // rank's outcome; the job's is judged by the next Settle. `capturing`
+  // (the step goes into a CUDA graph): the gate still decides on the
+  // device at every replay, but nothing comes home to be judged.
   absl::Status Finish(Registry& registry, StepSetup& setup, const Options& options,
-                      LocalOutcome& local, void* stream, int64_t step,
+                      LocalOutcome& local, void* stream, int64_t step, bool capturing,
                       const std::function<absl::Status(const int32_t* gate)>& apply);
   // One rank: the step's non-finite count home with the stream.
   absl::Status SendCountHome(Device& device, const StepSetup& setup);

@@ -73,9 +73,12 @@ absl::Status Optimizer::Step(void* stream) {
   absl::StatusOr<int> previous = registry_.device()->Bind();
   if (!previous.ok()) return previous.status();
   const Bound bound{registry_.device().get(), *previous};
-  // On a GPU: the last step's outcome first (every rank the same).
+  // On a GPU: the last step's outcome first (every rank the same); not while
+  // the step is captured into a CUDA graph (the host can wait for nothing).
+  const bool capturing = registry_.device()->Capturing();
   bool job_failed = false, uncount = false;
-  absl::Status settled = device_outcome_.Settle(registry_, stream, &job_failed, &uncount);
+  absl::Status settled = capturing ? absl::OkStatus()
+                                   : device_outcome_.Settle(registry_, stream, &job_failed, &uncount);
   if (uncount) --step_count_;
   if (!settled.ok() && (job_failed || poisoned_.empty())) Poison(settled);
   if (job_failed) return settled;
@@ -110,7 +113,7 @@ absl::Status Optimizer::Step(void* stream) {
   }
   if (shared && !setup_->gate.empty()) {  // a GPU: judged at the next step
     absl::Status st = device_outcome_.Finish(
-        registry_, *setup_, options_, local, stream, step_count_ + 1,
+        registry_, *setup_, options_, local, stream, step_count_ + 1, capturing,
         [this](const int32_t* gate) { return ApplyUpdates(gate); });
     if (!st.ok()) {
       if (poisoned_.empty()) Poison(st);
@@ -138,7 +141,9 @@ absl::Status Optimizer::Step(void* stream) {
   }
   ++step_count_;
   CountStats();
-  if (!setup_->nonfinite.empty()) return device_outcome_.SendCountHome(*registry_.device(), *setup_);
+  if (!setup_->nonfinite.empty() && !capturing) {
+    return device_outcome_.SendCountHome(*registry_.device(), *setup_);
+  }
   return absl::OkStatus();
 }
 
@@ -208,9 +213,8 @@ absl::Status Optimizer::UpdateMomenta() {
   nonfinite_ = 0;
   int64_t* counter = &nonfinite_;
   if (!setup_->nonfinite.empty()) {  // a GPU: a device counter, zeroed on the stream
-    static const int64_t kZero = 0;
     counter = setup_->nonfinite.as<int64_t>();
-    MUON_RETURN_IF_ERROR(registry_.device()->FromHostAsync(counter, &kZero, sizeof kZero));
+    MUON_RETURN_IF_ERROR(registry_.device()->ZeroAsync(counter, sizeof(int64_t)));
   }
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
@@ -233,9 +237,12 @@ absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* st
   } else if (local_ok) {
     // A GPU: counted there, then the one wait this option costs (as a
     // mixed-precision scaler's check of its inf flag).
-    static const int64_t kZero = 0;
     int64_t* counter = setup_->nonfinite.as<int64_t>();
-    counted = device.FromHostAsync(counter, &kZero, sizeof kZero);
+    counted = device.Capturing()
+                  ? absl::FailedPreconditionError(
+                        "skip_nonfinite waits for the GPU's count, which a step being captured "
+                        "into a CUDA graph cannot do; capture steps without it")
+                  : device.ZeroAsync(counter, sizeof(int64_t));
     for (const Param& p : registry_.params()) {
       if (counted.ok() && p.active) {
         counted = device.math().CountNonFinite(p.grad.dtype, p.grad.data, p.numel(), counter);

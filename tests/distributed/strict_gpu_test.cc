@@ -266,6 +266,44 @@ TEST(StrictGpu, ANewStreamIsOrderedAfterTheLastStepsStream) {
   Rt()->StreamDestroy(b);
 }
 
+// A step captured into a CUDA graph (after the first, which sets up): the
+// capture makes no call CUDA refuses during one (no allocation, no host wait,
+// no copy to or from host memory), and each replay steps like muon_step.
+TEST(StrictGpu, AStepCapturedIntoAGraphReplaysLikeSteps) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  Model host(-1, 0, nullptr), gpu(0, 0, stream);
+  for (int s = 1; s <= 2; ++s) {
+    ASSERT_EQ(host.Step(s), MUON_OK);
+    ASSERT_EQ(gpu.Step(s), MUON_OK);
+  }
+  auto write_grads = [&](int s) {
+    gpu.kept.clear();
+    for (size_t i = 0; i < gpu.grads.size(); ++i) {
+      gpu.kept.push_back(Values(gpu.grads[i]->numel(), s * 7 + static_cast<int>(i)));
+      gpu.grads[i]->Write(gpu.kept.back(), stream);
+    }
+    ASSERT_TRUE(Rt()->StreamSynchronize(stream, "gradients").ok());
+  };
+  write_grads(3);
+  const std::vector<float> before = gpu.params[0]->Read(stream);
+  ASSERT_TRUE(Rt()->BeginCapture(stream).ok());
+  const muon_status_t captured = muon_step(gpu.opt, stream);
+  const std::string why = muon_last_error_message();
+  absl::StatusOr<StrictCpuRuntime::Graph> graph = Rt()->EndCapture(stream);
+  ASSERT_EQ(captured, MUON_OK) << why;
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(gpu.params[0]->Read(stream), before);  // recorded, not run
+  for (int s = 3; s <= 5; ++s) {
+    if (s > 3) write_grads(s);
+    ASSERT_TRUE(Rt()->Replay(*graph, stream).ok());
+    ASSERT_EQ(host.Step(s), MUON_OK);
+    EXPECT_EQ(gpu.Values_(), host.Values_()) << "replay of step " << s;
+  }
+  Rt()->StreamDestroy(stream);
+}
+
 TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
   ASSERT_NE(Rt(), nullptr) << "MUON_CUDA_PLUGIN must name libmuon_strict_gpu.so";
   ASSERT_TRUE(Rt()->SetDevice(0).ok());

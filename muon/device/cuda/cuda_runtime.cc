@@ -68,6 +68,13 @@ class CudaRuntime final : public GpuRuntime {
     return CudaStatus(cuda::LaunchCopyChunks(chunks, count, S(stream)), what);
   }
 
+  absl::StatusOr<bool> IsCapturing(GpuStream stream) override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    absl::Status st = CudaStatus(cudaStreamIsCapturing(S(stream), &status), "cudaStreamIsCapturing");
+    if (!st.ok()) return st;
+    return status == cudaStreamCaptureStatusActive;
+  }
+
   absl::StatusOr<GpuStream> StreamCreate() override {
     cudaStream_t s = nullptr;
     absl::Status st =
