@@ -479,7 +479,10 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * once); when the verdicts say the step failed, nothing of it was applied,
  * the next muon_step returns that step's error on every rank (the failing
  * ranks and causes, or the differing values; the step count is set back)
- * and poisons as below, and muon_save_state refuses until then.
+ * and poisons as below, and muon_save_state refuses until then. Every rank
+ * takes part in that judgement, a rank that restored its state since too (it
+ * returns the error but is not poisoned again): so restore every rank after
+ * the call that returned the error everywhere.
  * CUDA graphs: a single-process GPU step after the first may be captured on
  * `stream` and replayed (it allocates, waits and copies to the host nothing
  * during capture; the hyper-parameters and the step count are the captured

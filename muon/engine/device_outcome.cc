@@ -40,7 +40,7 @@ absl::Status DeviceOutcome::Finish(Registry& registry, StepSetup& setup, const O
     local.Note(absl::ResourceExhaustedError("out of host memory at the end of a step"));
   }
   pending_ = true;
-  counted_ = false;
+  counted_ = restored_ = false;
   step_ = step;
   local_ = local.status();
   options_ = options;
@@ -56,8 +56,8 @@ absl::Status DeviceOutcome::SendCountHome(Device& device, const StepSetup& setup
 }
 
 absl::Status DeviceOutcome::Settle(Registry& registry, void* stream, bool* job_failed,
-                                   bool* uncount) {
-  *job_failed = *uncount = false;
+                                   bool* uncount, bool* restored) {
+  *job_failed = *uncount = *restored = false;
   if (!pending_) return absl::OkStatus();
   pending_ = false;
   // The stream made the copy long ago in a training loop (the forward and
@@ -72,12 +72,13 @@ absl::Status DeviceOutcome::Settle(Registry& registry, void* stream, bool* job_f
   if (job.ok()) job = absl::InternalError("the verdicts said no, their judgement yes");
   *job_failed = true;
   *uncount = counted_;  // the updates were applied nowhere: the step did not happen
+  *restored = restored_;
   counted_ = false;
   return job;
 }
 
 absl::Status DeviceOutcome::PendingFailure(const Registry& registry) const {
-  if (!pending_) return absl::OkStatus();
+  if (!pending_ || restored_) return absl::OkStatus();
   MUON_RETURN_IF_ERROR(registry.device()->WaitMark());
   if (VerdictsSayOk(verdicts_.data(), registry.world().size())) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(

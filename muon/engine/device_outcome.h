@@ -43,9 +43,11 @@ class DeviceOutcome {
   // (its one host wait, on the last step's end). OK when it succeeded (or
   // none is pending). *job_failed: it failed, and the returned error (the
   // failing ranks and causes, or the differing values) is every rank's; if
-  // it was counted, *uncount is set. Else an error of this rank alone (the
-  // wait failed), which it refuses the step with.
-  absl::Status Settle(Registry& registry, void* stream, bool* job_failed, bool* uncount);
+  // it was counted, *uncount is set; *restored: this rank's state was loaded
+  // since (it took part in the judgement, and needs no poisoning). Else an
+  // error of this rank alone (the wait failed), which it refuses the step with.
+  absl::Status Settle(Registry& registry, void* stream, bool* job_failed, bool* uncount,
+                      bool* restored);
   // Refuses (FailedPrecondition) while the pending step failed on some rank.
   absl::Status PendingFailure(const Registry& registry) const;
   // The last step's non-finite count once the stream got there (-1 when the
@@ -53,13 +55,18 @@ class DeviceOutcome {
   bool TakeCount(Device& device, int64_t* count) const;
   // The step's count is known on the host already (skip_nonfinite).
   void DropCount() { count_pending_ = false; }
-  // A loaded state supersedes the step in flight (its copies may still
-  // land here: the buffers stay).
-  void Forget() { pending_ = counted_ = false; }
+  // A state was loaded since the step: it is still judged at the next step
+  // (every rank takes part in that), but no longer counted, poisoned for or
+  // refused to save.
+  void Restored() {
+    counted_ = false;
+    restored_ = true;
+  }
 
  private:
   bool pending_ = false;
   bool counted_ = false;
+  bool restored_ = false;
   int64_t step_ = 0;
   absl::Status local_;  // this rank's outcome of it
   Options options_;     // the hyper-parameters it stepped with (for the report)

@@ -76,12 +76,16 @@ absl::Status Optimizer::Step(void* stream) {
   // On a GPU: the last step's outcome first (every rank the same); not while
   // the step is captured into a CUDA graph (the host can wait for nothing).
   const bool capturing = registry_.device()->Capturing();
-  bool job_failed = false, uncount = false;
-  absl::Status settled = capturing ? absl::OkStatus()
-                                   : device_outcome_.Settle(registry_, stream, &job_failed, &uncount);
+  bool job_failed = false, uncount = false, restored = false;
+  absl::Status settled =
+      capturing ? absl::OkStatus()
+                : device_outcome_.Settle(registry_, stream, &job_failed, &uncount, &restored);
   if (uncount) --step_count_;
-  if (!settled.ok() && (job_failed || poisoned_.empty())) Poison(settled);
-  if (job_failed) return settled;
+  if (job_failed) {
+    if (!restored) Poison(settled);  // (a state loaded since is not the failed step's)
+    return settled;
+  }
+  if (!settled.ok() && poisoned_.empty()) Poison(settled);
   absl::Status ready = settled.ok() ? Prepare(stream) : settled;
   // Until the plan exists nothing of a step is collective but the setup,
   // which agrees on its own; in a world of one there is nobody to agree with.

@@ -127,7 +127,7 @@ absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_b
   for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
   step_count_ = plan.step_count;
   stats_.steps = step_count_;  // the stats count steps as muon_step_count does
-  device_outcome_.Forget();  // a loaded state supersedes the step in flight
+  device_outcome_.Restored();  // (the step in flight is still judged by every rank)
   poisoned_.clear();
   return absl::OkStatus();
 }

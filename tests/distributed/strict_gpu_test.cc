@@ -645,8 +645,16 @@ void ExpectDeferredVerdict(Fault fault) {
       statuses[r].push_back(step(2).first);
       if (r == 1) muon_set_lr(opt, 0.02);
       after2[r] = p.Read(stream);
+      if (r == 1 && fault == Fault::kMomentumKernel) {
+        // The failing rank, which knew at once, restores before the next
+        // call: it still takes part in judging step 2 there (no hang).
+        p.Write(after1[r], stream);
+        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "early restore").ok());
+        EXPECT_EQ(muon_load_state(opt, blob1.data(), blob1.size()), MUON_OK);
+      }
       size_t size = 0;
-      if (muon_save_state(opt, nullptr, 0, &size) == MUON_OK) {
+      const bool restored_early = r == 1 && fault == Fault::kMomentumKernel;
+      if (!restored_early && muon_save_state(opt, nullptr, 0, &size) == MUON_OK) {
         std::vector<unsigned char> b(size);
         if (muon_save_state(opt, b.data(), size, &size) != MUON_OK) {
           save2[r] = muon_last_error_message();
@@ -676,7 +684,9 @@ void ExpectDeferredVerdict(Fault fault) {
     // Step 2: the failing rank knows at once; the others at step 3.
     EXPECT_EQ(statuses[r][1], r == 1 && fault == Fault::kMomentumKernel ? MUON_INTERNAL : MUON_OK);
     EXPECT_EQ(after2[r], after1[r]) << "step 2 was applied";
-    EXPECT_NE(save2[r].find("step 2 failed on some rank"), std::string::npos) << save2[r];
+    if (!(r == 1 && fault == Fault::kMomentumKernel)) {
+      EXPECT_NE(save2[r].find("step 2 failed on some rank"), std::string::npos) << save2[r];
+    }
     if (fault == Fault::kMomentumKernel) {
       EXPECT_EQ(statuses[r][2], MUON_INTERNAL);
       EXPECT_NE(step3[r].find("step 2 failed on 1 of 3 ranks (rank 1: INTERNAL: "),
