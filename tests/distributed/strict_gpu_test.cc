@@ -405,19 +405,14 @@ const std::vector<std::pair<int64_t, int64_t>>& Shapes() {
   return shapes;
 }
 
-// `round_bytes` 1 gives each owner one matrix per round, so that with
-// prefetch the exchanges run on the pipeline's worker thread. `other_device`:
-// the rank's thread has another device current when it calls muon_step (the
-// library makes the tensors' device current for the step, and puts the
-// caller's back).
-void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round_bytes = 0,
-                                bool other_device = false) {
-  const size_t count = Shapes().size();
-  // The single-process reference.
+// One process stepping matrices of `shapes` (values Values(., 3 + i)) with the
+// gradients of `steps` (Values(., 50 + s + 9 i)): what the ranks must equal.
+std::vector<std::vector<float>> OneProcess(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                           const std::vector<int>& steps, int prefetch) {
   muon_optimizer_t* ref = Create(prefetch);
   std::vector<std::unique_ptr<Tensor>> rp, rg;
-  for (size_t i = 0; i < count; ++i) {
-    const auto [rows, cols] = Shapes()[i];
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto [rows, cols] = shapes[i];
     rp.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
     rg.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
     rp[i]->Write(Values(rows * cols, 3 + i), nullptr);  // (host: into the registered storage)
@@ -426,13 +421,54 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
     const std::string name = "w" + std::to_string(i);
     po.name = name.c_str();
     int64_t id = -1;
-    ASSERT_EQ(muon_register_param(ref, &rp[i]->dl, &rg[i]->dl, &po, &id), MUON_OK);
+    EXPECT_EQ(muon_register_param(ref, &rp[i]->dl, &rg[i]->dl, &po, &id), MUON_OK);
   }
-  for (int s = 0; s < 3; ++s) {
-    for (size_t i = 0; i < count; ++i) rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
-    ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
+  for (int s : steps) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
+    }
+    EXPECT_EQ(muon_step(ref, nullptr), MUON_OK);
   }
   muon_destroy(ref);
+  std::vector<std::vector<float>> out;
+  for (const auto& t : rp) out.push_back(t->host);
+  return out;
+}
+
+// Rank r's rows of a tensor of `cols` columns sharded on dim 0 over `ranks`.
+std::vector<float> RowsOf(const std::vector<float>& all, int r, int ranks, int64_t cols) {
+  const int64_t rows = static_cast<int64_t>(all.size()) / cols, local = rows / ranks;
+  return std::vector<float>(all.begin() + r * local * cols, all.begin() + (r + 1) * local * cols);
+}
+
+// Registers p and g (rank's rows) as the dim-0 shard over `group` of the
+// rows x cols parameter `name`.
+muon_status_t RegisterShard(muon_optimizer_t* opt, int32_t group, const std::string& name,
+                            int64_t rows, int64_t cols, Tensor& p, Tensor& g) {
+  muon_placement_t shard{};
+  shard.kind = MUON_PLACEMENT_SHARD;
+  shard.group = group;
+  int64_t global[2] = {rows, cols};
+  muon_param_options_t o;
+  muon_param_options_init(&o, sizeof o);
+  o.name = name.c_str();
+  o.global_ndim = 2;
+  o.global_shape = global;
+  o.num_placements = 1;
+  o.placements = &shard;
+  int64_t id = -1;
+  return muon_register_param(opt, &p.dl, &g.dl, &o, &id);
+}
+
+// `round_bytes` 1 gives each owner one matrix per round, so that with
+// prefetch the exchanges run on the pipeline's worker thread. `other_device`:
+// the rank's thread has another device current when it calls muon_step (the
+// library makes the tensors' device current for the step, and puts the
+// caller's back).
+void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round_bytes = 0,
+                                bool other_device = false) {
+  const size_t count = Shapes().size();
+  const std::vector<std::vector<float>> expected = OneProcess(Shapes(), {0, 1, 2}, prefetch);
 
   muon_inprocess_world_t* world = nullptr;
   void* clique = nullptr;
@@ -466,25 +502,11 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
         const int64_t local_rows = rows / ranks;
         p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
         g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
-        const std::vector<float> all = Values(rows * cols, 3 + i);
-        const std::vector<float> mine(all.begin() + r * local_rows * cols,
-                                      all.begin() + (r + 1) * local_rows * cols);
+        const std::vector<float> mine = RowsOf(Values(rows * cols, 3 + i), r, ranks, cols);
         p[i]->Write(mine, stream);
         ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-        muon_placement_t shard{};
-        shard.kind = MUON_PLACEMENT_SHARD;
-        shard.group = world_group;
-        int64_t global[2] = {rows, cols};
-        muon_param_options_t o;
-        muon_param_options_init(&o, sizeof o);
-        const std::string name = "w" + std::to_string(i);
-        o.name = name.c_str();
-        o.global_ndim = 2;
-        o.global_shape = global;
-        o.num_placements = 1;
-        o.placements = &shard;
-        int64_t pid = -1;
-        if (muon_register_param(opt, &p[i]->dl, &g[i]->dl, &o, &pid) != MUON_OK) {
+        if (RegisterShard(opt, world_group, "w" + std::to_string(i), rows, cols, *p[i], *g[i]) !=
+            MUON_OK) {
           errors[r] = muon_last_error_message();
         }
       }
@@ -492,9 +514,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
         std::vector<std::vector<float>> gm(count);
         for (size_t i = 0; i < count; ++i) {
           const auto [rows, cols] = Shapes()[i];
-          const int64_t local_rows = rows / ranks;
-          const std::vector<float> ga = Values(rows * cols, 50 + s + 9 * i);
-          gm[i].assign(ga.begin() + r * local_rows * cols, ga.begin() + (r + 1) * local_rows * cols);
+          gm[i] = RowsOf(Values(rows * cols, 50 + s + 9 * i), r, ranks, cols);
           g[i]->Write(gm[i], stream);
         }
         const StrictCpuRuntime::Counters before = Rt()->counters(r);
@@ -534,7 +554,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
   for (size_t i = 0; i < count; ++i) {
     std::vector<float> joined;
     for (int r = 0; r < ranks; ++r) joined.insert(joined.end(), got[r][i].begin(), got[r][i].end());
-    EXPECT_EQ(joined, rp[i]->host) << "w" << i;
+    EXPECT_EQ(joined, expected[i]) << "w" << i;
   }
 }
 
@@ -597,7 +617,7 @@ void ExpectDeferredVerdict(Fault fault) {
   for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
   std::vector<std::vector<muon_status_t>> statuses(kRanks);
   std::vector<std::string> step3(kRanks), save2(kRanks);
-  std::vector<std::vector<float>> after1(kRanks), after2(kRanks), resumed(kRanks), straight(kRanks);
+  std::vector<std::vector<float>> after1(kRanks), after2(kRanks), resumed(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -609,28 +629,12 @@ void ExpectDeferredVerdict(Fault fault) {
       ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
       ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
       Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
-      const std::vector<float> all = Values(rows * cols, 3);
-      const std::vector<float> mine(all.begin() + r * local_rows * cols,
-                                    all.begin() + (r + 1) * local_rows * cols);
+      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
       p.Write(mine, stream);
       ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-      muon_placement_t shard{};
-      shard.kind = MUON_PLACEMENT_SHARD;
-      shard.group = world_group;
-      int64_t global[2] = {rows, cols};
-      muon_param_options_t o;
-      muon_param_options_init(&o, sizeof o);
-      o.name = "w";
-      o.global_ndim = 2;
-      o.global_shape = global;
-      o.num_placements = 1;
-      o.placements = &shard;
-      int64_t pid = -1;
-      ASSERT_EQ(muon_register_param(opt, &p.dl, &g.dl, &o, &pid), MUON_OK);
+      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
       auto step = [&](int s) {
-        const std::vector<float> ga = Values(rows * cols, 50 + s);
-        const std::vector<float> gm(ga.begin() + r * local_rows * cols,
-                                    ga.begin() + (r + 1) * local_rows * cols);
+        const std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
         g.Write(gm, stream);
         const muon_status_t st = muon_step(opt, stream);
         const std::string msg = muon_last_error_message();
@@ -706,22 +710,9 @@ void ExpectDeferredVerdict(Fault fault) {
     EXPECT_EQ(statuses[r][4], MUON_OK);
   }
   // The resumed run equals one that never failed: the single-process reference.
-  muon_optimizer_t* ref = Create(0);
-  Tensor rp({rows, cols}, -1), rg({rows, cols}, -1);
-  rp.Write(Values(rows * cols, 3), nullptr);
-  muon_param_options_t po;
-  muon_param_options_init(&po, sizeof po);
-  po.name = "w";
-  int64_t id = -1;
-  ASSERT_EQ(muon_register_param(ref, &rp.dl, &rg.dl, &po, &id), MUON_OK);
-  for (int s = 1; s <= 3; ++s) {
-    rg.Write(Values(rows * cols, 50 + s), nullptr);
-    ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
-  }
-  muon_destroy(ref);
   std::vector<float> joined;
   for (int r = 0; r < kRanks; ++r) joined.insert(joined.end(), resumed[r].begin(), resumed[r].end());
-  EXPECT_EQ(joined, rp.host);
+  EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1, 2, 3}, 0)[0]);
 }
 
 // skip_nonfinite over NCCL: a NaN in rank 1's gradient at step 2 skips the
@@ -748,28 +739,12 @@ TEST(StrictGpu, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryGpu) {
       ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
       ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
       Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
-      const std::vector<float> all = Values(rows * cols, 3);
-      const std::vector<float> mine(all.begin() + r * local_rows * cols,
-                                    all.begin() + (r + 1) * local_rows * cols);
+      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
       p.Write(mine, stream);
       ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-      muon_placement_t shard{};
-      shard.kind = MUON_PLACEMENT_SHARD;
-      shard.group = world_group;
-      int64_t global[2] = {rows, cols};
-      muon_param_options_t o;
-      muon_param_options_init(&o, sizeof o);
-      o.name = "w";
-      o.global_ndim = 2;
-      o.global_shape = global;
-      o.num_placements = 1;
-      o.placements = &shard;
-      int64_t pid = -1;
-      ASSERT_EQ(muon_register_param(opt, &p.dl, &g.dl, &o, &pid), MUON_OK);
+      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
       for (int s = 1; s <= 3; ++s) {
-        const std::vector<float> ga = Values(rows * cols, 50 + s);
-        std::vector<float> gm(ga.begin() + r * local_rows * cols,
-                              ga.begin() + (r + 1) * local_rows * cols);
+        std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
         if (s == 2 && r == 1) gm[4] = std::nanf("");
         g.Write(gm, stream);
         EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
@@ -783,26 +758,13 @@ TEST(StrictGpu, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryGpu) {
   }
   for (auto& t : threads) t.join();
   FakeNccl::Get().clique_destroy(clique);
-  muon_optimizer_t* ref = Create(1);
-  Tensor rp({rows, cols}, -1), rg({rows, cols}, -1);
-  rp.Write(Values(rows * cols, 3), nullptr);
-  muon_param_options_t po;
-  muon_param_options_init(&po, sizeof po);
-  po.name = "w";
-  int64_t id = -1;
-  ASSERT_EQ(muon_register_param(ref, &rp.dl, &rg.dl, &po, &id), MUON_OK);
-  for (int s : {1, 3}) {
-    rg.Write(Values(rows * cols, 50 + s), nullptr);
-    ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
-  }
-  muon_destroy(ref);
   std::vector<float> joined;
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(stats[r].steps_skipped, 1) << "rank " << r;
     EXPECT_EQ(stats[r].steps, 2) << "rank " << r;
     joined.insert(joined.end(), got[r].begin(), got[r].end());
   }
-  EXPECT_EQ(joined, rp.host);
+  EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1, 3}, 1)[0]);
 }
 
 TEST(StrictGpu, AMomentumKernelFailingOnOneRankIsAppliedNowhereAndFailsTheNextStepEverywhere) {
