@@ -256,20 +256,12 @@ absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* st
     if (!counted.ok()) mine = -1;
   }
   std::vector<int64_t> all = {mine};
-  if (shared && !setup_->verdicts.empty()) {
-    // Through the step's verdict buffers (allocated at setup), on the stream.
-    const int n = registry_.world().size();
-    all.assign(static_cast<size_t>(n), 0);
-    absl::Status st = device.FromHost(setup_->verdict_send.data(), &mine, sizeof mine);
-    absl::Status gathered =  // issued whatever failed, so that the ranks pair up
-        registry_.world().AllGather(setup_->verdict_send.data(), setup_->verdicts.data(),
-                                    sizeof mine, stream, "counting non-finite gradients");
-    if (st.ok()) st = gathered;
-    if (st.ok()) st = device.ToHost(all.data(), setup_->verdicts.data(), n * sizeof mine);
-    MUON_RETURN_IF_ERROR(st);
-  } else if (shared) {
+  if (shared) {
+    // On a GPU through the step's verdict buffers (allocated at setup).
+    const DeviceStaging staging{setup_->verdict_send.data(), setup_->verdicts.data()};
     MUON_ASSIGN_OR_RETURN(all, GatherInt64(registry_.world(), &device, mine, stream,
-                                           "counting non-finite gradients"));
+                                           "counting non-finite gradients",
+                                           setup_->verdicts.empty() ? nullptr : &staging));
   }
   MUON_RETURN_IF_ERROR(counted);
   int64_t total = 0;

@@ -81,11 +81,11 @@ uint64_t HyperDigest(const Options& o) {
 }
 
 absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
-                                                 void* stream, const std::string& op) {
-  std::vector<unsigned char> all;
-  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream, op));
+                                                 void* stream, const std::string& op,
+                                                 const DeviceStaging* staging) {
   std::vector<int64_t> out(static_cast<size_t>(world.size()));
-  std::memcpy(out.data(), all.data(), all.size());
+  MUON_RETURN_IF_ERROR(
+      HostAllGather(world, device, &mine, out.data(), sizeof mine, stream, op, staging));
   return out;
 }
 

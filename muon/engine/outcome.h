@@ -23,6 +23,7 @@
 #include "muon/comm/comm.h"
 #include "muon/device/device.h"
 #include "muon/engine/options.h"
+#include "muon/sharding/host_gather.h"
 
 namespace muon {
 
@@ -81,9 +82,11 @@ absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& loca
                            const Options& options, void* stream, const std::string& what,
                            const std::vector<unsigned char>& all);
 
-// Every rank's `mine`, in rank order (one all_gather over the world).
+// Every rank's `mine`, in rank order (one all_gather over the world;
+// `staging`: device buffers to stage through, see HostAllGather).
 absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
-                                                 void* stream, const std::string& op);
+                                                 void* stream, const std::string& op,
+                                                 const DeviceStaging* staging = nullptr);
 
 }  // namespace muon
 

@@ -8,7 +8,7 @@
 namespace muon {
 
 absl::Status HostAllGather(Comm& comm, Device* device, const void* mine, void* all, size_t bytes,
-                           void* stream, const std::string& op) {
+                           void* stream, const std::string& op, const DeviceStaging* staging) {
   if (device == nullptr || device->is_host()) {
     return comm.AllGather(mine, all, bytes, stream, op);
   }
@@ -17,12 +17,21 @@ absl::Status HostAllGather(Comm& comm, Device* device, const void* mine, void* a
     return absl::OkStatus();
   }
   const size_t n = static_cast<size_t>(comm.size());
-  std::shared_ptr<Device> dev(device, [](Device*) {});  // not owned
-  MUON_ASSIGN_OR_RETURN(DeviceBuffer send, DeviceBuffer::Make(dev, bytes, op));
-  MUON_ASSIGN_OR_RETURN(DeviceBuffer recv, DeviceBuffer::Make(dev, n * bytes, op));
-  MUON_RETURN_IF_ERROR(device->FromHost(send.data(), mine, bytes));
-  MUON_RETURN_IF_ERROR(comm.AllGather(send.data(), recv.data(), bytes, stream, op));
-  return device->ToHost(all, recv.data(), n * bytes);
+  DeviceBuffer send, recv;  // for this call when no staging is given
+  DeviceStaging use;
+  if (staging != nullptr) {
+    use = *staging;
+  } else {
+    std::shared_ptr<Device> dev(device, [](Device*) {});  // not owned
+    MUON_ASSIGN_OR_RETURN(send, DeviceBuffer::Make(dev, bytes, op));
+    MUON_ASSIGN_OR_RETURN(recv, DeviceBuffer::Make(dev, n * bytes, op));
+    use = {send.data(), recv.data()};
+  }
+  absl::Status st = device->FromHost(use.send, mine, bytes);
+  const absl::Status gathered = comm.AllGather(use.send, use.recv, bytes, stream, op);
+  if (st.ok()) st = gathered;
+  if (st.ok()) st = device->ToHost(all, use.recv, n * bytes);
+  return st;
 }
 
 }  // namespace muon

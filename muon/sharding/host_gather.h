@@ -12,13 +12,23 @@
 
 namespace muon {
 
+// Device buffers to stage through: `send` of at least `bytes`, `recv` of at
+// least the communicator's size times that.
+struct DeviceStaging {
+  void* send = nullptr;
+  void* recv = nullptr;
+};
+
 // Every rank's `bytes` bytes of `mine` into all[rank * bytes, ...), host
 // memory both. With a device that is not the host (`device` non-NULL and not
-// is_host()), the values go through device buffers on `stream`: copied in,
-// gathered, copied out (Device::ToHost waits for the stream, the one wait).
-// `op` names the collective in errors.
+// is_host()), the values go through device buffers on `stream` (`staging`'s,
+// else allocated for the call): copied in, gathered (issued even when the
+// copy in failed, so that the ranks' collectives pair up), copied out
+// (Device::ToHost waits for the stream, the one wait). `op` names the
+// collective in errors.
 absl::Status HostAllGather(Comm& comm, Device* device, const void* mine, void* all, size_t bytes,
-                           void* stream, const std::string& op);
+                           void* stream, const std::string& op,
+                           const DeviceStaging* staging = nullptr);
 
 }  // namespace muon
 
