@@ -226,6 +226,17 @@ int StrictCpuRuntime::DeviceOfStream(GpuStream stream) const {
   return s == nullptr ? -1 : s->device;
 }
 
+absl::StatusOr<StrictCpuRuntime::Stream*> StrictCpuRuntime::WorkStreamLocked(
+    GpuStream stream, const std::string& what) {
+  if (!failed_.ok()) return failed_;
+  Stream* s = StreamOfLocked(stream);
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
+  }
+  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
+  return s;
+}
+
 absl::Status StrictCpuRuntime::EnqueueLocked(Stream* s, std::function<absl::Status()> work) {
   if (s->capturing) {
     s->graph.push_back(std::move(work));
@@ -238,25 +249,17 @@ absl::Status StrictCpuRuntime::EnqueueLocked(Stream* s, std::function<absl::Stat
 
 absl::Status StrictCpuRuntime::Enqueue(GpuStream stream, std::function<absl::Status()> work) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.ok()) return failed_;
-  Stream* s = StreamOfLocked(stream);
-  if (s == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("strict-cpu runtime: stream %p is not one of its streams", stream));
-  }
-  MUON_STRICT_RETURN(CheckCurrentLocked(s, "stream work"));
-  return EnqueueLocked(s, std::move(work));
+  absl::StatusOr<Stream*> s = WorkStreamLocked(stream, "stream work");
+  if (!s.ok()) return s.status();
+  return EnqueueLocked(*s, std::move(work));
 }
 
 absl::Status StrictCpuRuntime::MemsetAsync(void* dst, int value, size_t bytes, GpuStream stream,
                                            const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.ok()) return failed_;
-  Stream* s = StreamOfLocked(stream);
-  if (s == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
-  }
-  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
+  absl::StatusOr<Stream*> work_stream = WorkStreamLocked(stream, what);
+  if (!work_stream.ok()) return work_stream.status();
+  Stream* s = *work_stream;
   absl::Status st = CheckLocked(dst, bytes, absl::StrCat(what, ": memset destination"));
   if (!st.ok()) return st;
   if (bytes > 0 && DeviceOfLocked(dst) != s->device) {
@@ -274,12 +277,9 @@ absl::Status StrictCpuRuntime::MemcpyAsync(void* dst, const void* src, size_t by
                                            CopyKind kind, GpuStream stream,
                                            const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.ok()) return failed_;
-  Stream* s = StreamOfLocked(stream);
-  if (s == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
-  }
-  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
+  absl::StatusOr<Stream*> work_stream = WorkStreamLocked(stream, what);
+  if (!work_stream.ok()) return work_stream.status();
+  Stream* s = *work_stream;
   bool src_device = kind != CopyKind::kHostToDevice;
   bool dst_device = kind != CopyKind::kDeviceToHost;
   if (kind == CopyKind::kDefault) {
@@ -320,13 +320,10 @@ absl::Status StrictCpuRuntime::MemcpyAsync(void* dst, const void* src, size_t by
 absl::Status StrictCpuRuntime::LaunchCopyChunks(const GpuCopyChunk* chunks, int64_t count,
                                                 GpuStream stream, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!failed_.ok()) return failed_;
   if (count < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative chunk count"));
-  Stream* s = StreamOfLocked(stream);
-  if (s == nullptr) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: unknown stream %p", what, stream));
-  }
-  MUON_STRICT_RETURN(CheckCurrentLocked(s, what));
+  absl::StatusOr<Stream*> work_stream = WorkStreamLocked(stream, what);
+  if (!work_stream.ok()) return work_stream.status();
+  Stream* s = *work_stream;
   if (count == 0) return absl::OkStatus();
   absl::Status st = CheckLocked(chunks, static_cast<size_t>(count) * sizeof(GpuCopyChunk),
                                 absl::StrCat(what, ": the chunk array"));

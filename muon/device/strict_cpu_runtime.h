@@ -154,6 +154,9 @@ class StrictCpuRuntime final : public GpuRuntime {
   // Work may be issued on a stream only while its device is current (as
   // kernel launches require).
   absl::Status CheckCurrentLocked(const Stream* s, const std::string& what) const;
+  // The stream work named `what` goes on: known, its device current, the
+  // runtime not failed.
+  absl::StatusOr<Stream*> WorkStreamLocked(GpuStream stream, const std::string& what);
   // Refuses what a capture in progress does not permit.
   absl::Status CheckNotCapturingLocked(const std::string& what) const;
   int CurrentLocked() const;
