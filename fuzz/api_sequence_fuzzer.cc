@@ -36,17 +36,9 @@
 #include <vector>
 
 #include "capi/muon.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, "last error: %s\n", muon_last_error_message());          \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 bool verbose = false;
 
@@ -83,18 +75,6 @@ double FuzzDouble(FuzzedDataProvider& in) {
                                    std::numeric_limits<double>::quiet_NaN(),
                                    1e-300};
   return kValues[in.ConsumeIntegralInRange<size_t>(0, sizeof kValues / sizeof kValues[0] - 1)];
-}
-
-int64_t SpecialInt(FuzzedDataProvider& in) {
-  static const int64_t kValues[] = {-1,
-                                    0,
-                                    1,
-                                    int64_t{1} << 31,
-                                    int64_t{1} << 32,
-                                    int64_t{1} << 62,
-                                    std::numeric_limits<int64_t>::max(),
-                                    std::numeric_limits<int64_t>::min()};
-  return kValues[in.ConsumeIntegralInRange<size_t>(0, 7)];
 }
 
 // Storage the host owns; kept until the optimizer that may point at it is gone.

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "muon/common/dtype.h"
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/handshake.h"
@@ -39,27 +40,7 @@
 namespace muon {
 namespace {
 
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
-
 constexpr int64_t kModelLimit = int64_t{1} << 16;  // elements the model simulates
-
-int64_t Special(FuzzedDataProvider& in) {
-  static const int64_t kValues[] = {-1,
-                                    0,
-                                    1,
-                                    int64_t{1} << 31,
-                                    int64_t{1} << 32,
-                                    int64_t{1} << 62,
-                                    std::numeric_limits<int64_t>::max(),
-                                    std::numeric_limits<int64_t>::min()};
-  return kValues[in.ConsumeIntegralInRange<size_t>(0, 7)];
-}
 
 // ---- The model: a rank's piece as the explicit list of global indices ----
 
@@ -241,7 +222,7 @@ std::vector<int64_t> Parts(FuzzedDataProvider& in, int64_t total, int n,
   std::vector<int64_t> cuts;
   if (raw) {
     for (int k = 0; k < n; ++k) {
-      cuts.push_back(in.ConsumeBool() ? Special(in) : in.ConsumeIntegralInRange<int64_t>(-2, 9));
+      cuts.push_back(in.ConsumeBool() ? SpecialInt(in) : in.ConsumeIntegralInRange<int64_t>(-2, 9));
     }
     return cuts;
   }
@@ -282,8 +263,8 @@ std::vector<Placement> Realize(FuzzedDataProvider& in, const std::vector<Placeme
     if (p.kind == PlacementKind::kFlatRange) {
       const int64_t cur = Numel(shape);
       if (pt.raw || cur < 0) {
-        p.start = in.ConsumeBool() ? Special(in) : in.ConsumeIntegralInRange<int64_t>(-1, 9);
-        p.length = in.ConsumeBool() ? Special(in) : in.ConsumeIntegralInRange<int64_t>(-1, 9);
+        p.start = in.ConsumeBool() ? SpecialInt(in) : in.ConsumeIntegralInRange<int64_t>(-1, 9);
+        p.length = in.ConsumeBool() ? SpecialInt(in) : in.ConsumeIntegralInRange<int64_t>(-1, 9);
       } else {
         const std::vector<int64_t> parts = Parts(in, cur, n, pt.fractions, false);
         p.start = 0;
@@ -331,7 +312,7 @@ Job MakeJob(FuzzedDataProvider& in) {
     const bool extreme = in.ConsumeIntegralInRange<int>(0, 15) == 0;
     for (int i = 0; i < ndim; ++i) {
       d.global_shape.push_back(
-          extreme && in.ConsumeBool() ? Special(in) : in.ConsumeIntegralInRange<int64_t>(0, 6));
+          extreme && in.ConsumeBool() ? SpecialInt(in) : in.ConsumeIntegralInRange<int64_t>(0, 6));
     }
     // Extreme dimensions are for shapes the library must refuse (negative,
     // overflowing); a valid shape stays small, as its cost is its size.

@@ -29,16 +29,9 @@
 #include <vector>
 
 #include "capi/muon.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond)                                                            \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 bool ValidStatus(muon_status_t st) {
   return std::strcmp(muon_status_string(st), "UNRECOGNIZED_STATUS") != 0;
