@@ -9,26 +9,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "muon/math/ns_program.h"
 
 namespace muon {
 namespace {
 
 void RoundSpanToBf16(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = RoundToBf16(p[i]);
-}
-
-// dst (cols x rows) = transpose of src (rows x cols), in cache-sized tiles.
-void Transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kTile = 32;
-  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
-    const int64_t i1 = std::min(rows, i0 + kTile);
-    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
-      const int64_t j1 = std::min(cols, j0 + kTile);
-      for (int64_t i = i0; i < i1; ++i) {
-        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = src[i * cols + j];
-      }
-    }
-  }
 }
 
 template <typename Fn>
@@ -115,67 +102,67 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
   auto reserved = Reserve(batch.rows, batch.cols);
   if (!reserved.ok()) return reserved;
-  const int64_t stride = batch.rows * batch.cols;
+  // One matrix at a time (BLAS threads within each product).
+  const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
   for (int64_t k = 0; k < batch.count; ++k) {
-    OrthogonalizeOne(config, batch.data + k * stride, batch.rows, batch.cols);
+    OrthogonalizeOne(config, program, batch.data + k * program.x_elems);
   }
   return absl::OkStatus();
 }
 
-void CpuBackend::OrthogonalizeOne(const NsConfig& config, float* u, int64_t rows, int64_t cols) {
-  const bool bf16 = config.dtype == NsDtype::kBF16;
-  const bool transposed = rows > cols;
-  const int64_t m = transposed ? cols : rows;  // X is m x n with m <= n
-  const int64_t n = transposed ? rows : cols;
-  float* x = x_.data();
-  float* x_next = x_next_.data();
-  float* gram = gram_.data();
-  float* poly = poly_.data();
-
-  if (transposed) {
-    Transpose(u, rows, cols, x);
+void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                         bool bf16) {
+  const float* a = buffers[static_cast<int>(g.a.buffer)];
+  const float* b = buffers[static_cast<int>(g.b.buffer)];
+  const float* c = buffers[static_cast<int>(g.c.buffer)];
+  float* d = buffers[static_cast<int>(g.d.buffer)];
+  const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  // CBLAS updates C in place: D starts as C (C and D share layout).
+  if (beta != 0.0f) std::copy(c, c + g.d.ld * g.n, d);
+  if (g.symmetric) {
+    // One triangle of Y Y^T, Y = op(A), then mirrored.
+    cblas_ssyrk(CblasColMajor, CblasUpper, g.trans_a ? CblasTrans : CblasNoTrans, m, k, alpha, a,
+                static_cast<int>(g.a.ld), beta, d, static_cast<int>(g.d.ld));
+    const int64_t ld = g.d.ld;
+    for (int64_t j = 0; j < g.n; ++j) {
+      for (int64_t i = j + 1; i < g.m; ++i) d[j * ld + i] = d[i * ld + j];
+    }
   } else {
-    std::copy(u, u + m * n, x);
+    cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                static_cast<int>(g.a.ld), b, static_cast<int>(g.b.ld), beta, d,
+                static_cast<int>(g.d.ld));
   }
-  if (bf16) RoundSpanToBf16(x, m * n);
+  if (bf16) RoundSpanToBf16(d, g.d.ld * g.n);
+}
 
+void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
+  const bool bf16 = config.dtype == NsDtype::kBF16;
+  const int64_t elems = program.x_elems;
+  float* buffers[4] = {x_.data(), x_next_.data(), gram_.data(), poly_.data()};
+  float* x = buffers[static_cast<int>(NsBuffer::kX)];
+
+  // X <- U (no transpose: the program reads either orientation as stored).
+  std::copy(u, u + elems, x);
+  if (bf16) RoundSpanToBf16(x, elems);
   // X <- X / max(||X||_F, eps); the norm has the compute dtype's precision.
   double sumsq = 0.0;
-  for (int64_t i = 0; i < m * n; ++i) sumsq += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = 0; i < elems; ++i) sumsq += static_cast<double>(x[i]) * x[i];
   float norm = static_cast<float>(std::sqrt(sumsq));
   if (bf16) norm = RoundToBf16(norm);
   norm = std::max(norm, static_cast<float>(config.eps));
   if (bf16) norm = RoundToBf16(norm);
-  for (int64_t i = 0; i < m * n; ++i) x[i] = x[i] / norm;
-  if (bf16) RoundSpanToBf16(x, m * n);
+  for (int64_t i = 0; i < elems; ++i) x[i] = x[i] / norm;
+  if (bf16) RoundSpanToBf16(x, elems);
 
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n);
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    // gram = X X^T (symmetric: computed once per pair, then mirrored).
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, mi, ni, 1.0f, x, ni, 0.0f, gram, mi);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < i; ++j) gram[i * m + j] = gram[j * m + i];
-    }
-    if (bf16) RoundSpanToBf16(gram, m * m);
-    // poly = b * gram + c * gram @ gram
-    std::copy(gram, gram + m * m, poly);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mi, mi, mi, static_cast<float>(abc[2]),
-                gram, mi, gram, mi, static_cast<float>(abc[1]), poly, mi);
-    if (bf16) RoundSpanToBf16(poly, m * m);
-    // X <- a * X + poly @ X
-    std::copy(x, x + m * n, x_next);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mi, ni, mi, 1.0f, poly, mi, x, ni,
-                static_cast<float>(abc[0]), x_next, ni);
-    if (bf16) RoundSpanToBf16(x_next, m * n);
-    std::swap(x, x_next);
+    for (const NsGemm& g : program.iteration) RunGemm(g, abc, buffers, bf16);
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
-
-  if (transposed) {
-    Transpose(x, m, n, u);
-  } else {
-    std::copy(x, x + m * n, u);
-  }
+  x = buffers[static_cast<int>(NsBuffer::kX)];
+  std::copy(x, x + elems, u);
 }
 
 }  // namespace muon

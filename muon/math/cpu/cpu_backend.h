@@ -1,5 +1,5 @@
 // The CPU backend: elementwise updates in plain loops, Newton-Schulz through
-// CBLAS (OpenBLAS) in fp32, with bf16 emulated by rounding every stored
+// CBLAS (OpenBLAS) running the program of muon/math/ns_program.h in fp32, with bf16 emulated by rounding every stored
 // intermediate to bf16 (fp32 accumulation), as torch's bf16 path does.
 #ifndef MUON_MATH_CPU_CPU_BACKEND_H_
 #define MUON_MATH_CPU_CPU_BACKEND_H_
@@ -9,6 +9,7 @@
 
 #include "muon/math/backend.h"
 #include "muon/math/elementwise.h"
+#include "muon/math/ns_program.h"
 
 namespace muon {
 
@@ -31,7 +32,12 @@ class CpuBackend final : public MathBackend {
   }
 
  private:
-  void OrthogonalizeOne(const NsConfig& config, float* u, int64_t rows, int64_t cols);
+  // One matrix through the program (muon/math/ns_program.h) in place.
+  void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
+  // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
+  // rounded to bf16 when `bf16`.
+  static void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                      bool bf16);
 
   // Workspace, reused across calls: x and x_next (m x n), gram and poly (m x m).
   std::vector<float> x_, x_next_, gram_, poly_;

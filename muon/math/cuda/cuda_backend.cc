@@ -1,14 +1,19 @@
 #include "muon/math/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/ns_kernels.h"
+#include "muon/math/ns_program.h"
 
 namespace muon {
 namespace {
@@ -50,18 +55,95 @@ struct WorkBuffer {
   }
 };
 
+// One product of the Newton-Schulz program (muon/math/ns_program.h) as a
+// cuBLASLt matmul: its descriptors and the algorithm the heuristic chose, made
+// once per (dtype, count, rows, cols) and reused by every later call.
+struct LtProduct {
+  cublasLtMatmulDesc_t op = nullptr;
+  std::array<cublasLtMatrixLayout_t, 4> layout = {};  // A, B, C, D
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  LtProduct() = default;
+  LtProduct(const LtProduct&) = delete;
+  LtProduct& operator=(const LtProduct&) = delete;
+  ~LtProduct() {
+    for (cublasLtMatrixLayout_t l : layout) {
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    }
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::Status MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, const NsOperand& o,
+                        int32_t count, cublasLtMatrixLayout_t* out) {
+  MUON_CUBLAS(cublasLtMatrixLayoutCreate(out, type, static_cast<uint64_t>(rows),
+                                         static_cast<uint64_t>(cols), o.ld),
+              "cuBLASLt matrix layout");
+  const int64_t stride = o.stride;
+  MUON_CUBLAS(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                               sizeof(count)),
+              "cuBLASLt batch count");
+  MUON_CUBLAS(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                               &stride, sizeof(stride)),
+              "cuBLASLt batch stride");
+  return absl::OkStatus();
+}
+
+absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t type, int32_t count,
+                         size_t workspace_bytes, LtProduct* p) {
+  MUON_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              "cuBLASLt matmul descriptor");
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MUON_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+              "cuBLASLt op(A)");
+  MUON_CUBLAS(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+              "cuBLASLt op(B)");
+  // A and B as stored (before op); C and D as D is.
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  auto st = MakeLayout(type, a_rows, a_cols, g.a, count, &p->layout[0]);
+  if (st.ok()) st = MakeLayout(type, b_rows, b_cols, g.b, count, &p->layout[1]);
+  if (st.ok()) st = MakeLayout(type, g.m, g.n, g.c, count, &p->layout[2]);
+  if (st.ok()) st = MakeLayout(type, g.m, g.n, g.d, count, &p->layout[3]);
+  if (!st.ok()) return st;
+  cublasLtMatmulPreference_t pref = nullptr;
+  MUON_CUBLAS(cublasLtMatmulPreferenceCreate(&pref), "cuBLASLt preference");
+  const uint64_t ws = workspace_bytes;
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  int found = 0;
+  if (s == CUBLAS_STATUS_SUCCESS) {
+    s = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->layout[0], p->layout[1], p->layout[2],
+                                       p->layout[3], pref, 1, &p->heuristic, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  MUON_CUBLAS(s, absl::StrCat("cuBLASLt heuristic for the ", g.name, " product").c_str());
+  if (found == 0) {
+    return absl::InternalError(absl::StrCat("cuBLASLt has no algorithm for the ", g.name,
+                                            " product (", g.m, " x ", g.n, " x ", g.k, ")"));
+  }
+  return absl::OkStatus();
+}
+
+using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;  // dtype, count, rows, cols
+
 }  // namespace
 
 struct CudaBackend::Impl {
   cublasHandle_t blas = nullptr;
   cudaStream_t stream = nullptr;
-  WorkBuffer x, x_next, gram, poly;
+  cublasLtHandle_t lt = nullptr;
+  WorkBuffer x, x_next, gram, poly, partials;
+  // The three products of each shape seen, planned once (heuristics cached).
+  std::map<ShapeKey, std::array<LtProduct, 3>> products;
   // cuBLAS's own workspace, set explicitly so that it never allocates inside
   // a step (cublasSetStream drops the workspace it had; 32 MiB as cuBLAS
   // advises for Hopper).
   WorkBuffer blas_workspace;
   static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
   ~Impl() {
+    products.clear();
+    if (lt != nullptr) cublasLtDestroy(lt);
     if (blas != nullptr) cublasDestroy(blas);
   }
 };
@@ -77,6 +159,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
   b->impl_ = std::make_unique<Impl>();
   MUON_CUBLAS(cublasCreate(&b->impl_->blas), "creating the cuBLAS handle");
   MUON_CUBLAS(cublasSetPointerMode(b->impl_->blas, CUBLAS_POINTER_MODE_HOST), "cuBLAS pointer mode");
+  MUON_CUBLAS(cublasLtCreate(&b->impl_->lt), "creating the cuBLASLt handle");
   auto ws = b->impl_->blas_workspace.Reserve(Impl::kBlasWorkspaceBytes);
   if (!ws.ok()) return ws;
   MUON_CUBLAS(cublasSetWorkspace(b->impl_->blas, b->impl_->blas_workspace.ptr,
@@ -128,73 +211,76 @@ absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t 
 
 absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t rows,
                                   int64_t cols) {
-  const NsDtype dtype = config.dtype;
-  const size_t m = static_cast<size_t>(std::min(rows, cols));
-  const size_t n = static_cast<size_t>(std::max(rows, cols));
-  const size_t elem = dtype == NsDtype::kBF16 ? 2 : 4;
+  const NsProgram p = PlanNewtonSchulz(count, rows, cols);
+  const size_t elem = config.dtype == NsDtype::kBF16 ? 2 : 4;
   const size_t k = static_cast<size_t>(count);
   for (WorkBuffer* b : {&impl_->x, &impl_->x_next}) {
-    auto st = b->Reserve(k * m * n * elem);
+    auto st = b->Reserve(k * static_cast<size_t>(p.x_elems) * elem);
     if (!st.ok()) return st;
   }
   for (WorkBuffer* b : {&impl_->gram, &impl_->poly}) {
-    auto st = b->Reserve(k * m * m * elem);
+    auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem);
     if (!st.ok()) return st;
+  }
+  auto st = impl_->partials.Reserve(k * static_cast<size_t>(cuda::NormBlocks(p.x_elems)) *
+                                    sizeof(float));
+  if (!st.ok()) return st;
+  // The products' descriptors and algorithms, once per shape.
+  const ShapeKey key{static_cast<int>(config.dtype), count, rows, cols};
+  if (impl_->products.count(key) != 0) return absl::OkStatus();
+  auto& products = impl_->products[key];
+  const cudaDataType_t type = config.dtype == NsDtype::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  for (size_t i = 0; i < p.iteration.size(); ++i) {
+    st = MakeProduct(impl_->lt, p.iteration[i], type, static_cast<int32_t>(count),
+                     impl_->blas_workspace.bytes, &products[i]);
+    if (!st.ok()) {
+      impl_->products.erase(key);
+      return st;
+    }
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
+  if (batch.count > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch of ", batch.count, " matrices exceeds cuBLASLt's batch count"));
+  }
   auto reserved = Reserve(config, batch.count, batch.rows, batch.cols);
   if (!reserved.ok()) return reserved;
-  const bool bf16 = config.dtype == NsDtype::kBF16;
-  const int x_type = bf16 ? cuda::kBF16 : cuda::kF32;
-  const cudaDataType_t dt = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  const size_t elem = bf16 ? 2 : 4;
-  const int64_t m = std::min(batch.rows, batch.cols), n = std::max(batch.rows, batch.cols);
-  const int count = static_cast<int>(batch.count);
+  const NsProgram p = PlanNewtonSchulz(batch.count, batch.rows, batch.cols);
+  const auto& products =
+      impl_->products.at(ShapeKey{static_cast<int>(config.dtype), batch.count, batch.rows,
+                                  batch.cols});
+  const int x_type = config.dtype == NsDtype::kBF16 ? cuda::kBF16 : cuda::kF32;
   cudaStream_t s = impl_->stream;
-  void* x = impl_->x.ptr;
-  void* x_next = impl_->x_next.ptr;
-  void* gram = impl_->gram.ptr;
-  void* poly = impl_->poly.ptr;
+  void* buffers[4] = {impl_->x.ptr, impl_->x_next.ptr, impl_->gram.ptr, impl_->poly.ptr};
 
-  MUON_CUDA(cuda::LaunchPrepare(batch.data, batch.count, batch.rows, batch.cols, x_type, x, s),
-            "Newton-Schulz input kernel");
-  MUON_CUDA(cuda::LaunchNormalize(x_type, x, batch.count, m * n, static_cast<float>(config.eps), s),
-            "Newton-Schulz norm kernel");
-  // Row-major X (m x n) is column-major X^T: cuBLAS sees Xc = X^T (n x m).
-  const int mi = static_cast<int>(m), ni = static_cast<int>(n);
-  const float one = 1.0f, zero = 0.0f;
+  // X <- U / max(||U||, eps), no transpose: the program reads either
+  // orientation as stored.
+  MUON_CUDA(cuda::LaunchPrepare(batch.data, batch.count, p.x_elems, x_type,
+                                static_cast<float>(config.eps),
+                                static_cast<float*>(impl_->partials.ptr), buffers[0], s),
+            "Newton-Schulz input kernels");
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
-                c = static_cast<float>(abc[2]);
-    // gram = X X^T = Xc^T Xc (m x m, symmetric).
-    MUON_CUBLAS(cublasGemmStridedBatchedEx(impl_->blas, CUBLAS_OP_T, CUBLAS_OP_N, mi, mi, ni, &one,
-                                           x, dt, ni, m * n, x, dt, ni, m * n, &zero, gram, dt, mi,
-                                           m * m, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "gram GEMM");
-    // poly = b * gram + c * gram @ gram
-    MUON_CUDA(cudaMemcpyAsync(poly, gram, static_cast<size_t>(count) * m * m * elem,
-                              cudaMemcpyDeviceToDevice, s),
-              "copying the Gram matrix");
-    MUON_CUBLAS(cublasGemmStridedBatchedEx(impl_->blas, CUBLAS_OP_N, CUBLAS_OP_N, mi, mi, mi, &c,
-                                           gram, dt, mi, m * m, gram, dt, mi, m * m, &b, poly, dt,
-                                           mi, m * m, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "polynomial GEMM");
-    // X <- a * X + poly @ X, i.e. Xc <- a * Xc + Xc @ poly (poly is symmetric).
-    MUON_CUDA(cudaMemcpyAsync(x_next, x, static_cast<size_t>(count) * m * n * elem,
-                              cudaMemcpyDeviceToDevice, s),
-              "copying X");
-    MUON_CUBLAS(cublasGemmStridedBatchedEx(impl_->blas, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, mi, &one,
-                                           x, dt, ni, m * n, poly, dt, mi, m * m, &a, x_next, dt,
-                                           ni, m * n, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                "update GEMM");
-    std::swap(x, x_next);
+    for (size_t i = 0; i < p.iteration.size(); ++i) {
+      const NsGemm& g = p.iteration[i];
+      const LtProduct& lp = products[i];
+      const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
+      // Out of place: with beta zero C is not read; D is its own buffer.
+      MUON_CUBLAS(cublasLtMatmul(impl_->lt, lp.op, &alpha, buffers[static_cast<int>(g.a.buffer)],
+                                 lp.layout[0], buffers[static_cast<int>(g.b.buffer)],
+                                 lp.layout[1], &beta, buffers[static_cast<int>(g.c.buffer)],
+                                 lp.layout[2], buffers[static_cast<int>(g.d.buffer)],
+                                 lp.layout[3], &lp.heuristic.algo, impl_->blas_workspace.ptr,
+                                 impl_->blas_workspace.bytes, s),
+                  absl::StrCat("Newton-Schulz ", g.name, " product").c_str());
+    }
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
-  MUON_CUDA(cuda::LaunchFinish(x_type, x, batch.count, batch.rows, batch.cols, batch.data, s),
+  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, batch.data, s),
             "Newton-Schulz output kernel");
   return absl::OkStatus();
 }

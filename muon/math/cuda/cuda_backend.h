@@ -1,8 +1,11 @@
 // The CUDA backend: the MathBackend operations on DEVICE pointers, ordered on
-// one stream. Newton-Schulz runs as strided-batched cuBLAS GEMMs over every
-// same-shape matrix of a batch (bf16 inputs with fp32 accumulation, or fp32),
-// the norm and scaling stay on the device, and the workspace is allocated
-// once and reused. Nothing here synchronizes the device.
+// one stream. Newton-Schulz runs the program of muon/math/ns_program.h as
+// batched cuBLASLt matmuls over every same-shape matrix of a batch (bf16
+// inputs with fp32 accumulation, or fp32), out of place and without any
+// transpose, their descriptors and algorithms chosen once per shape; the norm
+// is a multi-block deterministic reduction fused into the pass that prepares
+// X; the workspace is allocated once and reused. Nothing here synchronizes the
+// device.
 #ifndef MUON_MATH_CUDA_CUDA_BACKEND_H_
 #define MUON_MATH_CUDA_CUDA_BACKEND_H_
 

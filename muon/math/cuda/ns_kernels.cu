@@ -42,53 +42,79 @@ __global__ void ApplyKernel(int param_type, void* param, int64_t n, const float*
   }
 }
 
-__global__ void PrepareKernel(const float* u, int64_t count, int64_t rows, int64_t cols,
-                              int x_type, void* x) {
-  const bool t = rows > cols;
-  const int64_t m = t ? cols : rows, n = t ? rows : cols, per = m * n;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count * per;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t k = e / per, r = (e % per) / n, c = e % n;  // x[k][r][c]
-    const float v = t ? u[k * per + c * cols + r] : u[k * per + r * cols + c];
-    Store(x_type, x, e, v);
-  }
+// Every matrix's sum of squares is split over a fixed number of blocks, each
+// a fixed chunk (a multiple of 4 elements, so float4 loads stay aligned), each
+// reduced in a fixed tree: the same bits on every run.
+constexpr int kMaxNormBlocks = 256;
+constexpr int64_t kPerNormBlock = int64_t{kThreads} * 16;
+
+__host__ __device__ int64_t NormChunk(int64_t elems, int blocks) {
+  const int64_t chunk = (elems + blocks - 1) / blocks;
+  return (chunk + 3) / 4 * 4;
 }
 
-__global__ void FinishKernel(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
-                             float* u) {
-  const bool t = rows > cols;
-  const int64_t m = t ? cols : rows, n = t ? rows : cols, per = m * n;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count * per;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t k = e / per, r = (e % per) / n, c = e % n;
-    const float v = Load(x_type, x, e);
-    if (t) {
-      u[k * per + c * cols + r] = v;
-    } else {
-      u[k * per + r * cols + c] = v;
-    }
-  }
-}
-
-// One block per matrix: a fixed-order reduction, then the division.
-__global__ void NormalizeKernel(int x_type, void* x, int64_t elems, float eps) {
+// Sums `acc` over the block in a fixed order; the result in thread 0.
+__device__ float BlockSum(float acc) {
   __shared__ float partial[kThreads];
-  const int64_t base = blockIdx.x * elems;
-  float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
-    const float v = Load(x_type, x, base + i);
-    acc += v * v;
-  }
   partial[threadIdx.x] = acc;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
     __syncthreads();
   }
-  float norm = Round(x_type, sqrtf(partial[0]));
-  norm = Round(x_type, fmaxf(norm, eps));
-  for (int64_t i = threadIdx.x; i < elems; i += blockDim.x) {
-    Store(x_type, x, base + i, Load(x_type, x, base + i) / norm);
+  return partial[0];
+}
+
+// partials[k * gridDim.x + b] = the sum of squares of chunk b of matrix k,
+// each element first rounded to x_type.
+__global__ void SumSquaresKernel(const float* u, int64_t elems, int x_type, bool vec4,
+                                 float* partials) {
+  const int64_t chunk = NormChunk(elems, gridDim.x);
+  const float* m = u + blockIdx.y * elems;
+  const int64_t begin = blockIdx.x * chunk;
+  const int64_t end = begin + chunk < elems ? begin + chunk : elems;
+  float acc = 0.0f;
+  if (vec4) {  // elems % 4 == 0 and u 16-byte aligned: begin and end are too
+    const float4* m4 = reinterpret_cast<const float4*>(m);
+    for (int64_t i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
+      const float4 v = m4[i];
+      const float a = Round(x_type, v.x), b = Round(x_type, v.y), c = Round(x_type, v.z),
+                  d = Round(x_type, v.w);
+      acc += a * a + b * b + c * c + d * d;
+    }
+  } else {
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const float v = Round(x_type, m[i]);
+      acc += v * v;
+    }
+  }
+  const float total = BlockSum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.y * gridDim.x + blockIdx.x] = total;
+}
+
+// x[k] <- round(u[k]) / max(||round(u[k])||_F, eps), the norm rounded to
+// x_type as torch's is; every block sums matrix k's partials in the same order.
+__global__ void ScaleKernel(const float* u, int64_t elems, int x_type, const float* partials,
+                            int parts, float eps, void* x) {
+  __shared__ float norm;
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int p = 0; p < parts; ++p) sum += partials[blockIdx.y * parts + p];
+    float v = Round(x_type, sqrtf(sum));
+    norm = Round(x_type, fmaxf(v, eps));
+  }
+  __syncthreads();
+  const int64_t base = blockIdx.y * elems;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elems;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    Store(x_type, x, base + i, Round(x_type, u[base + i]) / norm);
+  }
+}
+
+__global__ void FinishKernel(int x_type, const void* x, int64_t n, float* u) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    u[e] = Load(x_type, x, e);
   }
 }
 
@@ -157,26 +183,27 @@ cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, i
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t rows, int64_t cols, int x_type,
-                          void* x, cudaStream_t stream) {
-  const int64_t n = count * rows * cols;
-  if (n == 0) return cudaSuccess;
-  PrepareKernel<<<Blocks(n), kThreads, 0, stream>>>(u, count, rows, cols, x_type, x);
-  return cudaGetLastError();
+int NormBlocks(int64_t elems) {
+  const int64_t b = (elems + kPerNormBlock - 1) / kPerNormBlock;
+  return static_cast<int>(b < 1 ? 1 : (b > kMaxNormBlocks ? kMaxNormBlocks : b));
 }
 
-cudaError_t LaunchNormalize(int x_type, void* x, int64_t count, int64_t elems, float eps,
-                            cudaStream_t stream) {
+cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t elems, int x_type, float eps,
+                          float* partials, void* x, cudaStream_t stream) {
   if (count == 0 || elems == 0) return cudaSuccess;
-  NormalizeKernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(x_type, x, elems, eps);
+  const int parts = NormBlocks(elems);
+  const bool vec4 = elems % 4 == 0 && reinterpret_cast<uintptr_t>(u) % 16 == 0;
+  const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(count));
+  SumSquaresKernel<<<grid, kThreads, 0, stream>>>(u, elems, x_type, vec4, partials);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  ScaleKernel<<<grid, kThreads, 0, stream>>>(u, elems, x_type, partials, parts, eps, x);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchFinish(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
-                         float* u, cudaStream_t stream) {
-  const int64_t n = count * rows * cols;
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, float* u, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, count, rows, cols, u);
+  FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, n, u);
   return cudaGetLastError();
 }
 

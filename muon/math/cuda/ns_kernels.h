@@ -35,19 +35,21 @@ cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* co
 cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, int32_t* flag,
                               cudaStream_t stream);
 
-// x[k] (m x n, in `x_type`) <- u[k] (rows x cols, fp32), transposed when
-// rows > cols (so m = min, n = max), for k < count.
-cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t rows, int64_t cols, int x_type,
-                          void* x, cudaStream_t stream);
+// The blocks LaunchPrepare splits one matrix of `elems` elements over: its
+// `partials` buffer holds count * NormBlocks(elems) floats.
+int NormBlocks(int64_t elems);
 
-// x[k] <- x[k] / max(||x[k]||_F, eps), the norm in fp32 (rounded to bf16 when
-// x_type is bf16, as torch's bf16 norm is); deterministic reduction order.
-cudaError_t LaunchNormalize(int x_type, void* x, int64_t count, int64_t elems, float eps,
-                            cudaStream_t stream);
+// For each of `count` matrices of `elems` fp32 elements at u (no transpose:
+// muon/math/ns_program.h reads either orientation as stored):
+//   x[k] <- round(u[k]) / max(||round(u[k])||_F, eps)   in x_type
+// the norm in fp32 (rounded to bf16 when x_type is bf16, as torch's bf16 norm
+// is), split over NormBlocks(elems) blocks per matrix with float4 loads and a
+// fixed reduction order (deterministic). Two launches.
+cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t elems, int x_type, float eps,
+                          float* partials, void* x, cudaStream_t stream);
 
-// u[k] (rows x cols, fp32) <- x[k], undoing the transpose of LaunchPrepare.
-cudaError_t LaunchFinish(int x_type, const void* x, int64_t count, int64_t rows, int64_t cols,
-                         float* u, cudaStream_t stream);
+// u[0, n) (fp32) <- x[0, n) (in x_type).
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, float* u, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace muon

@@ -1,0 +1,81 @@
+#include "muon/math/ns_program.h"
+
+#include <algorithm>
+
+namespace muon {
+
+NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols) {
+  NsProgram p;
+  p.count = count;
+  p.tall = rows > cols;
+  p.m = std::min(rows, cols);
+  p.n = std::max(rows, cols);
+  p.x_elems = p.m * p.n;
+  p.gram_elems = p.m * p.m;
+  const int64_t m = p.m, n = p.n;
+  // x as stored: W (m x n, ld m) when tall, W^T (n x m, ld n) when wide.
+  const int64_t ld_x = p.tall ? m : n;
+  const NsOperand x{NsBuffer::kX, ld_x, p.x_elems};
+  const NsOperand x_next{NsBuffer::kXNext, ld_x, p.x_elems};
+  const NsOperand gram{NsBuffer::kGram, m, p.gram_elems};
+  const NsOperand poly{NsBuffer::kPoly, m, p.gram_elems};
+
+  NsGemm& g = p.iteration[0];  // gram = W W^T
+  g.name = "gram";
+  g.m = m;
+  g.n = m;
+  g.k = n;
+  g.trans_a = !p.tall;  // W = (W^T)^T
+  g.trans_b = p.tall;   // W^T
+  g.a = x;
+  g.b = x;
+  g.c = gram;
+  g.d = gram;
+  g.alpha = NsScalar::kOne;
+  g.beta = NsScalar::kZero;
+  g.symmetric = true;
+
+  NsGemm& q = p.iteration[1];  // poly = b * gram + c * gram gram
+  q.name = "polynomial";
+  q.m = m;
+  q.n = m;
+  q.k = m;
+  q.a = gram;
+  q.b = gram;
+  q.c = gram;
+  q.d = poly;
+  q.alpha = NsScalar::kC;
+  q.beta = NsScalar::kB;
+  q.symmetric = true;  // gram gram = gram gram^T
+
+  NsGemm& u = p.iteration[2];  // W' = a W + poly W  (W'^T = a W^T + W^T poly)
+  u.name = "update";
+  u.m = p.tall ? m : n;
+  u.n = p.tall ? n : m;
+  u.k = m;
+  u.a = p.tall ? poly : x;
+  u.b = p.tall ? x : poly;
+  u.c = x;
+  u.d = x_next;
+  u.alpha = NsScalar::kOne;
+  u.beta = NsScalar::kA;
+  return p;
+}
+
+float NsScalarValue(NsScalar s, const NsCoefficients& abc) {
+  switch (s) {
+    case NsScalar::kZero:
+      return 0.0f;
+    case NsScalar::kOne:
+      return 1.0f;
+    case NsScalar::kA:
+      return static_cast<float>(abc[0]);
+    case NsScalar::kB:
+      return static_cast<float>(abc[1]);
+    case NsScalar::kC:
+      return static_cast<float>(abc[2]);
+  }
+  return 0.0f;
+}
+
+}  // namespace muon

@@ -1,0 +1,71 @@
+// The matrix products of one Newton-Schulz iteration, described once for every
+// backend: cuBLASLt runs this description on GPUs, CBLAS on the CPU.
+//
+// A batch holds `count` row-major rows x cols matrices, one after the other.
+// BLAS is column-major, and a row-major R x C matrix is, in the same memory,
+// the column-major C x R matrix: its transpose. So no backend transposes
+// anything. Muon works on the wide orientation W (m x n, m = min(rows, cols)):
+//   tall (rows > cols): the memory is W itself, column-major, ld m;
+//   wide (rows <= cols): the memory is W^T (n x m, column-major, ld n).
+// One iteration, as torch's addmm calls (torch.optim.Muon):
+//   gram  = W W^T                     (symmetric, m x m)
+//   poly  = b * gram + c * gram gram  (symmetric)
+//   W'    = a * W + poly W            (for W^T: a * W^T + W^T poly)
+// Every product with a C term is out of place (D != C): the buffers are x, x_next (m x n
+// each) and gram, poly (m x m each); after an iteration x and x_next swap.
+#ifndef MUON_MATH_NS_PROGRAM_H_
+#define MUON_MATH_NS_PROGRAM_H_
+
+#include <array>
+#include <cstdint>
+
+#include "muon/math/ns_config.h"
+
+namespace muon {
+
+enum class NsBuffer : uint8_t { kX, kXNext, kGram, kPoly };
+enum class NsScalar : uint8_t { kZero, kOne, kA, kB, kC };
+
+// A column-major operand: matrix i of the batch starts at buffer + i * stride.
+struct NsOperand {
+  NsBuffer buffer = NsBuffer::kX;
+  int64_t ld = 0;
+  int64_t stride = 0;
+};
+
+// D (m x n) = alpha * op(A) op(B) + beta * C, batched over the program's
+// count; C has D's shape, leading dimension and stride, and is a buffer other
+// than D whenever beta is not zero (with beta zero, C is not read).
+struct NsGemm {
+  const char* name = "";  // "gram", "polynomial", "update": for errors
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  NsOperand a, b, c, d;
+  NsScalar alpha = NsScalar::kOne;
+  NsScalar beta = NsScalar::kZero;
+  // op(A) op(B) equals Y Y^T for Y = op(A) (op(B) is Y^T itself, or Y is
+  // symmetric): D is symmetric, and a symmetric rank-k update (SYRK) may
+  // compute one triangle instead of the product.
+  bool symmetric = false;
+};
+
+struct NsProgram {
+  int64_t count = 0;
+  int64_t m = 0, n = 0;  // the wide orientation: m <= n
+  bool tall = false;     // rows > cols: the memory is W, not W^T
+  int64_t x_elems = 0;     // m * n per matrix (x and x_next)
+  int64_t gram_elems = 0;  // m * m per matrix (gram and poly)
+  std::array<NsGemm, 3> iteration;
+};
+
+// The program for `count` row-major rows x cols matrices (all positive).
+NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols);
+
+// The value of `s` in an iteration with coefficients (a, b, c), as the fp32
+// every GEMM of the program takes.
+float NsScalarValue(NsScalar s, const NsCoefficients& abc);
+
+}  // namespace muon
+
+#endif  // MUON_MATH_NS_PROGRAM_H_
