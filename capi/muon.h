@@ -485,9 +485,12 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * the call that returned the error everywhere.
  * CUDA graphs: a single-process GPU step after the first may be captured on
  * `stream` and replayed (it allocates, waits and copies to the host nothing
- * during capture; the hyper-parameters and the step count are the captured
- * call's, and muon_get_stats does not see replays). With more than one rank
- * a step cannot be captured yet.
+ * during capture; the step count is the captured call's, and muon_get_stats
+ * does not see replays). The kernels read lr, weight_decay and momentum from
+ * device memory when they run, written on the stream by every muon_step not
+ * being captured and by muon_push_hyperparameters: a replay uses the values
+ * pushed last, so a schedule is muon_set_lr then muon_push_hyperparameters
+ * before each replay. With more than one rank a step cannot be captured yet.
  * A failure after this rank's verdict left (its last collective itself, a
  * device error applying the update) poisons that rank alone; its refusal of
  * the next step is agreed like any failure, so every rank fails that one.
@@ -501,6 +504,14 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * (out of memory) once momentum updates began poisons the same way. No retry
  * and no fallback to a non-distributed step ever happens. */
 MUON_API muon_status_t muon_step(muon_optimizer_t* opt, void* stream);
+
+/* Writes the current lr, weight_decay and momentum (muon_set_lr, ...) to the
+ * device memory the step's kernels read, ordered on `stream`: call it before
+ * each replay of a captured muon_step whose values changed (an uncaptured
+ * muon_step writes them itself). Not collective; with several ranks every
+ * rank pushes the same values (a captured step cannot compare them). Before
+ * the first muon_step it does nothing (that step writes them). */
+MUON_API muon_status_t muon_push_hyperparameters(muon_optimizer_t* opt, void* stream);
 
 /* Newton-Schulz on its own, what torch's _zeropower_via_newtonschulz
  * computes: every matrix of `in` (seen through `matrix_view`, a

@@ -132,6 +132,13 @@ muon_status_t muon_set_momentum(muon_optimizer_t* opt, double momentum) {
   });
 }
 
+muon_status_t muon_push_hyperparameters(muon_optimizer_t* opt, void* stream) {
+  return Guard("muon_push_hyperparameters", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    return opt->impl->PushHyperparameters(stream);
+  });
+}
+
 muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
                                   const DLTensor* grad, const muon_param_options_t* options,
                                   int64_t* param_id) {

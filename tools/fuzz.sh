@@ -35,7 +35,7 @@ fi
 # The core below the engine: dtypes, tensors, the math and the host device.
 COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
-  muon/math/backend.cc muon/math/ns_config.cc muon/math/cpu/cpu_backend.cc
+  muon/math/backend.cc muon/math/ns_config.cc muon/math/ns_program.cc muon/math/cpu/cpu_backend.cc
   muon/device/device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
 )

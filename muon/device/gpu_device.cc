@@ -70,13 +70,17 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "binding the math to the stream");
     return math_->SetStream(stream);
   }
-  absl::Status Momentum(const MomentumArgs& args) override {
+  absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "the momentum update");
-    return math_->Momentum(args);
+    return math_->Momentum(step, tensors);
   }
-  absl::Status Apply(const ApplyArgs& args) override {
+  absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "the parameter update");
-    return math_->Apply(args);
+    return math_->Apply(step, tensors);
+  }
+  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "writing the step's hyper-parameters");
+    return math_->StoreScalars(dst, value);
   }
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");

@@ -2,33 +2,42 @@
 
 namespace muon {
 
-absl::Status UpdateMomentum(MathBackend& math, const Options& options, Param& p,
-                            DType grad_dtype, const void* grad, float* update,
-                            int64_t* nonfinite) {
+StepScalars ScalarsOf(const Options& options) {
+  StepScalars s;
+  s.lr = options.lr;
+  s.weight_decay = options.weight_decay;
+  s.momentum = options.momentum;
+  return s;
+}
+
+MomentumArgs MomentumOf(Param& p, DType grad_dtype, const void* grad, float* update) {
   MomentumArgs m;
   m.grad_dtype = grad_dtype;
   m.grad = grad;
   m.buf_dtype = p.state_dtype;
   m.buf = p.momentum.data();
   m.n = p.numel();
-  m.momentum = options.momentum;
-  m.nesterov = options.nesterov;
   m.out = update;
-  m.nonfinite = nonfinite;
-  return math.Momentum(m);
+  return m;
 }
 
-absl::Status ApplyUpdate(MathBackend& math, const Options& options, const Param& p,
-                         const float* update, const int32_t* gate) {
+MomentumStep MomentumStepOf(const Options& options, const StepScalars* scalars,
+                            int64_t* nonfinite) {
+  MomentumStep s;
+  s.scalars = scalars;
+  s.nesterov = options.nesterov;
+  s.nonfinite = nonfinite;
+  return s;
+}
+
+ApplyArgs ApplyOf(const Options& options, const Param& p, const float* update) {
   ApplyArgs a;
   a.param_dtype = p.value.dtype;
   a.param = p.value.data;
   a.n = p.numel();
   a.update = update;
-  a.decay = 1.0 - options.lr * options.weight_decay;
-  a.lr_adjusted = AdjustedLr(options.lr, options.adjust_lr, p.rows, p.cols);
-  a.gate = gate;
-  return math.Apply(a);
+  a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols);
+  return a;
 }
 
 }  // namespace muon

@@ -106,6 +106,12 @@ absl::Status Optimizer::Step(void* stream) {
     }
   }
   try {
+    // lr, weight decay and momentum where the kernels read them; not while
+    // captured, so that a graph's replays read what was written last
+    // (PushHyperparameters between replays).
+    if (local.ok() && !capturing) {
+      local.Note(registry_.device()->math().StoreScalars(setup_->scalars(), ScalarsOf(options_)));
+    }
     if (local.ok()) local.Note(UpdateMomenta());
     setup_->exchange->SetVerdict(static_cast<int32_t>(local.status().code()),
                                  HyperDigest(options_));
@@ -220,13 +226,17 @@ absl::Status Optimizer::UpdateMomenta() {
     counter = setup_->nonfinite.as<int64_t>();
     MUON_RETURN_IF_ERROR(registry_.device()->ZeroAsync(counter, sizeof(int64_t)));
   }
+  // Every piece in one backend call (one launch on a GPU).
+  std::vector<MomentumArgs>& args = setup_->momentum_args;
+  args.clear();
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!StepsLocally(p)) continue;
-    MUON_RETURN_IF_ERROR(UpdateMomentum(registry_.device()->math(), options_, p, p.grad.dtype,
-                                        p.grad.data, setup_->updates[i].as<float>(), counter));
+    args.push_back(MomentumOf(p, p.grad.dtype, p.grad.data, setup_->updates[i].as<float>()));
   }
-  return absl::OkStatus();
+  if (args.empty()) return absl::OkStatus();
+  return registry_.device()->math().Momentum(
+      MomentumStepOf(options_, setup_->scalars(), counter), args);
 }
 
 absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* stream) {
@@ -288,14 +298,30 @@ absl::Status Optimizer::RunSteppers(void* stream, bool failed) {
 }
 
 absl::Status Optimizer::ApplyUpdates(const int32_t* gate) {
-  // 3. Decay and the update onto each local piece.
+  // 3. Decay and the update onto every local piece, in one backend call.
   std::vector<Param>& params = registry_.params();
+  std::vector<ApplyArgs>& args = setup_->apply_args;
+  args.clear();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!StepsLocally(params[i])) continue;
-    MUON_RETURN_IF_ERROR(ApplyUpdate(registry_.device()->math(), options_, params[i],
-                                     setup_->updates[i].as<float>(), gate));
+    args.push_back(ApplyOf(options_, params[i], setup_->updates[i].as<float>()));
   }
-  return absl::OkStatus();
+  if (args.empty()) return absl::OkStatus();
+  return registry_.device()->math().Apply({setup_->scalars(), gate}, args);
+}
+
+absl::Status Optimizer::PushHyperparameters(void* stream) {
+  if (setup_ == nullptr) return absl::OkStatus();  // the first step writes them
+  struct Bound {
+    Device* device;
+    int previous;
+    ~Bound() { device->Unbind(previous); }
+  };
+  absl::StatusOr<int> previous = registry_.device()->Bind();
+  if (!previous.ok()) return previous.status();
+  const Bound bound{registry_.device().get(), *previous};
+  MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
+  return registry_.device()->math().StoreScalars(setup_->scalars(), ScalarsOf(options_));
 }
 
 void Optimizer::CountStats() {

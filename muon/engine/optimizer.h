@@ -73,6 +73,10 @@ class Optimizer {
   // Runs one step. `stream` orders the device's work and is handed to the
   // communicators.
   absl::Status Step(void* stream = nullptr);
+  // Writes the current lr, weight decay and momentum where the step's kernels
+  // read them, ordered on `stream` (muon_push_hyperparameters): between CUDA
+  // graph replays of a captured step. Nothing before the first step.
+  absl::Status PushHyperparameters(void* stream);
 
   size_t num_params() const { return registry_.params().size(); }
   int64_t step_count() const { return step_count_; }

@@ -75,19 +75,23 @@ absl::Status ValidateOptions(const Options& o) {
   return absl::OkStatus();
 }
 
-double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols) {
+double LrRatio(AdjustLr mode, int64_t rows, int64_t cols) {
   const double a = static_cast<double>(rows), b = static_cast<double>(cols);
   switch (mode) {
     case AdjustLr::kOriginal:
-      return lr * std::sqrt(std::max(1.0, a / b));
+      return std::sqrt(std::max(1.0, a / b));
     case AdjustLr::kMatchRmsAdamW:
-      return lr * 0.2 * std::sqrt(std::max(a, b));
+      return 0.2 * std::sqrt(std::max(a, b));
     case AdjustLr::kSpectralUnclamped:
-      return lr * std::sqrt(a / b);
+      return std::sqrt(a / b);
     case AdjustLr::kNone:
       break;
   }
-  return lr;
+  return 1.0;
+}
+
+double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols) {
+  return lr * LrRatio(mode, rows, cols);
 }
 
 }  // namespace muon

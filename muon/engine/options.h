@@ -42,6 +42,8 @@ absl::Status ValidateMomentum(double momentum);
 absl::Status ValidateOptions(const Options& options);
 
 // The lr a rows x cols matrix steps with (the decay keeps the plain lr).
+// The shape's lr ratio, and lr times it, as torch's _adjust_lr computes them.
+double LrRatio(AdjustLr mode, int64_t rows, int64_t cols);
 double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols);
 
 }  // namespace muon

@@ -174,6 +174,14 @@ TEST(AdjustedLr, MatchRmsAdamW) {
   EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kMatchRmsAdamW, 7, 3), lr * 0.2 * std::sqrt(7.0));
 }
 
+// torch multiplies lr by the ratio it computed first: the same bits.
+TEST(AdjustedLr, RoundsAsTorchDoes) {
+  for (double lr : {0.03, 0.02, 1e-3, 0.7}) {
+    EXPECT_EQ(AdjustedLr(lr, AdjustLr::kMatchRmsAdamW, 7, 3), lr * (0.2 * std::sqrt(7.0)));
+    EXPECT_EQ(AdjustedLr(lr, AdjustLr::kOriginal, 6, 3), lr * std::sqrt(2.0));
+  }
+}
+
 TEST(AdjustedLr, None) {
   for (int64_t r : {1, 3, 64}) {
     for (int64_t c : {1, 5, 128}) {

@@ -93,8 +93,14 @@ absl::Status Build(Registry& registry, const Options& options,
                            absl::StrCat("the update buffer of param '", p.name, "'")));
     s->updates.push_back(std::move(b));
   }
+  MUON_ASSIGN_OR_RETURN(s->scalar_buffer,
+                        DeviceBuffer::Make(registry.device(), sizeof(StepScalars),
+                                           "the step's hyper-parameters"));
+  s->momentum_args.reserve(params.size());
+  s->apply_args.reserve(params.size());
   StepContext ctx;
   ctx.device = registry.device();
+  ctx.scalars = s->scalars();
   ctx.options = &options;
   ctx.params = &params;
   ctx.updates = &s->updates;

@@ -26,6 +26,13 @@ struct StepSetup {
   DeviceBuffer verdict_send, verdicts, gate;
   // On a GPU: the step's count of non-finite gradient elements (int64).
   DeviceBuffer nonfinite;
+  // lr, weight decay and momentum where the kernels read them (StepScalars;
+  // written on the stream by each uncaptured step and PushHyperparameters).
+  DeviceBuffer scalar_buffer;
+  StepScalars* scalars() const { return scalar_buffer.as<StepScalars>(); }
+  // The backend calls' argument lists, kept so that a step allocates nothing.
+  std::vector<MomentumArgs> momentum_args;
+  std::vector<ApplyArgs> apply_args;
 
   // In the order they run.
   std::vector<Stepper*> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }

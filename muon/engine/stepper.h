@@ -25,6 +25,9 @@ namespace muon {
 struct StepContext {
   std::shared_ptr<Device> device;
   const Options* options = nullptr;
+  // lr, weight decay and momentum in the device's memory, as the kernels
+  // read them (written by the optimizer before the steppers run).
+  const StepScalars* scalars = nullptr;
   std::vector<Param>* params = nullptr;
   // Per parameter (registration order): its fp32 update buffer on the device,
   // holding the momentum output before the steppers run and the

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "muon/common/dtype.h"
 #include "muon/math/ns_config.h"
 
@@ -21,7 +22,18 @@ struct MatrixBatch {
   int64_t cols = 0;
 };
 
-// One momentum step on n elements (see the C header for the formulas):
+// The hyper-parameters the element-wise kernels read at the time they run,
+// from the backend's memory (device memory on a GPU): StoreScalars writes them
+// on the stream, so a CUDA graph replay of a step reads the values written
+// last, not values baked into the graph (torch's `capturable`).
+struct StepScalars {
+  double lr = 0.0;
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+};
+
+// One tensor's momentum step on n elements (see the C header for the
+// formulas):
 //   buf <- lerp(buf, grad, 1 - momentum)             stored in buf_dtype
 //   out <- nesterov ? lerp(grad, buf, momentum) : buf
 // `out` receives fp32 values already rounded to buf_dtype, the precision
@@ -32,25 +44,33 @@ struct MomentumArgs {
   DType buf_dtype = DType::kF32;
   void* buf = nullptr;
   int64_t n = 0;
-  double momentum = 0.95;
-  bool nesterov = true;
   float* out = nullptr;
-  // When set: += the non-finite elements of grad, counted in the same pass.
-  // In the backend's memory (a device counter on a GPU, added to by the
+};
+
+// What every tensor of one Momentum call shares.
+struct MomentumStep {
+  const StepScalars* scalars = nullptr;  // backend memory: `momentum` read from it
+  bool nesterov = true;
+  // When set: += the non-finite elements of the grads, counted in the same
+  // pass. In the backend's memory (a device counter on a GPU, added to by the
   // kernel, stream-ordered).
   int64_t* nonfinite = nullptr;
 };
 
 // Decoupled decay and the update on n elements of a parameter:
-//   param <- param * decay;  param <- param - lr_adjusted * update
+//   param <- param * (1 - lr * weight_decay);  param <- param - lr * lr_ratio * update
 // each rounded to the parameter's dtype, as torch's mul_ and add_ do.
 struct ApplyArgs {
   DType param_dtype = DType::kF32;
   void* param = nullptr;
   int64_t n = 0;
   const float* update = nullptr;
-  double decay = 1.0;        // 1 - lr * weight_decay
-  double lr_adjusted = 0.0;  // adjusted lr
+  double lr_ratio = 1.0;  // the shape's lr adjustment: adjusted lr = lr * lr_ratio
+};
+
+// What every tensor of one Apply call shares.
+struct ApplyStep {
+  const StepScalars* scalars = nullptr;  // backend memory: lr and weight_decay read from it
   // When set: the step's go-ahead in the backend's memory (VerdictGate's
   // flag): nothing is applied unless *gate == 0.
   const int32_t* gate = nullptr;
@@ -60,8 +80,11 @@ class MathBackend {
  public:
   virtual ~MathBackend() = default;
 
-  virtual absl::Status Momentum(const MomentumArgs& args) = 0;
-  virtual absl::Status Apply(const ApplyArgs& args) = 0;
+  // Every tensor of `tensors` (one launch on a GPU, however many).
+  virtual absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) = 0;
+  virtual absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) = 0;
+  // *dst (backend memory) <- value, stream-ordered; the value is taken now.
+  virtual absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) = 0;
 
   // Orthogonalizes every matrix of `batch` in place with `config`.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;

@@ -33,6 +33,22 @@ MUON_HD float ApplyElement(int param_type, float p, float update, float decay, f
   return RoundTo(param_type, p * decay) + alpha * update;
 }
 
+// The fp32 factors the element functions take, from the step's double
+// hyper-parameters (StepScalars), computed alike on the host and in a kernel
+// (the device's multiply-subtract kept from fusing into one fma, which
+// rounds once where the host rounds twice).
+MUON_HD float MomentumWeightOfBuf(double momentum) { return static_cast<float>(1.0 - momentum); }
+MUON_HD float MomentumWeightOfOut(double momentum) { return static_cast<float>(momentum); }
+MUON_HD float DecayFactor(double lr, double weight_decay) {
+#ifdef __CUDA_ARCH__
+  return static_cast<float>(__dadd_rn(1.0, -__dmul_rn(lr, weight_decay)));
+#else
+  return static_cast<float>(1.0 - lr * weight_decay);
+#endif
+}
+// -(adjusted lr), adjusted lr = lr * lr_ratio as torch's _adjust_lr.
+MUON_HD float UpdateAlpha(double lr, double lr_ratio) { return static_cast<float>(-(lr * lr_ratio)); }
+
 }  // namespace ew
 }  // namespace muon
 

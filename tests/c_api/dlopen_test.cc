@@ -42,6 +42,7 @@ namespace {
   X(muon_set_lr)                 \
   X(muon_set_weight_decay)       \
   X(muon_set_momentum)           \
+  X(muon_push_hyperparameters)   \
   X(muon_param_options_init)     \
   X(muon_register_param)         \
   X(muon_register_param_custom)  \

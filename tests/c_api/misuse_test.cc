@@ -709,6 +709,8 @@ std::vector<Case> Cases() {
       [](Fixture& f) { return muon_set_momentum(f.opt, -0.01); });
   add("set_momentum_nan", P, IA, {"momentum", "nan"},
       [](Fixture& f) { return muon_set_momentum(f.opt, kNaN); });
+  add("push_hyperparameters_null_opt", P, IA, {"muon_push_hyperparameters", "opt is NULL"},
+      [](Fixture&) { return muon_push_hyperparameters(nullptr, nullptr); });
 
   // ---- muon_register_param: pointers ----
   add("register_null_opt", P, IA, {"muon_register_param", "opt is NULL"}, [](Fixture& f) {

@@ -268,7 +268,9 @@ TEST(StrictGpu, ANewStreamIsOrderedAfterTheLastStepsStream) {
 
 // A step captured into a CUDA graph (after the first, which sets up): the
 // capture makes no call CUDA refuses during one (no allocation, no host wait,
-// no copy to or from host memory), and each replay steps like muon_step.
+// no copy to or from host memory), and each replay steps like muon_step,
+// following an lr / weight decay / momentum schedule pushed between replays
+// (muon_push_hyperparameters), not the values of the captured call.
 TEST(StrictGpu, AStepCapturedIntoAGraphReplaysLikeSteps) {
   ASSERT_NE(Rt(), nullptr);
   ASSERT_TRUE(Rt()->SetDevice(0).ok());
@@ -295,12 +297,43 @@ TEST(StrictGpu, AStepCapturedIntoAGraphReplaysLikeSteps) {
   ASSERT_EQ(captured, MUON_OK) << why;
   ASSERT_TRUE(graph.ok()) << graph.status();
   EXPECT_EQ(gpu.params[0]->Read(stream), before);  // recorded, not run
-  for (int s = 3; s <= 5; ++s) {
+  for (int s = 3; s <= 6; ++s) {
     if (s > 3) write_grads(s);
+    if (s >= 5) {  // a schedule: other values from the fifth step on
+      for (muon_optimizer_t* opt : {host.opt, gpu.opt}) {
+        ASSERT_EQ(muon_set_lr(opt, 0.005 * s), MUON_OK);
+        ASSERT_EQ(muon_set_weight_decay(opt, 0.02 * s), MUON_OK);
+        ASSERT_EQ(muon_set_momentum(opt, 0.1 * s), MUON_OK);
+      }
+      ASSERT_EQ(muon_push_hyperparameters(gpu.opt, stream), MUON_OK) << muon_last_error_message();
+    }
     ASSERT_TRUE(Rt()->Replay(*graph, stream).ok());
     ASSERT_EQ(host.Step(s), MUON_OK);
     EXPECT_EQ(gpu.Values_(), host.Values_()) << "replay of step " << s;
   }
+  Rt()->StreamDestroy(stream);
+}
+
+// The momentum and update of every parameter are one launch each per step
+// (multi-tensor kernels), however many parameters.
+TEST(StrictGpu, EachStepLaunchesOneMomentumAndOneUpdateKernel) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* h = dlopen(std::getenv("MUON_CUDA_PLUGIN"), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr);
+  auto launches = reinterpret_cast<void (*)(int, int64_t*, int64_t*)>(
+      dlsym(h, "muon_strict_gpu_launches"));
+  ASSERT_NE(launches, nullptr);
+  void* stream = *Rt()->StreamCreate();
+  Model gpu(0, 0, stream);
+  ASSERT_EQ(gpu.params.size(), 2u);
+  ASSERT_EQ(gpu.Step(1), MUON_OK);
+  int64_t momentum0 = 0, apply0 = 0, momentum1 = 0, apply1 = 0;
+  launches(0, &momentum0, &apply0);
+  for (int s = 2; s <= 4; ++s) ASSERT_EQ(gpu.Step(s), MUON_OK);
+  launches(0, &momentum1, &apply1);
+  EXPECT_EQ(momentum1 - momentum0, 3);
+  EXPECT_EQ(apply1 - apply0, 3);
   Rt()->StreamDestroy(stream);
 }
 

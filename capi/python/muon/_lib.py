@@ -299,6 +299,7 @@ _SIGNATURES = {
     "muon_set_lr": (status_t, [opt_p, ctypes.c_double]),
     "muon_set_weight_decay": (status_t, [opt_p, ctypes.c_double]),
     "muon_set_momentum": (status_t, [opt_p, ctypes.c_double]),
+    "muon_push_hyperparameters": (status_t, [opt_p, ctypes.c_void_p]),
     "muon_param_options_init": (
         status_t, [ctypes.POINTER(muon_param_options_t), ctypes.c_size_t]),
     "muon_register_param": (

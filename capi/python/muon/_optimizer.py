@@ -657,6 +657,13 @@ class Optimizer:
                                 % (err.message, "; ".join(missing)))
             raise err from raised[0][1]
 
+    def push_hyperparameters(self, stream=None):
+        """Writes the current lr, weight_decay and momentum where the step's
+        kernels read them, ordered on `stream` (default as for step): before
+        each replay of a step captured into a CUDA graph, so that the replays
+        follow a schedule (muon_push_hyperparameters)."""
+        check(_lib_handle.muon_push_hyperparameters(self._h(), self._stream_of(stream)))
+
     @property
     def step_count(self):
         n = ctypes.c_int64()

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/dtype.h"
@@ -13,6 +14,16 @@ namespace muon {
 namespace {
 
 std::atomic<int> g_fail_momentum{-1};
+
+// Per device ordinal: the element-wise launches issued (multi-tensor: one
+// per step each).
+constexpr int kMaxOrdinals = 64;
+std::atomic<int64_t> g_momentum_launches[kMaxOrdinals];
+std::atomic<int64_t> g_apply_launches[kMaxOrdinals];
+
+void CountLaunch(std::atomic<int64_t>* counters, int ordinal) {
+  if (ordinal >= 0 && ordinal < kMaxOrdinals) counters[ordinal].fetch_add(1);
+}
 
 // The math of a GPU backend as the runtime sees it: device pointers only,
 // everything stream-ordered, nothing waited for.
@@ -29,37 +40,60 @@ class StrictMath final : public MathBackend {
     return absl::OkStatus();
   }
 
-  absl::Status Momentum(const MomentumArgs& args) override {
+  absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override {
     int expected = ordinal_;
     if (g_fail_momentum.compare_exchange_strong(expected, -1)) {
       return absl::InternalError(
           absl::StrCat("the momentum kernel (injected failure on strict-cpu device ", ordinal_, ")"));
     }
-    const size_t n = static_cast<size_t>(args.n);
-    absl::Status st = rt_->CheckDeviceMemory(args.grad, n * SizeOf(args.grad_dtype),
-                                             "the momentum update: gradient");
-    if (st.ok()) {
-      st = rt_->CheckDeviceMemory(args.buf, n * SizeOf(args.buf_dtype),
-                                  "the momentum update: momentum buffer");
+    absl::Status st = rt_->CheckDeviceMemory(step.scalars, sizeof(StepScalars),
+                                             "the momentum update: hyper-parameters");
+    if (st.ok() && step.nonfinite != nullptr) {
+      st = rt_->CheckDeviceMemory(step.nonfinite, 8, "the momentum update: non-finite counter");
     }
-    if (st.ok()) st = rt_->CheckDeviceMemory(args.out, n * 4, "the momentum update: output");
-    if (st.ok() && args.nonfinite != nullptr) {
-      st = rt_->CheckDeviceMemory(args.nonfinite, 8, "the momentum update: non-finite counter");
+    for (const MomentumArgs& args : tensors) {
+      const size_t n = static_cast<size_t>(args.n);
+      if (st.ok()) {
+        st = rt_->CheckDeviceMemory(args.grad, n * SizeOf(args.grad_dtype),
+                                    "the momentum update: gradient");
+      }
+      if (st.ok()) {
+        st = rt_->CheckDeviceMemory(args.buf, n * SizeOf(args.buf_dtype),
+                                    "the momentum update: momentum buffer");
+      }
+      if (st.ok()) st = rt_->CheckDeviceMemory(args.out, n * 4, "the momentum update: output");
     }
     if (!st.ok()) return st;
-    return Run([this, args] { return cpu_.Momentum(args); });
+    CountLaunch(g_momentum_launches, ordinal_);
+    std::vector<MomentumArgs> copy(tensors.begin(), tensors.end());  // as kernel arguments are
+    return Run([this, step, copy] { return cpu_.Momentum(step, copy); });
   }
 
-  absl::Status Apply(const ApplyArgs& args) override {
-    const size_t n = static_cast<size_t>(args.n);
-    absl::Status st = rt_->CheckDeviceMemory(args.param, n * SizeOf(args.param_dtype),
-                                             "the parameter update: parameter");
-    if (st.ok()) st = rt_->CheckDeviceMemory(args.update, n * 4, "the parameter update: update");
-    if (st.ok() && args.gate != nullptr) {
-      st = rt_->CheckDeviceMemory(args.gate, 4, "the parameter update: gate");
+  absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override {
+    absl::Status st = rt_->CheckDeviceMemory(step.scalars, sizeof(StepScalars),
+                                             "the parameter update: hyper-parameters");
+    if (st.ok() && step.gate != nullptr) {
+      st = rt_->CheckDeviceMemory(step.gate, 4, "the parameter update: gate");
+    }
+    for (const ApplyArgs& args : tensors) {
+      const size_t n = static_cast<size_t>(args.n);
+      if (st.ok()) {
+        st = rt_->CheckDeviceMemory(args.param, n * SizeOf(args.param_dtype),
+                                    "the parameter update: parameter");
+      }
+      if (st.ok()) st = rt_->CheckDeviceMemory(args.update, n * 4, "the parameter update: update");
     }
     if (!st.ok()) return st;
-    return Run([this, args] { return cpu_.Apply(args); });
+    CountLaunch(g_apply_launches, ordinal_);
+    std::vector<ApplyArgs> copy(tensors.begin(), tensors.end());
+    return Run([this, step, copy] { return cpu_.Apply(step, copy); });
+  }
+
+  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override {
+    absl::Status st = rt_->CheckDeviceMemory(dst, sizeof(StepScalars),
+                                             "writing the step's hyper-parameters");
+    if (!st.ok()) return st;
+    return Run([this, dst, value] { return cpu_.StoreScalars(dst, value); });
   }
 
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
@@ -117,5 +151,14 @@ std::unique_ptr<Device> MakeStrictGpuDevice(std::shared_ptr<StrictCpuRuntime> ru
 }
 
 void FailNextMomentum(int ordinal) { g_fail_momentum.store(ordinal); }
+
+StrictLaunches LaunchesOn(int ordinal) {
+  StrictLaunches l;
+  if (ordinal >= 0 && ordinal < kMaxOrdinals) {
+    l.momentum = g_momentum_launches[ordinal].load();
+    l.apply = g_apply_launches[ordinal].load();
+  }
+  return l;
+}
 
 }  // namespace muon

@@ -83,3 +83,11 @@ extern "C" __attribute__((visibility("default"))) void muon_strict_gpu_fail_next
 extern "C" __attribute__((visibility("default"))) muon::StrictCpuRuntime* muon_strict_gpu_runtime() {
   return Runtime().get();
 }
+
+// The element-wise launches issued on a device so far (strict_gpu.h).
+extern "C" __attribute__((visibility("default"))) void muon_strict_gpu_launches(
+    int ordinal, int64_t* momentum, int64_t* apply) {
+  const muon::StrictLaunches l = muon::LaunchesOn(ordinal);
+  *momentum = l.momentum;
+  *apply = l.apply;
+}

@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/device/device.h"
+#include "muon/engine/local_update.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
 #include "muon/engine/stepper.h"
@@ -81,10 +82,14 @@ class HostJob {
     return params_.back();
   }
 
+  // The scalars are the options' as they are now (the optimizer writes them
+  // before each step).
   StepContext Context(const Options* options) {
     StepContext c;
     c.device = device_;
     c.options = options;
+    scalars_ = ScalarsOf(*options);
+    c.scalars = &scalars_;
     c.params = &params_;
     c.updates = &updates_;
     return c;
@@ -96,6 +101,7 @@ class HostJob {
   std::vector<float>& grad(size_t i) { return storage_[i].grad; }
 
  private:
+  StepScalars scalars_;
   struct Storage {
     std::vector<int64_t> shape;
     std::vector<float> value, grad;

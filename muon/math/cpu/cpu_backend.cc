@@ -30,31 +30,41 @@ absl::Status Guarded(const char* what, Fn&& fn) {
 
 }  // namespace
 
-absl::Status CpuBackend::Momentum(const MomentumArgs& a) {
-  const float w_buf = static_cast<float>(1.0 - a.momentum);
-  const float w_out = static_cast<float>(a.momentum);
+absl::Status CpuBackend::Momentum(const MomentumStep& step,
+                                  absl::Span<const MomentumArgs> tensors) {
+  const float w_buf = ew::MomentumWeightOfBuf(step.scalars->momentum);
+  const float w_out = ew::MomentumWeightOfOut(step.scalars->momentum);
   int64_t nonfinite = 0;
-  const int grad_type = static_cast<int>(a.grad_dtype), buf_type = static_cast<int>(a.buf_dtype);
-  for (int64_t i = 0; i < a.n; ++i) {  // as the CUDA kernel: the same element functions
-    const float g = ew::Load(grad_type, a.grad, i);
-    nonfinite += ew::IsFinite(g) ? 0 : 1;
-    float b = ew::Load(buf_type, a.buf, i);
-    a.out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, a.nesterov);
-    ew::Store(buf_type, a.buf, i, b);
+  for (const MomentumArgs& a : tensors) {
+    const int grad_type = static_cast<int>(a.grad_dtype), buf_type = static_cast<int>(a.buf_dtype);
+    for (int64_t i = 0; i < a.n; ++i) {  // as the CUDA kernel: the same element functions
+      const float g = ew::Load(grad_type, a.grad, i);
+      nonfinite += ew::IsFinite(g) ? 0 : 1;
+      float b = ew::Load(buf_type, a.buf, i);
+      a.out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, step.nesterov);
+      ew::Store(buf_type, a.buf, i, b);
+    }
   }
-  if (a.nonfinite != nullptr) *a.nonfinite += nonfinite;
+  if (step.nonfinite != nullptr) *step.nonfinite += nonfinite;
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Apply(const ApplyArgs& a) {
-  if (a.gate != nullptr && *a.gate != 0) return absl::OkStatus();  // the job said no
-  const float decay = static_cast<float>(a.decay);
-  const float alpha = static_cast<float>(-a.lr_adjusted);
-  const int type = static_cast<int>(a.param_dtype);
-  for (int64_t i = 0; i < a.n; ++i) {
-    ew::Store(type, a.param, i,
-              ew::ApplyElement(type, ew::Load(type, a.param, i), a.update[i], decay, alpha));
+absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) {
+  if (step.gate != nullptr && *step.gate != 0) return absl::OkStatus();  // the job said no
+  const float decay = ew::DecayFactor(step.scalars->lr, step.scalars->weight_decay);
+  for (const ApplyArgs& a : tensors) {
+    const float alpha = ew::UpdateAlpha(step.scalars->lr, a.lr_ratio);
+    const int type = static_cast<int>(a.param_dtype);
+    for (int64_t i = 0; i < a.n; ++i) {
+      ew::Store(type, a.param, i,
+                ew::ApplyElement(type, ew::Load(type, a.param, i), a.update[i], decay, alpha));
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::StoreScalars(StepScalars* dst, const StepScalars& value) {
+  *dst = value;
   return absl::OkStatus();
 }
 

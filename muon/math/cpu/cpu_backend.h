@@ -15,8 +15,9 @@ namespace muon {
 
 class CpuBackend final : public MathBackend {
  public:
-  absl::Status Momentum(const MomentumArgs& args) override;
-  absl::Status Apply(const ApplyArgs& args) override;
+  absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
+  absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
+  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

@@ -1,6 +1,7 @@
 #include "muon/math/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -128,10 +129,12 @@ TEST(CpuBackend, MomentumMatchesFormula) {
     a.grad = g.data();
     a.buf = b.data();
     a.n = n;
-    a.momentum = 0.9;
-    a.nesterov = nesterov;
     a.out = out.data();
-    ASSERT_TRUE(be.Momentum(a).ok());
+    const StepScalars scalars{0.0, 0.0, 0.9};
+    MomentumStep step;
+    step.scalars = &scalars;
+    step.nesterov = nesterov;
+    ASSERT_TRUE(be.Momentum(step, {a}).ok());
     for (int64_t i = 0; i < n; ++i) {
       const double nb = b0[i] + 0.1 * (double(g[i]) - b0[i]);
       EXPECT_NEAR(b[i], nb, 1e-6);
@@ -151,10 +154,12 @@ TEST(CpuBackend, MomentumInBf16RoundsBuffer) {
   a.buf_dtype = DType::kBF16;
   a.buf = b.data();
   a.n = 2;
-  a.momentum = 0.95;
   a.out = out.data();
+  const StepScalars scalars{0.0, 0.0, 0.95};
+  MomentumStep step;
+  step.scalars = &scalars;
   CpuBackend be;
-  ASSERT_TRUE(be.Momentum(a).ok());
+  ASSERT_TRUE(be.Momentum(step, {a}).ok());
   for (int i = 0; i < 2; ++i) {
     const float gf = Bf16BitsToFloat(g[i]);
     const float bf = Bf16BitsToFloat(b[i]);
@@ -172,10 +177,10 @@ TEST(CpuBackend, ApplyDecaysThenSteps) {
   a.param = p.data();
   a.n = 3;
   a.update = u.data();
-  a.decay = 1.0 - 0.1 * 0.5;
-  a.lr_adjusted = 0.2;
+  a.lr_ratio = 2.0;
+  const StepScalars scalars{0.1, 0.5, 0.0};  // decay 1 - 0.1 * 0.5, adjusted lr 0.2
   CpuBackend be;
-  ASSERT_TRUE(be.Apply(a).ok());
+  ASSERT_TRUE(be.Apply({&scalars, nullptr}, {a}).ok());
   EXPECT_FLOAT_EQ(p[0], 1.0f * 0.95f - 0.2f * 0.5f);
   EXPECT_FLOAT_EQ(p[1], -2.0f * 0.95f - 0.2f * 0.25f);
   EXPECT_FLOAT_EQ(p[2], 0.5f * 0.95f + 0.2f);
@@ -189,12 +194,64 @@ TEST(CpuBackend, ApplyInF16RoundsToHalf) {
   a.param = p.data();
   a.n = 1;
   a.update = u.data();
-  a.decay = 1.0;
-  a.lr_adjusted = 1.0;
+  const StepScalars scalars{1.0, 0.0, 0.0};
   CpuBackend be;
-  ASSERT_TRUE(be.Apply(a).ok());
+  ASSERT_TRUE(be.Apply({&scalars, nullptr}, {a}).ok());
   // Half spacing below 1 is 2^-11: 1 - 3e-4 is nearest to 1 - 2^-11.
   EXPECT_EQ(F16BitsToFloat(p[0]), 1.0f - std::ldexp(1.0f, -11));
+}
+
+// One call steps several tensors of different dtypes and lr ratios, each as
+// a call of its own would, and a nonzero go-ahead flag leaves all untouched.
+TEST(CpuBackend, OneCallStepsManyTensors) {
+  auto g1 = Random(37, 5), g2 = Random(5, 6), b1 = Random(37, 7);
+  std::vector<uint16_t> b2(5, FloatToBf16Bits(0.25f));
+  std::vector<float> out1(37), out2(5);
+  auto b1_alone = b1;
+  auto b2_alone = b2;
+  std::vector<float> out1_alone(37), out2_alone(5);
+  const StepScalars scalars{0.02, 0.1, 0.9};
+  MomentumStep step;
+  step.scalars = &scalars;
+  int64_t nonfinite = 0;
+  step.nonfinite = &nonfinite;
+  g2[3] = std::nanf("");
+  MomentumArgs m1{DType::kF32, g1.data(), DType::kF32, b1.data(), 37, out1.data()};
+  MomentumArgs m2{DType::kF32, g2.data(), DType::kBF16, b2.data(), 5, out2.data()};
+  CpuBackend be;
+  ASSERT_TRUE(be.Momentum(step, {m1, m2}).ok());
+  EXPECT_EQ(nonfinite, 1);
+  m1.buf = b1_alone.data();
+  m1.out = out1_alone.data();
+  m2.buf = b2_alone.data();
+  m2.out = out2_alone.data();
+  step.nonfinite = nullptr;
+  ASSERT_TRUE(be.Momentum(step, {m1}).ok());
+  ASSERT_TRUE(be.Momentum(step, {m2}).ok());
+  EXPECT_EQ(b1, b1_alone);
+  EXPECT_EQ(b2, b2_alone);
+  EXPECT_EQ(0, std::memcmp(out1.data(), out1_alone.data(), out1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(out2.data(), out2_alone.data(), out2.size() * 4));
+
+  auto p1 = Random(37, 8);
+  std::vector<uint16_t> p2(5, FloatToBf16Bits(1.5f));
+  const auto p1_before = p1;
+  const auto p2_before = p2;
+  const ApplyArgs a1{DType::kF32, p1.data(), 37, out1.data(), 1.0};
+  const ApplyArgs a2{DType::kBF16, p2.data(), 5, out1.data(), 3.0};
+  const int32_t refused = 1, go = 0;
+  ASSERT_TRUE(be.Apply({&scalars, &refused}, {a1, a2}).ok());
+  EXPECT_EQ(p1, p1_before);
+  EXPECT_EQ(p2, p2_before);
+  ASSERT_TRUE(be.Apply({&scalars, &go}, {a1, a2}).ok());
+  for (int i = 0; i < 37; ++i) {
+    const float decayed = p1_before[i] * static_cast<float>(1.0 - 0.02 * 0.1);
+    EXPECT_EQ(p1[i], decayed + static_cast<float>(-0.02) * out1[i]) << i;
+  }
+  for (int i = 0; i < 5; ++i) {
+    const float decayed = RoundToBf16(1.5f * static_cast<float>(1.0 - 0.02 * 0.1));
+    EXPECT_EQ(p2[i], FloatToBf16Bits(decayed + static_cast<float>(-0.02 * 3.0) * out1[i])) << i;
+  }
 }
 
 }  // namespace

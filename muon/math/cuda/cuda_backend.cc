@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <vector>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -136,6 +138,9 @@ struct CudaBackend::Impl {
   WorkBuffer x, x_next, gram, poly, partials;
   // The three products of each shape seen, planned once (heuristics cached).
   std::map<ShapeKey, std::array<LtProduct, 3>> products;
+  // The multi-tensor launches' host-side lists, kept across calls.
+  std::vector<cuda::MomentumTensor> momentum_tensors;
+  std::vector<cuda::ApplyTensor> apply_tensors;
   // cuBLAS's own workspace, set explicitly so that it never allocates inside
   // a step (cublasSetStream drops the workspace it had; 32 MiB as cuBLAS
   // advises for Hopper).
@@ -178,20 +183,40 @@ absl::Status CudaBackend::SetStream(void* stream) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Momentum(const MomentumArgs& a) {
-  MUON_CUDA(cuda::LaunchMomentum(static_cast<int>(a.grad_dtype), a.grad,
-                                 static_cast<int>(a.buf_dtype), a.buf, a.n,
-                                 static_cast<float>(1.0 - a.momentum),
-                                 static_cast<float>(a.momentum), a.nesterov, a.out, a.nonfinite,
-                                 impl_->stream),
+static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars, lr) == 0 &&
+                  offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
+              "the kernels read StepScalars as three doubles: lr, weight_decay, momentum");
+
+absl::Status CudaBackend::StoreScalars(StepScalars* dst, const StepScalars& v) {
+  MUON_CUDA(cuda::LaunchStoreScalars(dst, v.lr, v.weight_decay, v.momentum, impl_->stream),
+            "writing the step's hyper-parameters");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Momentum(const MomentumStep& step,
+                                   absl::Span<const MomentumArgs> tensors) {
+  std::vector<cuda::MomentumTensor>& t = impl_->momentum_tensors;
+  t.resize(tensors.size());  // grows to the largest call once, then reused
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const MomentumArgs& a = tensors[i];
+    t[i] = {static_cast<int>(a.grad_dtype), a.grad, static_cast<int>(a.buf_dtype), a.buf, a.n,
+            a.out};
+  }
+  MUON_CUDA(cuda::LaunchMomentum(t.data(), static_cast<int64_t>(t.size()), step.scalars,
+                                 step.nesterov, step.nonfinite, impl_->stream),
             "momentum kernel");
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Apply(const ApplyArgs& a) {
-  MUON_CUDA(cuda::LaunchApply(static_cast<int>(a.param_dtype), a.param, a.n, a.update,
-                              static_cast<float>(a.decay), static_cast<float>(-a.lr_adjusted),
-                              a.gate, impl_->stream),
+absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) {
+  std::vector<cuda::ApplyTensor>& t = impl_->apply_tensors;
+  t.resize(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ApplyArgs& a = tensors[i];
+    t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio};
+  }
+  MUON_CUDA(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
+                              impl_->stream),
             "update kernel");
   return absl::OkStatus();
 }

@@ -27,8 +27,10 @@ class CudaBackend final : public MathBackend {
   // legacy default stream).
   absl::Status SetStream(void* stream) override;
 
-  absl::Status Momentum(const MomentumArgs& args) override;
-  absl::Status Apply(const ApplyArgs& args) override;
+  // Every tensor in one launch (more only past 40 tensors per launch).
+  absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
+  absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
+  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

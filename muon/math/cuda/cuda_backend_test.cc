@@ -112,42 +112,64 @@ TEST(CudaBackend, NewtonSchulzIsDeterministic) {
   EXPECT_EQ(first.Get(), second.Get());
 }
 
+// Several tensors (more than one launch holds, of mixed dtypes and sizes)
+// stepped by one call each, with the hyper-parameters read from device
+// memory, against the CPU backend.
 TEST(CudaBackend, MomentumAndApplyMatchCpu) {
   REQUIRE_GPU(gpu);
-  const size_t n = 10000;
-  auto g = Random(n, 1), b = Random(n, 2), p = Random(n, 3), u = Random(n, 4);
-  std::vector<float> out_cpu(n);
-  auto b_cpu = b, p_cpu = p;
+  constexpr int kTensors = 45;
+  std::vector<std::vector<float>> g, b, p, u, out(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    const size_t n = 1 + static_cast<size_t>(i) * 397;
+    g.push_back(Random(n, 1 + i));
+    b.push_back(Random(n, 100 + i));
+    p.push_back(Random(n, 200 + i));
+    u.push_back(Random(n, 300 + i));
+    out[i].assign(n, 0.0f);
+  }
+  auto b_cpu = b, p_cpu = p, out_cpu = out;
+  const StepScalars scalars{0.02, 0.05, 0.9};
+  std::vector<MomentumArgs> m(kTensors);
+  std::vector<ApplyArgs> a(kTensors);
+  for (int i = 0; i < kTensors; ++i) {
+    const int64_t n = static_cast<int64_t>(g[i].size());
+    m[i] = {DType::kF32, g[i].data(), DType::kF32, b_cpu[i].data(), n, out_cpu[i].data()};
+    a[i] = {DType::kF32, p_cpu[i].data(), n, u[i].data(), 1.0 + i * 0.25};
+  }
   CpuBackend cpu;
-  MomentumArgs m;
-  m.grad = g.data();
-  m.buf = b_cpu.data();
-  m.n = static_cast<int64_t>(n);
-  m.out = out_cpu.data();
-  ASSERT_TRUE(cpu.Momentum(m).ok());
-  ApplyArgs a;
-  a.param = p_cpu.data();
-  a.n = static_cast<int64_t>(n);
-  a.update = u.data();
-  a.decay = 0.999;
-  a.lr_adjusted = 0.02;
-  ASSERT_TRUE(cpu.Apply(a).ok());
+  MomentumStep step;
+  step.scalars = &scalars;
+  ASSERT_TRUE(cpu.Momentum(step, m).ok());
+  ASSERT_TRUE(cpu.Apply({&scalars, nullptr}, a).ok());
 
-  const std::vector<float> zeros(n, 0.0f);
-  Device<float> dg(g), db(b), dp(p), du(u), dout(zeros);
-  m.grad = dg.p;
-  m.buf = db.p;
-  m.out = dout.p;
-  ASSERT_TRUE(gpu->Momentum(m).ok());
-  a.param = dp.p;
-  a.update = du.p;
-  ASSERT_TRUE(gpu->Apply(a).ok());
+  std::vector<std::unique_ptr<Device<float>>> dg, db, dp, du, dout;
+  for (int i = 0; i < kTensors; ++i) {
+    dg.push_back(std::make_unique<Device<float>>(g[i]));
+    db.push_back(std::make_unique<Device<float>>(b[i]));
+    dp.push_back(std::make_unique<Device<float>>(p[i]));
+    du.push_back(std::make_unique<Device<float>>(u[i]));
+    dout.push_back(std::make_unique<Device<float>>(out[i]));
+    m[i].grad = dg[i]->p;
+    m[i].buf = db[i]->p;
+    m[i].out = dout[i]->p;
+    a[i].param = dp[i]->p;
+    a[i].update = du[i]->p;
+  }
+  StepScalars* dscalars = nullptr;
+  ASSERT_EQ(cudaMalloc(&dscalars, sizeof(StepScalars)), cudaSuccess);
+  ASSERT_TRUE(gpu->StoreScalars(dscalars, scalars).ok());
+  step.scalars = dscalars;
+  ASSERT_TRUE(gpu->Momentum(step, m).ok());
+  ASSERT_TRUE(gpu->Apply({dscalars, nullptr}, a).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFree(dscalars);
   // The GPU contracts a*b+c into one rounding (as torch's CUDA kernels do):
   // at most a last-bit difference.
-  EXPECT_LT(MaxRel(db.Get(), b_cpu), 1e-6);
-  EXPECT_LT(MaxRel(dout.Get(), out_cpu), 1e-6);
-  EXPECT_LT(MaxRel(dp.Get(), p_cpu), 1e-6);
+  for (int i = 0; i < kTensors; ++i) {
+    EXPECT_LT(MaxRel(db[i]->Get(), b_cpu[i]), 1e-6) << i;
+    EXPECT_LT(MaxRel(dout[i]->Get(), out_cpu[i]), 1e-6) << i;
+    EXPECT_LT(MaxRel(dp[i]->Get(), p_cpu[i]), 1e-6) << i;
+  }
 }
 
 }  // namespace

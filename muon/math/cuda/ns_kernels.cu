@@ -17,29 +17,110 @@ unsigned Blocks(int64_t n) {
   return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
 }
 
-__global__ void MomentumKernel(int grad_type, const void* grad, int buf_type, void* buf,
-                               int64_t n, float w_buf, float w_out, bool nesterov, float* out,
+// Multi-tensor launches: the tensors ride in the kernel's argument (up to
+// kTensorsPerLaunch of them); block b works on chunk b - first_block of the
+// tensor whose block range holds b.
+constexpr int kTensorsPerLaunch = 40;
+constexpr int64_t kChunk = int64_t{kThreads} * 4;
+
+struct MomentumEntry {
+  const void* grad;
+  void* buf;
+  float* out;
+  int64_t n;
+  int64_t first_block;
+  int grad_type;
+  int buf_type;
+};
+struct MomentumLaunchArgs {
+  MomentumEntry t[kTensorsPerLaunch];
+  int count;
+};
+
+struct ApplyEntry {
+  void* param;
+  const float* update;
+  int64_t n;
+  int64_t first_block;
+  double lr_ratio;
+  int param_type;
+};
+struct ApplyLaunchArgs {
+  ApplyEntry t[kTensorsPerLaunch];
+  int count;
+};
+
+template <typename Args>
+__device__ __forceinline__ int TensorOfBlock(const Args& a, int64_t block) {
+  int i = 0;
+  while (i + 1 < a.count && a.t[i + 1].first_block <= block) ++i;
+  return i;
+}
+
+__global__ void StoreScalarsKernel(double* dst, double lr, double weight_decay, double momentum) {
+  dst[0] = lr;
+  dst[1] = weight_decay;
+  dst[2] = momentum;
+}
+
+__global__ void MomentumKernel(MomentumLaunchArgs a, const double* scalars, bool nesterov,
                                unsigned long long* nonfinite) {
+  const int64_t block = blockIdx.x;
+  const MomentumEntry& t = a.t[TensorOfBlock(a, block)];
+  const float w_buf = ew::MomentumWeightOfBuf(scalars[2]);
+  const float w_out = ew::MomentumWeightOfOut(scalars[2]);
+  const int64_t begin = (block - t.first_block) * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
   unsigned long long bad = 0;  // counted in the same pass; one atomic per thread that saw one
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = Load(grad_type, grad, i);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float g = Load(t.grad_type, t.grad, i);
     bad += ew::IsFinite(g) ? 0 : 1;
-    float b = Load(buf_type, buf, i);
-    out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, nesterov);
-    Store(buf_type, buf, i, b);
+    float b = Load(t.buf_type, t.buf, i);
+    t.out[i] = ew::MomentumElement(t.buf_type, g, &b, w_buf, w_out, nesterov);
+    Store(t.buf_type, t.buf, i, b);
   }
   if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
 }
 
-__global__ void ApplyKernel(int param_type, void* param, int64_t n, const float* update,
-                            float decay, float alpha, const int32_t* gate) {
+__global__ void ApplyKernel(ApplyLaunchArgs a, const double* scalars, const int32_t* gate) {
   if (gate != nullptr && *gate != 0) return;  // the job's verdict: not applied
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    Store(param_type, param, i,
-          ew::ApplyElement(param_type, Load(param_type, param, i), update[i], decay, alpha));
+  const int64_t block = blockIdx.x;
+  const ApplyEntry& t = a.t[TensorOfBlock(a, block)];
+  const float decay = ew::DecayFactor(scalars[0], scalars[1]);
+  const float alpha = ew::UpdateAlpha(scalars[0], t.lr_ratio);
+  const int64_t begin = (block - t.first_block) * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    Store(t.param_type, t.param, i,
+          ew::ApplyElement(t.param_type, Load(t.param_type, t.param, i), t.update[i], decay,
+                           alpha));
   }
+}
+
+// Packs tensors into launches of at most kTensorsPerLaunch tensors and
+// kMaxGrid blocks; `fill(entry, tensor)` copies one tensor's fields.
+constexpr int64_t kMaxGrid = int64_t{1} << 30;
+template <typename LaunchArgs, typename Tensor, typename Fill, typename Launch>
+cudaError_t PackAndLaunch(const Tensor* tensors, int64_t count, Fill fill, Launch launch) {
+  LaunchArgs args;
+  args.count = 0;
+  int64_t blocks = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t need = (tensors[i].n + kChunk - 1) / kChunk;
+    if (need == 0) continue;
+    if (need > kMaxGrid) return cudaErrorInvalidValue;  // > 2^40 elements in one tensor
+    if (args.count == kTensorsPerLaunch || blocks + need > kMaxGrid) {
+      const cudaError_t e = launch(args, blocks);
+      if (e != cudaSuccess) return e;
+      args.count = 0;
+      blocks = 0;
+    }
+    fill(args.t[args.count], tensors[i]);
+    args.t[args.count].first_block = blocks;
+    ++args.count;
+    blocks += need;
+  }
+  return args.count == 0 ? cudaSuccess : launch(args, blocks);
 }
 
 // Every matrix's sum of squares is split over a fixed number of blocks, each
@@ -120,22 +201,46 @@ __global__ void FinishKernel(int x_type, const void* x, int64_t n, float* u) {
 
 }  // namespace
 
-cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
-                           float w_buf, float w_out, bool nesterov, float* out,
-                           int64_t* nonfinite, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  MomentumKernel<<<Blocks(n), kThreads, 0, stream>>>(
-      grad_type, grad, buf_type, buf, n, w_buf, w_out, nesterov, out,
-      reinterpret_cast<unsigned long long*>(nonfinite));
+cudaError_t LaunchStoreScalars(void* dst, double lr, double weight_decay, double momentum,
+                               cudaStream_t stream) {
+  StoreScalarsKernel<<<1, 1, 0, stream>>>(static_cast<double*>(dst), lr, weight_decay, momentum);
   return cudaGetLastError();
 }
 
-cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
-                        float alpha, const int32_t* gate, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  ApplyKernel<<<Blocks(n), kThreads, 0, stream>>>(param_type, param, n, update, decay, alpha,
-                                                   gate);
-  return cudaGetLastError();
+cudaError_t LaunchMomentum(const MomentumTensor* tensors, int64_t count, const void* scalars,
+                           bool nesterov, int64_t* nonfinite, cudaStream_t stream) {
+  auto fill = [](MomentumEntry& e, const MomentumTensor& t) {
+    e.grad = t.grad;
+    e.buf = t.buf;
+    e.out = t.out;
+    e.n = t.n;
+    e.grad_type = t.grad_type;
+    e.buf_type = t.buf_type;
+  };
+  auto launch = [&](const MomentumLaunchArgs& args, int64_t blocks) {
+    MomentumKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        args, static_cast<const double*>(scalars), nesterov,
+        reinterpret_cast<unsigned long long*>(nonfinite));
+    return cudaGetLastError();
+  };
+  return PackAndLaunch<MomentumLaunchArgs>(tensors, count, fill, launch);
+}
+
+cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* scalars,
+                        const int32_t* gate, cudaStream_t stream) {
+  auto fill = [](ApplyEntry& e, const ApplyTensor& t) {
+    e.param = t.param;
+    e.update = t.update;
+    e.n = t.n;
+    e.lr_ratio = t.lr_ratio;
+    e.param_type = t.param_type;
+  };
+  auto launch = [&](const ApplyLaunchArgs& args, int64_t blocks) {
+    ApplyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        args, static_cast<const double*>(scalars), gate);
+    return cudaGetLastError();
+  };
+  return PackAndLaunch<ApplyLaunchArgs>(tensors, count, fill, launch);
 }
 
 __global__ void CountNonFiniteKernel(int type, const void* x, int64_t n,

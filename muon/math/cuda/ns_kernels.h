@@ -14,17 +14,46 @@ namespace cuda {
 // Element types, numbered like muon::DType: 0 float32, 1 bfloat16, 2 float16.
 enum ElemType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// buf <- lerp(buf, grad, w_buf) (rounded to buf_type);
-// out <- nesterov ? lerp(grad, buf, w_out) : buf (fp32, rounded to buf_type);
-// *nonfinite (device memory, may be NULL) += the non-finite grad elements.
-cudaError_t LaunchMomentum(int grad_type, const void* grad, int buf_type, void* buf, int64_t n,
-                           float w_buf, float w_out, bool nesterov, float* out,
-                           int64_t* nonfinite, cudaStream_t stream);
+// The step's hyper-parameters in device memory, laid out as muon::StepScalars
+// (muon/math/backend.h): lr, weight_decay, momentum, each a double.
+// *dst <- those three values, stream-ordered (taken at the call: a graph
+// captures them as they are now).
+cudaError_t LaunchStoreScalars(void* dst, double lr, double weight_decay, double momentum,
+                               cudaStream_t stream);
 
-// param <- round(param * decay); param <- round(param + alpha * update);
+// One tensor of a multi-tensor momentum launch.
+struct MomentumTensor {
+  int grad_type = kF32;
+  const void* grad = nullptr;
+  int buf_type = kF32;
+  void* buf = nullptr;
+  int64_t n = 0;
+  float* out = nullptr;
+};
+
+// For every tensor (all of them in as few launches as the kernel argument
+// space allows, each block a chunk of one tensor), with the momentum read
+// from `scalars` when the kernel runs:
+//   buf <- lerp(buf, grad, 1 - momentum) (rounded to buf_type);
+//   out <- nesterov ? lerp(grad, buf, momentum) : buf (fp32, rounded to buf_type);
+//   *nonfinite (device memory, may be NULL) += the non-finite grad elements.
+cudaError_t LaunchMomentum(const MomentumTensor* tensors, int64_t count, const void* scalars,
+                           bool nesterov, int64_t* nonfinite, cudaStream_t stream);
+
+// One tensor of a multi-tensor update launch.
+struct ApplyTensor {
+  int param_type = kF32;
+  void* param = nullptr;
+  int64_t n = 0;
+  const float* update = nullptr;
+  double lr_ratio = 1.0;
+};
+
+// For every tensor, lr and weight_decay read from `scalars` when it runs:
+//   param <- round(param * (1 - lr * wd)); param <- round(param - lr * lr_ratio * update);
 // nothing when `gate` (device memory, may be NULL) holds nonzero.
-cudaError_t LaunchApply(int param_type, void* param, int64_t n, const float* update, float decay,
-                        float alpha, const int32_t* gate, cudaStream_t stream);
+cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* scalars,
+                        const int32_t* gate, cudaStream_t stream);
 
 // *counter (device memory) += the non-finite elements of x[0, n) (in `type`).
 cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* counter,
