@@ -90,6 +90,35 @@ class Device {
   // then neither waits nor copies to its own memory (not permitted there).
   virtual bool Capturing() = 0;
 
+  // The communication lane: on a GPU, a device on a second stream of the same
+  // GPU, sharing this one's memory, made with the first call and kept for
+  // this device's lifetime; the exchanges run there so that round r + 1's
+  // exchange overlaps round r's math. `stream` is its stream (what the
+  // communicators get). The host device has none (device NULL): its
+  // exchanges run in line.
+  struct Lane {
+    Device* device = nullptr;
+    void* stream = nullptr;
+  };
+  virtual absl::StatusOr<Lane> CommLane() { return Lane{}; }
+  // Order between this device's stream and a lane's, without a host wait:
+  // Signal(k) records point k of this stream (k < the count ReserveSignals
+  // made, at setup); AwaitSignal(from, k) orders this stream's later work
+  // after `from`'s point k. Nothing on the host device.
+  virtual absl::Status ReserveSignals(int count) {
+    (void)count;
+    return absl::OkStatus();
+  }
+  virtual absl::Status Signal(int k) {
+    (void)k;
+    return absl::OkStatus();
+  }
+  virtual absl::Status AwaitSignal(Device& from, int k) {
+    (void)from;
+    (void)k;
+    return absl::OkStatus();
+  }
+
   // Marks the stream's current point (replacing the last mark); WaitMark
   // blocks the host until the stream passed it (at once on the host device,
   // and when nothing was marked).

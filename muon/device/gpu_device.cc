@@ -112,12 +112,53 @@ class GpuDevice final : public Device {
  public:
   GpuDevice(std::shared_ptr<GpuRuntime> rt, int ordinal, std::unique_ptr<MathBackend> math)
       : rt_(rt), ordinal_(ordinal), math_(rt, ordinal, std::move(math)) {}
+  // A communication lane of `parent`, on `stream` (owned).
+  GpuDevice(GpuDevice* parent, GpuStream stream)
+      : rt_(parent->rt_), ordinal_(parent->ordinal_), math_(rt_, ordinal_, nullptr),
+        parent_(parent), stream_(stream), used_(true) {}
 
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
   bool is_host() const override { return false; }
-  MathBackend& math() override { return math_; }
+  MathBackend& math() override { return parent_ != nullptr ? parent_->math() : math_; }
+
+  absl::StatusOr<Lane> CommLane() override {
+    if (parent_ != nullptr) return absl::InternalError("a lane has no lane of its own");
+    if (lane_ == nullptr) {
+      MUON_ON_DEVICE(*rt_, ordinal_, "creating the communication stream");
+      absl::StatusOr<GpuStream> s = rt_->StreamCreate();
+      if (!s.ok()) return s.status();
+      lane_ = std::make_unique<GpuDevice>(this, *s);
+    }
+    return Lane{lane_.get(), lane_->stream_};
+  }
+
+  absl::Status ReserveSignals(int count) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "creating the stream's events");
+    while (static_cast<int>(signals_.size()) < count) {
+      absl::StatusOr<GpuEvent> e = rt_->EventCreate();
+      if (!e.ok()) return e.status();
+      signals_.push_back(*e);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Signal(int k) override {
+    if (k < 0 || k >= static_cast<int>(signals_.size())) {
+      return absl::InternalError(absl::StrCat("stream signal ", k, " was not reserved"));
+    }
+    MUON_ON_DEVICE(*rt_, ordinal_, "recording a stream point");
+    return rt_->EventRecord(signals_[static_cast<size_t>(k)], stream_);
+  }
+  absl::Status AwaitSignal(Device& from, int k) override {
+    auto& other = static_cast<GpuDevice&>(from);
+    if (k < 0 || k >= static_cast<int>(other.signals_.size())) {
+      return absl::InternalError(absl::StrCat("stream signal ", k, " was not reserved"));
+    }
+    MUON_ON_DEVICE(*rt_, ordinal_, "ordering one stream after another");
+    return rt_->StreamWaitEvent(stream_, other.signals_[static_cast<size_t>(k)]);
+  }
 
   absl::Status SetStream(void* stream) override {
+    if (parent_ != nullptr) return absl::InternalError("a lane's stream is its own");
     if (stream != stream_ && used_) {
       // Another stream than the last step's: it waits for that one's work
       // (an event, no host wait).
@@ -267,15 +308,21 @@ class GpuDevice final : public Device {
   }
 
   ~GpuDevice() override {
+    lane_.reset();
     OnDevice on(*rt_, ordinal_);
     if (mark_ != nullptr) rt_->EventDestroy(mark_);
     if (switch_ != nullptr) rt_->EventDestroy(switch_);
+    for (GpuEvent e : signals_) rt_->EventDestroy(e);
+    if (parent_ != nullptr) rt_->StreamDestroy(stream_);  // its work completes first
   }
 
  private:
   std::shared_ptr<GpuRuntime> rt_;
   int ordinal_;
   GuardedMath math_;
+  GpuDevice* parent_ = nullptr;       // set on a lane
+  std::unique_ptr<GpuDevice> lane_;   // the communication lane, once made
+  std::vector<GpuEvent> signals_;     // Signal's points
   void* stream_ = nullptr;
   bool used_ = false;           // a stream was set (work may be on it)
   GpuEvent mark_ = nullptr;

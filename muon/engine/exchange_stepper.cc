@@ -63,17 +63,31 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
       MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
     }
   }
+  // On GPUs with more than one rank, the exchanges run on the device's
+  // communication lane (a stream of their own) so that a round's exchange
+  // overlaps another's math; stream points order the two (a world of one
+  // only copies: it stays on the step's stream).
+  if (!device->is_host() && world.size() > 1 && rounds > 0) {
+    MUON_ASSIGN_OR_RETURN(s->lane_, device->CommLane());
+    // Step stream: 0 the momentum done, 1 + r round r's math done. Lane: r
+    // round r's gather done, rounds its last scatter done.
+    MUON_RETURN_IF_ERROR(device->ReserveSignals(rounds + 1));
+    MUON_RETURN_IF_ERROR(s->lane_.device->ReserveSignals(rounds + 1));
+  }
   MUON_ASSIGN_OR_RETURN(s->pipeline_, Pipeline::Create(lookahead));
   return s;
 }
 
 absl::Status ExchangeStepper::Orthogonalize(int round) {
+  Device& device = *ctx_.device;
+  Device* lane = lane_.device;
+  if (lane != nullptr) MUON_RETURN_IF_ERROR(device.AwaitSignal(*lane, round));  // gathered
   float* slots = slots_[round % slots_.size()].as<float>();
   for (const ShapeBatch& b : tables_[round].batches) {
     MUON_RETURN_IF_ERROR(ctx_.device->math().Orthogonalize(
         ctx_.options->ns, {slots + b.offset, b.count, b.rows, b.cols}));
   }
-  return absl::OkStatus();
+  return lane != nullptr ? device.Signal(1 + round) : absl::OkStatus();
 }
 
 absl::Status ExchangeStepper::Run(void* stream, bool failed) {
@@ -88,6 +102,17 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     if (first.ok() && !st.ok()) first = st;
     return st;
   };
+  // The exchanges' device and stream: the communication lane when there is
+  // one, ordered after the step's momentum (and the step's stream after the
+  // lane's last scatter, below).
+  Device* lane = lane_.device;
+  Device& on = lane != nullptr ? *lane : *ctx_.device;
+  void* comm_stream = lane != nullptr ? lane_.stream : stream;
+  if (lane != nullptr) {
+    absl::Status st = ctx_.device->Signal(0);
+    if (st.ok()) st = lane->AwaitSignal(*ctx_.device, 0);
+    (void)note(st);
+  }
   auto exchange = [&](int round, bool scatter) {
     // Possibly on the pipeline's worker thread: the device must be current
     // for the communicator (a new thread starts on device 0).
@@ -95,30 +120,42 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     if (!bound.ok()) (void)note(bound.status());
     const BoundExchange& b = bound_[round];
     const BoundExchange::Direction& d = scatter ? b.scatter : b.gather;
-    if (d.trailer == 0) {
-      return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
-                              recv_.as<unsigned char>(), stream));
+    // A scatter sends round r's results: after its math (the step's stream).
+    if (scatter && lane != nullptr) (void)note(lane->AwaitSignal(*ctx_.device, 1 + round));
+    const unsigned char* out = nullptr;
+    unsigned char* in = nullptr;
+    if (d.trailer != 0) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        const int32_t code =
+            verdict_code_ != 0 ? verdict_code_ : static_cast<int32_t>(first.code());
+        WriteVerdict(code, verdict_digest_, mine_);
+      }
+      out = mine_;
+      in = verdicts_on_device_.as<unsigned char>();
+      if (ctx_.device->is_host()) {
+        verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);
+        in = verdicts_.data();
+      }
     }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      const int32_t code =
-          verdict_code_ != 0 ? verdict_code_ : static_cast<int32_t>(first.code());
-      WriteVerdict(code, verdict_digest_, mine_);
-    }
-    unsigned char* in = verdicts_on_device_.as<unsigned char>();
-    if (ctx_.device->is_host()) {
-      verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);
-      in = verdicts_.data();
-    }
-    return note(RunExchange(b, d, world_, *ctx_.device, send_.as<unsigned char>(),
-                            recv_.as<unsigned char>(), stream, mine_, in));
+    absl::Status st = note(RunExchange(b, d, world_, on, send_.as<unsigned char>(),
+                                       recv_.as<unsigned char>(), comm_stream, out, in));
+    if (!scatter && lane != nullptr) (void)note(lane->Signal(round));  // gathered
+    return st;
   };
   Pipeline::Stages stages;
   stages.gather = [&](int r) { return exchange(r, false); };
   stages.compute = [&](int r) { return note(Orthogonalize(r)); };
   stages.scatter = [&](int r) { return exchange(r, true); };
   verdicts_.clear();
-  MUON_RETURN_IF_ERROR(pipeline_->Run(rounds(), stages, /*skip_compute=*/failed));
+  absl::Status ran = pipeline_->Run(rounds(), stages, /*skip_compute=*/failed);
+  if (lane != nullptr) {
+    // The step's stream (the updates, the verdicts' gate) after the lane.
+    absl::Status st = lane->Signal(rounds());
+    if (st.ok()) st = ctx_.device->AwaitSignal(*lane, rounds());
+    if (ran.ok()) ran = st;
+  }
+  MUON_RETURN_IF_ERROR(ran);
   if (failed) return absl::OkStatus();
   for (const RoundTable& t : tables_) {
     stats_.orthogonalized += t.owned;

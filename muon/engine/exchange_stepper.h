@@ -5,7 +5,9 @@
 // whole matrices (batched by shape), and a second all_to_all_v sends every
 // holder its pieces of the results (sharding/exchange.h). Rounds run through
 // the prefetch pipeline (pipeline.h): with prefetch_count > 0, the exchanges
-// of later rounds overlap the math of earlier ones.
+// of later rounds overlap the math of earlier ones; on GPUs they also run
+// on a stream of their own (the device's communication lane), ordered
+// against the math by stream points, so that the GPU overlaps them too.
 #ifndef MUON_ENGINE_EXCHANGE_STEPPER_H_
 #define MUON_ENGINE_EXCHANGE_STEPPER_H_
 
@@ -75,6 +77,9 @@ class ExchangeStepper : public Stepper {
   std::vector<DeviceBuffer> slots_;
   DeviceBuffer send_, recv_;
   std::vector<BoundExchange> bound_;
+  // On GPUs with more than one rank: the device's communication lane, where
+  // the exchanges run (Device::CommLane); else none (device NULL).
+  Device::Lane lane_;
   std::unique_ptr<Pipeline> pipeline_;
   StepperStats stats_;
 };
