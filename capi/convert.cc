@@ -230,6 +230,15 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;
   o.skip_nonfinite = c.skip_nonfinite != 0;
+  if ((c.allocate == nullptr) != (c.release == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->", c.allocate == nullptr ? "allocate" : "release",
+        " is NULL but options->", c.allocate == nullptr ? "release" : "allocate",
+        " is not; set both (the host's allocator) or neither (the library's own)"));
+  }
+  o.allocator.allocate = c.allocate;
+  o.allocator.release = c.release;
+  o.allocator.ctx = c.allocator_ctx;
   if (c.reserved0 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
@@ -278,6 +287,10 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.prefetch_count = o.dist.prefetch_count;
   c.async_parallelism = o.dist.async_parallelism ? 1 : 0;
   c.round_bytes = static_cast<size_t>(o.dist.round_bytes);
+  c.skip_nonfinite = o.skip_nonfinite ? 1 : 0;
+  c.allocate = o.allocator.allocate;
+  c.release = o.allocator.release;
+  c.allocator_ctx = o.allocator.ctx;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;
@@ -395,7 +408,9 @@ void StatsToC(const StepStats& s, muon_stats_t* out) {
   const muon_stats_t full{caller_size,        s.steps,   s.traffic.bytes_sent,
                           s.traffic.bytes_received, s.traffic.collectives, s.rounds,
                           s.matrices_orthogonalized, s.ns_flops, s.matrices_total,
-                          s.matrices_owned, s.nonfinite_grads, s.steps_skipped};
+                          s.matrices_owned, s.nonfinite_grads, s.steps_skipped,
+                          s.memory_bytes, s.momentum_bytes, s.param_elements,
+                          s.bytes_per_param};
   // An older caller's struct is shorter: it gets the fields it has.
   std::memcpy(out, &full, std::min(caller_size, sizeof full));
 }

@@ -229,6 +229,25 @@ typedef struct muon_options_t {
    * for it (one wait per step, as a mixed-precision scaler's check of its
    * inf flag). Must be the same on every rank. */
   int32_t skip_nonfinite;
+  /* ---- 0.5 ---- */
+  /* The optimizer's own memory (momentum, update and exchange buffers, the
+   * Newton-Schulz workspace, the copy descriptors) from the host's allocator,
+   * e.g. a framework's caching allocator; both NULL (default): the library's
+   * own (cudaMalloc, calloc). allocate(ctx, bytes, device_type, device_id,
+   * stream) returns memory of that device (DLPack type and id: kDLCUDA and
+   * the GPU, or kDLCPU; pinned host memory serves kDLCPU too) or NULL when
+   * short (the call that needed it then fails with MUON_RESOURCE_EXHAUSTED
+   * naming the buffer); release(ctx, ptr, bytes, device_type, device_id,
+   * stream) takes it back. Both are called on the thread of the libmuon call
+   * that allocates (registration, the first step, muon_destroy), with the
+   * device current and the stream the optimizer has then (NULL before its
+   * first step), ordered on it: a stream-ordered allocator may reuse memory
+   * in stream order. Set both or neither. ctx is handed back as is. */
+  void* (*allocate)(void* ctx, size_t bytes, int32_t device_type, int32_t device_id,
+                    void* stream);
+  void (*release)(void* ctx, void* ptr, size_t bytes, int32_t device_type, int32_t device_id,
+                  void* stream);
+  void* allocator_ctx;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
@@ -631,6 +650,16 @@ typedef struct muon_stats_t {
    * last step's end to read it. */
   int64_t nonfinite_grads;
   int64_t steps_skipped;          /* steps skipped with skip_nonfinite, in all */
+  /* ---- 0.5 ---- */
+  /* Memory, now: the optimizer's own memory on its device (everything it
+   * allocated: momentum, each parameter's update buffer, the exchange and
+   * working buffers, the Newton-Schulz workspace), of which momentum, the
+   * elements of the parameter pieces this rank holds, and memory_bytes per
+   * such element (0 without parameters). */
+  int64_t memory_bytes;
+  int64_t momentum_bytes;
+  int64_t param_elements;
+  double bytes_per_param;
 } muon_stats_t;
 
 MUON_API muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size);

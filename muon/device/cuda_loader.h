@@ -20,7 +20,10 @@ namespace muon {
 // The plugin's one entry point. `abi` must be kCudaPluginAbi; on success
 // *device receives a Device the caller deletes; on failure the message is
 // written to error[0, error_size) and a nonzero absl::StatusCode returned.
-inline constexpr int kCudaPluginAbi = 1;
+// The Device class crosses the boundary: any change to it (device.h,
+// backend.h) bumps this number (2: the communication lane, stream points,
+// allocation through the host's allocator, multi-tensor math).
+inline constexpr int kCudaPluginAbi = 2;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);

@@ -9,6 +9,78 @@
 
 namespace muon {
 
+Device::~Device() = default;
+
+absl::Status Device::SetAllocator(const Allocator& allocator) {
+  if ((allocator.allocate == nullptr) != (allocator.release == nullptr)) {
+    return absl::InvalidArgumentError(
+        "allocate and release: set both (a host allocator) or neither (the library's own)");
+  }
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  if (!live_.empty()) {
+    return absl::FailedPreconditionError(
+        "the allocator can only be set before the device allocates anything");
+  }
+  allocator_ = allocator;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> Device::Allocate(size_t bytes, const std::string& what) {
+  Allocator a;
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    a = allocator_;
+  }
+  void* p = nullptr;
+  if (a.allocate != nullptr) {
+    p = a.allocate(a.ctx, bytes, dl_device_type(), dl_device_id(), current_stream());
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "allocating ", what, " (", bytes, " bytes on ", name(), "): the host's allocator "
+          "(muon_options_t.allocate) returned NULL"));
+    }
+    absl::Status zeroed = ZeroNew(p, bytes, what);
+    if (!zeroed.ok()) {
+      a.release(a.ctx, p, bytes, dl_device_type(), dl_device_id(), current_stream());
+      return zeroed;
+    }
+  } else {
+    absl::StatusOr<void*> own = AllocateOwn(bytes, what);
+    if (!own.ok()) return own.status();
+    p = *own;
+  }
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  live_[p] = bytes;
+  live_bytes_ += static_cast<int64_t>(bytes);
+  return p;
+}
+
+void Device::Free(void* ptr) {
+  if (ptr == nullptr) return;
+  size_t bytes = 0;
+  Allocator a;
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    auto it = live_.find(ptr);
+    if (it != live_.end()) {
+      bytes = it->second;
+      live_bytes_ -= static_cast<int64_t>(bytes);
+      live_.erase(it);
+    }
+    a = allocator_;
+  }
+  if (a.release != nullptr) {
+    a.release(a.ctx, ptr, bytes, dl_device_type(), dl_device_id(), current_stream());
+  } else {
+    FreeOwn(ptr);
+  }
+}
+
+int64_t Device::allocated_bytes() const {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  return live_bytes_;
+}
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
     Reset();
@@ -38,6 +110,15 @@ void DeviceBuffer::Reset() {
   ptr_ = nullptr;
   bytes_ = 0;
   device_.reset();
+}
+
+MemorySource MemorySourceOf(Device* device) {
+  MemorySource m;
+  m.allocate = [device](size_t bytes, const std::string& what) {
+    return device->Allocate(bytes, what);
+  };
+  m.free = [device](void* ptr) { device->Free(ptr); };
+  return m;
 }
 
 void RunCopiesOnHost(const std::vector<CopyOp>& ops) {
@@ -79,7 +160,10 @@ class HostDevice final : public Device {
   absl::StatusOr<int> Bind() override { return -1; }
   void Unbind(int) override {}
 
-  absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
+  HostDevice() { cpu_.SetMemorySource(MemorySourceOf(this)); }
+
+ protected:
+  absl::StatusOr<void*> AllocateOwn(size_t bytes, const std::string& what) override {
     void* p = std::calloc(bytes, 1);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
@@ -87,7 +171,16 @@ class HostDevice final : public Device {
     }
     return p;
   }
-  void Free(void* ptr) override { std::free(ptr); }
+  void FreeOwn(void* ptr) override { std::free(ptr); }
+  absl::Status ZeroNew(void* ptr, size_t bytes, const std::string&) override {
+    std::memset(ptr, 0, bytes);
+    return absl::OkStatus();
+  }
+  int32_t dl_device_type() const override { return 1; }  // kDLCPU
+  int32_t dl_device_id() const override { return 0; }
+  void* current_stream() const override { return nullptr; }
+
+ public:
 
   absl::StatusOr<std::unique_ptr<CopyProgram>> Prepare(const std::vector<CopyOp>& ops) override {
     return std::unique_ptr<CopyProgram>(new HostProgram(ops));

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,7 +45,7 @@ class CopyProgram {
 
 class Device {
  public:
-  virtual ~Device() = default;
+  virtual ~Device();
 
   // "cpu" or "cuda:<ordinal>", for messages.
   virtual std::string name() const = 0;
@@ -62,8 +64,27 @@ class Device {
   virtual absl::Status SetStream(void* stream) = 0;
 
   // Zero-filled device memory; ResourceExhausted naming `what` when short.
-  virtual absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) = 0;
-  virtual void Free(void* ptr) = 0;
+  // Through the host's allocator when one is set (SetAllocator), else the
+  // device's own; counted either way (allocated_bytes). Setup-time only
+  // (zeroing new memory waits for the stream).
+  absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what);
+  void Free(void* ptr);
+  // The optimizer's memory on this device now: every live Allocate.
+  int64_t allocated_bytes() const;
+
+  // A host allocator for this device's memory (muon_options_t.allocate):
+  // allocate(ctx, bytes, device_type, device_id, stream) returns memory of
+  // this device (DLPack device type and id) or NULL when short; release
+  // gets it back with the same size. Both stream-ordered on the stream the
+  // device has then. Set before the first allocation.
+  struct Allocator {
+    void* (*allocate)(void* ctx, size_t bytes, int32_t device_type, int32_t device_id,
+                      void* stream) = nullptr;
+    void (*release)(void* ctx, void* ptr, size_t bytes, int32_t device_type, int32_t device_id,
+                    void* stream) = nullptr;
+    void* ctx = nullptr;
+  };
+  absl::Status SetAllocator(const Allocator& allocator);
 
   virtual absl::StatusOr<std::unique_ptr<CopyProgram>> Prepare(const std::vector<CopyOp>& ops) = 0;
   // Runs a prepared program, stream-ordered.
@@ -124,6 +145,22 @@ class Device {
   // and when nothing was marked).
   virtual absl::Status Mark() = 0;
   virtual absl::Status WaitMark() = 0;
+
+ protected:
+  // The device's own memory, and what Allocate needs of a device: zeroing
+  // new memory (before anything else uses it), and where it lives.
+  virtual absl::StatusOr<void*> AllocateOwn(size_t bytes, const std::string& what) = 0;
+  virtual void FreeOwn(void* ptr) = 0;
+  virtual absl::Status ZeroNew(void* ptr, size_t bytes, const std::string& what) = 0;
+  virtual int32_t dl_device_type() const = 0;  // kDLCPU or kDLCUDA
+  virtual int32_t dl_device_id() const = 0;
+  virtual void* current_stream() const = 0;
+
+ private:
+  mutable std::mutex alloc_mu_;
+  Allocator allocator_;
+  std::map<void*, size_t> live_;  // pointer -> bytes
+  int64_t live_bytes_ = 0;
 };
 
 // Device memory owned by a buffer (move-only). Keeps its device alive.
@@ -155,6 +192,9 @@ class DeviceBuffer {
 
 // The CPU device: host memory and the OpenBLAS backend.
 std::shared_ptr<Device> MakeHostDevice();
+
+// `device`'s Allocate and Free, as a math backend's source of memory.
+MemorySource MemorySourceOf(Device* device);
 
 // Runs `ops` on host memory (the host device's program, also the reference
 // the GPU copy kernel is tested against).

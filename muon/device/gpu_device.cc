@@ -42,19 +42,15 @@ class OnDevice {
                         absl::StrCat(what, ": selecting the GPU: ", on_device_.status().message())); \
   }
 
+// Its descriptors are the device's memory (Allocate): it must not outlive
+// the device that prepared it.
 class GpuProgram final : public CopyProgram {
  public:
-  GpuProgram(std::shared_ptr<GpuRuntime> rt, int ordinal) : rt_(std::move(rt)), ordinal_(ordinal) {}
-  ~GpuProgram() override {
-    if (chunks_ != nullptr) {
-      OnDevice on(*rt_, ordinal_);
-      rt_->Free(chunks_);
-    }
-  }
+  explicit GpuProgram(Device* device) : device_(device) {}
+  ~GpuProgram() override { device_->Free(chunks_); }
   int64_t elements() const override { return elements_; }
 
-  std::shared_ptr<GpuRuntime> rt_;
-  int ordinal_;
+  Device* device_;
   GpuCopyChunk* chunks_ = nullptr;  // device array
   int64_t count_ = 0;
   int64_t elements_ = 0;
@@ -69,6 +65,14 @@ class GuardedMath final : public MathBackend {
   absl::Status SetStream(void* stream) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "binding the math to the stream");
     return math_->SetStream(stream);
+  }
+  void SetMemorySource(MemorySource source) override {
+    if (math_ != nullptr) math_->SetMemorySource(std::move(source));
+  }
+  // Destroys the backend (its memory goes back to the device).
+  void Release() {
+    OnDevice on(*rt_, ordinal_);
+    math_.reset();
   }
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "the momentum update");
@@ -111,7 +115,9 @@ class GuardedMath final : public MathBackend {
 class GpuDevice final : public Device {
  public:
   GpuDevice(std::shared_ptr<GpuRuntime> rt, int ordinal, std::unique_ptr<MathBackend> math)
-      : rt_(rt), ordinal_(ordinal), math_(rt, ordinal, std::move(math)) {}
+      : rt_(rt), ordinal_(ordinal), math_(rt, ordinal, std::move(math)) {
+    math_.SetMemorySource(MemorySourceOf(this));
+  }
   // A communication lane of `parent`, on `stream` (owned).
   GpuDevice(GpuDevice* parent, GpuStream stream)
       : rt_(parent->rt_), ordinal_(parent->ordinal_), math_(rt_, ordinal_, nullptr),
@@ -190,29 +196,9 @@ class GpuDevice final : public Device {
     if (previous >= 0 && previous != ordinal_) (void)rt_->SetDevice(previous);
   }
 
-  absl::StatusOr<void*> Allocate(size_t bytes, const std::string& what) override {
-    MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("allocating ", what));
-    absl::StatusOr<void*> p =
-        rt_->Malloc(bytes, absl::StrCat("allocating ", what, " (", bytes, " bytes on ", name(), ")"));
-    if (!p.ok()) return p.status();
-    // Zeroed on the step's stream before anything else uses it; setup only.
-    absl::Status st = rt_->MemsetAsync(*p, 0, bytes, stream_, absl::StrCat("zeroing ", what));
-    if (st.ok()) st = rt_->StreamSynchronize(stream_, absl::StrCat("zeroing ", what));
-    if (!st.ok()) {
-      rt_->Free(*p);
-      return st;
-    }
-    return p;
-  }
-
-  void Free(void* ptr) override {
-    OnDevice on(*rt_, ordinal_);
-    rt_->Free(ptr);
-  }
-
   absl::StatusOr<std::unique_ptr<CopyProgram>> Prepare(const std::vector<CopyOp>& ops) override {
     std::vector<GpuCopyChunk> chunks;
-    auto program = std::make_unique<GpuProgram>(rt_, ordinal_);
+    auto program = std::make_unique<GpuProgram>(this);
     for (const CopyOp& op : ops) {
       program->elements_ += op.n;
       const size_t src_size = SizeOf(op.src_type), dst_size = SizeOf(op.dst_type);
@@ -309,12 +295,41 @@ class GpuDevice final : public Device {
 
   ~GpuDevice() override {
     lane_.reset();
+    math_.Release();  // its workspace goes back while this device still is
     OnDevice on(*rt_, ordinal_);
     if (mark_ != nullptr) rt_->EventDestroy(mark_);
     if (switch_ != nullptr) rt_->EventDestroy(switch_);
     for (GpuEvent e : signals_) rt_->EventDestroy(e);
     if (parent_ != nullptr) rt_->StreamDestroy(stream_);  // its work completes first
   }
+
+ protected:
+  absl::StatusOr<void*> AllocateOwn(size_t bytes, const std::string& what) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("allocating ", what));
+    absl::StatusOr<void*> p =
+        rt_->Malloc(bytes, absl::StrCat("allocating ", what, " (", bytes, " bytes on ", name(), ")"));
+    if (!p.ok()) return p.status();
+    absl::Status st = ZeroNew(*p, bytes, what);
+    if (!st.ok()) {
+      rt_->Free(*p);
+      return st;
+    }
+    return p;
+  }
+  void FreeOwn(void* ptr) override {
+    OnDevice on(*rt_, ordinal_);
+    rt_->Free(ptr);
+  }
+  // Zeroed on the step's stream before anything else uses it; setup only.
+  absl::Status ZeroNew(void* ptr, size_t bytes, const std::string& what) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("zeroing ", what));
+    absl::Status st = rt_->MemsetAsync(ptr, 0, bytes, stream_, absl::StrCat("zeroing ", what));
+    if (st.ok()) st = rt_->StreamSynchronize(stream_, absl::StrCat("zeroing ", what));
+    return st;
+  }
+  int32_t dl_device_type() const override { return 2; }  // kDLCUDA
+  int32_t dl_device_id() const override { return ordinal_; }
+  void* current_stream() const override { return stream_; }
 
  private:
   std::shared_ptr<GpuRuntime> rt_;

@@ -27,7 +27,9 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const Options& opti
   MUON_RETURN_IF_ERROR(ValidateOptions(options));
   MUON_ASSIGN_OR_RETURN(std::shared_ptr<Comm> self,
                         Comm::Create(SelfCommTable(), "the single-process world"));
-  return std::unique_ptr<Optimizer>(new Optimizer(options, std::move(self)));
+  std::unique_ptr<Optimizer> opt(new Optimizer(options, std::move(self)));
+  MUON_RETURN_IF_ERROR(opt->registry_.SetAllocator(options.allocator));
+  return opt;
 }
 
 absl::Status Optimizer::SetLr(double lr) {
@@ -160,6 +162,17 @@ absl::Status Optimizer::Step(void* stream) {
 const StepStats& Optimizer::stats() const {
   int64_t count = 0;
   if (device_outcome_.TakeCount(*registry_.device(), &count)) stats_.nonfinite_grads = count;
+  stats_.memory_bytes = registry_.device()->allocated_bytes();
+  stats_.momentum_bytes = 0;
+  stats_.param_elements = 0;
+  for (const Param& p : registry_.params()) {
+    stats_.momentum_bytes += static_cast<int64_t>(p.momentum.size());
+    stats_.param_elements += p.numel();
+  }
+  stats_.bytes_per_param =
+      stats_.param_elements == 0
+          ? 0.0
+          : static_cast<double>(stats_.memory_bytes) / static_cast<double>(stats_.param_elements);
   return stats_;
 }
 

@@ -41,6 +41,12 @@ struct StepStats {
   int64_t matrices_owned = 0;
   int64_t nonfinite_grads = 0;  // last step (-1: not counted, on a GPU)
   int64_t steps_skipped = 0;    // with skip_nonfinite, in all
+  // Memory now: the device's live allocations, of which momentum; the local
+  // parameter elements; the first per the last.
+  int64_t memory_bytes = 0;
+  int64_t momentum_bytes = 0;
+  int64_t param_elements = 0;
+  double bytes_per_param = 0;
 };
 
 class Optimizer {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "muon/device/device.h"
 #include "muon/sharding/assignment.h"
 #include "muon/math/ns_config.h"
 
@@ -33,6 +34,7 @@ struct Options {
   bool momentum_fp32 = false;
   bool skip_nonfinite = false;  // skip the step on every rank when a grad is not finite
   DistOptions dist;
+  Device::Allocator allocator;  // the host's (muon_options_t.allocate); unset: the library's
 };
 
 absl::Status ValidateLr(double lr);

@@ -99,6 +99,12 @@ absl::Status Registry::Add(Param p) {
   return absl::OkStatus();
 }
 
+absl::Status Registry::SetAllocator(const Device::Allocator& allocator) {
+  MUON_RETURN_IF_ERROR(device_->SetAllocator(allocator));
+  allocator_ = allocator;
+  return absl::OkStatus();
+}
+
 absl::Status Registry::Place(Param* p) {
   const std::string where = DeviceString(p->value.device);
   if (params_.empty() && where != device_->name()) {
@@ -108,6 +114,7 @@ absl::Status Registry::Place(Param* p) {
       return absl::Status(d.status().code(), absl::StrCat("param '", p->name, "': is a ", where,
                                                           " tensor, but ", d.status().message()));
     }
+    MUON_RETURN_IF_ERROR((*d)->SetAllocator(allocator_));
     device_ = std::move(d).value();
   }
   if (where != device_->name()) {

@@ -55,6 +55,10 @@ class Registry {
   // Allowed between steps.
   absl::Status Rebind(int64_t id, const DLTensor* value, const DLTensor* grad);
 
+  // The host's allocator for the device's memory (set before registering:
+  // on the host device now, on a GPU when the first parameter opens it).
+  absl::Status SetAllocator(const Device::Allocator& allocator);
+
   // Ends registration (the first step's setup succeeded).
   void Close() { closed_ = true; }
 
@@ -75,6 +79,7 @@ class Registry {
   absl::Status Add(Param p);
 
   std::shared_ptr<Device> device_;
+  Device::Allocator allocator_;
   std::shared_ptr<Comm> world_;  // the self communicator until SetWorld
   bool distributed_ = false;
   std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)

@@ -5,8 +5,11 @@
 #define MUON_MATH_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "muon/common/dtype.h"
 #include "muon/math/ns_config.h"
@@ -76,9 +79,20 @@ struct ApplyStep {
   const int32_t* gate = nullptr;
 };
 
+// Where a backend's own memory (its Newton-Schulz workspace) comes from: the
+// device's Allocate (counted, and served by the host's allocator when one is
+// set). Unset: the backend allocates by itself.
+struct MemorySource {
+  std::function<absl::StatusOr<void*>(size_t bytes, const std::string& what)> allocate;
+  std::function<void(void*)> free;
+};
+
 class MathBackend {
  public:
   virtual ~MathBackend() = default;
+
+  // Set once, before any other call.
+  virtual void SetMemorySource(MemorySource source) { (void)source; }
 
   // Every tensor of `tensors` (one launch on a GPU, however many).
   virtual absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) = 0;

@@ -48,7 +48,10 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_fn) == 128, opt_assign_f
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, assign_state) == 136, opt_assign_state);
 /* 0.4: grown at the end. */
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, skip_nonfinite) == 144, opt_skip_nonfinite);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 152, opt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, allocate) == 152, opt_allocate);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, release) == 160, opt_release);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, allocator_ctx) == 168, opt_allocator_ctx);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 176, opt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, struct_size) == 0, popt_struct_size);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, name) == 8, popt_name);
@@ -107,7 +110,11 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, matrices_owned) == 72, st_matrice
 /* 0.4: grown at the end. */
 MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, nonfinite_grads) == 80, st_nonfinite_grads);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, steps_skipped) == 88, st_steps_skipped);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_stats_t) == 96, st_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, memory_bytes) == 96, st_memory_bytes);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, momentum_bytes) == 104, st_momentum_bytes);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, param_elements) == 112, st_param_elements);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_stats_t, bytes_per_param) == 120, st_bytes_per_param);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_stats_t) == 128, st_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, data) == 0, ga_data);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_gathered_t, rows) == 8, ga_rows);

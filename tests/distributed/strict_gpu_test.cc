@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -334,6 +335,76 @@ TEST(StrictGpu, EachStepLaunchesOneMomentumAndOneUpdateKernel) {
   launches(0, &momentum1, &apply1);
   EXPECT_EQ(momentum1 - momentum0, 3);
   EXPECT_EQ(apply1 - apply0, 3);
+  Rt()->StreamDestroy(stream);
+}
+
+// A host allocator (muon_options_t.allocate) serves every byte of device
+// memory the optimizer holds (the Newton-Schulz workspace included), on the
+// GPU it asked for, and gets all of it back; the steps equal the host's.
+struct DevicePool {
+  std::map<void*, size_t> live;
+  int64_t served = 0;
+  std::string bad;
+  static void* Allocate(void* ctx, size_t bytes, int32_t type, int32_t id, void*) {
+    auto* pool = static_cast<DevicePool*>(ctx);
+    if (type != kDLCUDA || id != 0) pool->bad = "asked for another device";
+    absl::StatusOr<void*> p = Rt()->Malloc(bytes, "the pool");
+    if (!p.ok()) return nullptr;
+    pool->live[*p] = bytes;
+    ++pool->served;
+    return *p;
+  }
+  static void Release(void* ctx, void* ptr, size_t bytes, int32_t, int32_t, void*) {
+    auto* pool = static_cast<DevicePool*>(ctx);
+    auto it = pool->live.find(ptr);
+    if (it == pool->live.end() || it->second != bytes) pool->bad = "a release that does not match";
+    if (it != pool->live.end()) pool->live.erase(it);
+    Rt()->Free(ptr);
+  }
+};
+
+TEST(StrictGpu, TheHostsAllocatorServesEveryDeviceBuffer) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  DevicePool pool;
+  {
+    Model host(-1, 0, nullptr);
+    // A model whose optimizer takes the pool: made by hand (Model's takes none).
+    muon_options_t o;
+    muon_options_init(&o, sizeof o);
+    o.lr = 0.02;
+    o.weight_decay = 0.01;
+    o.prefetch_count = 0;
+    o.allocate = &DevicePool::Allocate;
+    o.release = &DevicePool::Release;
+    o.allocator_ctx = &pool;
+    Model gpu(0, 0, stream);
+    muon_destroy(gpu.opt);
+    ASSERT_EQ(muon_create(&o, &gpu.opt), MUON_OK) << muon_last_error_message();
+    for (size_t i = 0; i < gpu.params.size(); ++i) {
+      muon_param_options_t po;
+      muon_param_options_init(&po, sizeof po);
+      const std::string name = "w" + std::to_string(i);
+      po.name = name.c_str();
+      int64_t id = -1;
+      ASSERT_EQ(muon_register_param(gpu.opt, &gpu.params[i]->dl, &gpu.grads[i]->dl, &po, &id),
+                MUON_OK)
+          << muon_last_error_message();
+    }
+    for (int s = 1; s <= 3; ++s) {
+      ASSERT_EQ(host.Step(s), MUON_OK);
+      ASSERT_EQ(gpu.Step(s), MUON_OK) << muon_last_error_message();
+      EXPECT_EQ(gpu.Values_(), host.Values_()) << "step " << s;
+    }
+    const muon_stats_t st = Stats(gpu.opt);
+    int64_t pooled = 0;
+    for (const auto& [p, b] : pool.live) pooled += static_cast<int64_t>(b);
+    EXPECT_EQ(st.memory_bytes, pooled);  // everything it holds is the pool's
+    EXPECT_GT(pool.served, 2);
+  }
+  EXPECT_TRUE(pool.live.empty()) << pool.live.size() << " device buffers never released";
+  EXPECT_EQ(pool.bad, "");
   Rt()->StreamDestroy(stream);
 }
 

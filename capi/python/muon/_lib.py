@@ -123,6 +123,13 @@ class muon_matrix_info_t(ctypes.Structure):
     ]
 
 
+# muon_options_t.allocate(ctx, bytes, device_type, device_id, stream) and
+# release(ctx, ptr, bytes, device_type, device_id, stream)
+ALLOCATE_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                               ctypes.c_int32, ctypes.c_void_p)
+RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+
 # muon_options_t.assign_fn(assign_state, num_matrices, matrices, owners)
 ASSIGN_FN = ctypes.CFUNCTYPE(status_t, ctypes.c_void_p, ctypes.c_size_t,
                              ctypes.POINTER(muon_matrix_info_t), ctypes.POINTER(ctypes.c_int32))
@@ -156,6 +163,10 @@ class muon_options_t(ctypes.Structure):
         ("assign_fn", ASSIGN_FN),
         ("assign_state", ctypes.c_void_p),
         ("skip_nonfinite", ctypes.c_int32),
+        # 0.5: the host's allocator
+        ("allocate", ALLOCATE_FN),
+        ("release", RELEASE_FN),
+        ("allocator_ctx", ctypes.c_void_p),
     ]
 
 
@@ -265,6 +276,10 @@ class muon_stats_t(ctypes.Structure):
         ("matrices_owned", ctypes.c_int64),
         ("nonfinite_grads", ctypes.c_int64),
         ("steps_skipped", ctypes.c_int64),
+        ("memory_bytes", ctypes.c_int64),
+        ("momentum_bytes", ctypes.c_int64),
+        ("param_elements", ctypes.c_int64),
+        ("bytes_per_param", ctypes.c_double),
     ]
 
 

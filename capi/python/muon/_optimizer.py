@@ -675,7 +675,10 @@ class Optimizer:
         for the last step bytes_sent, bytes_received, collectives, rounds,
         matrices_orthogonalized, ns_flops, nonfinite_grads (non-finite gradient
         elements; on a GPU read once the last step ended); planned:
-        matrices_total, matrices_owned; in all: steps_skipped (skip_nonfinite)."""
+        matrices_total, matrices_owned; in all: steps_skipped (skip_nonfinite);
+        now: memory_bytes (the optimizer's own memory on its device), of which
+        momentum_bytes, param_elements (of the pieces this rank holds) and
+        bytes_per_param."""
         s = _lib.muon_stats_t()
         check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
         check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))

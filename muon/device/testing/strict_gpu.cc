@@ -32,6 +32,10 @@ class StrictMath final : public MathBackend {
   StrictMath(std::shared_ptr<StrictCpuRuntime> rt, int ordinal)
       : rt_(std::move(rt)), ordinal_(ordinal) {}
 
+  // The CPU backend's workspace in the device's memory (run on it only as
+  // stream work, with the arena open).
+  void SetMemorySource(MemorySource source) override { cpu_.SetMemorySource(std::move(source)); }
+
   absl::Status SetStream(void* stream) override {
     if (rt_->DeviceOfStream(stream) < 0) {
       return absl::InvalidArgumentError("binding the math: not a stream of the runtime");

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
 #include "muon/math/ns_program.h"
 
 namespace muon {
@@ -93,19 +94,35 @@ absl::Status CpuBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t m
   return absl::OkStatus();
 }
 
+CpuBackend::~CpuBackend() { ReleaseWork(); }
+
+void CpuBackend::ReleaseWork() {
+  if (work_ == nullptr) return;
+  if (source_.free) {
+    source_.free(work_);
+  } else {
+    delete[] work_;
+  }
+  work_ = nullptr;
+  work_floats_ = 0;
+}
+
 absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
-  return Guarded("Newton-Schulz workspace", [&] {
-    if (x_.size() < m * n) {
-      x_.resize(m * n);
-      x_next_.resize(m * n);
+  const size_t want = 2 * m * n + 2 * m * m;
+  if (want > work_floats_) {
+    ReleaseWork();
+    if (source_.allocate) {
+      absl::StatusOr<void*> p = source_.allocate(want * sizeof(float), "the Newton-Schulz workspace");
+      if (!p.ok()) return p.status();
+      work_ = static_cast<float*>(*p);
+    } else {
+      MUON_RETURN_IF_ERROR(Guarded("Newton-Schulz workspace", [&] { work_ = new float[want]; }));
     }
-    if (gram_.size() < m * m) {
-      gram_.resize(m * m);
-      poly_.resize(m * m);
-    }
-  });
+    work_floats_ = want;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
@@ -150,7 +167,7 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
 void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
   const bool bf16 = config.dtype == NsDtype::kBF16;
   const int64_t elems = program.x_elems;
-  float* buffers[4] = {x_.data(), x_next_.data(), gram_.data(), poly_.data()};
+  float* buffers[4] = {work_, work_ + elems, work_ + 2 * elems, work_ + 2 * elems + program.gram_elems};
   float* x = buffers[static_cast<int>(NsBuffer::kX)];
 
   // X <- U (no transpose: the program reads either orientation as stored).

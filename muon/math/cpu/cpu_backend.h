@@ -5,6 +5,7 @@
 #define MUON_MATH_CPU_CPU_BACKEND_H_
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "muon/math/backend.h"
@@ -18,6 +19,8 @@ class CpuBackend final : public MathBackend {
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
   absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override;
+  void SetMemorySource(MemorySource source) override { source_ = std::move(source); }
+  ~CpuBackend() override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
@@ -35,13 +38,17 @@ class CpuBackend final : public MathBackend {
  private:
   // One matrix through the program (muon/math/ns_program.h) in place.
   void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
+  void ReleaseWork();
   // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
   // rounded to bf16 when `bf16`.
   static void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
                       bool bf16);
 
-  // Workspace, reused across calls: x and x_next (m x n), gram and poly (m x m).
-  std::vector<float> x_, x_next_, gram_, poly_;
+  // Workspace, reused across calls: x and x_next (m x n), gram and poly
+  // (m x m) of the largest matrix so far, one block (from `source_` when set).
+  MemorySource source_;
+  float* work_ = nullptr;
+  size_t work_floats_ = 0;
 };
 
 // torch's lerp (muon/math/elementwise.h).

@@ -1,6 +1,7 @@
 #include "muon/math/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -199,6 +200,41 @@ TEST(CpuBackend, ApplyInF16RoundsToHalf) {
   ASSERT_TRUE(be.Apply({&scalars, nullptr}, {a}).ok());
   // Half spacing below 1 is 2^-11: 1 - 3e-4 is nearest to 1 - 2^-11.
   EXPECT_EQ(F16BitsToFloat(p[0]), 1.0f - std::ldexp(1.0f, -11));
+}
+
+// The workspace comes from the memory source when one is set (the device's
+// Allocate: counted, and the host's allocator), grows only, and goes back.
+TEST(CpuBackend, WorkspaceComesFromTheMemorySource) {
+  std::vector<std::pair<void*, size_t>> live;
+  int64_t allocations = 0;
+  {
+    CpuBackend be;
+    MemorySource source;
+    source.allocate = [&](size_t bytes, const std::string&) -> absl::StatusOr<void*> {
+      ++allocations;
+      void* p = std::calloc(bytes, 1);
+      live.push_back({p, bytes});
+      return p;
+    };
+    source.free = [&](void* p) {
+      for (size_t i = 0; i < live.size(); ++i) {
+        if (live[i].first == p) live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      std::free(p);
+    };
+    be.SetMemorySource(source);
+    ASSERT_TRUE(be.Reserve(NsConfig{}, 1, 6, 16).ok());
+    ASSERT_EQ(live.size(), 1u);
+    EXPECT_EQ(live[0].second, (2 * 6 * 16 + 2 * 6 * 6) * sizeof(float));
+    auto u = Random(6 * 16, 3);
+    auto want = ReferenceNs(u, 6, 16, NsConfig{});
+    ASSERT_TRUE(be.Orthogonalize(NsConfig{}, {u.data(), 1, 6, 16}).ok());
+    EXPECT_EQ(allocations, 1);  // reserved: nothing more
+    EXPECT_LT(MaxRelErr(u, want), 0.1);  // bf16, as Bf16StaysBf16AndNearReference
+    ASSERT_TRUE(be.Reserve(NsConfig{}, 1, 3, 4).ok());  // smaller: kept
+    EXPECT_EQ(allocations, 1);
+  }
+  EXPECT_TRUE(live.empty());
 }
 
 // One call steps several tensors of different dtypes and lr ratios, each as

@@ -39,22 +39,36 @@ absl::Status CublasStatus(cublasStatus_t s, const char* what) {
     if (!_s.ok()) return _s;    \
   } while (0)
 
-// A device buffer that only grows.
+// A device buffer that only grows, from the device's memory source (its
+// Allocate: counted, and the host's allocator when set) or cudaMalloc.
 struct WorkBuffer {
+  const MemorySource* source = nullptr;
   void* ptr = nullptr;
   size_t bytes = 0;
-  absl::Status Reserve(size_t want) {
+  absl::Status Reserve(size_t want, const char* what) {
     if (want <= bytes) return absl::OkStatus();
-    if (ptr != nullptr) cudaFree(ptr);
-    ptr = nullptr;
-    bytes = 0;
-    MUON_CUDA(cudaMalloc(&ptr, want), "allocating the Newton-Schulz workspace");
+    Release();
+    if (source != nullptr && source->allocate) {
+      absl::StatusOr<void*> p = source->allocate(want, what);
+      if (!p.ok()) return p.status();
+      ptr = *p;
+    } else {
+      MUON_CUDA(cudaMalloc(&ptr, want), what);
+    }
     bytes = want;
     return absl::OkStatus();
   }
-  ~WorkBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
+  void Release() {
+    if (ptr == nullptr) return;
+    if (source != nullptr && source->free) {
+      source->free(ptr);
+    } else {
+      cudaFree(ptr);
+    }
+    ptr = nullptr;
+    bytes = 0;
   }
+  ~WorkBuffer() { Release(); }
 };
 
 // One product of the Newton-Schulz program (muon/math/ns_program.h) as a
@@ -132,7 +146,7 @@ using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;  // dtype, count, r
 }  // namespace
 
 struct CudaBackend::Impl {
-  cublasHandle_t blas = nullptr;
+  MemorySource source;  // where the work buffers come from (set before any)
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   WorkBuffer x, x_next, gram, poly, partials;
@@ -141,15 +155,16 @@ struct CudaBackend::Impl {
   // The multi-tensor launches' host-side lists, kept across calls.
   std::vector<cuda::MomentumTensor> momentum_tensors;
   std::vector<cuda::ApplyTensor> apply_tensors;
-  // cuBLAS's own workspace, set explicitly so that it never allocates inside
-  // a step (cublasSetStream drops the workspace it had; 32 MiB as cuBLAS
-  // advises for Hopper).
-  WorkBuffer blas_workspace;
-  static constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+  // cuBLASLt's workspace, handed to every matmul (32 MiB as cuBLAS advises
+  // for Hopper; the heuristics are asked for algorithms within it).
+  WorkBuffer lt_workspace;
+  static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+  Impl() {
+    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &lt_workspace}) b->source = &source;
+  }
   ~Impl() {
     products.clear();
     if (lt != nullptr) cublasLtDestroy(lt);
-    if (blas != nullptr) cublasDestroy(blas);
   }
 };
 
@@ -162,26 +177,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
   }
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->impl_ = std::make_unique<Impl>();
-  MUON_CUBLAS(cublasCreate(&b->impl_->blas), "creating the cuBLAS handle");
-  MUON_CUBLAS(cublasSetPointerMode(b->impl_->blas, CUBLAS_POINTER_MODE_HOST), "cuBLAS pointer mode");
   MUON_CUBLAS(cublasLtCreate(&b->impl_->lt), "creating the cuBLASLt handle");
-  auto ws = b->impl_->blas_workspace.Reserve(Impl::kBlasWorkspaceBytes);
-  if (!ws.ok()) return ws;
-  MUON_CUBLAS(cublasSetWorkspace(b->impl_->blas, b->impl_->blas_workspace.ptr,
-                                 b->impl_->blas_workspace.bytes),
-              "setting the cuBLAS workspace");
   return b;
 }
 
 CudaBackend::~CudaBackend() = default;
 
 absl::Status CudaBackend::SetStream(void* stream) {
-  impl_->stream = static_cast<cudaStream_t>(stream);
-  MUON_CUBLAS(cublasSetStream(impl_->blas, impl_->stream), "binding cuBLAS to the stream");
-  MUON_CUBLAS(cublasSetWorkspace(impl_->blas, impl_->blas_workspace.ptr, impl_->blas_workspace.bytes),
-              "setting the cuBLAS workspace");
+  impl_->stream = static_cast<cudaStream_t>(stream);  // cuBLASLt takes it per call
   return absl::OkStatus();
 }
+
+void CudaBackend::SetMemorySource(MemorySource source) { impl_->source = std::move(source); }
 
 static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars, lr) == 0 &&
                   offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
@@ -239,16 +246,18 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   const NsProgram p = PlanNewtonSchulz(count, rows, cols);
   const size_t elem = config.dtype == NsDtype::kBF16 ? 2 : 4;
   const size_t k = static_cast<size_t>(count);
+  const char* what = "the Newton-Schulz workspace";
   for (WorkBuffer* b : {&impl_->x, &impl_->x_next}) {
-    auto st = b->Reserve(k * static_cast<size_t>(p.x_elems) * elem);
+    auto st = b->Reserve(k * static_cast<size_t>(p.x_elems) * elem, what);
     if (!st.ok()) return st;
   }
   for (WorkBuffer* b : {&impl_->gram, &impl_->poly}) {
-    auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem);
+    auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem, what);
     if (!st.ok()) return st;
   }
-  auto st = impl_->partials.Reserve(k * static_cast<size_t>(cuda::NormBlocks(p.x_elems)) *
-                                    sizeof(float));
+  auto st = impl_->partials.Reserve(
+      k * static_cast<size_t>(cuda::NormBlocks(p.x_elems)) * sizeof(float), what);
+  if (st.ok()) st = impl_->lt_workspace.Reserve(Impl::kLtWorkspaceBytes, "the cuBLASLt workspace");
   if (!st.ok()) return st;
   // The products' descriptors and algorithms, once per shape.
   const ShapeKey key{static_cast<int>(config.dtype), count, rows, cols};
@@ -257,7 +266,7 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   const cudaDataType_t type = config.dtype == NsDtype::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   for (size_t i = 0; i < p.iteration.size(); ++i) {
     st = MakeProduct(impl_->lt, p.iteration[i], type, static_cast<int32_t>(count),
-                     impl_->blas_workspace.bytes, &products[i]);
+                     Impl::kLtWorkspaceBytes, &products[i]);
     if (!st.ok()) {
       impl_->products.erase(key);
       return st;
@@ -299,8 +308,8 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
                                  lp.layout[0], buffers[static_cast<int>(g.b.buffer)],
                                  lp.layout[1], &beta, buffers[static_cast<int>(g.c.buffer)],
                                  lp.layout[2], buffers[static_cast<int>(g.d.buffer)],
-                                 lp.layout[3], &lp.heuristic.algo, impl_->blas_workspace.ptr,
-                                 impl_->blas_workspace.bytes, s),
+                                 lp.layout[3], &lp.heuristic.algo, impl_->lt_workspace.ptr,
+                                 impl_->lt_workspace.bytes, s),
                   absl::StrCat("Newton-Schulz ", g.name, " product").c_str());
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);

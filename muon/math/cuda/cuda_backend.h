@@ -26,6 +26,8 @@ class CudaBackend final : public MathBackend {
   // Every later call is ordered on `stream` (a cudaStream_t; NULL: the
   // legacy default stream).
   absl::Status SetStream(void* stream) override;
+  // The work buffers come from `source` (the device's Allocate) once set.
+  void SetMemorySource(MemorySource source) override;
 
   // Every tensor in one launch (more only past 40 tensors per launch).
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
