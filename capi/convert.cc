@@ -239,6 +239,7 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.allocator.allocate = c.allocate;
   o.allocator.release = c.release;
   o.allocator.ctx = c.allocator_ctx;
+  o.update_in_grad = c.update_in_grad != 0;
   if (c.reserved0 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
@@ -291,6 +292,7 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.allocate = o.allocator.allocate;
   c.release = o.allocator.release;
   c.allocator_ctx = o.allocator.ctx;
+  c.update_in_grad = o.update_in_grad ? 1 : 0;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;

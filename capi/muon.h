@@ -248,6 +248,18 @@ typedef struct muon_options_t {
   void (*release)(void* ctx, void* ptr, size_t bytes, int32_t device_type, int32_t device_id,
                   void* stream);
   void* allocator_ctx;
+  /* Nonzero: each parameter's update lives in its gradient's own memory
+   * between the momentum and the apply, instead of an fp32 update buffer per
+   * parameter (4 bytes per parameter element less: the optimizer's memory is
+   * then momentum plus one exchange round's working set). The gradients'
+   * contents after muon_step are the step's orthogonalized updates (rounded
+   * to the gradient's dtype, which holds them exactly: registration refuses
+   * a gradient that cannot, i.e. float16 ones, and bfloat16 ones unless the
+   * momentum and ns_dtype are bfloat16). After the first step a parameter
+   * must keep its gradient storage (muon_rebind_param refuses another) and
+   * always have one. Custom-path and MUON_REPLICATED_ZERO2 parameters keep
+   * their buffer. Zero (default): gradients are only read, as torch's. */
+  int32_t update_in_grad;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`

@@ -35,6 +35,13 @@ struct CopyOp {
   DType via = DType::kF32;
 };
 
+// Device memory holding elements of one dtype (e.g. where a parameter's
+// update lives: an fp32 buffer, or its gradient's own memory).
+struct LocalBuffer {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
 // A list of copies prepared once (on a GPU: its descriptors uploaded) and
 // run every step as one launch.
 class CopyProgram {

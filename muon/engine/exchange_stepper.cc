@@ -47,12 +47,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
     MUON_ASSIGN_OR_RETURN(s->verdicts_on_device_,
                           DeviceBuffer::Make(device, trailers, "the step verdicts"));
   }
-  std::vector<float*> updates(ctx.params->size());
-  for (size_t i = 0; i < updates.size(); ++i) updates[i] = ctx.update(i);
   for (int r = 0; r < rounds; ++r) {
     MUON_ASSIGN_OR_RETURN(
         BoundExchange b,
-        BindExchange(s->tables_[r], *ctx.device, updates,
+        BindExchange(s->tables_[r], *ctx.device, *ctx.updates,
                      s->slots_[r % s->slots_.size()].as<float>(), s->send_.as<unsigned char>(),
                      s->recv_.as<unsigned char>(), world.size() == 1,
                      s->carry_ && r == rounds - 1 ? kVerdictBytes : 0));

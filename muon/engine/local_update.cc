@@ -10,14 +10,15 @@ StepScalars ScalarsOf(const Options& options) {
   return s;
 }
 
-MomentumArgs MomentumOf(Param& p, DType grad_dtype, const void* grad, float* update) {
+MomentumArgs MomentumOf(Param& p, DType grad_dtype, const void* grad, const LocalBuffer& update) {
   MomentumArgs m;
   m.grad_dtype = grad_dtype;
   m.grad = grad;
   m.buf_dtype = p.state_dtype;
   m.buf = p.momentum.data();
   m.n = p.numel();
-  m.out = update;
+  m.out = update.data;
+  m.out_dtype = update.dtype;
   return m;
 }
 
@@ -30,12 +31,13 @@ MomentumStep MomentumStepOf(const Options& options, const StepScalars* scalars,
   return s;
 }
 
-ApplyArgs ApplyOf(const Options& options, const Param& p, const float* update) {
+ApplyArgs ApplyOf(const Options& options, const Param& p, const LocalBuffer& update) {
   ApplyArgs a;
   a.param_dtype = p.value.dtype;
   a.param = p.value.data;
   a.n = p.numel();
-  a.update = update;
+  a.update = update.data;
+  a.update_dtype = update.dtype;
   a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols);
   return a;
 }

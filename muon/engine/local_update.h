@@ -6,6 +6,7 @@
 #define MUON_ENGINE_LOCAL_UPDATE_H_
 
 #include "muon/common/dtype.h"
+#include "muon/device/device.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
 #include "muon/math/backend.h"
@@ -18,13 +19,14 @@ StepScalars ScalarsOf(const Options& options);
 
 // buf <- lerp(buf, grad, 1 - momentum); update <- nesterov ? lerp(grad, buf,
 // momentum) : buf. `grad` holds p.numel() elements of `grad_dtype`; `update`
-// receives p.numel() fp32 values.
-MomentumArgs MomentumOf(Param& p, DType grad_dtype, const void* grad, float* update);
+// (p's update storage: an fp32 buffer, or the gradient itself) receives
+// p.numel() values.
+MomentumArgs MomentumOf(Param& p, DType grad_dtype, const void* grad, const LocalBuffer& update);
 MomentumStep MomentumStepOf(const Options& options, const StepScalars* scalars,
                             int64_t* nonfinite);
 
 // p <- p * (1 - lr * weight_decay) - adjusted_lr * update.
-ApplyArgs ApplyOf(const Options& options, const Param& p, const float* update);
+ApplyArgs ApplyOf(const Options& options, const Param& p, const LocalBuffer& update);
 
 }  // namespace muon
 

@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const Options& opti
                         Comm::Create(SelfCommTable(), "the single-process world"));
   std::unique_ptr<Optimizer> opt(new Optimizer(options, std::move(self)));
   MUON_RETURN_IF_ERROR(opt->registry_.SetAllocator(options.allocator));
+  opt->registry_.SetUpdateInGrad(options.update_in_grad, options.ns.dtype == NsDtype::kBF16);
   return opt;
 }
 
@@ -245,7 +246,7 @@ absl::Status Optimizer::UpdateMomenta() {
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     if (!StepsLocally(p)) continue;
-    args.push_back(MomentumOf(p, p.grad.dtype, p.grad.data, setup_->updates[i].as<float>()));
+    args.push_back(MomentumOf(p, p.grad.dtype, p.grad.data, setup_->updates[i]));
   }
   if (args.empty()) return absl::OkStatus();
   return registry_.device()->math().Momentum(
@@ -317,7 +318,7 @@ absl::Status Optimizer::ApplyUpdates(const int32_t* gate) {
   args.clear();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!StepsLocally(params[i])) continue;
-    args.push_back(ApplyOf(options_, params[i], setup_->updates[i].as<float>()));
+    args.push_back(ApplyOf(options_, params[i], setup_->updates[i]));
   }
   if (args.empty()) return absl::OkStatus();
   return registry_.device()->math().Apply({setup_->scalars(), gate}, args);

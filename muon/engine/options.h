@@ -35,6 +35,9 @@ struct Options {
   bool skip_nonfinite = false;  // skip the step on every rank when a grad is not finite
   DistOptions dist;
   Device::Allocator allocator;  // the host's (muon_options_t.allocate); unset: the library's
+  // The update lives in each gradient's own memory between the momentum and
+  // the apply (no per-parameter update buffer); see muon_options_t.
+  bool update_in_grad = false;
 };
 
 absl::Status ValidateLr(double lr);

@@ -99,6 +99,25 @@ absl::Status Registry::Add(Param p) {
   return absl::OkStatus();
 }
 
+absl::Status Registry::CheckGradHoldsUpdate(const Param& p) const {
+  if (!UpdateInGrad(p)) return absl::OkStatus();
+  const DType g = p.grad.dtype;
+  // The momentum output has the momentum buffer's precision and the
+  // Newton-Schulz output bf16's (or fp32's): fp32 gradients hold both; bf16
+  // ones when both are bf16; fp16 ones cannot hold bf16 values exactly.
+  if (g == DType::kF32 || (g == DType::kBF16 && p.state_dtype == DType::kBF16 && ns_bf16_)) {
+    return absl::OkStatus();
+  }
+  const char* why = g == DType::kF16 ? "a float16 gradient cannot hold bfloat16 or float32 values"
+                    : !ns_bf16_      ? "a bfloat16 gradient cannot hold the float32 Newton-Schulz "
+                                       "output (ns_dtype FP32)"
+                                     : "a bfloat16 gradient cannot hold the float32 momentum "
+                                       "(momentum_fp32)";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "param '", p.name, "': update_in_grad keeps the update in the gradient's memory, but ", why,
+      " exactly; use float32 gradients or turn update_in_grad off"));
+}
+
 absl::Status Registry::SetAllocator(const Device::Allocator& allocator) {
   MUON_RETURN_IF_ERROR(device_->SetAllocator(allocator));
   allocator_ = allocator;
@@ -171,6 +190,7 @@ absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DL
   }
   p.layout.global_shape = global;
   p.custom = std::move(path);
+  MUON_RETURN_IF_ERROR(CheckGradHoldsUpdate(p));
   MUON_RETURN_IF_ERROR(Place(&p));
   MUON_RETURN_IF_ERROR(Add(std::move(p)));
   return id;
@@ -225,6 +245,7 @@ absl::StatusOr<int64_t> Registry::Register(const DLTensor* value, const DLTensor
     }
     MUON_ASSIGN_OR_RETURN(p.piece, ComputePiece(p.layout, sizes, coords, who));
   }
+  MUON_RETURN_IF_ERROR(CheckGradHoldsUpdate(p));
   MUON_RETURN_IF_ERROR(Place(&p));
   MUON_RETURN_IF_ERROR(Add(std::move(p)));
   return id;
@@ -252,6 +273,16 @@ absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor*
     return v;
   };
   MUON_ASSIGN_OR_RETURN(TensorView v, view_like(value, p.value, who));
+  const absl::Status bound_to_grad = absl::FailedPreconditionError(absl::StrCat(
+      who, ": with update_in_grad the exchange is bound to the gradient's memory at the first "
+      "step; rebind it to the same gradient storage (or turn update_in_grad off)"));
+  const bool grad_fixed = closed_ && UpdateInGrad(p);
+  if (UpdateInGrad(p) && grad == nullptr) {
+    // The exchange would still move the update through that memory.
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": with update_in_grad a parameter cannot be left without a gradient (its update "
+        "lives there); bind a zero gradient instead"));
+  }
   if (grad == nullptr) {
     if (distributed_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -263,6 +294,7 @@ absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor*
     return absl::OkStatus();
   }
   MUON_ASSIGN_OR_RETURN(TensorView g, view_like(grad, p.grad, absl::StrCat("grad of ", who)));
+  if (grad_fixed && g.data != p.grad.data) return bound_to_grad;
   // As at registration. (Other parameters' bindings are not compared: a host
   // rebinding one parameter after another may reuse storage another one is
   // about to leave.)

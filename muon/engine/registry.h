@@ -59,6 +59,20 @@ class Registry {
   // on the host device now, on a GPU when the first parameter opens it).
   absl::Status SetAllocator(const Device::Allocator& allocator);
 
+  // update_in_grad (options.h): each gradient must hold its update exactly
+  // (checked at registration, `ns_bf16`: Newton-Schulz in bf16), and after
+  // the first step a parameter keeps its gradient storage (the exchange is
+  // bound to it).
+  void SetUpdateInGrad(bool on, bool ns_bf16) {
+    update_in_grad_ = on;
+    ns_bf16_ = ns_bf16;
+  }
+  bool update_in_grad() const { return update_in_grad_; }
+  // Whether param `p`'s update lives in its gradient (else an fp32 buffer).
+  bool UpdateInGrad(const Param& p) const {
+    return update_in_grad_ && !p.custom && p.zero2_group < 0;
+  }
+
   // Ends registration (the first step's setup succeeded).
   void Close() { closed_ = true; }
 
@@ -75,11 +89,16 @@ class Registry {
   // Checks that `p` lives on the registry's device (the first parameter picks
   // it) and allocates its momentum there.
   absl::Status Place(Param* p);
+  // Under update_in_grad: refuses a gradient dtype that cannot hold p's
+  // update exactly.
+  absl::Status CheckGradHoldsUpdate(const Param& p) const;
   // Refuses storage shared with another registered tensor, then adds `p`.
   absl::Status Add(Param p);
 
   std::shared_ptr<Device> device_;
   Device::Allocator allocator_;
+  bool update_in_grad_ = false;
+  bool ns_bf16_ = true;
   std::shared_ptr<Comm> world_;  // the self communicator until SetWorld
   bool distributed_ = false;
   std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)

@@ -87,11 +87,16 @@ absl::Status Build(Registry& registry, const Options& options,
                    StepSetup* s) {
   std::vector<Param>& params = registry.params();
   for (const Param& p : params) {
+    if (registry.UpdateInGrad(p)) {  // in the gradient's own memory (update_in_grad)
+      s->updates.push_back({p.grad.data, p.grad.dtype});
+      continue;
+    }
     MUON_ASSIGN_OR_RETURN(
         DeviceBuffer b,
         DeviceBuffer::Make(registry.device(), static_cast<size_t>(p.numel()) * sizeof(float),
                            absl::StrCat("the update buffer of param '", p.name, "'")));
-    s->updates.push_back(std::move(b));
+    s->updates.push_back({b.data(), DType::kF32});
+    s->update_buffers.push_back(std::move(b));
   }
   MUON_ASSIGN_OR_RETURN(s->scalar_buffer,
                         DeviceBuffer::Make(registry.device(), sizeof(StepScalars),

@@ -14,7 +14,10 @@ namespace muon {
 
 // What the first step makes, for the optimizer's lifetime.
 struct StepSetup {
-  std::vector<DeviceBuffer> updates;  // per parameter: StepContext::updates
+  // Per parameter: where its update lives (StepContext::updates), and the
+  // fp32 update buffers of those whose update is not in their gradient.
+  std::vector<LocalBuffer> updates;
+  std::vector<DeviceBuffer> update_buffers;
 
   std::unique_ptr<ExchangeStepper> exchange;
   std::unique_ptr<CustomStepper> custom;

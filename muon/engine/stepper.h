@@ -29,12 +29,15 @@ struct StepContext {
   // read them (written by the optimizer before the steppers run).
   const StepScalars* scalars = nullptr;
   std::vector<Param>* params = nullptr;
-  // Per parameter (registration order): its fp32 update buffer on the device,
-  // holding the momentum output before the steppers run and the
-  // orthogonalized update after.
-  const std::vector<DeviceBuffer>* updates = nullptr;
+  // Per parameter (registration order): where its update lives on the
+  // device, holding the momentum output before the steppers run and the
+  // orthogonalized update after: an fp32 update buffer, or with
+  // update_in_grad the gradient's own memory (exchange-stepped parameters).
+  const std::vector<LocalBuffer>* updates = nullptr;
 
-  float* update(size_t i) const { return (*updates)[i].as<float>(); }
+  // The fp32 update buffer of a custom-path or ZeRO-2 parameter (those
+  // always have one).
+  float* update(size_t i) const { return static_cast<float*>((*updates)[i].data); }
 };
 
 struct StepperStats {

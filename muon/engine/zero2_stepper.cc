@@ -117,9 +117,10 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   // The average, already rounded to the grad dtype, enters as fp32.
   MUON_RETURN_IF_ERROR(
       math.Momentum(MomentumStepOf(options, ctx_.scalars, &stats_.nonfinite),
-                    {MomentumOf(p, DType::kF32, average_.data(), update)}));
+                    {MomentumOf(p, DType::kF32, average_.data(), {update, DType::kF32})}));
   MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
-  MUON_RETURN_IF_ERROR(math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, update)}));
+  MUON_RETURN_IF_ERROR(
+      math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, {update, DType::kF32})}));
   stats_.orthogonalized += p.batch;
   stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options.ns.steps);
   return absl::OkStatus();

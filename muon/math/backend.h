@@ -39,15 +39,17 @@ struct StepScalars {
 // formulas):
 //   buf <- lerp(buf, grad, 1 - momentum)             stored in buf_dtype
 //   out <- nesterov ? lerp(grad, buf, momentum) : buf
-// `out` receives fp32 values already rounded to buf_dtype, the precision
-// torch's update tensor has.
+// `out` receives values already rounded to buf_dtype (the precision torch's
+// update tensor has), stored as out_dtype; `out` may be `grad` itself (each
+// element is read before it is written).
 struct MomentumArgs {
   DType grad_dtype = DType::kF32;
   const void* grad = nullptr;
   DType buf_dtype = DType::kF32;
   void* buf = nullptr;
   int64_t n = 0;
-  float* out = nullptr;
+  void* out = nullptr;
+  DType out_dtype = DType::kF32;
 };
 
 // What every tensor of one Momentum call shares.
@@ -67,8 +69,9 @@ struct ApplyArgs {
   DType param_dtype = DType::kF32;
   void* param = nullptr;
   int64_t n = 0;
-  const float* update = nullptr;
+  const void* update = nullptr;
   double lr_ratio = 1.0;  // the shape's lr adjustment: adjusted lr = lr * lr_ratio
+  DType update_dtype = DType::kF32;
 };
 
 // What every tensor of one Apply call shares.

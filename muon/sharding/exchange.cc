@@ -203,8 +203,8 @@ size_t MaxExchangeBytes(const std::vector<RoundTable>& tables) {
 
 namespace {
 
-// Copies from fp32 spans of `base` (param update buffers or slots) into the
-// wire bytes of one direction's send buffer, peer after peer.
+// Copies from spans of `base` (a param's update storage, or the fp32 slots)
+// into the wire bytes of one direction's send buffer, peer after peer.
 template <typename SpanT, typename BaseFn>
 std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
                             const std::vector<size_t>& offsets, unsigned char* send, BaseFn base) {
@@ -212,7 +212,9 @@ std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
   for (size_t p = 0; p < per_peer.size(); ++p) {
     unsigned char* at = send + offsets[p];
     for (const SpanT& s : per_peer[p]) {
-      ops.push_back({base(s) + s.pos, at, s.length, DType::kF32, s.wire, DType::kF32});
+      const LocalBuffer b = base(s);
+      ops.push_back({static_cast<const unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), at,
+                     s.length, b.dtype, s.wire, DType::kF32});
       at += s.length * SizeOf(s.wire);
     }
   }
@@ -227,7 +229,9 @@ std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
   for (size_t p = 0; p < per_peer.size(); ++p) {
     const unsigned char* at = recv + offsets[p];
     for (const SpanT& s : per_peer[p]) {
-      ops.push_back({at, base(s) + s.pos, s.length, s.wire, DType::kF32, DType::kF32});
+      const LocalBuffer b = base(s);
+      ops.push_back({at, static_cast<unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), s.length,
+                     s.wire, b.dtype, DType::kF32});
       at += s.length * SizeOf(s.wire);
     }
   }
@@ -256,14 +260,14 @@ absl::StatusOr<BoundExchange::Direction> BindDirection(
 }  // namespace
 
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
-                                           const std::vector<float*>& updates, float* slots,
+                                           const std::vector<LocalBuffer>& updates, float* slots,
                                            unsigned char* send, unsigned char* recv,
                                            bool single_rank, size_t scatter_trailer) {
   // A world of one rank exchanges with itself: the unpack reads the packed
   // bytes where they are, and no collective is called.
   const unsigned char* incoming = single_rank ? send : recv;
   auto update_of = [&](const LocalSpan& s) { return updates[s.param]; };
-  auto slot_of = [&](const SlotSpan&) { return slots; };
+  auto slot_of = [&](const SlotSpan&) { return LocalBuffer{slots, DType::kF32}; };
   BoundExchange b;
   b.single_rank = single_rank;
   std::vector<size_t> sb, so, rb, ro;

@@ -64,9 +64,10 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
                                          DType ns_wire);
 
 // One round's exchange bound to this rank's buffers, prepared once at
-// setup: per direction, the pack copies (fp32 sources -> wire bytes of the
-// send buffer), the all_to_all_v byte counts and offsets, and the unpack
-// copies (wire bytes -> fp32 destinations). Running it allocates nothing.
+// setup: per direction, the pack copies (update storage or fp32 slots ->
+// wire bytes of the send buffer), the all_to_all_v byte counts and offsets,
+// and the unpack copies (wire bytes -> slots or update storage). Running it
+// allocates nothing.
 struct BoundExchange {
   struct Direction {
     std::unique_ptr<CopyProgram> pack, unpack;
@@ -81,14 +82,15 @@ struct BoundExchange {
   bool single_rank = false;  // a world of one: no collective, unpack from send
 };
 
-// `updates[p]` is this rank's param p's fp32 update buffer; `slots` the
+// `updates[p]` is where this rank's param p's update lives (its fp32 update
+// buffer, or with update_in_grad its gradient's own memory); `slots` the
 // round's working buffer of owned matrices; `send`/`recv` hold
 // MaxExchangeBytes(tables) bytes. All are memory of `device`.
 // `scatter_trailer` > 0: the scatter direction also carries that many bytes
 // from every rank to every rank (itself included), after each peer's pieces;
 // send and recv then hold MaxExchangeBytes(tables) + size * scatter_trailer.
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
-                                           const std::vector<float*>& updates, float* slots,
+                                           const std::vector<LocalBuffer>& updates, float* slots,
                                            unsigned char* send, unsigned char* recv,
                                            bool single_rank, size_t scatter_trailer = 0);
 

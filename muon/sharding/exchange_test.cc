@@ -122,7 +122,8 @@ TEST(BoundExchange, OneRankMovesAndConvertsThroughItsBuffers) {
   const size_t bytes = MaxExchangeBytes(t[0]);
   std::vector<unsigned char> send(bytes), recv(bytes);
   absl::StatusOr<BoundExchange> bound =
-      BindExchange(table, *device, {a.data(), b.data()}, slots.data(), send.data(), recv.data(),
+      BindExchange(table, *device, {{a.data(), DType::kF32}, {b.data(), DType::kF32}}, slots.data(),
+                   send.data(), recv.data(),
                    /*single_rank=*/true);
   ASSERT_TRUE(bound.ok()) << bound.status();
   auto self = Comm::Create(SelfCommTable(), "self");

@@ -79,9 +79,13 @@ struct Matrix {
   }
 };
 
-muon_optimizer_t* Create(Pool* pool) {
+muon_optimizer_t* Create(Pool* pool, int update_in_grad = 0, int momentum_fp32 = 0,
+                         int ns_dtype = MUON_NS_DTYPE_BF16) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
+  o.update_in_grad = update_in_grad;
+  o.momentum_fp32 = momentum_fp32;
+  o.ns_dtype = ns_dtype;
   if (pool != nullptr) {
     o.allocate = &Pool::Allocate;
     o.release = &Pool::Release;
@@ -196,6 +200,148 @@ TEST(Memory, GetOptionsReturnsTheAllocator) {
   EXPECT_EQ(o.allocate, &Pool::Allocate);
   EXPECT_EQ(o.release, &Pool::Release);
   EXPECT_EQ(o.allocator_ctx, &pool);
+  muon_destroy(opt);
+}
+
+// bf16 storage of a float tensor's values (round to nearest even).
+uint16_t Bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+
+// A matrix whose tensors are bf16 (or both `type`).
+struct Bf16Matrix {
+  std::vector<int64_t> shape;
+  std::vector<uint16_t> value, grad;
+  DLTensor v{}, g{};
+  Bf16Matrix(int64_t rows, int64_t cols, DLDataType type = {kDLBfloat, 16, 1})
+      : shape{rows, cols} {
+    const size_t n = static_cast<size_t>(rows * cols);
+    for (size_t i = 0; i < n; ++i) {
+      value.push_back(Bf16(std::sin(0.1f * static_cast<float>(i))));
+      grad.push_back(Bf16(std::cos(0.37f * static_cast<float>(i))));
+    }
+    for (DLTensor* t : {&v, &g}) {
+      t->device = {kDLCPU, 0};
+      t->ndim = 2;
+      t->shape = shape.data();
+    }
+    v.dtype = type;
+    g.dtype = type;
+    v.data = value.data();
+    g.data = grad.data();
+  }
+};
+
+// update_in_grad: the same steps bit for bit, in fp32 and in bf16, with 4
+// bytes per parameter element less, and each gradient holding its step's
+// orthogonalized update afterwards.
+TEST(UpdateInGrad, StepsAsWithUpdateBuffersInLessMemory) {
+  Matrix a(24, 40), b(64, 16), a2(24, 40), b2(64, 16);
+  Bf16Matrix c(16, 48), c2(16, 48);
+  muon_optimizer_t* in_grad = Create(nullptr, /*update_in_grad=*/1);
+  muon_optimizer_t* buffered = Create(nullptr);
+  Register(in_grad, a, "a");
+  Register(in_grad, b, "b");
+  muon_param_options_t po;
+  muon_param_options_init(&po, sizeof po);
+  po.name = "c";
+  int64_t id = -1;
+  ASSERT_EQ(muon_register_param(in_grad, &c.v, &c.g, &po, &id), MUON_OK) << muon_last_error_message();
+  Register(buffered, a2, "a");
+  Register(buffered, b2, "b");
+  ASSERT_EQ(muon_register_param(buffered, &c2.v, &c2.g, &po, &id), MUON_OK);
+  for (int s = 0; s < 3; ++s) {
+    // Fresh gradients each step (the in-grad optimizer overwrote its own).
+    for (Matrix* m : {&a, &b, &a2, &b2}) {
+      for (size_t i = 0; i < m->grad.size(); ++i) {
+        m->grad[i] = std::cos(0.37f * static_cast<float>(i) + 0.5f * static_cast<float>(s));
+      }
+    }
+    for (Bf16Matrix* m : {&c, &c2}) {
+      for (size_t i = 0; i < m->grad.size(); ++i) {
+        m->grad[i] = Bf16(std::cos(0.37f * static_cast<float>(i) + 0.5f * static_cast<float>(s)));
+      }
+    }
+    const std::vector<float> a_grad = a.grad;
+    ASSERT_EQ(muon_step(in_grad, nullptr), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(muon_step(buffered, nullptr), MUON_OK) << muon_last_error_message();
+    EXPECT_EQ(a.value, a2.value) << "step " << s;
+    EXPECT_EQ(b.value, b2.value) << "step " << s;
+    EXPECT_EQ(c.value, c2.value) << "step " << s;
+    EXPECT_EQ(b2.grad[5], std::cos(0.37f * 5 + 0.5f * static_cast<float>(s)));  // only read
+    if (s == 0) {
+      // Step 1 from zero momentum: the update is NS((1 - m) g m + g (1 - m))
+      // as the momentum pass computes it; orthogonalized alone, it equals
+      // what the gradient now holds.
+      std::vector<float> u(a_grad.size());
+      for (size_t i = 0; i < u.size(); ++i) {
+        const float buf = 0.0f + 0.05f * (a_grad[i] - 0.0f);   // lerp(0, g, 1 - 0.95)
+        u[i] = a_grad[i] + 0.95f * (buf - a_grad[i]);           // lerp(g, buf, 0.95)
+      }
+      std::vector<int64_t> shape = {24, 40};
+      DLTensor t{};
+      t.data = u.data();
+      t.device = {kDLCPU, 0};
+      t.ndim = 2;
+      t.dtype = kF32;
+      t.shape = shape.data();
+      ASSERT_EQ(muon_orthogonalize(buffered, &t, &t, MUON_MATRIX_VIEW_2D, nullptr), MUON_OK);
+      EXPECT_EQ(a.grad, u);
+    }
+  }
+  const muon_stats_t mine = Stats(in_grad), theirs = Stats(buffered);
+  EXPECT_EQ(theirs.memory_bytes - mine.memory_bytes, 4 * mine.param_elements);
+  muon_destroy(in_grad);
+  muon_destroy(buffered);
+}
+
+TEST(UpdateInGrad, GradientsThatCannotHoldTheUpdateAreRefused) {
+  struct Case {
+    DLDataType grad;
+    int momentum_fp32, ns_dtype;
+    const char* why;
+  };
+  const Case cases[] = {
+      {{kDLFloat, 16, 1}, 0, MUON_NS_DTYPE_BF16, "float16 gradient"},
+      {{kDLBfloat, 16, 1}, 1, MUON_NS_DTYPE_BF16, "momentum_fp32"},
+      {{kDLBfloat, 16, 1}, 0, MUON_NS_DTYPE_FP32, "ns_dtype FP32"},
+  };
+  for (const Case& k : cases) {
+    Bf16Matrix m(8, 8, k.grad);
+    muon_optimizer_t* opt = Create(nullptr, 1, k.momentum_fp32, k.ns_dtype);
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    po.name = "w";
+    int64_t id = -1;
+    EXPECT_EQ(muon_register_param(opt, &m.v, &m.g, &po, &id), MUON_INVALID_ARGUMENT) << k.why;
+    const std::string why = muon_last_error_message();
+    EXPECT_NE(why.find("param 'w'"), std::string::npos) << why;
+    EXPECT_NE(why.find(k.why), std::string::npos) << why;
+    size_t n = 9;
+    ASSERT_EQ(muon_num_params(opt, &n), MUON_OK);
+    EXPECT_EQ(n, 0u);
+    muon_destroy(opt);
+  }
+}
+
+TEST(UpdateInGrad, AParameterKeepsItsGradientStorage) {
+  Matrix a(8, 12), other(8, 12);
+  muon_optimizer_t* opt = Create(nullptr, 1);
+  Register(opt, a, "a");
+  EXPECT_EQ(muon_rebind_param(opt, 0, &a.v, nullptr), MUON_FAILED_PRECONDITION);
+  EXPECT_NE(std::string(muon_last_error_message()).find("bind a zero gradient"), std::string::npos);
+  ASSERT_EQ(muon_rebind_param(opt, 0, &a.v, &other.g), MUON_OK);  // before the first step: free
+  ASSERT_EQ(muon_rebind_param(opt, 0, &a.v, &a.g), MUON_OK);
+  ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
+  EXPECT_EQ(muon_rebind_param(opt, 0, &a.v, &other.g), MUON_FAILED_PRECONDITION);
+  const std::string why = muon_last_error_message();
+  EXPECT_NE(why.find("param 'a'"), std::string::npos) << why;
+  EXPECT_NE(why.find("same gradient storage"), std::string::npos) << why;
+  EXPECT_EQ(muon_rebind_param(opt, 0, &other.v, &a.g), MUON_OK);  // the value may move
+  ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
   muon_destroy(opt);
 }
 

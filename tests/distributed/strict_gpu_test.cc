@@ -104,9 +104,11 @@ std::vector<float> Values(size_t n, int salt) {
   return v;
 }
 
-muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0) {
+muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0,
+                         int update_in_grad = 0) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
+  o.update_in_grad = update_in_grad;
   o.skip_nonfinite = skip_nonfinite;
   o.round_bytes = round_bytes;
   o.lr = 0.02;
@@ -569,8 +571,10 @@ muon_status_t RegisterShard(muon_optimizer_t* opt, int32_t group, const std::str
 // the rank's thread has another device current when it calls muon_step (the
 // library makes the tensors' device current for the step, and puts the
 // caller's back).
+// `memory`: when set, each rank's muon_stats_t.memory_bytes after the steps.
 void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round_bytes = 0,
-                                bool other_device = false) {
+                                bool other_device = false, int update_in_grad = 0,
+                                std::vector<int64_t>* memory = nullptr) {
   const size_t count = Shapes().size();
   const std::vector<std::vector<float>> expected = OneProcess(Shapes(), {0, 1, 2}, prefetch);
 
@@ -591,7 +595,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
     threads.emplace_back([&, r] {
       ASSERT_TRUE(Rt()->SetDevice(r).ok());
       void* stream = *Rt()->StreamCreate();
-      muon_optimizer_t* opt = Create(prefetch, 0, round_bytes);
+      muon_optimizer_t* opt = Create(prefetch, 0, round_bytes, update_in_grad);
       muon_comm_t comm;
       int32_t world_group = -1;
       const muon_status_t made = wire == Wire::kInProcess
@@ -644,6 +648,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
       if (round_bytes == 1 && errors[r].empty()) {
         EXPECT_GT(Stats(opt).rounds, 1);  // the worker thread exchanges
       }
+      if (memory != nullptr) (*memory)[static_cast<size_t>(r)] = Stats(opt).memory_bytes;
       for (auto& t : p) got[r].push_back(t->Read(stream));
       p.clear();
       g.clear();
@@ -687,6 +692,22 @@ TEST(StrictGpu, RanksOverNcclEqualOneHostProcess) {
 // A round per matrix with prefetch: the exchanges run on the pipeline's
 // worker thread, which must make the GPU current (a new thread starts on
 // device 0); and a caller whose current device is another one.
+// update_in_grad: the updates live in the gradients (exchanged from and
+// into them), with the same bits as the host's fp32 update buffers, and the
+// optimizer holds 4 bytes per parameter element less.
+TEST(StrictGpu, UpdatesInTheGradientsEqualOneHostProcessWithLessMemory) {
+  ASSERT_NE(Rt(), nullptr);
+  const int ranks = 3;
+  std::vector<int64_t> with(ranks), without(ranks);
+  ExpectRanksEqualOneProcess(Wire::kNccl, ranks, 1, 0, false, /*update_in_grad=*/1, &with);
+  ExpectRanksEqualOneProcess(Wire::kNccl, ranks, 1, 0, false, /*update_in_grad=*/0, &without);
+  int64_t local_elements = 0;
+  for (const auto& [rows, cols] : Shapes()) local_elements += rows / ranks * cols;
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(without[r] - with[r], 4 * local_elements) << "rank " << r;
+  }
+}
+
 TEST(StrictGpu, TheWorkerThreadAndTheCallerRunOnTheTensorsDevice) {
   ASSERT_NE(Rt(), nullptr);
   for (Wire wire : {Wire::kNccl, Wire::kInProcess}) {

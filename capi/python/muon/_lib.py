@@ -167,6 +167,7 @@ class muon_options_t(ctypes.Structure):
         ("allocate", ALLOCATE_FN),
         ("release", RELEASE_FN),
         ("allocator_ctx", ctypes.c_void_p),
+        ("update_in_grad", ctypes.c_int32),
     ]
 
 

@@ -157,6 +157,9 @@ class Optimizer:
     round_bytes tune the exchange pipeline (results are bit-identical).
     skip_nonfinite: skip a step on every rank when any rank's gradient holds a
     NaN or Inf (nothing changes; stats()["steps_skipped"] counts them).
+    update_in_grad: keep each update in its gradient's memory instead of an
+    fp32 buffer per parameter (4 bytes per element less; the gradients then
+    hold the orthogonalized updates after step; see muon_options_t).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -165,7 +168,8 @@ class Optimizer:
     def __init__(self, lr=None, weight_decay=None, momentum=None, nesterov=None, ns_steps=None,
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
                  momentum_fp32=None, assignment=None, prefetch_count=None,
-                 async_parallelism=None, round_bytes=None, skip_nonfinite=None):
+                 async_parallelism=None, round_bytes=None, skip_nonfinite=None,
+                 update_in_grad=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -197,6 +201,8 @@ class Optimizer:
             o.momentum_fp32 = 1 if momentum_fp32 else 0
         if skip_nonfinite is not None:
             o.skip_nonfinite = 1 if skip_nonfinite else 0
+        if update_in_grad is not None:
+            o.update_in_grad = 1 if update_in_grad else 0
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM

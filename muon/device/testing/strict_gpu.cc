@@ -65,7 +65,10 @@ class StrictMath final : public MathBackend {
         st = rt_->CheckDeviceMemory(args.buf, n * SizeOf(args.buf_dtype),
                                     "the momentum update: momentum buffer");
       }
-      if (st.ok()) st = rt_->CheckDeviceMemory(args.out, n * 4, "the momentum update: output");
+      if (st.ok()) {
+        st = rt_->CheckDeviceMemory(args.out, n * SizeOf(args.out_dtype),
+                                    "the momentum update: output");
+      }
     }
     if (!st.ok()) return st;
     CountLaunch(g_momentum_launches, ordinal_);
@@ -85,7 +88,10 @@ class StrictMath final : public MathBackend {
         st = rt_->CheckDeviceMemory(args.param, n * SizeOf(args.param_dtype),
                                     "the parameter update: parameter");
       }
-      if (st.ok()) st = rt_->CheckDeviceMemory(args.update, n * 4, "the parameter update: update");
+      if (st.ok()) {
+        st = rt_->CheckDeviceMemory(args.update, n * SizeOf(args.update_dtype),
+                                    "the parameter update: update");
+      }
     }
     if (!st.ok()) return st;
     CountLaunch(g_apply_launches, ordinal_);

@@ -91,7 +91,9 @@ class HostJob {
     scalars_ = ScalarsOf(*options);
     c.scalars = &scalars_;
     c.params = &params_;
-    c.updates = &updates_;
+    views_.clear();
+    for (const DeviceBuffer& b : updates_) views_.push_back({b.data(), DType::kF32});
+    c.updates = &views_;
     return c;
   }
 
@@ -102,6 +104,7 @@ class HostJob {
 
  private:
   StepScalars scalars_;
+  std::vector<LocalBuffer> views_;  // the updates as StepContext sees them
   struct Storage {
     std::vector<int64_t> shape;
     std::vector<float> value, grad;

@@ -38,11 +38,12 @@ absl::Status CpuBackend::Momentum(const MomentumStep& step,
   int64_t nonfinite = 0;
   for (const MomentumArgs& a : tensors) {
     const int grad_type = static_cast<int>(a.grad_dtype), buf_type = static_cast<int>(a.buf_dtype);
+    const int out_type = static_cast<int>(a.out_dtype);
     for (int64_t i = 0; i < a.n; ++i) {  // as the CUDA kernel: the same element functions
       const float g = ew::Load(grad_type, a.grad, i);
       nonfinite += ew::IsFinite(g) ? 0 : 1;
       float b = ew::Load(buf_type, a.buf, i);
-      a.out[i] = ew::MomentumElement(buf_type, g, &b, w_buf, w_out, step.nesterov);
+      ew::Store(out_type, a.out, i, ew::MomentumElement(buf_type, g, &b, w_buf, w_out, step.nesterov));
       ew::Store(buf_type, a.buf, i, b);
     }
   }
@@ -55,10 +56,11 @@ absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs
   const float decay = ew::DecayFactor(step.scalars->lr, step.scalars->weight_decay);
   for (const ApplyArgs& a : tensors) {
     const float alpha = ew::UpdateAlpha(step.scalars->lr, a.lr_ratio);
-    const int type = static_cast<int>(a.param_dtype);
+    const int type = static_cast<int>(a.param_dtype), update_type = static_cast<int>(a.update_dtype);
     for (int64_t i = 0; i < a.n; ++i) {
       ew::Store(type, a.param, i,
-                ew::ApplyElement(type, ew::Load(type, a.param, i), a.update[i], decay, alpha));
+                ew::ApplyElement(type, ew::Load(type, a.param, i),
+                                 ew::Load(update_type, a.update, i), decay, alpha));
     }
   }
   return absl::OkStatus();

@@ -207,7 +207,7 @@ absl::Status CudaBackend::Momentum(const MomentumStep& step,
   for (size_t i = 0; i < tensors.size(); ++i) {
     const MomentumArgs& a = tensors[i];
     t[i] = {static_cast<int>(a.grad_dtype), a.grad, static_cast<int>(a.buf_dtype), a.buf, a.n,
-            a.out};
+            a.out, static_cast<int>(a.out_dtype)};
   }
   MUON_CUDA(cuda::LaunchMomentum(t.data(), static_cast<int64_t>(t.size()), step.scalars,
                                  step.nesterov, step.nonfinite, impl_->stream),
@@ -220,7 +220,8 @@ absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArg
   t.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ApplyArgs& a = tensors[i];
-    t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio};
+    t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio,
+            static_cast<int>(a.update_dtype)};
   }
   MUON_CUDA(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
                               impl_->stream),

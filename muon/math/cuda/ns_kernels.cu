@@ -26,11 +26,12 @@ constexpr int64_t kChunk = int64_t{kThreads} * 4;
 struct MomentumEntry {
   const void* grad;
   void* buf;
-  float* out;
+  void* out;
   int64_t n;
   int64_t first_block;
   int grad_type;
   int buf_type;
+  int out_type;
 };
 struct MomentumLaunchArgs {
   MomentumEntry t[kTensorsPerLaunch];
@@ -39,11 +40,12 @@ struct MomentumLaunchArgs {
 
 struct ApplyEntry {
   void* param;
-  const float* update;
+  const void* update;
   int64_t n;
   int64_t first_block;
   double lr_ratio;
   int param_type;
+  int update_type;
 };
 struct ApplyLaunchArgs {
   ApplyEntry t[kTensorsPerLaunch];
@@ -76,7 +78,7 @@ __global__ void MomentumKernel(MomentumLaunchArgs a, const double* scalars, bool
     const float g = Load(t.grad_type, t.grad, i);
     bad += ew::IsFinite(g) ? 0 : 1;
     float b = Load(t.buf_type, t.buf, i);
-    t.out[i] = ew::MomentumElement(t.buf_type, g, &b, w_buf, w_out, nesterov);
+    Store(t.out_type, t.out, i, ew::MomentumElement(t.buf_type, g, &b, w_buf, w_out, nesterov));
     Store(t.buf_type, t.buf, i, b);
   }
   if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
@@ -92,8 +94,8 @@ __global__ void ApplyKernel(ApplyLaunchArgs a, const double* scalars, const int3
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     Store(t.param_type, t.param, i,
-          ew::ApplyElement(t.param_type, Load(t.param_type, t.param, i), t.update[i], decay,
-                           alpha));
+          ew::ApplyElement(t.param_type, Load(t.param_type, t.param, i),
+                           Load(t.update_type, t.update, i), decay, alpha));
   }
 }
 
@@ -216,6 +218,7 @@ cudaError_t LaunchMomentum(const MomentumTensor* tensors, int64_t count, const v
     e.n = t.n;
     e.grad_type = t.grad_type;
     e.buf_type = t.buf_type;
+    e.out_type = t.out_type;
   };
   auto launch = [&](const MomentumLaunchArgs& args, int64_t blocks) {
     MomentumKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -234,6 +237,7 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
     e.n = t.n;
     e.lr_ratio = t.lr_ratio;
     e.param_type = t.param_type;
+    e.update_type = t.update_type;
   };
   auto launch = [&](const ApplyLaunchArgs& args, int64_t blocks) {
     ApplyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(

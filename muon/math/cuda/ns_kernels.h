@@ -28,14 +28,16 @@ struct MomentumTensor {
   int buf_type = kF32;
   void* buf = nullptr;
   int64_t n = 0;
-  float* out = nullptr;
+  void* out = nullptr;
+  int out_type = kF32;
 };
 
 // For every tensor (all of them in as few launches as the kernel argument
 // space allows, each block a chunk of one tensor), with the momentum read
 // from `scalars` when the kernel runs:
 //   buf <- lerp(buf, grad, 1 - momentum) (rounded to buf_type);
-//   out <- nesterov ? lerp(grad, buf, momentum) : buf (fp32, rounded to buf_type);
+//   out <- nesterov ? lerp(grad, buf, momentum) : buf (rounded to buf_type,
+//          stored as out_type; out may be grad: each element is read first);
 //   *nonfinite (device memory, may be NULL) += the non-finite grad elements.
 cudaError_t LaunchMomentum(const MomentumTensor* tensors, int64_t count, const void* scalars,
                            bool nesterov, int64_t* nonfinite, cudaStream_t stream);
@@ -45,8 +47,9 @@ struct ApplyTensor {
   int param_type = kF32;
   void* param = nullptr;
   int64_t n = 0;
-  const float* update = nullptr;
+  const void* update = nullptr;
   double lr_ratio = 1.0;
+  int update_type = kF32;
 };
 
 // For every tensor, lr and weight_decay read from `scalars` when it runs:
