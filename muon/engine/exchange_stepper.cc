@@ -27,7 +27,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   for (const Unit& u : plan.units) s->stats_.matrices_owned += u.owner == me;
 
   const int rounds = s->rounds();
-  const int lookahead = std::min(options.dist.prefetch_count, std::max(0, rounds - 1));
+  // A world of one only copies: nothing to run ahead, and one slot.
+  const int lookahead = world.size() == 1
+                            ? 0
+                            : std::min(options.dist.prefetch_count, std::max(0, rounds - 1));
   int64_t most_slots = 0;
   for (const RoundTable& t : s->tables_) most_slots = std::max(most_slots, t.slot_floats);
   const std::shared_ptr<Device>& device = ctx.device;
@@ -41,8 +44,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   const size_t trailers = s->carry_ ? kVerdictBytes * static_cast<size_t>(world.size()) : 0;
   const size_t exchange_bytes = MaxExchangeBytes(s->tables_) + trailers;
   MUON_ASSIGN_OR_RETURN(s->send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
-  MUON_ASSIGN_OR_RETURN(s->recv_,
-                        DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
+  if (world.size() > 1) {  // a world of one unpacks from the send buffer
+    MUON_ASSIGN_OR_RETURN(s->recv_,
+                          DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
+  }
   if (s->carry_ && !device->is_host()) {
     MUON_ASSIGN_OR_RETURN(s->verdicts_on_device_,
                           DeviceBuffer::Make(device, trailers, "the step verdicts"));

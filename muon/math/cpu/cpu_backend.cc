@@ -112,7 +112,7 @@ void CpuBackend::ReleaseWork() {
 absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
-  const size_t want = 2 * m * n + 2 * m * m;
+  const size_t want = m * n + 2 * m * m;  // X', gram, poly (X is the matrix)
   if (want > work_floats_) {
     ReleaseWork();
     if (source_.allocate) {
@@ -169,11 +169,11 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
 void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
   const bool bf16 = config.dtype == NsDtype::kBF16;
   const int64_t elems = program.x_elems;
-  float* buffers[4] = {work_, work_ + elems, work_ + 2 * elems, work_ + 2 * elems + program.gram_elems};
-  float* x = buffers[static_cast<int>(NsBuffer::kX)];
+  // X is the matrix itself (it is the caller's working copy), X' the
+  // workspace: one m x n buffer less than a copy would take.
+  float* buffers[4] = {u, work_, work_ + elems, work_ + elems + program.gram_elems};
+  float* x = u;
 
-  // X <- U (no transpose: the program reads either orientation as stored).
-  std::copy(u, u + elems, x);
   if (bf16) RoundSpanToBf16(x, elems);
   // X <- X / max(||X||_F, eps); the norm has the compute dtype's precision.
   double sumsq = 0.0;
@@ -185,13 +185,14 @@ void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& progr
   for (int64_t i = 0; i < elems; ++i) x[i] = x[i] / norm;
   if (bf16) RoundSpanToBf16(x, elems);
 
+  // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
     for (const NsGemm& g : program.iteration) RunGemm(g, abc, buffers, bf16);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   x = buffers[static_cast<int>(NsBuffer::kX)];
-  std::copy(x, x + elems, u);
+  if (x != u) std::copy(x, x + elems, u);
 }
 
 }  // namespace muon

@@ -44,8 +44,9 @@ class CpuBackend final : public MathBackend {
   static void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
                       bool bf16);
 
-  // Workspace, reused across calls: x and x_next (m x n), gram and poly
-  // (m x m) of the largest matrix so far, one block (from `source_` when set).
+  // Workspace, reused across calls: x_next (m x n), gram and poly (m x m) of
+  // the largest matrix so far, one block (from `source_` when set); x is the
+  // matrix being orthogonalized itself.
   MemorySource source_;
   float* work_ = nullptr;
   size_t work_floats_ = 0;
