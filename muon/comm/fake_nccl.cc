@@ -33,7 +33,10 @@
 // naming the buffer), and nothing moves when the call returns: the call is
 // enqueued on its stream (the enqueue callback) and runs, rendezvous
 // included, when the stream reaches it, as NCCL's kernels do. A failure
-// there is the stream's (the runtime reports it at the next wait).
+// there is the stream's (the runtime reports it at the next wait). An
+// enqueued call may run more than once (a CUDA graph's replays, as NCCL's
+// captured kernels do): the enqueue callback owns it and releases it when it
+// drops the work (or at once when it does not take it).
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -113,7 +116,8 @@ struct Queued {
 // Device semantics (see the top); null: host memory, run at the call.
 using CheckFn = int (*)(const void* ptr, size_t bytes, char* why, size_t why_size);
 using WorkFn = int (*)(void* arg, char* why, size_t why_size);
-using EnqueueFn = int (*)(void* stream, WorkFn work, void* arg);
+using ReleaseFn = void (*)(void* arg);
+using EnqueueFn = int (*)(void* stream, WorkFn work, ReleaseFn release, void* arg);
 std::atomic<CheckFn> g_check{nullptr};
 std::atomic<EnqueueFn> g_enqueue{nullptr};
 
@@ -339,22 +343,22 @@ struct Deferred {
   std::vector<Queued> ops;
 };
 
+// Runs a deferred call; it stays (a replay may run it again) until released.
 int RunDeferred(void* arg, char* why, size_t why_size) {
-  std::unique_ptr<Deferred> d(static_cast<Deferred*>(arg));
+  const Deferred* d = static_cast<const Deferred*>(arg);
   const int r = d->group ? RunGroupOps(d->ops) : Collective(d->comm, d->call);
   if (r != 0 && why != nullptr && why_size > 0) std::snprintf(why, why_size, "%s", t_error.c_str());
   return r;
 }
 
+void ReleaseDeferred(void* arg) { delete static_cast<Deferred*>(arg); }
+
 // Runs `d` now, or enqueues it on `stream` under device semantics.
 int RunOrEnqueue(std::unique_ptr<Deferred> d, void* stream) {
   const EnqueueFn enqueue = g_enqueue.load();
-  if (enqueue == nullptr) {
-    return RunDeferred(d.release(), nullptr, 0);
-  }
-  Deferred* raw = d.release();
-  if (enqueue(stream, &RunDeferred, raw) != 0) {
-    delete raw;
+  if (enqueue == nullptr) return RunDeferred(d.get(), nullptr, 0);
+  // The enqueue callback owns the call from here: it releases it, taken or not.
+  if (enqueue(stream, &RunDeferred, &ReleaseDeferred, d.release()) != 0) {
     return Failed(kInvalidUsage, "the stream did not take the call");
   }
   return 0;

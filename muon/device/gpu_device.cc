@@ -82,9 +82,9 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "the parameter update");
     return math_->Apply(step, tensors);
   }
-  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override {
-    MUON_ON_DEVICE(*rt_, ordinal_, "writing the step's hyper-parameters");
-    return math_->StoreScalars(dst, value);
+  absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "storing bytes on the GPU");
+    return math_->StoreBytes(dst, src, bytes);
   }
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");

@@ -239,7 +239,11 @@ absl::StatusOr<StrictCpuRuntime::Stream*> StrictCpuRuntime::WorkStreamLocked(
 
 absl::Status StrictCpuRuntime::EnqueueLocked(Stream* s, std::function<absl::Status()> work) {
   if (s->capturing) {
-    s->graph.push_back(std::move(work));
+    s->origin->graph.push_back(std::move(work));  // the host's issue order: a valid order
+    if (s != s->origin) s->unjoined = true;
+    for (auto& e : events_) {
+      if (e->captured != nullptr && e->stream == s) e->covers_all = false;
+    }
     return absl::OkStatus();
   }
   s->items.push_back(std::move(work));
@@ -483,12 +487,10 @@ absl::Status StrictCpuRuntime::EventRecord(GpuEvent event, GpuStream stream) {
     return absl::InvalidArgumentError(
         "strict-cpu runtime: EventRecord on an unknown stream or event");
   }
-  if (s->capturing) {
-    return absl::FailedPreconditionError(
-        "strict-cpu runtime: EventRecord on a capturing stream is not modelled");
-  }
   e->stream = s;
   e->target = s->issued;
+  e->captured = s->capturing ? s->origin : nullptr;
+  e->covers_all = s->capturing;
   return absl::OkStatus();
 }
 
@@ -503,9 +505,26 @@ absl::Status StrictCpuRuntime::StreamWaitEvent(GpuStream stream, GpuEvent event)
     return absl::InvalidArgumentError(
         "strict-cpu runtime: StreamWaitEvent on an unknown stream or event");
   }
-  if (s->capturing) {
+  if (e->captured != nullptr) {
+    // Within a capture the graph's order (the host's) already holds it: a
+    // fork joins `s` to the capture, a wait of the origin joins the lane back.
+    if (s->capturing && s->origin != e->captured) {
+      return absl::FailedPreconditionError(
+          "strict-cpu runtime: StreamWaitEvent joins two captures (not permitted)");
+    }
+    if (!s->capturing) {
+      s->capturing = true;
+      s->origin = e->captured;
+      s->unjoined = false;
+      ++capturing_;
+    }
+    if (s == s->origin && e->stream != s && e->covers_all) e->stream->unjoined = false;
+    return absl::OkStatus();
+  }
+  if (s->capturing && e->stream != nullptr) {
     return absl::FailedPreconditionError(
-        "strict-cpu runtime: StreamWaitEvent on a capturing stream is not modelled");
+        "strict-cpu runtime: a capturing stream waits for an event recorded outside the "
+        "capture (CUDA refuses it: capture isolation)");
   }
   Stream* target_stream = e->stream;  // the record as of now
   const int64_t target = e->target;

@@ -105,7 +105,13 @@ class StrictCpuRuntime final : public GpuRuntime {
   // CUDA graphs, as a global-mode stream capture: between BeginCapture and
   // EndCapture the stream's work is recorded, not run, and while any stream
   // captures, what CUDA refuses then is refused (allocation, freeing, host
-  // waits, copies from or to host memory, events on the capturing stream).
+  // waits, copies from or to host memory). Fork and join as in CUDA: a
+  // stream that waits for an event recorded on a capturing stream joins that
+  // capture (its work is recorded into the same graph, in the order the host
+  // issued it, which respects every event); EndCapture fails, as CUDA's
+  // "unjoined" error, when a joined stream has work the origin stream did not
+  // wait for (an event recorded after it). Waiting, within a capture, for an
+  // event recorded outside it is refused (CUDA's capture isolation).
   // Replay issues the recorded work again on a stream (kernel arguments as
   // recorded, memory as it is then).
   struct Graph {
@@ -131,7 +137,9 @@ class StrictCpuRuntime final : public GpuRuntime {
   struct Stream {
     int device = 0;
     bool capturing = false;
-    std::vector<std::function<absl::Status()>> graph;  // recorded while capturing
+    Stream* origin = nullptr;  // while capturing: the stream the capture began on
+    bool unjoined = false;     // joined: work the origin has not waited for
+    std::vector<std::function<absl::Status()>> graph;  // the origin's: recorded while capturing
     std::deque<std::function<absl::Status()>> items;
     int64_t issued = 0;
     int64_t executed = 0;
@@ -140,6 +148,8 @@ class StrictCpuRuntime final : public GpuRuntime {
   struct Event {
     Stream* stream = nullptr;  // of the last record; null: never recorded (complete)
     int64_t target = 0;        // the stream's items up to the record
+    Stream* captured = nullptr;  // recorded within a capture: its origin (else null)
+    bool covers_all = false;     // captured: the recording stream had no later work (yet)
   };
   struct Arena {
     unsigned char* base = nullptr;

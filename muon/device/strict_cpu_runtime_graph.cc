@@ -19,6 +19,8 @@ absl::Status StrictCpuRuntime::BeginCapture(GpuStream stream) {
         "strict-cpu runtime: capture needs a created stream that is not capturing");
   }
   s->capturing = true;
+  s->origin = s;
+  s->unjoined = false;
   s->graph.clear();
   ++capturing_;
   return absl::OkStatus();
@@ -27,11 +29,33 @@ absl::Status StrictCpuRuntime::BeginCapture(GpuStream stream) {
 absl::StatusOr<StrictCpuRuntime::Graph> StrictCpuRuntime::EndCapture(GpuStream stream) {
   std::lock_guard<std::mutex> lock(mu_);
   Stream* s = StreamOfLocked(stream);
-  if (s == nullptr || !s->capturing) {
-    return absl::InvalidArgumentError("strict-cpu runtime: the stream is not capturing");
+  if (s == nullptr || !s->capturing || s->origin != s) {
+    return absl::InvalidArgumentError(
+        "strict-cpu runtime: the stream is not the origin of a capture");
+  }
+  // Every stream that joined leaves the capture; one with work the origin
+  // did not wait for fails it (CUDA: cudaErrorStreamCaptureUnjoined).
+  bool unjoined = false;
+  for (auto& other : streams_) {
+    if (other.get() == s || !other->capturing || other->origin != s) continue;
+    unjoined = unjoined || other->unjoined;
+    other->capturing = false;
+    other->origin = nullptr;
+    other->unjoined = false;
+    --capturing_;
+  }
+  for (auto& e : events_) {
+    if (e->captured == s) e->captured = nullptr, e->stream = nullptr;  // not waitable after
   }
   s->capturing = false;
+  s->origin = nullptr;
   --capturing_;
+  if (unjoined) {
+    s->graph.clear();
+    return absl::FailedPreconditionError(
+        "strict-cpu runtime: the capture ended with a joined stream's work not waited for by the "
+        "origin stream (CUDA: cudaErrorStreamCaptureUnjoined)");
+  }
   Graph g;
   g.device = s->device;
   g.work.swap(s->graph);

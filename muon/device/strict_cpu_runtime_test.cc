@@ -246,3 +246,73 @@ TEST(StrictCpuRuntime, TheCopyKernelConvertsAndChecksItsChunksWhenItRuns) {
 
 }  // namespace
 }  // namespace muon
+
+namespace muon {
+namespace {
+
+// Fork and join inside a capture, as CUDA: a stream waiting for an event
+// recorded on the capturing stream joins the capture; its work is recorded,
+// not run, and replays with the origin's; the capture ends only once the
+// origin waited for the joined stream's last work.
+TEST(StrictCpuRuntimeCapture, AForkedStreamJoinsTheCaptureAndMustJoinBack) {
+  StrictCpuRuntime rt;
+  GpuStream main = *rt.StreamCreate(), lane = *rt.StreamCreate();
+  GpuEvent fork = *rt.EventCreate(), join = *rt.EventCreate();
+  void* a = *rt.Malloc(kBytes, "a");
+  void* b = *rt.Malloc(kBytes, "b");
+  ASSERT_TRUE(rt.MemsetAsync(a, 0, kBytes, main, "a").ok());
+  ASSERT_TRUE(rt.MemsetAsync(b, 0, kBytes, main, "b").ok());
+  ASSERT_TRUE(rt.StreamSynchronize(main, "setup").ok());
+
+  ASSERT_TRUE(rt.BeginCapture(main).ok());
+  ASSERT_TRUE(rt.MemsetAsync(a, 1, kBytes, main, "a").ok());
+  ASSERT_TRUE(rt.EventRecord(fork, main).ok());
+  ASSERT_TRUE(rt.StreamWaitEvent(lane, fork).ok());
+  EXPECT_TRUE(*rt.IsCapturing(lane));
+  ASSERT_TRUE(rt.MemcpyAsync(b, a, kBytes, CopyKind::kDeviceToDevice, lane, "a to b").ok());
+  ASSERT_TRUE(rt.EventRecord(join, lane).ok());
+  ASSERT_TRUE(rt.StreamWaitEvent(main, join).ok());
+  ASSERT_TRUE(rt.MemsetAsync(a, 2, kBytes, main, "a again").ok());
+  absl::StatusOr<StrictCpuRuntime::Graph> g = rt.EndCapture(main);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(*rt.IsCapturing(lane));
+  EXPECT_EQ(rt.pending(), 0);  // recorded, nothing ran
+
+  ASSERT_TRUE(rt.Replay(*g, main).ok());
+  std::vector<unsigned char> host_a(kBytes), host_b(kBytes);
+  ASSERT_TRUE(rt.MemcpyAsync(host_a.data(), a, kBytes, CopyKind::kDeviceToHost, main, "a").ok());
+  ASSERT_TRUE(rt.MemcpyAsync(host_b.data(), b, kBytes, CopyKind::kDeviceToHost, main, "b").ok());
+  ASSERT_TRUE(rt.StreamSynchronize(main, "replay").ok());
+  EXPECT_EQ(host_a, std::vector<unsigned char>(kBytes, 2));
+  EXPECT_EQ(host_b, std::vector<unsigned char>(kBytes, 1));  // the lane's copy, in order
+
+  // The lane's work after its last join: the capture fails, as CUDA's does.
+  ASSERT_TRUE(rt.BeginCapture(main).ok());
+  ASSERT_TRUE(rt.EventRecord(fork, main).ok());
+  ASSERT_TRUE(rt.StreamWaitEvent(lane, fork).ok());
+  ASSERT_TRUE(rt.EventRecord(join, lane).ok());
+  ASSERT_TRUE(rt.MemsetAsync(b, 3, kBytes, lane, "late").ok());
+  ASSERT_TRUE(rt.StreamWaitEvent(main, join).ok());  // before the late work: not a join
+  absl::StatusOr<StrictCpuRuntime::Graph> bad = rt.EndCapture(main);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(Mentions(bad.status(), "Unjoined")) << bad.status();
+  EXPECT_FALSE(*rt.IsCapturing(lane));
+
+  // A capturing stream may not wait for an event recorded outside the capture.
+  ASSERT_TRUE(rt.EventRecord(join, lane).ok());
+  ASSERT_TRUE(rt.BeginCapture(main).ok());
+  absl::Status isolated = rt.StreamWaitEvent(main, join);
+  EXPECT_TRUE(Mentions(isolated, "capture isolation")) << isolated;
+  ASSERT_TRUE(rt.EndCapture(main).ok());
+
+  ASSERT_TRUE(rt.StreamSynchronize(lane, "lane").ok());
+  rt.Free(a);
+  rt.Free(b);
+  rt.EventDestroy(fork);
+  rt.EventDestroy(join);
+  rt.StreamDestroy(main);
+  rt.StreamDestroy(lane);
+}
+
+}  // namespace
+}  // namespace muon

@@ -51,6 +51,8 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   if (s->carry_ && !device->is_host()) {
     MUON_ASSIGN_OR_RETURN(s->verdicts_on_device_,
                           DeviceBuffer::Make(device, trailers, "the step verdicts"));
+    MUON_ASSIGN_OR_RETURN(s->verdict_out_,
+                          DeviceBuffer::Make(device, kVerdictBytes, "this rank's step verdict"));
   }
   for (int r = 0; r < rounds; ++r) {
     MUON_ASSIGN_OR_RETURN(
@@ -111,6 +113,14 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
   Device* lane = lane_.device;
   Device& on = lane != nullptr ? *lane : *ctx_.device;
   void* comm_stream = lane != nullptr ? lane_.stream : stream;
+  // A step being captured into a CUDA graph copies no host memory: its
+  // verdict (no failure so far, the hyper-parameters' digest; a replay
+  // carries the same) goes into device memory first, on the step's stream.
+  const bool captured = carry_ && !ctx_.device->is_host() && ctx_.device->Capturing();
+  if (captured) {
+    WriteVerdict(verdict_code_, verdict_digest_, mine_);
+    (void)note(ctx_.device->math().StoreBytes(verdict_out_.data(), mine_, kVerdictBytes));
+  }
   if (lane != nullptr) {
     absl::Status st = ctx_.device->Signal(0);
     if (st.ok()) st = lane->AwaitSignal(*ctx_.device, 0);
@@ -127,7 +137,10 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     if (scatter && lane != nullptr) (void)note(lane->AwaitSignal(*ctx_.device, 1 + round));
     const unsigned char* out = nullptr;
     unsigned char* in = nullptr;
-    if (d.trailer != 0) {
+    if (d.trailer != 0 && captured) {
+      out = verdict_out_.as<unsigned char>();
+      in = verdicts_on_device_.as<unsigned char>();
+    } else if (d.trailer != 0) {
       {
         std::lock_guard<std::mutex> lock(mu);
         const int32_t code =
@@ -142,7 +155,8 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
       }
     }
     absl::Status st = note(RunExchange(b, d, world_, on, send_.as<unsigned char>(),
-                                       recv_.as<unsigned char>(), comm_stream, out, in));
+                                       recv_.as<unsigned char>(), comm_stream, out, in,
+                                       captured));
     if (!scatter && lane != nullptr) (void)note(lane->Signal(round));  // gathered
     return st;
   };

@@ -71,6 +71,7 @@ class ExchangeStepper : public Stepper {
   std::vector<unsigned char> verdicts_;
   unsigned char mine_[kVerdictBytes] = {};  // read by the stream on a GPU: kept
   DeviceBuffer verdicts_on_device_;
+  DeviceBuffer verdict_out_;  // on a GPU: this rank's verdict, for a captured step
   std::vector<RoundTable> tables_;
   // prefetch + 1 working buffers of owned matrices (round r uses r % size),
   // the exchange's send and receive buffers, and each round's bound exchange.

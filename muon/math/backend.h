@@ -100,8 +100,14 @@ class MathBackend {
   // Every tensor of `tensors` (one launch on a GPU, however many).
   virtual absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) = 0;
   virtual absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) = 0;
-  // *dst (backend memory) <- value, stream-ordered; the value is taken now.
-  virtual absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) = 0;
+  // dst[0, bytes) (backend memory) <- src[0, bytes) (host memory, at most
+  // kMaxStoreBytes), stream-ordered; the bytes are taken at the call (a
+  // graph captures them as they are now), so src may change after.
+  static constexpr size_t kMaxStoreBytes = 64;
+  virtual absl::Status StoreBytes(void* dst, const void* src, size_t bytes) = 0;
+  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) {
+    return StoreBytes(dst, &value, sizeof value);
+  }
 
   // Orthogonalizes every matrix of `batch` in place with `config`.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;

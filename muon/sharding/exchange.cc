@@ -311,13 +311,15 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
 
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
                          Device& device, unsigned char* send, unsigned char* recv, void* stream,
-                         const unsigned char* trailer_out, unsigned char* trailers_in) {
+                         const unsigned char* trailer_out, unsigned char* trailers_in,
+                         bool trailer_out_on_device) {
   // The collective is issued even when packing failed, so that the other
   // ranks' calls pair up (the failure is returned, and agreed on after).
   absl::Status st = device.Run(*d.pack);
   if (!st.ok()) st = absl::Status(st.code(), absl::StrCat(d.label, ": ", st.message()));
   for (size_t at : d.send_trailers) {
-    absl::Status w = device.FromHostAsync(send + at, trailer_out, d.trailer);
+    absl::Status w = trailer_out_on_device ? device.CopyBytes(send + at, trailer_out, d.trailer)
+                                           : device.FromHostAsync(send + at, trailer_out, d.trailer);
     if (st.ok() && !w.ok()) st = w;
   }
   if (!b.single_rank) {

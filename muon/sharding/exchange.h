@@ -105,10 +105,13 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
 // GPU they are stream-ordered and nothing waits: `trailer_out` is read when
 // the stream reaches it (keep it unchanged until a wait), and `trailers_in`
 // is device memory.
+// `trailer_out_on_device`: trailer_out is device memory instead (written on
+// the stream before; what a CUDA graph capture can copy).
 absl::Status RunExchange(const BoundExchange& b, const BoundExchange::Direction& d, Comm& comm,
                          Device& device, unsigned char* send, unsigned char* recv, void* stream,
                          const unsigned char* trailer_out = nullptr,
-                         unsigned char* trailers_in = nullptr);
+                         unsigned char* trailers_in = nullptr,
+                         bool trailer_out_on_device = false);
 
 // Largest send / receive byte counts over all rounds and directions.
 size_t MaxExchangeBytes(const std::vector<RoundTable>& tables);

@@ -18,6 +18,8 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <condition_variable>
 #include <string>
 #include <thread>
 #include <vector>
@@ -465,8 +467,9 @@ struct FakeNccl {
       x.clique_destroy = reinterpret_cast<void (*)(void*)>(dlsym(h, "fake_nccl_clique_destroy"));
       x.fail_next = reinterpret_cast<void (*)(int)>(dlsym(h, "fake_nccl_fail_next"));
       using Work = int (*)(void*, char*, size_t);
+      using Release = void (*)(void*);
       auto set = reinterpret_cast<void (*)(int (*)(const void*, size_t, char*, size_t),
-                                           int (*)(void*, Work, void*))>(
+                                           int (*)(void*, Work, Release, void*))>(
           dlsym(h, "fake_nccl_set_device"));
       if (x.clique_create == nullptr || set == nullptr) return x;
       set(
@@ -475,8 +478,11 @@ struct FakeNccl {
             if (!st.ok()) std::snprintf(why, n, "%s", std::string(st.message()).c_str() + 2);
             return st.ok() ? 0 : 1;
           },
-          [](void* stream, Work work, void* arg) {
-            return Rt()->Enqueue(stream, [work, arg] {
+          [](void* stream, Work work, Release release, void* arg) {
+            // The call's state lives as long as the work item (a captured
+            // one: as long as its graph, replayed many times).
+            std::shared_ptr<void> owner(arg, release);
+            return Rt()->Enqueue(stream, [work, arg, owner] {
                      char why[512] = {};
                      const int r = work(arg, why, sizeof why);
                      return r == 0 ? absl::OkStatus()
@@ -705,6 +711,154 @@ TEST(StrictGpu, UpdatesInTheGradientsEqualOneHostProcessWithLessMemory) {
   for (const auto& [rows, cols] : Shapes()) local_elements += rows / ranks * cols;
   for (int r = 0; r < ranks; ++r) {
     EXPECT_EQ(without[r] - with[r], 4 * local_elements) << "rank " << r;
+  }
+}
+
+// The ranks' threads meet here (a capture forbids the others' host waits).
+class Meeting {
+ public:
+  explicit Meeting(int n) : n_(n) {}
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int round = round_;
+    if (++here_ == n_) {
+      here_ = 0;
+      ++round_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return round_ != round; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, here_ = 0, round_ = 0;
+};
+
+// Several ranks capture a step into CUDA graphs (the exchanges forked onto
+// the communication stream and joined back, the collectives and the step's
+// verdict inside the graph, no host memory copied) and replay it, following
+// an lr / weight decay / momentum schedule pushed between replays: the same
+// bits as one host process stepping through the same schedule.
+TEST(StrictGpu, RanksCaptureAStepAndReplayItThroughASchedule) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(FakeNccl::Get().ok) << "FAKE_NCCL names the stand-in libnccl.so.2";
+  constexpr int kRanks = 2;
+  const size_t count = Shapes().size();
+  auto schedule = [](muon_optimizer_t* opt, int s) {
+    if (s < 3) return;
+    EXPECT_EQ(muon_set_lr(opt, 0.004 * s), MUON_OK);
+    EXPECT_EQ(muon_set_weight_decay(opt, 0.03 * s), MUON_OK);
+    EXPECT_EQ(muon_set_momentum(opt, 0.15 * s), MUON_OK);
+  };
+  // The host: steps 0 to 4 with the schedule.
+  std::vector<std::vector<float>> expected;
+  {
+    muon_optimizer_t* ref = Create(1);
+    std::vector<std::unique_ptr<Tensor>> rp, rg;
+    for (size_t i = 0; i < count; ++i) {
+      const auto [rows, cols] = Shapes()[i];
+      rp.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
+      rg.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
+      rp[i]->Write(Values(rows * cols, 3 + i), nullptr);
+      muon_param_options_t po;
+      muon_param_options_init(&po, sizeof po);
+      const std::string name = "w" + std::to_string(i);
+      po.name = name.c_str();
+      int64_t id = -1;
+      ASSERT_EQ(muon_register_param(ref, &rp[i]->dl, &rg[i]->dl, &po, &id), MUON_OK);
+    }
+    for (int s = 0; s <= 4; ++s) {
+      for (size_t i = 0; i < count; ++i) rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
+      schedule(ref, s);
+      ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
+    }
+    for (const auto& t : rp) expected.push_back(t->host);
+    muon_destroy(ref);
+  }
+
+  void* clique = FakeNccl::Get().clique_create(kRanks);
+  std::vector<FakeNcclComm> nccl(kRanks);
+  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  Meeting meet(kRanks);
+  std::vector<std::vector<std::vector<float>>> got(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(Rt()->SetDevice(r).ok());
+      void* stream = *Rt()->StreamCreate();
+      muon_optimizer_t* opt = Create(1, 0, /*round_bytes=*/1);  // several rounds
+      muon_comm_t comm;
+      int32_t world_group = -1;
+      if (muon_comm_from_nccl(&nccl[r], &comm) != MUON_OK ||
+          muon_set_world(opt, &comm, &world_group) != MUON_OK) {
+        errors[r] = muon_last_error_message();
+      }
+      std::vector<std::unique_ptr<Tensor>> p, g;
+      for (size_t i = 0; i < count; ++i) {
+        const auto [rows, cols] = Shapes()[i];
+        p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / kRanks, cols}, r));
+        g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / kRanks, cols}, r));
+        const std::vector<float> mine = RowsOf(Values(rows * cols, 3 + i), r, kRanks, cols);
+        p[i]->Write(mine, stream);
+        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+        if (errors[r].empty() &&
+            RegisterShard(opt, world_group, "w" + std::to_string(i), rows, cols, *p[i], *g[i]) !=
+                MUON_OK) {
+          errors[r] = muon_last_error_message();
+        }
+      }
+      auto write_grads = [&](int s) {
+        std::vector<std::vector<float>> gm(count);
+        for (size_t i = 0; i < count; ++i) {
+          const auto [rows, cols] = Shapes()[i];
+          gm[i] = RowsOf(Values(rows * cols, 50 + s + 9 * i), r, kRanks, cols);
+          g[i]->Write(gm[i], stream);
+        }
+        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "gradients").ok());
+      };
+      for (int s = 0; s <= 1; ++s) {  // set up, then one step as usual
+        write_grads(s);
+        if (errors[r].empty() && muon_step(opt, stream) != MUON_OK) {
+          errors[r] = muon_last_error_message();
+        }
+        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "step").ok());
+      }
+      write_grads(2);
+      meet.Arrive();
+      ASSERT_TRUE(Rt()->BeginCapture(stream).ok());
+      if (errors[r].empty() && muon_step(opt, stream) != MUON_OK) {
+        errors[r] = muon_last_error_message();
+      }
+      absl::StatusOr<StrictCpuRuntime::Graph> graph = Rt()->EndCapture(stream);
+      if (errors[r].empty() && !graph.ok()) errors[r] = std::string(graph.status().message());
+      meet.Arrive();
+      for (int s = 2; s <= 4 && errors[r].empty(); ++s) {
+        if (s > 2) write_grads(s);
+        schedule(opt, s);
+        if (s >= 3 && muon_push_hyperparameters(opt, stream) != MUON_OK) {
+          errors[r] = muon_last_error_message();
+        }
+        ASSERT_TRUE(Rt()->Replay(*graph, stream).ok());
+        const absl::Status ran = Rt()->StreamSynchronize(stream, "replay");
+        if (!ran.ok()) errors[r] = std::string(ran.message());
+      }
+      for (auto& t : p) got[r].push_back(t->Read(stream));
+      p.clear();
+      g.clear();
+      muon_destroy(opt);
+      Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  FakeNccl::Get().clique_destroy(clique);
+  for (int r = 0; r < kRanks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<float> joined;
+    for (int r = 0; r < kRanks; ++r) joined.insert(joined.end(), got[r][i].begin(), got[r][i].end());
+    EXPECT_EQ(joined, expected[i]) << "w" << i;
   }
 }
 

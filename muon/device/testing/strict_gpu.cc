@@ -1,6 +1,8 @@
 #include "muon/device/testing/strict_gpu.h"
 
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -99,11 +101,13 @@ class StrictMath final : public MathBackend {
     return Run([this, step, copy] { return cpu_.Apply(step, copy); });
   }
 
-  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override {
-    absl::Status st = rt_->CheckDeviceMemory(dst, sizeof(StepScalars),
-                                             "writing the step's hyper-parameters");
+  absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override {
+    if (bytes > kMaxStoreBytes) return absl::InternalError("StoreBytes: too many bytes");
+    absl::Status st = rt_->CheckDeviceMemory(dst, bytes, "storing bytes on the device");
     if (!st.ok()) return st;
-    return Run([this, dst, value] { return cpu_.StoreScalars(dst, value); });
+    std::array<unsigned char, kMaxStoreBytes> value{};
+    std::memcpy(value.data(), src, bytes);  // taken now, as a kernel argument is
+    return Run([this, dst, value, bytes] { return cpu_.StoreBytes(dst, value.data(), bytes); });
   }
 
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {

@@ -66,8 +66,12 @@ absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::StoreScalars(StepScalars* dst, const StepScalars& value) {
-  *dst = value;
+absl::Status CpuBackend::StoreBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > kMaxStoreBytes) {
+    return absl::InternalError(absl::StrCat("StoreBytes of ", bytes, " bytes (at most ",
+                                            kMaxStoreBytes, ")"));
+  }
+  std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
 

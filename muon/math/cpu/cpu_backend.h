@@ -18,7 +18,7 @@ class CpuBackend final : public MathBackend {
  public:
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
-  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override;
+  absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
   void SetMemorySource(MemorySource source) override { source_ = std::move(source); }
   ~CpuBackend() override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;

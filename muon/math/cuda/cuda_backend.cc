@@ -194,9 +194,12 @@ static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars,
                   offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
               "the kernels read StepScalars as three doubles: lr, weight_decay, momentum");
 
-absl::Status CudaBackend::StoreScalars(StepScalars* dst, const StepScalars& v) {
-  MUON_CUDA(cuda::LaunchStoreScalars(dst, v.lr, v.weight_decay, v.momentum, impl_->stream),
-            "writing the step's hyper-parameters");
+absl::Status CudaBackend::StoreBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > kMaxStoreBytes) {
+    return absl::InternalError(absl::StrCat("StoreBytes of ", bytes, " bytes (at most ",
+                                            kMaxStoreBytes, ")"));
+  }
+  MUON_CUDA(cuda::LaunchStoreBytes(dst, src, bytes, impl_->stream), "storing bytes on the GPU");
   return absl::OkStatus();
 }
 

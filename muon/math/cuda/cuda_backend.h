@@ -32,7 +32,7 @@ class CudaBackend final : public MathBackend {
   // Every tensor in one launch (more only past 40 tensors per launch).
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
-  absl::Status StoreScalars(StepScalars* dst, const StepScalars& value) override;
+  absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

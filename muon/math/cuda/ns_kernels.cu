@@ -59,10 +59,12 @@ __device__ __forceinline__ int TensorOfBlock(const Args& a, int64_t block) {
   return i;
 }
 
-__global__ void StoreScalarsKernel(double* dst, double lr, double weight_decay, double momentum) {
-  dst[0] = lr;
-  dst[1] = weight_decay;
-  dst[2] = momentum;
+struct Bytes64 {
+  unsigned char b[64];
+};
+
+__global__ void StoreBytesKernel(unsigned char* dst, Bytes64 value, int bytes) {
+  for (int i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = value.b[i];
 }
 
 __global__ void MomentumKernel(MomentumLaunchArgs a, const double* scalars, bool nesterov,
@@ -203,9 +205,13 @@ __global__ void FinishKernel(int x_type, const void* x, int64_t n, float* u) {
 
 }  // namespace
 
-cudaError_t LaunchStoreScalars(void* dst, double lr, double weight_decay, double momentum,
-                               cudaStream_t stream) {
-  StoreScalarsKernel<<<1, 1, 0, stream>>>(static_cast<double*>(dst), lr, weight_decay, momentum);
+cudaError_t LaunchStoreBytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  if (bytes > sizeof(Bytes64)) return cudaErrorInvalidValue;
+  Bytes64 value;
+  memcpy(value.b, src, bytes);
+  StoreBytesKernel<<<1, 64, 0, stream>>>(static_cast<unsigned char*>(dst), value,
+                                         static_cast<int>(bytes));
   return cudaGetLastError();
 }
 

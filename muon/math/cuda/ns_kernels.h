@@ -14,12 +14,12 @@ namespace cuda {
 // Element types, numbered like muon::DType: 0 float32, 1 bfloat16, 2 float16.
 enum ElemType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
-// The step's hyper-parameters in device memory, laid out as muon::StepScalars
-// (muon/math/backend.h): lr, weight_decay, momentum, each a double.
-// *dst <- those three values, stream-ordered (taken at the call: a graph
-// captures them as they are now).
-cudaError_t LaunchStoreScalars(void* dst, double lr, double weight_decay, double momentum,
-                               cudaStream_t stream);
+// dst[0, bytes) <- src[0, bytes) (host memory, bytes <= 64), stream-ordered,
+// the bytes taken at the call as a kernel argument (a graph captures them as
+// they are now). The step's hyper-parameters reach the device this way, laid
+// out as muon::StepScalars (muon/math/backend.h): lr, weight_decay,
+// momentum, each a double.
+cudaError_t LaunchStoreBytes(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
 // One tensor of a multi-tensor momentum launch.
 struct MomentumTensor {
