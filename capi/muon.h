@@ -514,14 +514,22 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * takes part in that judgement, a rank that restored its state since too (it
  * returns the error but is not poisoned again): so restore every rank after
  * the call that returned the error everywhere.
- * CUDA graphs: a single-process GPU step after the first may be captured on
- * `stream` and replayed (it allocates, waits and copies to the host nothing
+ * CUDA graphs: a GPU step after the first may be captured on `stream` and
+ * replayed (it allocates, waits and copies to and from the host nothing
  * during capture; the step count is the captured call's, and muon_get_stats
  * does not see replays). The kernels read lr, weight_decay and momentum from
  * device memory when they run, written on the stream by every muon_step not
  * being captured and by muon_push_hyperparameters: a replay uses the values
  * pushed last, so a schedule is muon_set_lr then muon_push_hyperparameters
- * before each replay. With more than one rank a step cannot be captured yet.
+ * before each replay. With several ranks every rank captures the same step
+ * (between two uncaptured calls: no rank may be waiting in muon_step while
+ * another captures, as CUDA's global capture mode requires) and replays its
+ * graph as often as the others (the graphs hold the collectives); the
+ * exchanges fork onto the communication stream inside the graph and join
+ * back. A replay's verdicts are the captured call's (no failure, its
+ * hyper-parameters' digest): push the same values on every rank, and a
+ * device error in a replay surfaces as the runtime's error, not as a step
+ * outcome. skip_nonfinite steps cannot be captured (they wait for a count).
  * A failure after this rank's verdict left (its last collective itself, a
  * device error applying the update) poisons that rank alone; its refusal of
  * the next step is agreed like any failure, so every rank fails that one.
