@@ -50,6 +50,7 @@ StrictCpuRuntime::StrictCpuRuntime(int devices, size_t capacity) {
     a.capacity = capacity;
     a.null_stream = std::make_unique<Stream>();
     a.null_stream->device = static_cast<int>(d);
+    a.exec_mu = std::make_unique<std::recursive_mutex>();
   }
 }
 
@@ -398,12 +399,14 @@ void StrictCpuRuntime::StreamDestroy(GpuStream stream) {
 }
 
 absl::Status StrictCpuRuntime::RunUntil(Stream* s, int64_t target) {
+  std::recursive_mutex* exec = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (target < 0) target = s->issued;
     if (s->executed >= target) return failed_;
+    exec = devices_[static_cast<size_t>(s->device)].exec_mu.get();
   }
-  std::lock_guard<std::mutex> running(s->run_mu);
+  std::lock_guard<std::recursive_mutex> running(*exec);
   while (true) {
     std::function<absl::Status()> item;
     bool healthy = true;

@@ -143,7 +143,6 @@ class StrictCpuRuntime final : public GpuRuntime {
     std::deque<std::function<absl::Status()>> items;
     int64_t issued = 0;
     int64_t executed = 0;
-    std::mutex run_mu;  // held by the thread running this stream's items
   };
   struct Event {
     Stream* stream = nullptr;  // of the last record; null: never recorded (complete)
@@ -158,6 +157,12 @@ class StrictCpuRuntime final : public GpuRuntime {
     int open = 0;                   // work of this device running now
     std::unique_ptr<Stream> null_stream;
     Counters counters;
+    // Held by the thread running any of this device's stream work: a
+    // device's streams run one item at a time (as the runtime's lanes order
+    // them), and a wait inside one (for another stream of the device) runs
+    // the other on the same thread. Devices run concurrently (a collective's
+    // item waits for its peers on other devices).
+    std::unique_ptr<std::recursive_mutex> exec_mu;
   };
 
   Stream* StreamOfLocked(GpuStream s) const;

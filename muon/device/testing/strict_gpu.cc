@@ -134,9 +134,11 @@ class StrictMath final : public MathBackend {
     return Run([this, verdicts, n, magic, flag] { return cpu_.VerdictGate(verdicts, n, magic, flag); });
   }
 
+  // On the host thread, not as stream work, and without mu_: growing the
+  // workspace frees the old one through the runtime, which (as cudaFree)
+  // first runs this device's pending work, whose math takes mu_.
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override {
-    std::lock_guard<std::mutex> lock(mu_);
     return cpu_.Reserve(config, count, rows, cols);
   }
 
