@@ -170,6 +170,29 @@ class Device {
   int64_t live_bytes_ = 0;
 };
 
+// `device` made the calling thread's current one for a scope (Bind), and the
+// caller's put back after (Unbind): what the communicators and launches of a
+// libmuon call need, whichever thread makes it.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(Device& device) : device_(device) {
+    absl::StatusOr<int> previous = device.Bind();
+    status_ = previous.status();
+    if (previous.ok()) previous_ = *previous;
+  }
+  ~CurrentDevice() {
+    if (status_.ok()) device_.Unbind(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  Device& device_;
+  int previous_ = -1;
+  absl::Status status_;
+};
+
 // Device memory owned by a buffer (move-only). Keeps its device alive.
 class DeviceBuffer {
  public:

@@ -17,7 +17,6 @@
 #include "muon/engine/state_restore.h"
 
 namespace muon {
-
 Optimizer::Optimizer(const Options& options, std::shared_ptr<Comm> self)
     : options_(options), registry_(std::move(self)) {}
 
@@ -66,16 +65,8 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 }
 
 absl::Status Optimizer::Step(void* stream) {
-  // The tensors' device is current for the whole step (the communicators and
-  // launches need it), and the caller's is put back after.
-  struct Bound {
-    Device* device;
-    int previous;
-    ~Bound() { device->Unbind(previous); }
-  };
-  absl::StatusOr<int> previous = registry_.device()->Bind();
-  if (!previous.ok()) return previous.status();
-  const Bound bound{registry_.device().get(), *previous};
+  const CurrentDevice current(*registry_.device());  // for the whole step
+  MUON_RETURN_IF_ERROR(current.status());
   // On a GPU: the last step's outcome first (every rank the same); not while
   // the step is captured into a CUDA graph (the host can wait for nothing).
   const bool capturing = registry_.device()->Capturing();
@@ -326,14 +317,8 @@ absl::Status Optimizer::ApplyUpdates(const int32_t* gate) {
 
 absl::Status Optimizer::PushHyperparameters(void* stream) {
   if (setup_ == nullptr) return absl::OkStatus();  // the first step writes them
-  struct Bound {
-    Device* device;
-    int previous;
-    ~Bound() { device->Unbind(previous); }
-  };
-  absl::StatusOr<int> previous = registry_.device()->Bind();
-  if (!previous.ok()) return previous.status();
-  const Bound bound{registry_.device().get(), *previous};
+  const CurrentDevice current(*registry_.device());
+  MUON_RETURN_IF_ERROR(current.status());
   MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
   return registry_.device()->math().StoreScalars(setup_->scalars(), ScalarsOf(options_));
 }

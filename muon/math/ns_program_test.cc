@@ -44,7 +44,9 @@ void Execute(const NsProgram& p, const NsCoefficients& abc, int steps, std::vect
         const double* bm = buffers[static_cast<int>(g.b.buffer)]->data() + b * g.b.stride;
         const double* c = buffers[static_cast<int>(g.c.buffer)]->data() + b * g.c.stride;
         double* d = buffers[static_cast<int>(g.d.buffer)]->data() + b * g.d.stride;
-        if (g.beta != NsScalar::kZero) ASSERT_NE(c, d) << g.name << " is not out of place";
+        if (g.beta != NsScalar::kZero) {
+          ASSERT_NE(c, d) << g.name << " is not out of place";
+        }
         for (int64_t j = 0; j < g.n; ++j) {
           for (int64_t i = 0; i < g.m; ++i) {
             double acc = 0.0;
@@ -145,7 +147,9 @@ TEST_P(NsProgramTest, OperandsStayInsideTheirBuffersAndSymmetryClaimsHold) {
     EXPECT_LE(g.b.ld * (c - 1) + r, elems(g.b.buffer));
     EXPECT_EQ(g.d.ld * g.n, elems(g.d.buffer));  // D fills its buffer: nothing stale
     EXPECT_EQ(g.c.ld, g.d.ld);
-    if (g.beta != NsScalar::kZero) EXPECT_NE(g.c.buffer, g.d.buffer);  // out of place
+    if (g.beta != NsScalar::kZero) {
+      EXPECT_NE(g.c.buffer, g.d.buffer);  // out of place
+    }
     if (g.symmetric) {
       EXPECT_EQ(g.m, g.n);
       // op(B) is op(A)^T itself (same buffer, opposite op), or A is the

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -518,9 +519,12 @@ const std::vector<std::pair<int64_t, int64_t>>& Shapes() {
 }
 
 // One process stepping matrices of `shapes` (values Values(., 3 + i)) with the
-// gradients of `steps` (Values(., 50 + s + 9 i)): what the ranks must equal.
+// gradients of `steps` (Values(., 50 + s + 9 i)), `schedule(opt, s)` (when
+// set) before step s: what the ranks must equal.
+using Schedule = std::function<void(muon_optimizer_t*, int)>;
 std::vector<std::vector<float>> OneProcess(const std::vector<std::pair<int64_t, int64_t>>& shapes,
-                                           const std::vector<int>& steps, int prefetch) {
+                                           const std::vector<int>& steps, int prefetch,
+                                           const Schedule& schedule = nullptr) {
   muon_optimizer_t* ref = Create(prefetch);
   std::vector<std::unique_ptr<Tensor>> rp, rg;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -539,6 +543,7 @@ std::vector<std::vector<float>> OneProcess(const std::vector<std::pair<int64_t, 
     for (size_t i = 0; i < shapes.size(); ++i) {
       rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
     }
+    if (schedule) schedule(ref, s);
     EXPECT_EQ(muon_step(ref, nullptr), MUON_OK);
   }
   muon_destroy(ref);
@@ -577,11 +582,59 @@ muon_status_t RegisterShard(muon_optimizer_t* opt, int32_t group, const std::str
 // the rank's thread has another device current when it calls muon_step (the
 // library makes the tensors' device current for the step, and puts the
 // caller's back).
+// One rank's dim-0 shards of the Shapes() matrices on strict-cpu device r
+// (of `ranks`), on `stream`.
+struct RankShards {
+  int r, ranks;
+  void* stream;
+  std::vector<std::unique_ptr<Tensor>> p, g;
+  std::vector<std::vector<float>> kept;  // the gradients' host values, until a wait
+
+  // Makes, initializes and registers them: "" or the error.
+  std::string Register(muon_optimizer_t* opt, int32_t group) {
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      const auto [rows, cols] = Shapes()[i];
+      p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / ranks, cols}, r));
+      g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / ranks, cols}, r));
+      const std::vector<float> mine = RowsOf(Values(rows * cols, 3 + i), r, ranks, cols);
+      p[i]->Write(mine, stream);
+      EXPECT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+      if (RegisterShard(opt, group, "w" + std::to_string(i), rows, cols, *p[i], *g[i]) != MUON_OK) {
+        return muon_last_error_message();
+      }
+    }
+    return "";
+  }
+  // Step s's gradients, written on the stream (kept until the next call).
+  void WriteGrads(int s) {
+    kept.assign(Shapes().size(), {});
+    for (size_t i = 0; i < Shapes().size(); ++i) {
+      const auto [rows, cols] = Shapes()[i];
+      kept[i] = RowsOf(Values(rows * cols, 50 + s + 9 * i), r, ranks, cols);
+      g[i]->Write(kept[i], stream);
+    }
+  }
+  std::vector<std::vector<float>> Read() {
+    std::vector<std::vector<float>> out;
+    for (auto& t : p) out.push_back(t->Read(stream));
+    return out;
+  }
+};
+
+// The ranks' pieces of each matrix, joined in rank order, equal one process's.
+void ExpectJoinedEqual(const std::vector<std::vector<std::vector<float>>>& got,
+                       const std::vector<std::vector<float>>& expected) {
+  for (size_t i = 0; i < expected.size(); ++i) {
+    std::vector<float> joined;
+    for (const auto& rank : got) joined.insert(joined.end(), rank[i].begin(), rank[i].end());
+    EXPECT_EQ(joined, expected[i]) << "w" << i;
+  }
+}
+
 // `memory`: when set, each rank's muon_stats_t.memory_bytes after the steps.
 void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round_bytes = 0,
                                 bool other_device = false, int update_in_grad = 0,
                                 std::vector<int64_t>* memory = nullptr) {
-  const size_t count = Shapes().size();
   const std::vector<std::vector<float>> expected = OneProcess(Shapes(), {0, 1, 2}, prefetch);
 
   muon_inprocess_world_t* world = nullptr;
@@ -610,29 +663,14 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
       if (made != MUON_OK || muon_set_world(opt, &comm, &world_group) != MUON_OK) {
         errors[r] = muon_last_error_message();
       }
-      std::vector<std::unique_ptr<Tensor>> p, g;
-      for (size_t i = 0; i < count && errors[r].empty(); ++i) {
-        const auto [rows, cols] = Shapes()[i];
-        const int64_t local_rows = rows / ranks;
-        p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
-        g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local_rows, cols}, r));
-        const std::vector<float> mine = RowsOf(Values(rows * cols, 3 + i), r, ranks, cols);
-        p[i]->Write(mine, stream);
-        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-        if (RegisterShard(opt, world_group, "w" + std::to_string(i), rows, cols, *p[i], *g[i]) !=
-            MUON_OK) {
-          errors[r] = muon_last_error_message();
-        }
-      }
+      RankShards shards{r, ranks, stream, {}, {}, {}};
+      if (errors[r].empty()) errors[r] = shards.Register(opt, world_group);
       for (int s = 0; s < 3 && errors[r].empty(); ++s) {
-        std::vector<std::vector<float>> gm(count);
-        for (size_t i = 0; i < count; ++i) {
-          const auto [rows, cols] = Shapes()[i];
-          gm[i] = RowsOf(Values(rows * cols, 50 + s + 9 * i), r, ranks, cols);
-          g[i]->Write(gm[i], stream);
-        }
+        shards.WriteGrads(s);
         const StrictCpuRuntime::Counters before = Rt()->counters(r);
-        if (other_device) ASSERT_TRUE(Rt()->SetDevice((r + 1) % ranks).ok());
+        if (other_device) {
+          ASSERT_TRUE(Rt()->SetDevice((r + 1) % ranks).ok());
+        }
         if (muon_step(opt, stream) != MUON_OK) errors[r] = muon_last_error_message();
         if (other_device) {
           EXPECT_EQ(*Rt()->GetDevice(), (r + 1) % ranks) << "the caller's device changed";
@@ -655,9 +693,8 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
         EXPECT_GT(Stats(opt).rounds, 1);  // the worker thread exchanges
       }
       if (memory != nullptr) (*memory)[static_cast<size_t>(r)] = Stats(opt).memory_bytes;
-      for (auto& t : p) got[r].push_back(t->Read(stream));
-      p.clear();
-      g.clear();
+      got[r] = shards.Read();
+      shards = RankShards{};
       muon_destroy(opt);
       Rt()->StreamDestroy(stream);
     });
@@ -666,11 +703,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
   if (world != nullptr) muon_inprocess_world_destroy(world);
   if (clique != nullptr) FakeNccl::Get().clique_destroy(clique);
   for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
-  for (size_t i = 0; i < count; ++i) {
-    std::vector<float> joined;
-    for (int r = 0; r < ranks; ++r) joined.insert(joined.end(), got[r][i].begin(), got[r][i].end());
-    EXPECT_EQ(joined, expected[i]) << "w" << i;
-  }
+  ExpectJoinedEqual(got, expected);
 }
 
 TEST(StrictGpu, RanksOverTheInProcessCommunicatorEqualOneHostProcess) {
@@ -745,38 +778,13 @@ TEST(StrictGpu, RanksCaptureAStepAndReplayItThroughASchedule) {
   ASSERT_NE(Rt(), nullptr);
   ASSERT_TRUE(FakeNccl::Get().ok) << "FAKE_NCCL names the stand-in libnccl.so.2";
   constexpr int kRanks = 2;
-  const size_t count = Shapes().size();
-  auto schedule = [](muon_optimizer_t* opt, int s) {
+  const Schedule schedule = [](muon_optimizer_t* opt, int s) {
     if (s < 3) return;
     EXPECT_EQ(muon_set_lr(opt, 0.004 * s), MUON_OK);
     EXPECT_EQ(muon_set_weight_decay(opt, 0.03 * s), MUON_OK);
     EXPECT_EQ(muon_set_momentum(opt, 0.15 * s), MUON_OK);
   };
-  // The host: steps 0 to 4 with the schedule.
-  std::vector<std::vector<float>> expected;
-  {
-    muon_optimizer_t* ref = Create(1);
-    std::vector<std::unique_ptr<Tensor>> rp, rg;
-    for (size_t i = 0; i < count; ++i) {
-      const auto [rows, cols] = Shapes()[i];
-      rp.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
-      rg.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows, cols}, -1));
-      rp[i]->Write(Values(rows * cols, 3 + i), nullptr);
-      muon_param_options_t po;
-      muon_param_options_init(&po, sizeof po);
-      const std::string name = "w" + std::to_string(i);
-      po.name = name.c_str();
-      int64_t id = -1;
-      ASSERT_EQ(muon_register_param(ref, &rp[i]->dl, &rg[i]->dl, &po, &id), MUON_OK);
-    }
-    for (int s = 0; s <= 4; ++s) {
-      for (size_t i = 0; i < count; ++i) rg[i]->Write(Values(rg[i]->numel(), 50 + s + 9 * i), nullptr);
-      schedule(ref, s);
-      ASSERT_EQ(muon_step(ref, nullptr), MUON_OK);
-    }
-    for (const auto& t : rp) expected.push_back(t->host);
-    muon_destroy(ref);
-  }
+  const std::vector<std::vector<float>> expected = OneProcess(Shapes(), {0, 1, 2, 3, 4}, 1, schedule);
 
   void* clique = FakeNccl::Get().clique_create(kRanks);
   std::vector<FakeNcclComm> nccl(kRanks);
@@ -796,27 +804,10 @@ TEST(StrictGpu, RanksCaptureAStepAndReplayItThroughASchedule) {
           muon_set_world(opt, &comm, &world_group) != MUON_OK) {
         errors[r] = muon_last_error_message();
       }
-      std::vector<std::unique_ptr<Tensor>> p, g;
-      for (size_t i = 0; i < count; ++i) {
-        const auto [rows, cols] = Shapes()[i];
-        p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / kRanks, cols}, r));
-        g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{rows / kRanks, cols}, r));
-        const std::vector<float> mine = RowsOf(Values(rows * cols, 3 + i), r, kRanks, cols);
-        p[i]->Write(mine, stream);
-        ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-        if (errors[r].empty() &&
-            RegisterShard(opt, world_group, "w" + std::to_string(i), rows, cols, *p[i], *g[i]) !=
-                MUON_OK) {
-          errors[r] = muon_last_error_message();
-        }
-      }
+      RankShards shards{r, kRanks, stream, {}, {}, {}};
+      if (errors[r].empty()) errors[r] = shards.Register(opt, world_group);
       auto write_grads = [&](int s) {
-        std::vector<std::vector<float>> gm(count);
-        for (size_t i = 0; i < count; ++i) {
-          const auto [rows, cols] = Shapes()[i];
-          gm[i] = RowsOf(Values(rows * cols, 50 + s + 9 * i), r, kRanks, cols);
-          g[i]->Write(gm[i], stream);
-        }
+        shards.WriteGrads(s);
         ASSERT_TRUE(Rt()->StreamSynchronize(stream, "gradients").ok());
       };
       for (int s = 0; s <= 1; ++s) {  // set up, then one step as usual
@@ -845,9 +836,8 @@ TEST(StrictGpu, RanksCaptureAStepAndReplayItThroughASchedule) {
         const absl::Status ran = Rt()->StreamSynchronize(stream, "replay");
         if (!ran.ok()) errors[r] = std::string(ran.message());
       }
-      for (auto& t : p) got[r].push_back(t->Read(stream));
-      p.clear();
-      g.clear();
+      got[r] = shards.Read();
+      shards = RankShards{};
       muon_destroy(opt);
       Rt()->StreamDestroy(stream);
     });
@@ -855,11 +845,7 @@ TEST(StrictGpu, RanksCaptureAStepAndReplayItThroughASchedule) {
   for (auto& t : threads) t.join();
   FakeNccl::Get().clique_destroy(clique);
   for (int r = 0; r < kRanks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
-  for (size_t i = 0; i < count; ++i) {
-    std::vector<float> joined;
-    for (int r = 0; r < kRanks; ++r) joined.insert(joined.end(), got[r][i].begin(), got[r][i].end());
-    EXPECT_EQ(joined, expected[i]) << "w" << i;
-  }
+  ExpectJoinedEqual(got, expected);
 }
 
 TEST(StrictGpu, TheWorkerThreadAndTheCallerRunOnTheTensorsDevice) {

@@ -563,11 +563,17 @@ def test_struct_layouts_follow_the_header():
     assert (info.ns_flops.offset, info.holders.offset, info.num_holders.offset) == (32, 40, 48)
     comm = _lib.muon_comm_t
     assert (comm.rank.offset, comm.all_gather.offset, comm.release.offset) == (16, 24, 64)
-    assert ctypes.sizeof(_lib.muon_stats_t) == 96  # 0.4: nonfinite_grads, steps_skipped
-    assert _lib.muon_stats_t.nonfinite_grads.offset == 80
+    assert _lib.muon_stats_t.nonfinite_grads.offset == 80  # 0.4
+    # 0.5: memory_bytes, momentum_bytes, param_elements, bytes_per_param
+    assert (_lib.muon_stats_t.memory_bytes.offset, _lib.muon_stats_t.bytes_per_param.offset) == (
+        96, 120)
+    assert ctypes.sizeof(_lib.muon_stats_t) == 128
     # 0.4: skip_nonfinite after assign_state, then padding to 8.
     assert _lib.muon_options_t.assign_fn.offset + 16 == _lib.muon_options_t.skip_nonfinite.offset
-    assert ctypes.sizeof(_lib.muon_options_t) == 152
+    # 0.5: the allocator's three pointers, then update_in_grad and padding to 8.
+    assert (_lib.muon_options_t.allocate.offset, _lib.muon_options_t.allocator_ctx.offset,
+            _lib.muon_options_t.update_in_grad.offset) == (152, 168, 176)
+    assert ctypes.sizeof(_lib.muon_options_t) == 184
 
 
 def test_inprocess_comm_objects():

@@ -1,0 +1,177 @@
+"""CPU benchmark: libmuon's host backend against its baselines, in one run.
+
+Every figure is printed with its baseline from the same run: the
+implementations are interleaved (one call of each in turn, `--reps` rounds)
+and each one's median is reported.
+
+1. Newton-Schulz, 5 iterations of torch's quintic, fp32: libmuon
+   (muon.Optimizer.orthogonalize, ns_dtype fp32) against numpy doing torch's
+   products (X X^T, addmm, addmm on the wide orientation) and torch's own
+   fp32 products (the same steps in torch.mm).
+2. Newton-Schulz in bf16: libmuon (fp32 products rounded to bf16, as torch's
+   bf16 path) against torch.optim._muon._zeropower_via_newtonschulz.
+3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
+   set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
+   same tensors, fp32 and bf16 parameters.
+
+   bazel build -c opt //:libmuon.so
+   MUON_LIBRARY=bazel-bin/libmuon.so tests/python/run_python.sh bench/cpu_bench.py
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+import muon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+A, B, C = 3.4445, -4.7750, 2.0315
+STEPS = 5
+EPS = 1e-7
+
+
+def ns_flops(rows, cols):
+    m, n = min(rows, cols), max(rows, cols)
+    return STEPS * (4 * m * m * n + 2 * m ** 3)
+
+
+def numpy_ns(g):
+    """torch's Newton-Schulz in numpy fp32 (the same products, in order)."""
+    x = g / (np.linalg.norm(g) + EPS)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    for _ in range(STEPS):
+        a = x @ x.T
+        b = B * a + C * (a @ a)
+        x = A * x + b @ x
+    return x.T if tall else x
+
+
+def torch_fp32_ns(g):
+    """torch.optim.Muon's Newton-Schulz with fp32 products (torch.mm / addmm)."""
+    x = g / (g.norm() + EPS)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    for _ in range(STEPS):
+        gram = x @ x.T
+        update = torch.addmm(gram, gram, gram, beta=B, alpha=C)
+        x = torch.addmm(x, update, x, beta=A)
+    return x.T if tall else x
+
+
+def interleaved(fns, reps):
+    """Median seconds of each of `fns`, called in turn `reps` times (one warm-up each)."""
+    for f in fns:
+        f()
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for i, f in enumerate(fns):
+            t = time.perf_counter()
+            f()
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times]
+
+
+def ns_table(shapes, reps):
+    print("\n## Newton-Schulz, fp32 (5 iterations; median ms; GFLOP/s counting 4m^2n + 2m^3)\n")
+    print("| shape | libmuon ms | numpy ms | torch fp32 ms | libmuon GFLOP/s | vs numpy | vs torch |")
+    print("|---|---|---|---|---|---|---|")
+    opt = muon.Optimizer(ns_dtype="fp32")
+    for rows, cols in shapes:
+        g = torch.randn(rows, cols)
+        out = torch.empty_like(g)
+        gn = g.numpy().copy()
+        ours, np_t, th = interleaved(
+            [lambda: opt.orthogonalize(g, out), lambda: numpy_ns(gn), lambda: torch_fp32_ns(g)],
+            reps)
+        print("| %dx%d | %.2f | %.2f | %.2f | %.1f | %.2fx | %.2fx |" % (
+            rows, cols, ours * 1e3, np_t * 1e3, th * 1e3, ns_flops(rows, cols) / ours / 1e9,
+            np_t / ours, th / ours))
+    opt.close()
+
+
+def bf16_table(shapes, reps):
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
+    print("\n## Newton-Schulz, bf16 (5 iterations; median ms)\n")
+    print("| shape | libmuon ms | torch bf16 ms | vs torch |")
+    print("|---|---|---|---|")
+    opt = muon.Optimizer(ns_dtype="bf16")
+    for rows, cols in shapes:
+        g = torch.randn(rows, cols)
+        out = torch.empty(rows, cols, dtype=torch.bfloat16)
+        ours, th = interleaved(
+            [lambda: opt.orthogonalize(g, out), lambda: torch_ns(g, (A, B, C), STEPS, EPS)], reps)
+        print("| %dx%d | %.2f | %.2f | %.2fx |" % (rows, cols, ours * 1e3, th * 1e3, th / ours))
+    opt.close()
+
+
+def model_shapes(name, layers=None, scale=1):
+    with open(os.path.join(HERE, "models", name + ".json")) as f:
+        model = json.load(f)
+    shapes = []
+    for p in model["params"]:
+        if p["role"] != "matrix":
+            continue
+        count = p["count"] if layers is None else min(p["count"], layers)
+        rows, cols = (d // scale for d in p["shape"])
+        shapes += [(rows, cols)] * count
+    return shapes
+
+
+def step_table(sets, reps):
+    print("\n## A full step (median ms per step): muon.Muon against torch.optim.Muon\n")
+    print("| matrices | elements (M) | params | libmuon ms | torch ms | vs torch |")
+    print("|---|---|---|---|---|---|")
+    for label, shapes in sets:
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            ours_p = [torch.nn.Parameter(torch.randn(r, c).to(dtype)) for r, c in shapes]
+            theirs_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
+            for a, b in zip(ours_p, theirs_p):
+                a.grad = torch.randn_like(a)
+                b.grad = a.grad.clone()
+            ours = muon.Muon(ours_p, lr=0.02)
+            theirs = torch.optim.Muon(theirs_p, lr=0.02)
+            t_ours, t_theirs = interleaved([ours.step, theirs.step], reps)
+            elements = sum(r * c for r, c in shapes) / 1e6
+            print("| %s | %.1f | %s | %.1f | %.1f | %.2fx |" % (
+                label, elements, "fp32" if dtype == torch.float32 else "bf16", t_ours * 1e3,
+                t_theirs * 1e3, t_theirs / t_ours))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-size", type=int, default=2048,
+                    help="largest square Newton-Schulz size (4096: about a minute per call)")
+    ap.add_argument("--no-step", action="store_true")
+    args = ap.parse_args()
+    threads = torch.get_num_threads()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print("# libmuon CPU benchmark\n\n%s, %d threads (torch %s, numpy %s), %s" % (
+        cpu, threads, torch.__version__, np.__version__, time.strftime("%Y-%m-%d")))
+    sizes = [s for s in (256, 512, 1024, 2048, 4096) if s <= args.max_size]
+    shapes = [(s, s) for s in sizes] + [(1024, 4096), (4096, 1024)]
+    ns_table(shapes, args.reps)
+    bf16_table([(s, s) for s in sizes], args.reps)
+    if not args.no_step:
+        step_table([("GPT-2 124M", model_shapes("gpt2-124m")),
+                    ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2, scale=8))],
+                   max(3, args.reps // 2))
+
+
+if __name__ == "__main__":
+    main()
