@@ -8,8 +8,9 @@ and each one's median is reported.
    (muon.Optimizer.orthogonalize, ns_dtype fp32) against numpy doing torch's
    products (X X^T, addmm, addmm on the wide orientation) and torch's own
    fp32 products (the same steps in torch.mm).
-2. Newton-Schulz in bf16: libmuon (fp32 products rounded to bf16, as torch's
-   bf16 path) against torch.optim._muon._zeropower_via_newtonschulz.
+2. Newton-Schulz in bf16: libmuon on native bf16 products (oneDNN, where the
+   CPU has them) and emulated (fp32 products rounded to bf16,
+   MUON_CPU_NATIVE_BF16=0) against torch.optim._muon._zeropower_via_newtonschulz.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
@@ -101,16 +102,26 @@ def ns_table(shapes, reps):
 def bf16_table(shapes, reps):
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
     print("\n## Newton-Schulz, bf16 (5 iterations; median ms)\n")
-    print("| shape | libmuon ms | torch bf16 ms | vs torch |")
-    print("|---|---|---|---|")
+    print("| shape | libmuon ms | libmuon emulated ms | torch bf16 ms | vs emulated | vs torch |")
+    print("|---|---|---|---|---|---|")
     opt = muon.Optimizer(ns_dtype="bf16")
+    # The backend decides on its first product: the emulated one is told so.
+    os.environ["MUON_CPU_NATIVE_BF16"] = "0"
+    emulated = muon.Optimizer(ns_dtype="bf16")
+    probe = torch.randn(4, 4)
+    emulated.orthogonalize(probe, torch.empty(4, 4, dtype=torch.bfloat16))
+    del os.environ["MUON_CPU_NATIVE_BF16"]
     for rows, cols in shapes:
         g = torch.randn(rows, cols)
         out = torch.empty(rows, cols, dtype=torch.bfloat16)
-        ours, th = interleaved(
-            [lambda: opt.orthogonalize(g, out), lambda: torch_ns(g, (A, B, C), STEPS, EPS)], reps)
-        print("| %dx%d | %.2f | %.2f | %.2fx |" % (rows, cols, ours * 1e3, th * 1e3, th / ours))
+        out_e = torch.empty(rows, cols, dtype=torch.bfloat16)
+        ours, emu, th = interleaved(
+            [lambda: opt.orthogonalize(g, out), lambda: emulated.orthogonalize(g, out_e),
+             lambda: torch_ns(g, (A, B, C), STEPS, EPS)], reps)
+        print("| %dx%d | %.2f | %.2f | %.2f | %.2fx | %.2fx |" % (
+            rows, cols, ours * 1e3, emu * 1e3, th * 1e3, emu / ours, th / ours))
     opt.close()
+    emulated.close()
 
 
 def model_shapes(name, layers=None, scale=1):

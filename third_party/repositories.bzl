@@ -106,6 +106,16 @@ def muon_dependencies():
         build_file = Label("//third_party/openblas:openblas.BUILD"),
         package_hint = "libopenblas-dev",
     )
+    # Native bf16 matrix products of the CPU backend (oneDNN 2.x's C API).
+    _maybe(
+        system_library,
+        name = "onednn",
+        headers = ["oneapi"],
+        include_dirs = ["/usr/include"],
+        lib_patterns = ["libdnnl.so"],
+        build_file = Label("//third_party/onednn:onednn.BUILD"),
+        package_hint = "libdnnl-dev",
+    )
     # Only //capi:libmuon_mpi.so and the MPI tests use it (libmuon.so never does).
     _maybe(
         system_library,

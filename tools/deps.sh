@@ -12,6 +12,7 @@ PACKAGES=(
   libabsl-dev          # Abseil (linked as shared libraries)
   libgtest-dev         # GoogleTest
   libopenblas-dev      # CBLAS for the CPU backend
+  libdnnl-dev          # oneDNN: native bf16 products of the CPU backend (AMX, AVX512-BF16)
   libdlpack-dev        # DLPack's header (DLTensor in the C ABI)
   libopenmpi-dev openmpi-bin  # the MPI adapter (libmuon_mpi.so) and its mpirun test
   python3 python3-venv # the Python package; its tests' torch comes from PyPI (.venv)

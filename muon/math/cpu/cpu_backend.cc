@@ -10,14 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/ns_program.h"
 
 namespace muon {
 namespace {
-
-void RoundSpanToBf16(float* p, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) p[i] = RoundToBf16(p[i]);
-}
 
 template <typename Fn>
 absl::Status Guarded(const char* what, Fn&& fn) {
@@ -36,17 +33,7 @@ absl::Status CpuBackend::Momentum(const MomentumStep& step,
   const float w_buf = ew::MomentumWeightOfBuf(step.scalars->momentum);
   const float w_out = ew::MomentumWeightOfOut(step.scalars->momentum);
   int64_t nonfinite = 0;
-  for (const MomentumArgs& a : tensors) {
-    const int grad_type = static_cast<int>(a.grad_dtype), buf_type = static_cast<int>(a.buf_dtype);
-    const int out_type = static_cast<int>(a.out_dtype);
-    for (int64_t i = 0; i < a.n; ++i) {  // as the CUDA kernel: the same element functions
-      const float g = ew::Load(grad_type, a.grad, i);
-      nonfinite += ew::IsFinite(g) ? 0 : 1;
-      float b = ew::Load(buf_type, a.buf, i);
-      ew::Store(out_type, a.out, i, ew::MomentumElement(buf_type, g, &b, w_buf, w_out, step.nesterov));
-      ew::Store(buf_type, a.buf, i, b);
-    }
-  }
+  for (const MomentumArgs& a : tensors) nonfinite += cpu::Momentum(a, w_buf, w_out, step.nesterov);
   if (step.nonfinite != nullptr) *step.nonfinite += nonfinite;
   return absl::OkStatus();
 }
@@ -55,13 +42,7 @@ absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs
   if (step.gate != nullptr && *step.gate != 0) return absl::OkStatus();  // the job said no
   const float decay = ew::DecayFactor(step.scalars->lr, step.scalars->weight_decay);
   for (const ApplyArgs& a : tensors) {
-    const float alpha = ew::UpdateAlpha(step.scalars->lr, a.lr_ratio);
-    const int type = static_cast<int>(a.param_dtype), update_type = static_cast<int>(a.update_dtype);
-    for (int64_t i = 0; i < a.n; ++i) {
-      ew::Store(type, a.param, i,
-                ew::ApplyElement(type, ew::Load(type, a.param, i),
-                                 ew::Load(update_type, a.update, i), decay, alpha));
-    }
+    cpu::Apply(a, decay, ew::UpdateAlpha(step.scalars->lr, a.lr_ratio));
   }
   return absl::OkStatus();
 }
@@ -131,16 +112,47 @@ absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
-  if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
-  auto reserved = Reserve(batch.rows, batch.cols);
-  if (!reserved.ok()) return reserved;
-  // One matrix at a time (BLAS threads within each product).
-  const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
-  for (int64_t k = 0; k < batch.count; ++k) {
-    OrthogonalizeOne(config, program, batch.data + k * program.x_elems);
+absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
+                                 int64_t cols) {
+  MUON_RETURN_IF_ERROR(Reserve(rows, cols));
+  if (config.dtype != NsDtype::kBF16 || !NativeBf16() || rows == 0 || cols == 0) {
+    return absl::OkStatus();
+  }
+  // The wide program (a tall matrix runs transposed) and every iteration's scalars.
+  const NsProgram wide = PlanNewtonSchulz(1, std::min(rows, cols), std::max(rows, cols));
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    for (const NsGemm& g : wide.iteration) {
+      MUON_RETURN_IF_ERROR(
+          native_bf16_->Prepare(g, NsScalarValue(g.alpha, abc), NsScalarValue(g.beta, abc)));
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
+  if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(Reserve(config, batch.count, batch.rows, batch.cols));
+  // One matrix at a time (BLAS threads within each product).
+  const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
+  const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
+  for (int64_t k = 0; k < batch.count; ++k) {
+    float* u = batch.data + k * program.x_elems;
+    if (native) {
+      MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));
+    } else {
+      OrthogonalizeOne(config, program, u);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool CpuBackend::NativeBf16() {
+  if (!native_probed_) {
+    native_probed_ = true;
+    if (allow_native_bf16_) native_bf16_ = NativeBf16Gemm::Create(source_);
+  }
+  return native_bf16_ != nullptr;
 }
 
 void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
@@ -167,7 +179,52 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
                 static_cast<int>(g.a.ld), b, static_cast<int>(g.b.ld), beta, d,
                 static_cast<int>(g.d.ld));
   }
-  if (bf16) RoundSpanToBf16(d, g.d.ld * g.n);
+  if (bf16) cpu::RoundToBf16(d, g.d.ld * g.n);
+}
+
+// X <- X / max(||X||_F, eps), in the compute dtype's precision.
+void CpuBackend::Normalize(const NsConfig& config, float* x, int64_t elems) {
+  const bool bf16 = config.dtype == NsDtype::kBF16;
+  if (bf16) cpu::RoundToBf16(x, elems);
+  float norm = static_cast<float>(std::sqrt(cpu::SumSquares(x, elems)));
+  if (bf16) norm = RoundToBf16(norm);
+  norm = std::max(norm, static_cast<float>(config.eps));
+  if (bf16) norm = RoundToBf16(norm);
+  cpu::Divide(x, elems, norm, bf16);
+}
+
+absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
+                                                 const NsProgram& program, float* u) {
+  const int64_t elems = program.x_elems, gram = program.gram_elems;
+  // bf16 x, x_next, gram, poly: half the floats of the workspace's layout.
+  auto* ws = reinterpret_cast<uint16_t*>(work_);
+  uint16_t* buffers[4] = {ws, ws + elems, ws + 2 * elems, ws + 2 * elems + gram};
+  Normalize(config, u, elems);  // exact in bf16 from here on
+  // A tall matrix runs as its transpose, the wide program: oneDNN multiplies
+  // the wide layout's operands 2x faster than the tall one's, which would
+  // read X transposed in the gram product; the transposes cost one pass.
+  const int64_t m = program.m, n = program.n;
+  const NsProgram& wide = program.tall ? PlanNewtonSchulz(1, m, n) : program;
+  if (program.tall) {
+    cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
+  } else {
+    cpu::ToBf16(u, elems, buffers[0]);
+  }
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    for (const NsGemm& g : wide.iteration) {
+      MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
+                                             NsScalarValue(g.beta, abc), buffers));
+    }
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
+  }
+  const uint16_t* x = buffers[static_cast<int>(NsBuffer::kX)];
+  if (program.tall) {
+    cpu::TransposeFromBf16(x, m, n, u);
+  } else {
+    cpu::FromBf16(x, elems, u);
+  }
+  return absl::OkStatus();
 }
 
 void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
@@ -177,17 +234,7 @@ void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& progr
   // workspace: one m x n buffer less than a copy would take.
   float* buffers[4] = {u, work_, work_ + elems, work_ + elems + program.gram_elems};
   float* x = u;
-
-  if (bf16) RoundSpanToBf16(x, elems);
-  // X <- X / max(||X||_F, eps); the norm has the compute dtype's precision.
-  double sumsq = 0.0;
-  for (int64_t i = 0; i < elems; ++i) sumsq += static_cast<double>(x[i]) * x[i];
-  float norm = static_cast<float>(std::sqrt(sumsq));
-  if (bf16) norm = RoundToBf16(norm);
-  norm = std::max(norm, static_cast<float>(config.eps));
-  if (bf16) norm = RoundToBf16(norm);
-  for (int64_t i = 0; i < elems; ++i) x[i] = x[i] / norm;
-  if (bf16) RoundSpanToBf16(x, elems);
+  Normalize(config, x, elems);
 
   // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {

@@ -1,6 +1,9 @@
 // The CPU backend: elementwise updates in plain loops, Newton-Schulz through
-// CBLAS (OpenBLAS) running the program of muon/math/ns_program.h in fp32, with bf16 emulated by rounding every stored
-// intermediate to bf16 (fp32 accumulation), as torch's bf16 path does.
+// CBLAS (OpenBLAS) running the program of muon/math/ns_program.h in fp32. bf16
+// runs on native bf16 products (oneDNN, muon/math/cpu/native_bf16.h) where the
+// CPU has them, else emulated: fp32 products with every stored intermediate
+// rounded to bf16. Both accumulate in fp32 and round each product once, as
+// torch's bf16 path does.
 #ifndef MUON_MATH_CPU_CPU_BACKEND_H_
 #define MUON_MATH_CPU_CPU_BACKEND_H_
 
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "muon/math/backend.h"
+#include "muon/math/cpu/native_bf16.h"
 #include "muon/math/elementwise.h"
 #include "muon/math/ns_program.h"
 
@@ -31,11 +35,20 @@ class CpuBackend final : public MathBackend {
   // allocate nothing. Fails with ResourceExhausted when memory is short.
   absl::Status Reserve(int64_t rows, int64_t cols);
   // The CPU orthogonalizes one matrix at a time: the count does not matter.
-  absl::Status Reserve(const NsConfig&, int64_t, int64_t rows, int64_t cols) override {
-    return Reserve(rows, cols);
-  }
+  // With native bf16 products, their primitives for this shape are built too.
+  absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows, int64_t cols) override;
+
+  // The bf16 products run natively (muon/math/cpu/native_bf16.h) where the CPU
+  // can (probed on first use), else emulated; `allow` false keeps them
+  // emulated. Call before the first Orthogonalize.
+  void AllowNativeBf16(bool allow) { allow_native_bf16_ = allow; }
+  // Whether bf16 Newton-Schulz runs on native bf16 products.
+  bool NativeBf16();
 
  private:
+  static void Normalize(const NsConfig& config, float* x, int64_t elems);
+  absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
+                                       float* u);
   // One matrix through the program (muon/math/ns_program.h) in place.
   void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
   void ReleaseWork();
@@ -48,6 +61,9 @@ class CpuBackend final : public MathBackend {
   // the largest matrix so far, one block (from `source_` when set); x is the
   // matrix being orthogonalized itself.
   MemorySource source_;
+  bool allow_native_bf16_ = true;
+  bool native_probed_ = false;
+  std::unique_ptr<NativeBf16Gemm> native_bf16_;
   float* work_ = nullptr;
   size_t work_floats_ = 0;
 };

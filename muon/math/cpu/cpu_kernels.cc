@@ -1,0 +1,177 @@
+#include "muon/math/cpu/cpu_kernels.h"
+
+#include <algorithm>
+
+#include "muon/common/half.h"
+#include "muon/math/elementwise.h"
+
+// Clones for the CPUs the loops gain most on; ifunc picks one at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MUON_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MUON_CLONES
+#endif
+#define MUON_INLINE inline __attribute__((always_inline))
+
+namespace muon {
+namespace cpu {
+namespace {
+
+constexpr int kF32 = ew::kF32, kBF16 = ew::kBF16, kF16 = ew::kF16;
+
+template <int T>
+MUON_INLINE float Load(const void* base, int64_t i) {
+  if constexpr (T == kF32) return static_cast<const float*>(base)[i];
+  if constexpr (T == kBF16) return ew::Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+  if constexpr (T == kF16) return ew::F16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+}
+
+template <int T>
+MUON_INLINE void Store(void* base, int64_t i, float f) {
+  if constexpr (T == kF32) static_cast<float*>(base)[i] = f;
+  if constexpr (T == kBF16) static_cast<uint16_t*>(base)[i] = ew::FloatToBf16Bits(f);
+  if constexpr (T == kF16) static_cast<uint16_t*>(base)[i] = ew::FloatToF16Bits(f);
+}
+
+template <int T>
+MUON_INLINE float RoundTo(float f) {
+  if constexpr (T == kF32) return f;
+  if constexpr (T == kBF16) return ew::Bf16BitsToFloat(ew::FloatToBf16Bits(f));
+  if constexpr (T == kF16) return ew::F16BitsToFloat(ew::FloatToF16Bits(f));
+}
+
+template <int G, int B, int O, bool kNesterov>
+MUON_INLINE int64_t MomentumLoop(const MomentumArgs& a, float w_buf, float w_out) {
+  const void* grad = a.grad;
+  void* buf = a.buf;
+  void* out = a.out;
+  int64_t nonfinite = 0;
+  for (int64_t i = 0; i < a.n; ++i) {  // ew::MomentumElement with its types fixed
+    const float g = Load<G>(grad, i);
+    nonfinite += ew::IsFinite(g) ? 0 : 1;
+    const float b = RoundTo<B>(ew::TorchLerp(Load<B>(buf, i), g, w_buf));
+    Store<B>(buf, i, b);
+    Store<O>(out, i, kNesterov ? RoundTo<B>(ew::TorchLerp(g, b, w_out)) : b);
+  }
+  return nonfinite;
+}
+
+template <int G, int B, int O>
+MUON_INLINE int64_t MomentumNesterov(const MomentumArgs& a, float w_buf, float w_out,
+                                     bool nesterov) {
+  return nesterov ? MomentumLoop<G, B, O, true>(a, w_buf, w_out)
+                  : MomentumLoop<G, B, O, false>(a, w_buf, w_out);
+}
+
+template <int G, int B>
+MUON_INLINE int64_t MomentumOut(const MomentumArgs& a, float w_buf, float w_out, bool nesterov) {
+  switch (static_cast<int>(a.out_dtype)) {
+    case kBF16: return MomentumNesterov<G, B, kBF16>(a, w_buf, w_out, nesterov);
+    case kF16: return MomentumNesterov<G, B, kF16>(a, w_buf, w_out, nesterov);
+    default: return MomentumNesterov<G, B, kF32>(a, w_buf, w_out, nesterov);
+  }
+}
+
+template <int G>
+MUON_INLINE int64_t MomentumBuf(const MomentumArgs& a, float w_buf, float w_out, bool nesterov) {
+  switch (static_cast<int>(a.buf_dtype)) {
+    case kBF16: return MomentumOut<G, kBF16>(a, w_buf, w_out, nesterov);
+    case kF16: return MomentumOut<G, kF16>(a, w_buf, w_out, nesterov);
+    default: return MomentumOut<G, kF32>(a, w_buf, w_out, nesterov);
+  }
+}
+
+template <int P, int U>
+MUON_INLINE void ApplyLoop(const ApplyArgs& a, float decay, float alpha) {
+  void* param = a.param;
+  const void* update = a.update;
+  for (int64_t i = 0; i < a.n; ++i) {  // ew::ApplyElement with its types fixed
+    Store<P>(param, i, RoundTo<P>(Load<P>(param, i) * decay) + alpha * Load<U>(update, i));
+  }
+}
+
+template <int P>
+MUON_INLINE void ApplyUpdate(const ApplyArgs& a, float decay, float alpha) {
+  switch (static_cast<int>(a.update_dtype)) {
+    case kBF16: return ApplyLoop<P, kBF16>(a, decay, alpha);
+    case kF16: return ApplyLoop<P, kF16>(a, decay, alpha);
+    default: return ApplyLoop<P, kF32>(a, decay, alpha);
+  }
+}
+
+}  // namespace
+
+MUON_CLONES void RoundToBf16(float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) p[i] = RoundTo<kBF16>(p[i]);
+}
+
+MUON_CLONES double SumSquares(const float* p, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(p[i + k]) * p[i + k];
+  }
+  for (int k = 0; i < n; ++i, ++k) acc[k] += static_cast<double>(p[i]) * p[i];
+  double sum = 0.0;
+  for (double a : acc) sum += a;
+  return sum;
+}
+
+MUON_CLONES void Divide(float* p, int64_t n, float d, bool bf16) {
+  if (bf16) {
+    for (int64_t i = 0; i < n; ++i) p[i] = RoundTo<kBF16>(p[i] / d);
+  } else {
+    for (int64_t i = 0; i < n; ++i) p[i] = p[i] / d;
+  }
+}
+
+MUON_CLONES void ToBf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = ew::FloatToBf16Bits(src[i]);
+}
+
+MUON_CLONES void FromBf16(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = ew::Bf16BitsToFloat(src[i]);
+}
+
+constexpr int64_t kTile = 32;  // transposes go tile by tile (cache lines)
+
+MUON_CLONES void TransposeToBf16(const float* src, int64_t rows, int64_t cols, uint16_t* dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = i0; i < i1; ++i) dst[j * rows + i] = ew::FloatToBf16Bits(src[i * cols + j]);
+      }
+    }
+  }
+}
+
+MUON_CLONES void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = i0; i < i1; ++i) dst[j * rows + i] = ew::Bf16BitsToFloat(src[i * cols + j]);
+      }
+    }
+  }
+}
+
+MUON_CLONES int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov) {
+  switch (static_cast<int>(a.grad_dtype)) {
+    case kBF16: return MomentumBuf<kBF16>(a, w_buf, w_out, nesterov);
+    case kF16: return MomentumBuf<kF16>(a, w_buf, w_out, nesterov);
+    default: return MomentumBuf<kF32>(a, w_buf, w_out, nesterov);
+  }
+}
+
+MUON_CLONES void Apply(const ApplyArgs& a, float decay, float alpha) {
+  switch (static_cast<int>(a.param_dtype)) {
+    case kBF16: return ApplyUpdate<kBF16>(a, decay, alpha);
+    case kF16: return ApplyUpdate<kF16>(a, decay, alpha);
+    default: return ApplyUpdate<kF32>(a, decay, alpha);
+  }
+}
+
+}  // namespace cpu
+}  // namespace muon

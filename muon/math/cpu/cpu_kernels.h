@@ -1,0 +1,41 @@
+// The CPU backend's element-wise loops, vectorized: each entry point is
+// compiled for AVX-512, AVX2 and the baseline (GCC's target_clones, chosen
+// once by the CPU), with -O3 and no floating-point contraction, so every
+// clone computes the same values as the scalar functions of
+// muon/common/half.h and muon/math/elementwise.h, element by element.
+// cpu_kernels_test.cc checks them against those, on every bf16 rounding
+// boundary and every dtype combination.
+#ifndef MUON_MATH_CPU_CPU_KERNELS_H_
+#define MUON_MATH_CPU_CPU_KERNELS_H_
+
+#include <cstdint>
+
+#include "muon/math/backend.h"
+
+namespace muon {
+namespace cpu {
+
+// p[i] <- p[i] rounded to bf16 (nearest, ties to even; NaNs stay NaN).
+void RoundToBf16(float* p, int64_t n);
+// The sum of p[i]^2 in double, in a fixed order whatever the CPU: eight
+// running sums over i mod 8, then added in order.
+double SumSquares(const float* p, int64_t n);
+// p[i] <- p[i] / d, then rounded to bf16 when `bf16`.
+void Divide(float* p, int64_t n, float d, bool bf16);
+// bf16 bits of p[i] (which must be bf16 values already, or are rounded).
+void ToBf16(const float* src, int64_t n, uint16_t* dst);
+void FromBf16(const uint16_t* src, int64_t n, float* dst);
+// dst (cols x rows, row-major) = src (rows x cols, row-major) transposed.
+void TransposeToBf16(const float* src, int64_t rows, int64_t cols, uint16_t* dst);
+void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t cols, float* dst);
+
+// One tensor of the momentum step (ew::MomentumElement for each element);
+// returns the number of non-finite gradient elements.
+int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov);
+// One tensor of decay and update (ew::ApplyElement for each element).
+void Apply(const ApplyArgs& a, float decay, float alpha);
+
+}  // namespace cpu
+}  // namespace muon
+
+#endif  // MUON_MATH_CPU_CPU_KERNELS_H_

@@ -1,0 +1,219 @@
+// The vectorized loops (cpu_kernels.cc) against the scalar element functions
+// they inline, element by element and bit for bit: the bf16 rounding on every
+// rounding boundary of every exponent, momentum and apply for every dtype
+// combination, lengths that leave every remainder of a vector.
+#include "muon/math/cpu/cpu_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "muon/common/half.h"
+#include "muon/math/elementwise.h"
+
+namespace muon {
+namespace {
+
+// The scalar reference: bf16 rounding written out independently (the high
+// half, plus one when the dropped half is above half-way, or exactly half-way
+// with an odd kept half; NaNs quieted).
+uint16_t ReferenceBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  uint32_t hi = u >> 16;
+  const uint32_t lo = u & 0xffffu;
+  if (lo > 0x8000u || (lo == 0x8000u && (hi & 1u))) ++hi;
+  return static_cast<uint16_t>(hi);
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint32_t ToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Every high half (sign, exponent, 7 mantissa bits), each with the low halves
+// around the rounding boundary and the extremes.
+std::vector<float> Boundaries() {
+  const uint32_t lows[] = {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xfffeu, 0xffffu, 0x4000u};
+  std::vector<float> v;
+  for (uint32_t hi = 0; hi <= 0xffffu; ++hi) {
+    for (uint32_t lo : lows) v.push_back(FromBits((hi << 16) | lo));
+  }
+  return v;
+}
+
+TEST(CpuKernels, Bf16RoundingOnEveryBoundary) {
+  const std::vector<float> in = Boundaries();
+  std::vector<float> rounded = in;
+  cpu::RoundToBf16(rounded.data(), static_cast<int64_t>(rounded.size()));
+  std::vector<uint16_t> bits(in.size());
+  cpu::ToBf16(in.data(), static_cast<int64_t>(in.size()), bits.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint16_t want = ReferenceBf16(in[i]);
+    ASSERT_EQ(bits[i], want) << std::hex << ToBits(in[i]);
+    ASSERT_EQ(ToBits(rounded[i]), static_cast<uint32_t>(want) << 16) << std::hex << ToBits(in[i]);
+    ASSERT_EQ(ew::FloatToBf16Bits(in[i]), want) << std::hex << ToBits(in[i]);
+  }
+  std::vector<float> back(bits.size());
+  cpu::FromBf16(bits.data(), static_cast<int64_t>(bits.size()), back.data());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    ASSERT_EQ(ToBits(back[i]), static_cast<uint32_t>(bits[i]) << 16);
+  }
+}
+
+TEST(CpuKernels, DivideRoundsAsScalar) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.f, 3.f);
+  for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 1000}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = d(rng);
+    for (bool bf16 : {false, true}) {
+      std::vector<float> got = x;
+      cpu::Divide(got.data(), n, 1.7f, bf16);
+      for (int64_t i = 0; i < n; ++i) {
+        const float q = x[i] / 1.7f;
+        ASSERT_EQ(ToBits(got[i]), ToBits(bf16 ? ew::Bf16BitsToFloat(ReferenceBf16(q)) : q));
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
+  for (int64_t n : {0, 1, 5, 8, 13, 64, 1001}) {
+    std::vector<float> x(n);
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>((i * 7) % 11) - 5.0f;
+      want += static_cast<double>(x[i]) * x[i];
+    }
+    EXPECT_EQ(cpu::SumSquares(x.data(), n), want) << n;
+  }
+  // Eight running sums over i mod 8, added in order (a fixed order: the same
+  // double on every CPU).
+  std::vector<float> x(20);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> d(0.f, 1e3f);
+  for (float& v : x) v = d(rng);
+  double acc[8] = {};
+  for (size_t i = 0; i < x.size(); ++i) acc[i % 8] += static_cast<double>(x[i]) * x[i];
+  double want = 0;
+  for (double a : acc) want += a;
+  EXPECT_EQ(cpu::SumSquares(x.data(), 20), want);
+}
+
+TEST(CpuKernels, TransposesMoveEveryElement) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 70}, {70, 3}, {33, 65}}) {
+    std::vector<float> src(rows * cols);
+    for (int64_t i = 0; i < rows * cols; ++i) src[i] = static_cast<float>(i % 251) - 100.0f;
+    std::vector<uint16_t> t(rows * cols);
+    cpu::TransposeToBf16(src.data(), rows, cols, t.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        ASSERT_EQ(t[j * rows + i], ReferenceBf16(src[i * cols + j]));
+      }
+    }
+    std::vector<float> back(rows * cols);
+    cpu::TransposeFromBf16(t.data(), cols, rows, back.data());
+    EXPECT_EQ(back, src);  // small integers: exact in bf16
+  }
+}
+
+// Values of every kind for a dtype: normal, tiny, huge, zero, inf, NaN.
+std::vector<float> Mixed(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (i % 13) {
+      case 3: v[i] = 1e-40f; break;
+      case 5: v[i] = 7e4f; break;
+      case 7: v[i] = 0.0f; break;
+      case 11: v[i] = d(rng) * 1e-6f; break;
+      default: v[i] = d(rng);
+    }
+  }
+  if (n > 20) {
+    v[17] = std::numeric_limits<float>::infinity();
+    v[19] = std::numeric_limits<float>::quiet_NaN();
+  }
+  return v;
+}
+
+// Storage of `type` holding the values of `v` rounded to it.
+std::vector<uint8_t> Stored(int type, const std::vector<float>& v) {
+  std::vector<uint8_t> s(v.size() * (type == ew::kF32 ? 4 : 2));
+  for (size_t i = 0; i < v.size(); ++i) ew::Store(type, s.data(), static_cast<int64_t>(i), v[i]);
+  return s;
+}
+
+DType D(int t) { return static_cast<DType>(t); }
+
+TEST(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
+  for (int64_t n : {1, 9, 16, 37, 200}) {
+    for (int g = 0; g < 3; ++g) {
+      for (int b = 0; b < 3; ++b) {
+        for (int o = 0; o < 3; ++o) {
+          for (bool nesterov : {false, true}) {
+            auto grad = Stored(g, Mixed(n, 1)), buf = Stored(b, Mixed(n, 2));
+            auto want_buf = buf;
+            std::vector<uint8_t> out(n * 4), want_out(n * 4);
+            int64_t want_nonfinite = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const float gv = ew::Load(g, grad.data(), i);
+              want_nonfinite += ew::IsFinite(gv) ? 0 : 1;
+              float bv = ew::Load(b, want_buf.data(), i);
+              const float ov = ew::MomentumElement(b, gv, &bv, 0.05f, 0.95f, nesterov);
+              ew::Store(b, want_buf.data(), i, bv);
+              ew::Store(o, want_out.data(), i, ov);
+            }
+            const MomentumArgs a{D(g), grad.data(), D(b), buf.data(), n, out.data(), D(o)};
+            EXPECT_EQ(cpu::Momentum(a, 0.05f, 0.95f, nesterov), want_nonfinite);
+            const std::string what = "n " + std::to_string(n) + " types " + std::to_string(g) +
+                                     std::to_string(b) + std::to_string(o) +
+                                     (nesterov ? " nesterov" : "");
+            ASSERT_EQ(buf, want_buf) << what;
+            ASSERT_EQ(out, want_out) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
+  for (int64_t n : {1, 9, 16, 37, 200}) {
+    for (int p = 0; p < 3; ++p) {
+      for (int u = 0; u < 3; ++u) {
+        auto param = Stored(p, Mixed(n, 3)), update = Stored(u, Mixed(n, 4));
+        auto want = param;
+        for (int64_t i = 0; i < n; ++i) {
+          ew::Store(p, want.data(), i,
+                    ew::ApplyElement(p, ew::Load(p, want.data(), i), ew::Load(u, update.data(), i),
+                                     0.998f, -0.02f));
+        }
+        ApplyArgs a;
+        a.param_dtype = D(p);
+        a.param = param.data();
+        a.n = n;
+        a.update = update.data();
+        a.update_dtype = D(u);
+        cpu::Apply(a, 0.998f, -0.02f);
+        ASSERT_EQ(param, want) << "n " << n << " types " << p << u;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muon

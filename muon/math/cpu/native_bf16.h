@@ -1,0 +1,56 @@
+// Native bf16 matrix products for the CPU backend's bf16 Newton-Schulz, through
+// oneDNN's matmul (AMX or AVX512-BF16 instructions: bf16 operands, fp32
+// accumulation, one rounding of alpha * A B + beta * C to bf16, which is what
+// the emulated path computes with fp32 GEMMs and rounding, up to the order of
+// the fp32 sums).
+//
+// One instance per backend (per rank); not thread-safe. Products run on the
+// calling thread's OpenMP threads (omp_get_max_threads()).
+#ifndef MUON_MATH_CPU_NATIVE_BF16_H_
+#define MUON_MATH_CPU_NATIVE_BF16_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "muon/math/backend.h"
+#include "muon/math/ns_program.h"
+
+namespace muon {
+
+class NativeBf16Gemm {
+ public:
+  // Whether this CPU multiplies bf16 natively (oneDNN sees AVX512-BF16 or
+  // AMX) and the environment does not turn it off: MUON_CPU_NATIVE_BF16=0
+  // keeps the emulated path.
+  static bool Available();
+  // nullptr when not Available() or oneDNN cannot start. oneDNN's scratchpad
+  // comes from `source` (operator new when it is empty).
+  static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source = {});
+  ~NativeBf16Gemm();
+
+  // Runs one product of a Newton-Schulz program (count 1) on bf16 buffers
+  // (`buffers` indexed by NsBuffer): D = alpha op(A) op(B) + beta C, D
+  // rounded to bf16. D starts as C when beta is not zero (copied here). The
+  // gram and poly buffers must hold symmetric matrices (both triangles): they
+  // are read untransposed whatever the product says.
+  absl::Status Run(const NsGemm& g, float alpha, float beta, uint16_t* const* buffers);
+  // Builds what Run(g, alpha, beta, ...) needs (the primitive, the
+  // scratchpad) so that it allocates nothing.
+  absl::Status Prepare(const NsGemm& g, float alpha, float beta);
+
+  struct Key;
+  struct Entry;
+
+ private:
+  struct Impl;
+  absl::StatusOr<Entry*> Find(const NsGemm& g, float alpha, float beta);
+  explicit NativeBf16Gemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muon
+
+#endif  // MUON_MATH_CPU_NATIVE_BF16_H_
