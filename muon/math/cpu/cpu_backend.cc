@@ -133,6 +133,7 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
 absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
   MUON_RETURN_IF_ERROR(Reserve(config, batch.count, batch.rows, batch.cols));
+  cpu::UseThreads(cpu::ThreadsPerRankHere());  // this rank's share of the cores
   // One matrix at a time (BLAS threads within each product).
   const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
   const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "muon/math/backend.h"
+#include "muon/math/cpu/cpu_threads.h"
 #include "muon/math/cpu/native_bf16.h"
 #include "muon/math/elementwise.h"
 #include "muon/math/ns_program.h"
@@ -60,6 +61,7 @@ class CpuBackend final : public MathBackend {
   // Workspace, reused across calls: x_next (m x n), gram and poly (m x m) of
   // the largest matrix so far, one block (from `source_` when set); x is the
   // matrix being orthogonalized itself.
+  cpu::RankShare share_;  // counted for the division of the process's cores
   MemorySource source_;
   bool allow_native_bf16_ = true;
   bool native_probed_ = false;

@@ -145,13 +145,13 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
 TEST(NativeBf16, ResultDoesNotDependOnThreads) {
   MUON_REQUIRE_NATIVE();
   const std::vector<float> u = Random(256 * 1024, 11);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  ::setenv("MUON_CPU_THREADS", "1", 1);
   const std::vector<float> one = Orthogonalize(true, u, 256, 1024);
-  omp_set_num_threads(std::max(threads, 2));
-  const std::vector<float> many = Orthogonalize(true, u, 256, 1024);
-  omp_set_num_threads(threads);
-  EXPECT_EQ(one, many);
+  ::setenv("MUON_CPU_THREADS", "3", 1);
+  const std::vector<float> three = Orthogonalize(true, u, 256, 1024);
+  EXPECT_EQ(omp_get_max_threads(), 3);  // the setting took
+  ::unsetenv("MUON_CPU_THREADS");
+  EXPECT_EQ(one, three);
 }
 
 TEST(NativeBf16, EnvironmentTurnsItOff) {

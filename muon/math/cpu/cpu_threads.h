@@ -1,0 +1,41 @@
+// How many threads one rank's CPU math (OpenBLAS, oneDNN's OpenMP) may use.
+//
+// The rule (README, "CPU threads"): the cores this process may run on
+// (sched_getaffinity), divided among the ranks that share them, at least one:
+//   threads per rank = max(1, cores / (ranks in this process x LOCAL_WORLD_SIZE))
+// where the ranks in this process are its live CPU backends (in-process ranks
+// each have one) and LOCAL_WORLD_SIZE (set by torchrun and most launchers) is
+// the number of processes on this machine (1 when unset). MUON_CPU_THREADS=n
+// sets n per rank instead. Without the division every rank's BLAS starts a
+// thread per core, and N in-process ranks on C cores run N x C threads.
+#ifndef MUON_MATH_CPU_CPU_THREADS_H_
+#define MUON_MATH_CPU_CPU_THREADS_H_
+
+namespace muon {
+namespace cpu {
+
+// The rule on given figures: `override_threads` (MUON_CPU_THREADS, 0 when
+// unset) wins when positive.
+int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads);
+
+// The rule on this process: its cores, its live backends, the environment.
+int ThreadsPerRankHere();
+
+// Counts a CPU backend for the rule while it lives.
+class RankShare {
+ public:
+  RankShare();
+  ~RankShare();
+  RankShare(const RankShare&) = delete;
+  RankShare& operator=(const RankShare&) = delete;
+};
+
+// Makes the calling thread's CPU math use `threads`: OpenMP's for this thread
+// (oneDNN), OpenBLAS's for the process (set only when it changes; every rank
+// of a process asks for the same number).
+void UseThreads(int threads);
+
+}  // namespace cpu
+}  // namespace muon
+
+#endif  // MUON_MATH_CPU_CPU_THREADS_H_

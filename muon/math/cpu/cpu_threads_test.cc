@@ -1,0 +1,60 @@
+#include "muon/math/cpu/cpu_threads.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace muon {
+namespace cpu {
+namespace {
+
+TEST(CpuThreads, TheRule) {
+  EXPECT_EQ(ThreadsPerRank(2, 1, 1, 0), 2);   // one rank: every core
+  EXPECT_EQ(ThreadsPerRank(2, 4, 1, 0), 1);   // more ranks than cores: one each
+  EXPECT_EQ(ThreadsPerRank(16, 4, 1, 0), 4);  // divided
+  EXPECT_EQ(ThreadsPerRank(16, 3, 1, 0), 5);  // rounded down
+  EXPECT_EQ(ThreadsPerRank(64, 1, 8, 0), 8);  // 8 processes on the machine
+  EXPECT_EQ(ThreadsPerRank(64, 2, 8, 0), 4);
+  EXPECT_EQ(ThreadsPerRank(64, 0, 0, 0), 64);  // nothing counted: the whole machine
+  EXPECT_EQ(ThreadsPerRank(2, 4, 1, 6), 6);    // MUON_CPU_THREADS wins
+}
+
+TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
+  ::unsetenv("MUON_CPU_THREADS");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  const int alone = ThreadsPerRankHere();
+  EXPECT_GE(alone, 1);
+  {
+    std::vector<std::unique_ptr<RankShare>> ranks;
+    for (int i = 0; i < 2 * alone + 1; ++i) ranks.push_back(std::make_unique<RankShare>());
+    EXPECT_EQ(ThreadsPerRankHere(), 1);  // more ranks than cores
+  }
+  RankShare one;
+  EXPECT_EQ(ThreadsPerRankHere(), alone);
+  ::setenv("LOCAL_WORLD_SIZE", "1000", 1);
+  EXPECT_EQ(ThreadsPerRankHere(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", "garbage", 1);  // not a count: ignored
+  EXPECT_EQ(ThreadsPerRankHere(), alone);
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::setenv("MUON_CPU_THREADS", "3", 1);
+  EXPECT_EQ(ThreadsPerRankHere(), 3);
+  ::unsetenv("MUON_CPU_THREADS");
+}
+
+TEST(CpuThreads, UseThreadsSetsOpenMpAndOpenBlas) {
+  UseThreads(3);
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  EXPECT_EQ(openblas_get_num_threads(), 3);
+  UseThreads(1);
+  EXPECT_EQ(omp_get_max_threads(), 1);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace muon
