@@ -170,10 +170,7 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
     // One triangle of Y Y^T, Y = op(A), then mirrored.
     cblas_ssyrk(CblasColMajor, CblasUpper, g.trans_a ? CblasTrans : CblasNoTrans, m, k, alpha, a,
                 static_cast<int>(g.a.ld), beta, d, static_cast<int>(g.d.ld));
-    const int64_t ld = g.d.ld;
-    for (int64_t j = 0; j < g.n; ++j) {
-      for (int64_t i = j + 1; i < g.m; ++i) d[j * ld + i] = d[i * ld + j];
-    }
+    cpu::MirrorUpper(d, g.m, g.d.ld);
   } else {
     cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
                 g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,

@@ -157,6 +157,17 @@ MUON_CLONES void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t co
   }
 }
 
+MUON_CLONES void MirrorUpper(float* d, int64_t m, int64_t ld) {
+  for (int64_t j0 = 0; j0 < m; j0 += kTile) {
+    for (int64_t i0 = j0; i0 < m; i0 += kTile) {
+      const int64_t j1 = std::min(m, j0 + kTile), i1 = std::min(m, i0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = std::max(i0, j + 1); i < i1; ++i) d[j * ld + i] = d[i * ld + j];
+      }
+    }
+  }
+}
+
 MUON_CLONES int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov) {
   switch (static_cast<int>(a.grad_dtype)) {
     case kBF16: return MomentumBuf<kBF16>(a, w_buf, w_out, nesterov);

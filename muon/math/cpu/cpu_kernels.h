@@ -29,6 +29,10 @@ void FromBf16(const uint16_t* src, int64_t n, float* dst);
 void TransposeToBf16(const float* src, int64_t rows, int64_t cols, uint16_t* dst);
 void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t cols, float* dst);
 
+// Column-major m x m (leading dimension ld): the strict lower triangle <- the
+// upper one transposed (d(i, j) = d(j, i) for i > j), tile by tile.
+void MirrorUpper(float* d, int64_t m, int64_t ld);
+
 // One tensor of the momentum step (ew::MomentumElement for each element);
 // returns the number of non-finite gradient elements.
 int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov);

@@ -129,6 +129,20 @@ TEST(CpuKernels, TransposesMoveEveryElement) {
   }
 }
 
+TEST(CpuKernels, MirrorUpperFillsExactlyTheLowerTriangle) {
+  for (int64_t m : {1, 2, 31, 32, 33, 70}) {
+    const int64_t ld = m + 3;  // padding rows stay untouched
+    std::vector<float> d(ld * m), want;
+    for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<float>(i);
+    want = d;
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t i = j + 1; i < m; ++i) want[j * ld + i] = want[i * ld + j];
+    }
+    cpu::MirrorUpper(d.data(), m, ld);
+    EXPECT_EQ(d, want) << m;
+  }
+}
+
 // Values of every kind for a dtype: normal, tiny, huge, zero, inf, NaN.
 std::vector<float> Mixed(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
