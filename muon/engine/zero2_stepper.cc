@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
         for (size_t j = start; j < std::min(b.size(), start + n); ++j) {
           blk.params[k++ % n] = b[j];
         }
+        const int first = *std::max_element(blk.params.begin(), blk.params.end());
+        const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
+        blk.averaging = absl::StrCat("averaging gradients of the ", what);
+        blk.sharing = absl::StrCat("sharing the new values of the ", what);
         largest = std::max(largest, blk.elems);
         widest = std::max(widest, blk.elems * n);
         s->blocks_.push_back(std::move(blk));
@@ -126,8 +130,6 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   Comm& g = *groups_[blk.group];
   const int n = g.size(), me = g.rank();
   const size_t bytes = static_cast<size_t>(blk.elems) * SizeOf(blk.dtype);
-  const int first = *std::max_element(blk.params.begin(), blk.params.end());
-  const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
   // Gradients, block c for the owner at coord c, summed onto it. (Empty
   // tensors may have NULL data, and then no copy may be made of them.)
   for (int c = 0; c < n && bytes > 0; ++c) {
@@ -141,8 +143,7 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   // Both collectives are issued whatever failed (see stepper.h); a failed
   // rank neither steps its owned param nor takes the others' new values.
   absl::Status st = g.ReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(blk.elems),
-                                    blk.dtype, stream,
-                                    absl::StrCat("averaging gradients of the ", what));
+                                    blk.dtype, stream, blk.averaging);
   if (st.ok() && !failed && blk.params[me] >= 0) st = StepOwned(blk, blk.params[me]);
   // The owners' new values to every replica.
   unsigned char* mine = send_.data();
@@ -151,8 +152,7 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   } else if (bytes > 0) {
     std::memset(mine, 0, bytes);
   }
-  absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream,
-                                    absl::StrCat("sharing the new values of the ", what));
+  absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream, blk.sharing);
   if (st.ok()) st = shared;
   if (!st.ok() || failed) return st;
   for (int c = 0; c < n && bytes > 0; ++c) {
