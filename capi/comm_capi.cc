@@ -43,6 +43,10 @@ muon_status_t Forward(void* ctx, const char* collective, Body&& body) {
       return muon::capi::Report(collective, absl::InvalidArgumentError("ctx is NULL"));
     }
     const muon_status_t st = body(static_cast<HostTable*>(ctx)->inner);
+    if (st == MUON_OK) {  // (allocates nothing: a step calls this)
+      muon::capi::LastError().clear();
+      return st;
+    }
     const std::string detail = muon::PeekCallbackError();
     absl::string_view shown = detail;
     absl::ConsumePrefix(&shown, absl::StrCat(collective, ": "));  // said once

@@ -54,6 +54,7 @@ CAPI_SRCS=(
   muon/engine/device_outcome.cc muon/engine/options.cc
   muon/engine/orthogonalize.cc muon/engine/outcome.cc muon/engine/param.cc
   muon/engine/pipeline.cc muon/engine/registry.cc muon/engine/setup.cc
+  muon/engine/storage_index.cc
   muon/engine/state_restore.cc muon/engine/zero2_stepper.cc
   capi/capi_internal.cc capi/comm_capi.cc capi/convert.cc capi/muon_capi.cc
 )
@@ -67,7 +68,8 @@ sources_of() {
 ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cord_internal -labsl_cordz_info
   -labsl_cordz_functions -labsl_cordz_handle -labsl_strings -labsl_strings_internal
   -labsl_str_format_internal -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal
-  -labsl_synchronization -labsl_time -labsl_base -labsl_spinlock_wait)
+  -labsl_synchronization -labsl_time -labsl_base -labsl_spinlock_wait
+  -labsl_raw_hash_set -labsl_hash -labsl_city -labsl_low_level_hash)
 LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldl -lpthread)
 
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)

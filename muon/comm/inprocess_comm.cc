@@ -287,7 +287,12 @@ absl::Status InProcessGroup::Copy(int me, const MemoryOps* ops) const {
       DType t = DType::kF32;
       FromCDType(mine.dtype, &t);
       const size_t block = mine.count * SizeOf(t);
-      std::vector<const void*> blocks(n);
+      // Every rank's block (on the stack for the usual group sizes: a step
+      // calls this).
+      constexpr int kOnStack = 64;
+      const void* on_stack[kOnStack];
+      std::vector<const void*> on_heap(n > kOnStack ? n : 0);
+      const void** blocks = n > kOnStack ? on_heap.data() : on_stack;
       for (int r = 0; r < n; ++r) {
         blocks[r] = static_cast<const char*>(calls_[r].send) + static_cast<size_t>(me) * block;
         if (ops != nullptr && mine.count != 0 &&
@@ -296,7 +301,7 @@ absl::Status InProcessGroup::Copy(int me, const MemoryOps* ops) const {
               "reduce_scatter: the in-process communicator sums host memory only");
         }
       }
-      SumInRankOrder(t, blocks.data(), n, mine.count, mine.recv);
+      SumInRankOrder(t, blocks, n, mine.count, mine.recv);
       break;
     }
     case Op::kAllToAllV:

@@ -39,17 +39,17 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
   // update buffer (scratch) is not applied.
   Param& p = (*ctx_.params)[c.local];
   float* update = ctx_.update(c.local);
-  const std::string who = absl::StrCat("param '", p.name, "'");
+  auto who = [&] { return absl::StrCat("param '", p.name, "'"); };  // errors only
   const float* full = nullptr;
   int64_t rows = -1, cols = -1;
   const bool owner = c.owner == me_;
   absl::Status result;
   absl::Status st = p.custom->gather(update, p.numel(), c.owner, &full, &rows, &cols, stream);
   if (!st.ok()) {
-    result = absl::Status(st.code(), absl::StrCat(who, ": gather_fn failed: ", st.message()));
+    result = absl::Status(st.code(), absl::StrCat(who(), ": gather_fn failed: ", st.message()));
   } else if (owner && (full == nullptr || rows != c.rows || cols != c.cols)) {
     result = absl::InvalidArgumentError(absl::StrCat(
-        who, ": gather_fn returned a ", rows, " x ", cols, " matrix",
+        who(), ": gather_fn returned a ", rows, " x ", cols, " matrix",
         full == nullptr ? " with no data" : "", "; the parameter is registered as ", c.rows,
         " x ", c.cols));
   }
@@ -65,7 +65,7 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
   st = p.custom->redistribute(owner ? slot_.data() : nullptr, c.rows, c.cols, c.owner, update,
                               p.numel(), stream);
   if (!st.ok() && result.ok()) {
-    result = absl::Status(st.code(), absl::StrCat(who, ": redistribute_fn failed: ",
+    result = absl::Status(st.code(), absl::StrCat(who(), ": redistribute_fn failed: ",
                                                   st.message()));
   }
   return result;

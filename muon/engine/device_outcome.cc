@@ -24,7 +24,7 @@ absl::Status DeviceOutcome::Finish(Registry& registry, StepSetup& setup, const O
       WriteVerdict(static_cast<int32_t>(local.status().code()), HyperDigest(options), mine_);
       local.Note(device.FromHostAsync(setup.verdict_send.data(), mine_, kVerdictBytes));
       local.Note(world.AllGather(setup.verdict_send.data(), setup.verdicts.data(), kVerdictBytes,
-                                 stream, absl::StrCat("agreeing on the outcome of ", what)));
+                                 stream, AgreeingLabel(what, &setup.agree.label)));
     }
     // Every rank applies only if every verdict says so: decided on the device.
     int32_t* gate = setup.gate.as<int32_t>();

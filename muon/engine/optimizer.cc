@@ -134,7 +134,7 @@ absl::Status Optimizer::Step(void* stream) {
   absl::Status st =
       shared ? AgreeOutcome(registry_.world(), registry_.device().get(), local, options_, stream,
                             absl::StrCat("step ", step_count_ + 1),
-                            ex.carries_verdicts() ? &ex.verdicts() : nullptr)
+                            ex.carries_verdicts() ? &ex.verdicts() : nullptr, &setup_->agree)
              : local.status();
   // Applied only where every rank succeeded (a device error there poisons
   // this rank, whose next step every rank then fails).
@@ -270,13 +270,14 @@ absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* st
     if (counted.ok()) counted = device.ToHost(&mine, counter, sizeof mine);
     if (!counted.ok()) mine = -1;
   }
-  std::vector<int64_t> all = {mine};
+  std::vector<int64_t>& all = setup_->nonfinite_counts;  // one per rank
+  all[0] = mine;
   if (shared) {
     // On a GPU through the step's verdict buffers (allocated at setup).
     const DeviceStaging staging{setup_->verdict_send.data(), setup_->verdicts.data()};
-    MUON_ASSIGN_OR_RETURN(all, GatherInt64(registry_.world(), &device, mine, stream,
-                                           "counting non-finite gradients",
-                                           setup_->verdicts.empty() ? nullptr : &staging));
+    static const std::string* const kOp = new std::string("counting non-finite gradients");
+    MUON_RETURN_IF_ERROR(GatherInt64(registry_.world(), &device, mine, all.data(), stream, *kOp,
+                                     setup_->verdicts.empty() ? nullptr : &staging));
   }
   MUON_RETURN_IF_ERROR(counted);
   int64_t total = 0;
@@ -326,16 +327,15 @@ absl::Status Optimizer::PushHyperparameters(void* stream) {
 void Optimizer::CountStats() {
   StepStats s;
   s.steps = step_count_;
-  std::vector<const Comm*> counted;
-  auto count = [&](const Comm* c) {
-    if (std::find(counted.begin(), counted.end(), c) != counted.end()) return;
-    counted.push_back(c);
-    s.traffic.bytes_sent += c->counters().bytes_sent;
-    s.traffic.bytes_received += c->counters().bytes_received;
-    s.traffic.collectives += c->counters().collectives;
+  auto count = [&](const Comm& c) {
+    s.traffic.bytes_sent += c.counters().bytes_sent;
+    s.traffic.bytes_received += c.counters().bytes_received;
+    s.traffic.collectives += c.counters().collectives;
   };
-  count(&registry_.world());
-  for (const auto& g : registry_.groups()) count(g.get());
+  count(registry_.world());
+  for (const auto& g : registry_.groups()) {
+    if (g.get() != &registry_.world()) count(*g);  // (the world is among the groups)
+  }
   s.rounds = setup_->exchange->rounds();
   s.nonfinite_grads = nonfinite_;
   for (const Stepper* st : setup_->steppers()) {

@@ -80,65 +80,81 @@ uint64_t HyperDigest(const Options& o) {
   return h;
 }
 
-absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
-                                                 void* stream, const std::string& op,
-                                                 const DeviceStaging* staging) {
-  std::vector<int64_t> out(static_cast<size_t>(world.size()));
-  MUON_RETURN_IF_ERROR(
-      HostAllGather(world, device, &mine, out.data(), sizeof mine, stream, op, staging));
-  return out;
+const std::string& AgreeingLabel(const std::string& what, std::string* label) {
+  constexpr char kAgreeing[] = "agreeing on the outcome of ";
+  // Room for longer step numbers than this one: a step grows nothing.
+  const size_t size = sizeof kAgreeing - 1 + what.size();
+  if (label->capacity() < size) label->reserve(size + 32);
+  label->assign(kAgreeing).append(what);
+  return *label;
+}
+
+absl::Status GatherInt64(Comm& world, Device* device, int64_t mine, int64_t* out, void* stream,
+                         const std::string& op, const DeviceStaging* staging) {
+  return HostAllGather(world, device, &mine, out, sizeof mine, stream, op, staging);
 }
 
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what,
-                          const std::vector<unsigned char>* exchanged) {
+                          const std::vector<unsigned char>* exchanged, AgreeScratch* scratch) {
   if (world.size() == 1) return local.status();
-  const int n = world.size();
-  std::vector<unsigned char> all;
-  if (exchanged != nullptr && exchanged->size() == static_cast<size_t>(n) * sizeof(Verdict)) {
-    all = *exchanged;
-  } else {
-    Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()),
-                 HyperDigest(options)};
-    MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &all, stream,
-                                   absl::StrCat("agreeing on the outcome of ", what)));
+  const size_t bytes = static_cast<size_t>(world.size()) * sizeof(Verdict);
+  if (exchanged != nullptr && exchanged->size() == bytes) {
+    return JudgeVerdicts(world, device, local, options, stream, what, exchanged->data(), bytes);
   }
-  return JudgeVerdicts(world, device, local, options, stream, what, all);
+  AgreeScratch own;
+  AgreeScratch& s = scratch != nullptr ? *scratch : own;
+  const Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()),
+                     HyperDigest(options)};
+  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &s.verdicts, stream,
+                                 AgreeingLabel(what, &s.label)));
+  return JudgeVerdicts(world, device, local, options, stream, what, s.verdicts.data(), bytes);
 }
 
+namespace {
+
+Verdict VerdictAt(const unsigned char* all, int r) {
+  Verdict v;
+  std::memcpy(&v, all + static_cast<size_t>(r) * sizeof v, sizeof v);
+  return v;
+}
+
+}  // namespace
+
 bool VerdictsSayOk(const unsigned char* all, int n) {
-  std::vector<Verdict> v(static_cast<size_t>(n));
-  std::memcpy(v.data(), all, v.size() * sizeof(Verdict));
-  for (const Verdict& x : v) {
-    if (x.magic != kVerdictMagic || x.code != 0 || x.digest != v[0].digest) return false;
+  const uint64_t digest = n > 0 ? VerdictAt(all, 0).digest : 0;
+  for (int r = 0; r < n; ++r) {
+    const Verdict x = VerdictAt(all, r);
+    if (x.magic != kVerdictMagic || x.code != 0 || x.digest != digest) return false;
   }
   return true;
 }
 
 absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& local,
                            const Options& options, void* stream, const std::string& what,
-                           const std::vector<unsigned char>& verdicts) {
+                           const unsigned char* verdicts, size_t bytes) {
   const int n = world.size();
-  std::vector<unsigned char> all;
-  if (verdicts.size() != static_cast<size_t>(n) * sizeof(Verdict)) {
-    return absl::InternalError(absl::StrCat(what, ": ", verdicts.size(), " bytes of verdicts for ",
-                                            n, " ranks"));
+  if (bytes != static_cast<size_t>(n) * sizeof(Verdict)) {
+    return absl::InternalError(absl::StrCat(what, ": ", bytes, " bytes of verdicts for ", n,
+                                            " ranks"));
   }
-  std::vector<Verdict> v(static_cast<size_t>(n));
-  std::memcpy(v.data(), verdicts.data(), verdicts.size());
   bool failed = false, differ = false;
-  for (const Verdict& x : v) {
+  for (int r = 0; r < n; ++r) {
+    const Verdict x = VerdictAt(verdicts, r);
     if (x.magic != kVerdictMagic) {
       return absl::InternalError(absl::StrCat(
           what, ": a rank's verdict arrived damaged (magic ", x.magic,
           "); the communicator mis-paired the collectives of this step"));
     }
     failed = failed || x.code != 0;
-    differ = differ || x.digest != v[0].digest;
+    differ = differ || x.digest != VerdictAt(verdicts, 0).digest;
   }
   if (!failed && !differ) return local.status();  // (not OK: failed after its verdict left)
 
   // Something to tell: every rank's report (its failure, or its values).
+  std::vector<Verdict> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), verdicts, bytes);
+  std::vector<unsigned char> all;
   unsigned char report[kReportBytes] = {};
   const int32_t code = static_cast<int32_t>(local.status().code());
   std::memcpy(report, &code, 4);

@@ -55,6 +55,17 @@ bool VerdictsSayOk(const unsigned char* all, int n);
 std::string HyperText(const Options& o);
 uint64_t HyperDigest(const Options& o);
 
+// What AgreeOutcome reuses from one step to the next, so that agreeing on a
+// step that went well allocates nothing once warm (the caller keeps it).
+struct AgreeScratch {
+  std::vector<unsigned char> verdicts;  // every rank's, when gathered here
+  std::string label;                    // the gather's name, for its errors
+};
+
+// "agreeing on the outcome of <what>", the agreement's all_gather, rebuilt in
+// *label (with room for longer step numbers: allocates nothing once warm).
+const std::string& AgreeingLabel(const std::string& what, std::string* label);
+
 // The job's verdict on a step, the same on every rank of `world` (`what`
 // names the step in messages, e.g. "step 3"): OK when every rank succeeded
 // with the same hyper-parameters; else the first failing rank's code with
@@ -70,9 +81,11 @@ uint64_t HyperDigest(const Options& o);
 // then only a problem costs a collective (the reports). A failure of this
 // rank after its verdict left (local fails, the verdicts say OK) is this
 // rank's alone: returned here, learnt by the others at the next step.
+// `scratch`: kept by the caller between steps (NULL: this call's own).
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what,
-                          const std::vector<unsigned char>* exchanged = nullptr);
+                          const std::vector<unsigned char>* exchanged = nullptr,
+                          AgreeScratch* scratch = nullptr);
 
 // AgreeOutcome's judgement of verdicts every rank already holds (`all`, rank
 // order, the same bytes on every rank): on a GPU the verdicts of a step are
@@ -80,13 +93,18 @@ absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local
 // something is wrong (the reports), which every rank then sees alike.
 absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& local,
                            const Options& options, void* stream, const std::string& what,
-                           const std::vector<unsigned char>& all);
+                           const unsigned char* all, size_t bytes);
+inline absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& local,
+                                  const Options& options, void* stream, const std::string& what,
+                                  const std::vector<unsigned char>& all) {
+  return JudgeVerdicts(world, device, local, options, stream, what, all.data(), all.size());
+}
 
-// Every rank's `mine`, in rank order (one all_gather over the world;
-// `staging`: device buffers to stage through, see HostAllGather).
-absl::StatusOr<std::vector<int64_t>> GatherInt64(Comm& world, Device* device, int64_t mine,
-                                                 void* stream, const std::string& op,
-                                                 const DeviceStaging* staging = nullptr);
+// Every rank's `mine`, in rank order, into out[0 .. world.size()) (one
+// all_gather over the world; `staging`: device buffers to stage through, see
+// HostAllGather).
+absl::Status GatherInt64(Comm& world, Device* device, int64_t mine, int64_t* out, void* stream,
+                         const std::string& op, const DeviceStaging* staging = nullptr);
 
 }  // namespace muon
 

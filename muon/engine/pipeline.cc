@@ -61,9 +61,18 @@ Pipeline::~Pipeline() {
   worker_.join();
 }
 
+const std::vector<PipelineOp>& Pipeline::Schedule(int rounds, int lookahead) {
+  if (rounds != ops_rounds_ || lookahead != ops_lookahead_) {
+    ops_ = PipelineSchedule(rounds, lookahead);
+    ops_rounds_ = rounds;
+    ops_lookahead_ = lookahead;
+  }
+  return ops_;
+}
+
 absl::Status Pipeline::RunInline(int rounds, const Stages& stages, bool skip_compute) {
   absl::Status comm_error, compute_error;
-  for (const PipelineOp& op : PipelineSchedule(rounds, 0)) {
+  for (const PipelineOp& op : Schedule(rounds, 0)) {
     if (op.scatter && !skip_compute && compute_error.ok() && comm_error.ok()) {
       compute_error = RunStage(stages.compute, op.round, kComputeLane);
     }
@@ -78,7 +87,7 @@ absl::Status Pipeline::Run(int rounds, const Stages& stages, bool skip_compute) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     stages_ = &stages;
-    ops_ = PipelineSchedule(rounds, lookahead_);
+    Schedule(rounds, lookahead_);  // ops_, which the worker reads
     gathered_ = computed_ = 0;
     comm_error_ = absl::OkStatus();
     job_ = true;

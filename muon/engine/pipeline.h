@@ -66,6 +66,8 @@ class Pipeline {
  private:
   explicit Pipeline(int lookahead) : lookahead_(lookahead) {}
   absl::Status RunInline(int rounds, const Stages& stages, bool skip_compute);
+  // ops_ for `rounds` rounds with `lookahead`.
+  const std::vector<PipelineOp>& Schedule(int rounds, int lookahead);
   void WorkerLoop();
   void Communicate();  // one step's communication lane (on the worker)
 
@@ -74,10 +76,13 @@ class Pipeline {
   std::mutex mu_;
   std::condition_variable cv_;
   bool shutdown_ = false;
+  // The schedule, made again only when rounds or lookahead change (the same
+  // every step: a step allocates nothing); read by the worker during a Run.
+  std::vector<PipelineOp> ops_;
+  int ops_rounds_ = -1, ops_lookahead_ = -1;
   // The step in flight (guarded by mu_).
   bool job_ = false;
   const Stages* stages_ = nullptr;
-  std::vector<PipelineOp> ops_;
   int gathered_ = 0;  // rounds whose gather is done
   int computed_ = 0;  // rounds whose compute is done (or skipped)
   absl::Status comm_error_;

@@ -63,40 +63,86 @@ absl::StatusOr<int> Registry::GroupSize(int group) const {
 }
 
 absl::Status Registry::CheckName(const std::string& name) const {
-  for (const Param& p : params_) {
-    if (p.name == name) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("param '", name, "': a parameter with this name is registered"));
-    }
+  if (names_.contains(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("param '", name, "': a parameter with this name is registered"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Registry::Add(Param p) {
   // Overlapping storage would be updated twice (or a grad overwritten by the
-  // step): refuse it, naming both tensors.
+  // step): refuse it, naming both tensors. Of several registered tensors
+  // that overlap, the one of the earliest parameter is named (its value
+  // before its grad), the param's value checked before its grad.
   if (Overlap(p.value, p.grad)) {
     return absl::InvalidArgumentError(
         absl::StrCat("param '", p.name, "': param and grad share storage"));
   }
-  for (const Param& q : params_) {
-    for (const TensorView* mine : {&p.value, &p.grad}) {
-      for (const TensorView* theirs : {&q.value, &q.grad}) {
-        if (Overlap(*mine, *theirs)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "param '", p.name, "': its ", mine == &p.value ? "param" : "grad",
-              " storage overlaps the ", theirs == &q.value ? "param" : "grad",
-              " of param '", q.name, "'"));
-        }
+  if (storage_stale_) {
+    // A rebinding could not record itself (out of memory): index again.
+    try {
+      storage_.Clear();
+      for (size_t i = 0; i < params_.size(); ++i) {
+        storage_.Insert(params_[i].value, {static_cast<int64_t>(i), false});
+        storage_.Insert(params_[i].grad, {static_cast<int64_t>(i), true});
       }
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("muon_register_param: out of host memory");
     }
+    storage_stale_ = false;
   }
+  const StorageIndex::Entry by_value = storage_.FirstOverlap(p.value);
+  const StorageIndex::Entry by_grad = storage_.FirstOverlap(p.grad);
+  if (by_value.param >= 0 || by_grad.param >= 0) {
+    const bool mine_is_value =
+        by_value.param >= 0 && (by_grad.param < 0 || by_value.param <= by_grad.param);
+    const StorageIndex::Entry& theirs = mine_is_value ? by_value : by_grad;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", p.name, "': its ", mine_is_value ? "param" : "grad", " storage overlaps the ",
+        theirs.grad ? "grad" : "param", " of param '", params_[theirs.param].name, "'"));
+  }
+  const int64_t id = static_cast<int64_t>(params_.size());
   try {
+    names_.insert(p.name);
     params_.push_back(std::move(p));
+    storage_.Insert(params_.back().value, {id, false});
+    storage_.Insert(params_.back().grad, {id, true});
   } catch (const std::bad_alloc&) {
+    // Nothing left behind: the name and the parameter go again.
+    if (static_cast<int64_t>(params_.size()) > id) {
+      storage_.Erase(params_.back().value, {id, false});
+      storage_.Erase(params_.back().grad, {id, true});
+      names_.erase(params_.back().name);
+      params_.pop_back();
+    } else {
+      names_.erase(p.name);
+    }
     return absl::ResourceExhaustedError("muon_register_param: out of host memory");
   }
   return absl::OkStatus();
+}
+
+void Registry::Bind(int64_t id, TensorView value, TensorView grad) {
+  Param& p = params_[static_cast<size_t>(id)];
+  if (!closed_ && !storage_stale_) {
+    try {
+      storage_.Erase(p.value, {id, false});
+      storage_.Erase(p.grad, {id, true});
+      storage_.Insert(value, {id, false});
+      storage_.Insert(grad, {id, true});
+    } catch (const std::bad_alloc&) {
+      storage_stale_ = true;  // the next registration indexes again
+    }
+  }
+  p.value = std::move(value);
+  p.grad = std::move(grad);
+}
+
+void Registry::Close() {
+  closed_ = true;
+  absl::flat_hash_set<std::string>().swap(names_);
+  storage_.Clear();
 }
 
 absl::Status Registry::CheckGradHoldsUpdate(const Param& p) const {
@@ -289,7 +335,7 @@ absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor*
           who, ": a gradient is required with a world (every rank steps every parameter); "
           "bind a zero gradient instead"));
     }
-    p.value = v;
+    Bind(id, std::move(v), p.grad);
     p.active = false;
     return absl::OkStatus();
   }
@@ -301,8 +347,7 @@ absl::Status Registry::Rebind(int64_t id, const DLTensor* value, const DLTensor*
   if (Overlap(v, g)) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": param and grad share storage"));
   }
-  p.value = v;
-  p.grad = g;
+  Bind(id, std::move(v), std::move(g));
   p.active = true;
   return absl::OkStatus();
 }

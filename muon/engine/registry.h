@@ -13,10 +13,12 @@
 
 #include <dlpack/dlpack.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
 #include "muon/device/device.h"
 #include "muon/engine/param.h"
+#include "muon/engine/storage_index.h"
 #include "muon/sharding/layout.h"
 
 namespace muon {
@@ -73,8 +75,9 @@ class Registry {
     return update_in_grad_ && !p.custom && p.zero2_group < 0;
   }
 
-  // Ends registration (the first step's setup succeeded).
-  void Close() { closed_ = true; }
+  // Ends registration (the first step's setup succeeded); what only
+  // registration needs (the name set, the storage index) is freed.
+  void Close();
 
   absl::StatusOr<const Param*> Get(int64_t id) const;
   std::vector<Param>& params() { return params_; }
@@ -93,7 +96,11 @@ class Registry {
   // update exactly.
   absl::Status CheckGradHoldsUpdate(const Param& p) const;
   // Refuses storage shared with another registered tensor, then adds `p`.
+  // O(log n): the name set and the storage index see every registered
+  // parameter (until Close).
   absl::Status Add(Param p);
+  // Points param `id` at `value` and `grad`, keeping the storage index.
+  void Bind(int64_t id, TensorView value, TensorView grad);
 
   std::shared_ptr<Device> device_;
   Device::Allocator allocator_;
@@ -103,6 +110,9 @@ class Registry {
   bool distributed_ = false;
   std::vector<std::shared_ptr<Comm>> groups_;  // placement groups (the world among them)
   std::vector<Param> params_;
+  absl::flat_hash_set<std::string> names_;  // of params_, while registration is open
+  StorageIndex storage_;                    // of params_' tensors, while open
+  bool storage_stale_ = false;              // storage_ misses a rebinding
   bool closed_ = false;
 };
 

@@ -103,6 +103,7 @@ absl::Status Build(Registry& registry, const Options& options,
                                            "the step's hyper-parameters"));
   s->momentum_args.reserve(params.size());
   s->apply_args.reserve(params.size());
+  s->nonfinite_counts.assign(static_cast<size_t>(world.size()), 0);
   StepContext ctx;
   ctx.device = registry.device();
   ctx.scalars = s->scalars();

@@ -5,8 +5,13 @@
 #ifndef MUON_ENGINE_SETUP_H_
 #define MUON_ENGINE_SETUP_H_
 
+#include <array>
+#include <memory>
+#include <vector>
+
 #include "muon/engine/custom_stepper.h"
 #include "muon/engine/exchange_stepper.h"
+#include "muon/engine/outcome.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/zero2_stepper.h"
 
@@ -33,12 +38,16 @@ struct StepSetup {
   // written on the stream by each uncaptured step and PushHyperparameters).
   DeviceBuffer scalar_buffer;
   StepScalars* scalars() const { return scalar_buffer.as<StepScalars>(); }
-  // The backend calls' argument lists, kept so that a step allocates nothing.
+  // The backend calls' argument lists, the agreement's buffers and every
+  // rank's non-finite count (skip_nonfinite), kept so that a step allocates
+  // nothing.
   std::vector<MomentumArgs> momentum_args;
   std::vector<ApplyArgs> apply_args;
+  AgreeScratch agree;
+  std::vector<int64_t> nonfinite_counts;  // one per world rank
 
-  // In the order they run.
-  std::vector<Stepper*> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }
+  // In the order they run (an array: a step allocates nothing).
+  std::array<Stepper*, 3> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }
   // No rank registered a matrix (ZeRO-2: this rank holds none).
   bool empty() const;
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/engine/local_update.h"
@@ -18,37 +19,31 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
   std::vector<Param>& params = *ctx.params;
   s->stats_.matrices_total = matrices_total;
   // Group instances in one order every rank agrees on: by member list.
+  // Each group's parameters, found in one pass.
+  std::vector<std::vector<int>> of_group(groups.size());
   std::vector<int> order;
-  for (const Param& p : params) {
-    if (p.zero2_group >= 0 &&
-        std::find(order.begin(), order.end(), p.zero2_group) == order.end()) {
-      order.push_back(p.zero2_group);
-    }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int g = params[i].zero2_group;
+    if (g < 0) continue;
+    if (of_group[g].empty()) order.push_back(g);
+    of_group[g].push_back(static_cast<int>(i));
   }
   std::sort(order.begin(), order.end(),
             [&](int a, int b) { return members[a] < members[b]; });
   int64_t largest = 0, widest = 0;
   for (int g : order) {
     const int n = groups[g]->size();
-    std::vector<int> mine;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].zero2_group == g) mine.push_back(static_cast<int>(i));
-    }
+    std::vector<int>& mine = of_group[g];
     std::sort(mine.begin(), mine.end(),
               [&](int a, int b) { return params[a].name < params[b].name; });
     // Same shape and dtype together, in order of first appearance.
     std::vector<std::vector<int>> buckets;
+    absl::flat_hash_map<std::pair<std::vector<int64_t>, DType>, size_t> bucket_of;
     for (int i : mine) {
-      bool placed = false;
-      for (auto& b : buckets) {
-        const Param& q = params[b[0]];
-        if (q.value.shape == params[i].value.shape && q.value.dtype == params[i].value.dtype) {
-          b.push_back(i);
-          placed = true;
-          break;
-        }
-      }
-      if (!placed) buckets.push_back({i});
+      auto [it, added] =
+          bucket_of.try_emplace({params[i].value.shape, params[i].value.dtype}, buckets.size());
+      if (added) buckets.emplace_back();
+      buckets[it->second].push_back(i);
     }
     int64_t k = 0;  // block-cyclic owner counter, running across buckets
     for (const auto& b : buckets) {
@@ -61,6 +56,10 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
         for (size_t j = start; j < std::min(b.size(), start + n); ++j) {
           blk.params[k++ % n] = b[j];
         }
+        const int first = *std::max_element(blk.params.begin(), blk.params.end());
+        const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
+        blk.averaging = absl::StrCat("averaging gradients of the ", what);
+        blk.sharing = absl::StrCat("sharing the new values of the ", what);
         largest = std::max(largest, blk.elems);
         widest = std::max(widest, blk.elems * n);
         s->blocks_.push_back(std::move(blk));
@@ -131,8 +130,6 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   Comm& g = *groups_[blk.group];
   const int n = g.size(), me = g.rank();
   const size_t bytes = static_cast<size_t>(blk.elems) * SizeOf(blk.dtype);
-  const int first = *std::max_element(blk.params.begin(), blk.params.end());
-  const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
   // Gradients, block c for the owner at coord c, summed onto it. (Empty
   // tensors may have NULL data, and then no copy may be made of them.)
   for (int c = 0; c < n && bytes > 0; ++c) {
@@ -146,8 +143,7 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   // Both collectives are issued whatever failed (see stepper.h); a failed
   // rank neither steps its owned param nor takes the others' new values.
   absl::Status st = g.ReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(blk.elems),
-                                    blk.dtype, stream,
-                                    absl::StrCat("averaging gradients of the ", what));
+                                    blk.dtype, stream, blk.averaging);
   if (st.ok() && !failed && blk.params[me] >= 0) st = StepOwned(blk, blk.params[me]);
   // The owners' new values to every replica.
   unsigned char* mine = send_.data();
@@ -156,8 +152,7 @@ absl::Status Zero2Stepper::RunBlock(const Block& blk, void* stream, bool failed)
   } else if (bytes > 0) {
     std::memset(mine, 0, bytes);
   }
-  absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream,
-                                    absl::StrCat("sharing the new values of the ", what));
+  absl::Status shared = g.AllGather(mine, recv_.data(), bytes, stream, blk.sharing);
   if (st.ok()) st = shared;
   if (!st.ok() || failed) return st;
   for (int c = 0; c < n && bytes > 0; ++c) {

@@ -10,6 +10,7 @@
 #define MUON_ENGINE_ZERO2_STEPPER_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,8 @@ class Zero2Stepper : public Stepper {
     DType dtype = DType::kF32;
     int64_t elems = 0;
     std::vector<int> params;
+    // The block's two collectives, named for errors (made once).
+    std::string averaging, sharing;
   };
 
   Zero2Stepper(const std::vector<std::shared_ptr<Comm>>& groups, const StepContext& ctx)

@@ -107,9 +107,18 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       if (holders[h].rank == my_rank) mine[p] = static_cast<int>(h);
     }
   }
+  // Each holder's runs, walked once over a parameter's matrices (units come
+  // by parameter, then matrix).
+  std::vector<RunCursor> cursors;
+  int cursors_of = -1;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     const PlanParam& pp = plan.params[u.param];
+    if (cursors_of != u.param) {
+      cursors.clear();
+      for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.runs);
+      cursors_of = u.param;
+    }
     const int my_holder = mine[u.param];
     const int64_t per = pp.rows * pp.cols;
     const int64_t begin = u.index * per, end = begin + per;
@@ -131,14 +140,14 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
       std::vector<Run> cover;
       if (owner_holder >= 0) {
-        sends.push_back({owner_holder, Intersect(pp.holders[owner_holder].piece.runs, begin, end)});
+        sends.push_back({owner_holder, cursors[owner_holder].Intersect(begin, end)});
         for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
         std::sort(cover.begin(), cover.end(),
                   [](const Run& a, const Run& b) { return a.offset < b.offset; });
       }
       for (int h : u.senders) {
         if (h == owner_holder || (!owner && h != my_holder)) continue;
-        sends.push_back({h, Subtract(Intersect(pp.holders[h].piece.runs, begin, end), cover)});
+        sends.push_back({h, Subtract(cursors[h].Intersect(begin, end), cover)});
       }
       for (const auto& [h, runs] : sends) {
         const int from = pp.holders[h].rank;
@@ -158,7 +167,7 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     for (int h : u.receivers) {
       const Holder& holder = pp.holders[h];
       if (!owner && !(i_receive && holder.rank == my_rank)) continue;
-      for (const LocatedRun& lr : Intersect(holder.piece.runs, begin, end)) {
+      for (const LocatedRun& lr : cursors[h].Intersect(begin, end)) {
         if (owner) {
           t.scatter_send[holder.rank].push_back(
               {slot_of[i] + lr.run.offset - begin, lr.run.length, ns_wire});

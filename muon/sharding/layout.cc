@@ -210,6 +210,52 @@ std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, i
   return out;
 }
 
+RunCursor::RunCursor(const std::vector<Run>& runs) : runs_(&runs) {
+  for (size_t i = 1; i < runs.size() && sorted_; ++i) {
+    sorted_ = runs[i - 1].offset + runs[i - 1].length <= runs[i].offset;
+  }
+}
+
+void RunCursor::Seek(int64_t begin) {
+  if (begin < last_begin_) {
+    next_ = 0;
+    local_ = 0;
+  }
+  last_begin_ = begin;
+  const std::vector<Run>& runs = *runs_;
+  while (next_ < runs.size() && runs[next_].offset + runs[next_].length <= begin) {
+    local_ += runs[next_].length;
+    ++next_;
+  }
+}
+
+std::vector<LocatedRun> RunCursor::Intersect(int64_t begin, int64_t end) {
+  if (!sorted_) return muon::Intersect(*runs_, begin, end);
+  Seek(begin);
+  std::vector<LocatedRun> out;
+  int64_t local = local_;
+  for (size_t i = next_; i < runs_->size() && (*runs_)[i].offset < end; ++i) {
+    const Run& r = (*runs_)[i];
+    const int64_t lo = std::max(begin, r.offset);
+    const int64_t hi = std::min(end, r.offset + r.length);
+    if (lo < hi) out.push_back({local + (lo - r.offset), {lo, hi - lo}});
+    local += r.length;
+  }
+  return out;
+}
+
+bool RunCursor::Meets(int64_t begin, int64_t end) {
+  if (!sorted_) {
+    for (const Run& r : *runs_) {
+      if (r.offset < end && r.offset + r.length > begin) return true;
+    }
+    return false;
+  }
+  Seek(begin);
+  // Past the cursor every run ends after `begin`; the first starts first.
+  return next_ < runs_->size() && (*runs_)[next_].offset < end;
+}
+
 absl::Status CheckTiling(const std::vector<const Piece*>& pieces, int64_t numel,
                          const std::string& who) {
   std::vector<Run> canon;

@@ -82,6 +82,31 @@ struct LocatedRun {
 };
 std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, int64_t end);
 
+// Intersect, and whether any run meets a range, over one piece's runs for a
+// sequence of ranges (the matrices of a parameter, in order): each call
+// resumes where the last one stopped, so that a sequence whose `begin` never
+// decreases, over runs in increasing global order (the order every placement
+// gives), costs O(runs + ranges) in all instead of O(runs) per range. A range
+// starting before the last one starts over; runs in another order are
+// searched in full. Keeps a pointer to `runs`.
+class RunCursor {
+ public:
+  explicit RunCursor(const std::vector<Run>& runs);
+  std::vector<LocatedRun> Intersect(int64_t begin, int64_t end);
+  // Whether a run has an element in [begin, end).
+  bool Meets(int64_t begin, int64_t end);
+
+ private:
+  // Moves past the runs that end at or before `begin`.
+  void Seek(int64_t begin);
+
+  const std::vector<Run>* runs_;
+  bool sorted_ = true;  // increasing global offsets, disjoint
+  int64_t last_begin_ = 0;
+  size_t next_ = 0;    // the first run that may meet a range from last_begin_ on
+  int64_t local_ = 0;  // its position in the local buffer
+};
+
 // Checks that the pieces (all copies, canonical or not) of a tensor of
 // `numel` elements are consistent: the canonical ones tile [0, numel) exactly
 // once, and every non-canonical run lies inside it. Errors name `who` and the

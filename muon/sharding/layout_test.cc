@@ -256,5 +256,53 @@ TEST(Layout, IntersectGivesLocalPositions) {
   EXPECT_EQ(got[2].run, (muon::Run{20, 2}));
 }
 
+bool SameRuns(const std::vector<LocatedRun>& a, const std::vector<LocatedRun>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].local != b[i].local || !(a[i].run == b[i].run)) return false;
+  }
+  return true;
+}
+
+bool MeetsAny(const std::vector<muon::Run>& runs, int64_t begin, int64_t end) {
+  for (const muon::Run& r : runs) {
+    if (r.offset < end && r.offset + r.length > begin) return true;
+  }
+  return false;
+}
+
+// The cursor gives what Intersect gives, for the matrices of a batched
+// parameter in order (the plan's and the exchange tables' walk), for ranges
+// that go back, and for runs in no global order.
+TEST(Layout, RunCursorMatchesIntersect) {
+  // 6 matrices of 4 x 6, sharded over columns (2 of 3 ranks' worth): a run
+  // per row, some spanning no matrix boundary; then a FlatRange piece whose
+  // one run spans several matrices.
+  Layout l;
+  l.global_shape = {6, 4, 6};
+  l.placements = {Shard(0, 2, ShardSplit::kSizes, {2, 3, 1})};
+  const Piece rows = MustCompute(l, {3}, {1});
+  ASSERT_EQ(rows.runs.size(), 24u);
+  const std::vector<muon::Run> flat = {{10, 70}};
+  const std::vector<muon::Run> unsorted = {{30, 5}, {2, 4}, {100, 40}, {50, 1}};
+  for (const std::vector<muon::Run>* runs : {&rows.runs, &flat, &unsorted}) {
+    for (int64_t per : {24, 7, 1, 144}) {
+      RunCursor cursor(*runs);
+      for (int64_t k = 0; k * per < 150; ++k) {
+        EXPECT_EQ(cursor.Meets(k * per, (k + 1) * per), MeetsAny(*runs, k * per, (k + 1) * per))
+            << per << " " << k;
+        EXPECT_TRUE(SameRuns(cursor.Intersect(k * per, (k + 1) * per),
+                             Intersect(*runs, k * per, (k + 1) * per)))
+            << per << " " << k;
+      }
+      // Back to the start, then a range inside the last run's.
+      EXPECT_TRUE(SameRuns(cursor.Intersect(0, 150), Intersect(*runs, 0, 150)));
+      EXPECT_TRUE(SameRuns(cursor.Intersect(11, 13), Intersect(*runs, 11, 13)));
+      EXPECT_EQ(cursor.Meets(3, 4), MeetsAny(*runs, 3, 4));
+      EXPECT_EQ(cursor.Meets(150, 150), false);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace muon

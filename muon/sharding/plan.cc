@@ -5,8 +5,11 @@
 #include <map>
 #include <numeric>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "muon/common/matrix_view.h"
 #include "muon/common/status.h"
 #include "muon/common/tensor.h"
@@ -101,15 +104,28 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     }
   }
   // ZeRO-2 parameters move over their own group: every member of a holder's
-  // group must hold them too (so every member runs the same blocks).
+  // group must hold them too (so every member runs the same blocks). Each
+  // rank's ZeRO-2 names in a set, so that each check is one lookup.
+  std::vector<absl::flat_hash_set<absl::string_view>> zero2_names(ranks.size());
+  // The custom-path parameters' holders (world rank, index among that rank's
+  // parameters), in rank order.
+  absl::flat_hash_map<absl::string_view, std::vector<std::pair<int, int>>> custom_holders;
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const RankDesc& r = ranks[k];
+    for (size_t i = 0; i < r.params.size(); ++i) {
+      const RankParamDesc& d = r.params[i];
+      if (d.zero2) zero2_names[k].insert(d.name);
+      if (d.custom_owner >= 0) {
+        custom_holders[d.name].push_back({r.world_rank, static_cast<int>(i)});
+      }
+    }
+  }
   for (const RankDesc& r : ranks) {
     for (const RankParamDesc& d : r.params) {
       if (!d.zero2) continue;
       const auto& members = r.groups[d.layout.placements[0].group];
       for (int m : members) {
-        bool holds = false;
-        for (const RankParamDesc& e : ranks[m].params) holds = holds || (e.name == d.name && e.zero2);
-        if (!holds) {
+        if (!zero2_names[m].contains(d.name)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "param '", d.name, "': registered in ZeRO-2 mode over a group with rank ", m,
               " (by rank ", r.world_rank, "), but rank ", m, " did not register it that way"));
@@ -133,12 +149,9 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
       cu.cols = cd.global_shape[1];
       cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps);
       std::vector<int> holders;
-      for (const RankDesc& r : ranks) {
-        for (size_t i = 0; i < r.params.size(); ++i) {
-          if (r.params[i].name != name) continue;
-          holders.push_back(r.world_rank);
-          if (r.world_rank == my_rank) cu.local = static_cast<int>(i);
-        }
+      for (const auto& [rank, i] : custom_holders[name]) {
+        holders.push_back(rank);
+        if (rank == my_rank) cu.local = i;
       }
       if (std::find(holders.begin(), holders.end(), cu.owner) == holders.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -197,6 +210,10 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   for (size_t pi = 0; pi < plan.params.size(); ++pi) {
     const PlanParam& pp = plan.params[pi];
     const int64_t per = pp.rows * pp.cols;
+    // The matrices in order: each holder's runs are walked once.
+    std::vector<RunCursor> cursors;
+    cursors.reserve(pp.holders.size());
+    for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.runs);
     for (int64_t k = 0; k < pp.batch; ++k) {
       Unit u;
       u.param = static_cast<int>(pi);
@@ -205,13 +222,7 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
       for (size_t h = 0; h < pp.holders.size(); ++h) {
         const Piece& piece = pp.holders[h].piece;
-        bool meets = false;
-        for (const Run& run : piece.runs) {
-          if (run.offset < (k + 1) * per && run.offset + run.length > k * per) {
-            meets = true;
-            break;
-          }
-        }
+        const bool meets = cursors[h].Meets(k * per, (k + 1) * per);
         if (!meets && per > 0) continue;
         u.receivers.push_back(static_cast<int>(h));
         if (piece.canonical) u.senders.push_back(static_cast<int>(h));
