@@ -8,8 +8,9 @@
 // (its caller's address inside libopenblas): OpenBLAS 0.3.21's small-matrix
 // SGEMM kernel for SKYLAKEX mallocs a buffer on each call for some shapes
 // (e.g. 40 x 40 x 40, 24 x 24 x 80 NN), which libmuon does not control.
-// Those are counted apart and printed; MUON_ALLOC_COUNT_BLAS=1 counts them
-// with the rest. The cases:
+// Likewise oneDNN (the native bf16 products) and its OpenMP runtime allocate
+// inside each matmul execution (operator new from their own code). Those are
+// counted apart and printed; MUON_ALLOC_COUNT_BLAS=1 counts them with the rest. The cases:
 //   - a world of one (no communicator), with parameters of every kind a
 //     single process registers (tall, wide, square, 1 x n and n x 1 vectors
 //     as matrices, batched and flattened views, bf16 and fp16), under
@@ -71,13 +72,18 @@ thread_local bool t_in_trace = false;
 struct Range {
   uintptr_t begin = 0, end = 0;
 };
-Range g_blas_code[8];
+Range g_blas_code[32];
 int g_num_blas_code = 0;
 bool g_count_blas = false;  // MUON_ALLOC_COUNT_BLAS=1
 
 int FindBlasCode(dl_phdr_info* info, size_t, void*) {
-  if (info->dlpi_name == nullptr || std::strstr(info->dlpi_name, "openblas") == nullptr) return 0;
-  for (int i = 0; i < info->dlpi_phnum && g_num_blas_code < 8; ++i) {
+  if (info->dlpi_name == nullptr) return 0;
+  // OpenBLAS, and oneDNN (native bf16 products) with its OpenMP runtime.
+  const char* const libraries[] = {"openblas", "dnnl", "gomp"};
+  bool ours = false;
+  for (const char* l : libraries) ours = ours || std::strstr(info->dlpi_name, l) != nullptr;
+  if (!ours) return 0;
+  for (int i = 0; i < info->dlpi_phnum && g_num_blas_code < 32; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
     const uintptr_t at = info->dlpi_addr + ph.p_vaddr;
@@ -113,15 +119,15 @@ void Note(std::atomic<int64_t>* counter, const char* what, size_t bytes,
   t_in_trace = false;
 }
 
-void* New(size_t bytes) {
-  Note(&g_news, "operator new", bytes);
+void* New(size_t bytes, const void* caller) {
+  Note(&g_news, "operator new", bytes, caller);
   void* p = __libc_malloc(bytes == 0 ? 1 : bytes);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 
-void* NewAligned(size_t bytes, std::align_val_t align) {
-  Note(&g_news, "operator new (aligned)", bytes);
+void* NewAligned(size_t bytes, std::align_val_t align, const void* caller) {
+  Note(&g_news, "operator new (aligned)", bytes, caller);
   void* p = __libc_memalign(static_cast<size_t>(align), bytes == 0 ? 1 : bytes);
   if (p == nullptr) throw std::bad_alloc();
   return p;
@@ -162,24 +168,24 @@ int posix_memalign(void** out, size_t align, size_t bytes) {
 }
 }
 
-void* operator new(size_t n) { return New(n); }
-void* operator new[](size_t n) { return New(n); }
+void* operator new(size_t n) { return New(n, __builtin_return_address(0)); }
+void* operator new[](size_t n) { return New(n, __builtin_return_address(0)); }
 void* operator new(size_t n, const std::nothrow_t&) noexcept {
   try {
-    return New(n);
+    return New(n, __builtin_return_address(0));
   } catch (...) {
     return nullptr;
   }
 }
 void* operator new[](size_t n, const std::nothrow_t&) noexcept {
   try {
-    return New(n);
+    return New(n, __builtin_return_address(0));
   } catch (...) {
     return nullptr;
   }
 }
-void* operator new(size_t n, std::align_val_t a) { return NewAligned(n, a); }
-void* operator new[](size_t n, std::align_val_t a) { return NewAligned(n, a); }
+void* operator new(size_t n, std::align_val_t a) { return NewAligned(n, a, __builtin_return_address(0)); }
+void* operator new[](size_t n, std::align_val_t a) { return NewAligned(n, a, __builtin_return_address(0)); }
 void operator delete(void* p) noexcept { __libc_free(p); }
 void operator delete[](void* p) noexcept { __libc_free(p); }
 void operator delete(void* p, size_t) noexcept { __libc_free(p); }

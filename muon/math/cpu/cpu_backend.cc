@@ -115,6 +115,9 @@ absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
+  // This rank's share of the cores, before oneDNN sizes its scratchpad for
+  // them (and before every product: Orthogonalize comes through here).
+  cpu::UseThreads(cpu::ThreadsPerRankHere());
   if (config.dtype != NsDtype::kBF16 || !NativeBf16() || rows == 0 || cols == 0) {
     return absl::OkStatus();
   }
@@ -133,7 +136,6 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
 absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
   MUON_RETURN_IF_ERROR(Reserve(config, batch.count, batch.rows, batch.cols));
-  cpu::UseThreads(cpu::ThreadsPerRankHere());  // this rank's share of the cores
   // One matrix at a time (BLAS threads within each product).
   const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
   const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
