@@ -117,7 +117,7 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
   // This rank's share of the cores, before oneDNN sizes its scratchpad for
   // them (and before every product: Orthogonalize comes through here).
-  cpu::UseThreads(cpu::ThreadsPerRankHere());
+  cpu::UseThreads(cpu::ThreadsPerRankHere(), cpu::NativeThreadsHere());
   if (config.dtype != NsDtype::kBF16 || !NativeBf16() || rows == 0 || cols == 0) {
     return absl::OkStatus();
   }

@@ -6,7 +6,10 @@
 #include "muon/math/elementwise.h"
 
 // Clones for the CPUs the loops gain most on; ifunc picks one at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: its instrumented ifunc resolvers would run
+// before its runtime starts.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define MUON_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MUON_CLONES

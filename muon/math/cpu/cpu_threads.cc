@@ -49,11 +49,16 @@ int ThreadsPerRankHere() {
                         EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"));
 }
 
+int NativeThreadsHere() {
+  static const int cores = Cores();
+  return ThreadsPerRank(cores, 1, EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"));
+}
+
 RankShare::RankShare() { live_backends.fetch_add(1, std::memory_order_relaxed); }
 RankShare::~RankShare() { live_backends.fetch_sub(1, std::memory_order_relaxed); }
 
-void UseThreads(int threads) {
-  omp_set_num_threads(threads);
+void UseThreads(int threads, int omp_threads) {
+  omp_set_num_threads(omp_threads);
   static std::mutex mu;
   static int blas_threads = 0;
   std::lock_guard<std::mutex> lock(mu);

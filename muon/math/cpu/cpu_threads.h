@@ -20,6 +20,12 @@ int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int ov
 
 // The rule on this process: its cores, its live backends, the environment.
 int ThreadsPerRankHere();
+// oneDNN's threads (bf16 products): the rule without the in-process ranks
+// (cores / LOCAL_WORLD_SIZE, or MUON_CPU_THREADS). oneDNN may split a
+// product's sums by its thread count, so a count that changed with the
+// number of optimizers alive would change results within one process; with
+// OpenMP's own teams per rank thread, dividing gained nothing measurable.
+int NativeThreadsHere();
 
 // Counts a CPU backend for the rule while it lives.
 class RankShare {
@@ -30,10 +36,10 @@ class RankShare {
   RankShare& operator=(const RankShare&) = delete;
 };
 
-// Makes the calling thread's CPU math use `threads`: OpenMP's for this thread
-// (oneDNN), OpenBLAS's for the process (set only when it changes; every rank
-// of a process asks for the same number).
-void UseThreads(int threads);
+// Makes the calling thread's CPU math use `blas_threads` for OpenBLAS (the
+// process's setting, changed only when it differs; every rank of a process
+// asks for the same number) and `omp_threads` for OpenMP on this thread (oneDNN).
+void UseThreads(int blas_threads, int omp_threads);
 
 }  // namespace cpu
 }  // namespace muon

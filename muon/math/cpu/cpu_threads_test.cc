@@ -36,6 +36,10 @@ TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
   }
   RankShare one;
   EXPECT_EQ(ThreadsPerRankHere(), alone);
+  {
+    RankShare two, three;  // oneDNN's count does not follow the optimizers alive
+    EXPECT_EQ(NativeThreadsHere(), alone);
+  }
   ::setenv("LOCAL_WORLD_SIZE", "1000", 1);
   EXPECT_EQ(ThreadsPerRankHere(), 1);
   ::setenv("LOCAL_WORLD_SIZE", "garbage", 1);  // not a count: ignored
@@ -47,10 +51,10 @@ TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
 }
 
 TEST(CpuThreads, UseThreadsSetsOpenMpAndOpenBlas) {
-  UseThreads(3);
-  EXPECT_EQ(omp_get_max_threads(), 3);
+  UseThreads(3, 2);
+  EXPECT_EQ(omp_get_max_threads(), 2);
   EXPECT_EQ(openblas_get_num_threads(), 3);
-  UseThreads(1);
+  UseThreads(1, 1);
   EXPECT_EQ(omp_get_max_threads(), 1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
 }
