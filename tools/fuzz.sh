@@ -36,6 +36,7 @@ fi
 COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
   muon/math/backend.cc muon/math/ns_config.cc muon/math/ns_program.cc muon/math/cpu/cpu_backend.cc
+  muon/math/cpu/cpu_kernels.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc
   muon/device/device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
 )
@@ -70,7 +71,9 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cord_internal -labsl
   -labsl_str_format_internal -labsl_int128 -labsl_throw_delegate -labsl_raw_logging_internal
   -labsl_synchronization -labsl_time -labsl_base -labsl_spinlock_wait
   -labsl_raw_hash_set -labsl_hash -labsl_city -labsl_low_level_hash)
-LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldl -lpthread)
+# oneDNN for native bf16 products; libgomp for the OpenMP thread count
+# (cpu_threads.cc, compiled with -fopenmp=libgomp as GCC's -fopenmp would).
+LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldnnl -lgomp -ldl -lpthread)
 
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 CXXFLAGS=(-std=c++17 -O1 -g "${SAN[@]}" -fsanitize=fuzzer-no-link -I. -DMUON_FUZZING
@@ -91,7 +94,12 @@ compile() {
     done
     [ "$stale" -eq 0 ] && return 0
   fi
-  "$CXX" "${CXXFLAGS[@]}" -MMD -MF "$dep" -c "$src" -o "$obj"
+  local extra=()
+  case "$src" in
+    muon/math/cpu/cpu_threads.cc) extra=(-fopenmp=libgomp) ;;
+    muon/math/cpu/cpu_kernels.cc) extra=(-ffp-contract=off) ;;
+  esac
+  "$CXX" "${CXXFLAGS[@]}" "${extra[@]}" -MMD -MF "$dep" -c "$src" -o "$obj"
 }
 export -f compile
 export CXX build
