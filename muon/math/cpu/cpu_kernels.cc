@@ -171,6 +171,18 @@ MUON_CLONES void MirrorUpper(float* d, int64_t m, int64_t ld) {
   }
 }
 
+MUON_CLONES void TransposeBlockBf16(const uint16_t* src, int64_t ld_src, int64_t rows,
+                                    int64_t cols, uint16_t* dst, int64_t ld_dst) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+    for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+      const int64_t j1 = std::min(cols, j0 + kTile), i1 = std::min(rows, i0 + kTile);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) dst[i * ld_dst + j] = src[j * ld_src + i];
+      }
+    }
+  }
+}
+
 MUON_CLONES int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov) {
   switch (static_cast<int>(a.grad_dtype)) {
     case kBF16: return MomentumBuf<kBF16>(a, w_buf, w_out, nesterov);

@@ -32,6 +32,12 @@ void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t cols, float* d
 // Column-major m x m (leading dimension ld): the strict lower triangle <- the
 // upper one transposed (d(i, j) = d(j, i) for i > j), tile by tile.
 void MirrorUpper(float* d, int64_t m, int64_t ld);
+// Column-major bf16: dst (cols x rows, leading dimension ld_dst) = src (rows x
+// cols, leading dimension ld_src) transposed, tile by tile; src and dst must
+// not overlap. Mirrors one computed block of a symmetric product into its
+// transposed place.
+void TransposeBlockBf16(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols,
+                        uint16_t* dst, int64_t ld_dst);
 
 // One tensor of the momentum step (ew::MomentumElement for each element);
 // returns the number of non-finite gradient elements.

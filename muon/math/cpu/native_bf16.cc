@@ -8,6 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+#include "muon/math/cpu/cpu_kernels.h"
 #include "oneapi/dnnl/dnnl.h"
 
 namespace muon {
@@ -58,51 +60,69 @@ void Destroy(Entry& e) {
 
 }  // namespace
 
+// A grow-only, 64-byte aligned host block from the backend's memory source.
+class GrowingBlock {
+ public:
+  GrowingBlock(const MemorySource* source, const char* what) : source_(source), what_(what) {}
+  GrowingBlock(const GrowingBlock&) = delete;
+  GrowingBlock& operator=(const GrowingBlock&) = delete;
+  ~GrowingBlock() { Free(); }
+
+  // At least `bytes`, kept until a larger size is asked for.
+  absl::StatusOr<void*> Get(size_t bytes) {
+    if (bytes > bytes_) {
+      Free();
+      const size_t want = bytes + 64;
+      if (source_->allocate) {
+        absl::StatusOr<void*> p = source_->allocate(want, what_);
+        if (!p.ok()) return p.status();
+        block_ = *p;
+      } else {
+        block_ = ::operator new(want, std::nothrow);
+        if (block_ == nullptr) {
+          return absl::ResourceExhaustedError(absl::StrCat(what_, ": out of host memory"));
+        }
+      }
+      bytes_ = bytes;
+    }
+    const auto at = reinterpret_cast<uintptr_t>(block_);
+    return reinterpret_cast<void*>((at + 63) & ~uintptr_t{63});
+  }
+
+ private:
+  void Free() {
+    if (block_ == nullptr) return;
+    if (source_->free) {
+      source_->free(block_);
+    } else {
+      ::operator delete(block_);
+    }
+    block_ = nullptr;
+    bytes_ = 0;
+  }
+
+  const MemorySource* source_;
+  const char* what_;
+  void* block_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 struct NativeBf16Gemm::Impl {
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
   std::vector<Entry> cache;
-  // oneDNN's scratchpad, ours (user mode): one block for every product,
-  // grown to the largest, from the backend's memory source.
   MemorySource source;
-  void* scratch_block = nullptr;
-  size_t scratch_bytes = 0;
+  // oneDNN's scratchpad, ours (user mode): one block for every product,
+  // grown to the largest.
+  GrowingBlock scratch{&source, "the bf16 product scratchpad"};
+  // One block of a symmetric product, dense (oneDNN 2.x multiplies on AMX
+  // only into a dense destination).
+  GrowingBlock block{&source, "the bf16 symmetric product's block"};
 
-  void FreeScratch() {
-    if (scratch_block == nullptr) return;
-    if (source.free) {
-      source.free(scratch_block);
-    } else {
-      ::operator delete(scratch_block);
-    }
-    scratch_block = nullptr;
-    scratch_bytes = 0;
-  }
-
-  // A 64-byte aligned scratchpad of at least `bytes`.
-  absl::StatusOr<void*> Scratch(size_t bytes) {
-    if (bytes > scratch_bytes) {
-      FreeScratch();
-      const size_t want = bytes + 64;
-      if (source.allocate) {
-        absl::StatusOr<void*> p = source.allocate(want, "the bf16 product scratchpad");
-        if (!p.ok()) return p.status();
-        scratch_block = *p;
-      } else {
-        scratch_block = ::operator new(want, std::nothrow);
-        if (scratch_block == nullptr) {
-          return absl::ResourceExhaustedError("bf16 product scratchpad: out of host memory");
-        }
-      }
-      scratch_bytes = bytes;
-    }
-    const auto at = reinterpret_cast<uintptr_t>(scratch_block);
-    return reinterpret_cast<void*>((at + 63) & ~uintptr_t{63});
-  }
+  absl::StatusOr<void*> Scratch(size_t bytes) { return scratch.Get(bytes); }
 
   ~Impl() {
     for (Entry& e : cache) Destroy(e);
-    FreeScratch();
     if (stream) dnnl_stream_destroy(stream);
     if (engine) dnnl_engine_destroy(engine);
   }
@@ -182,15 +202,56 @@ std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source) {
 NativeBf16Gemm::NativeBf16Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NativeBf16Gemm::~NativeBf16Gemm() = default;
 
-absl::StatusOr<NativeBf16Gemm::Entry*> NativeBf16Gemm::Find(const NsGemm& g, float alpha,
-                                                             float beta) {
-  // Gram and poly are symmetric (both triangles stored): read either one as
-  // itself, not transposed, which oneDNN multiplies fastest (up to 2.9x).
-  auto symmetric = [](const NsOperand& o) {
-    return o.buffer == NsBuffer::kGram || o.buffer == NsBuffer::kPoly;
-  };
-  const Key key{g.trans_a && !symmetric(g.a), g.trans_b && !symmetric(g.b), g.m, g.n, g.k,
-                g.a.ld, g.b.ld, g.d.ld, alpha, beta};
+namespace {
+
+// Symmetric products at least 1.5 times this wide run as blocks of about this
+// width: only the blocks on and above the diagonal are multiplied, the others
+// mirrored.
+constexpr int64_t kSymmetricBlock = 512;
+
+bool ReadAsSymmetric(const NsOperand& o) {
+  return o.buffer == NsBuffer::kGram || o.buffer == NsBuffer::kPoly;
+}
+
+// Copies column-major rows x cols from src (leading dimension ld_src) to dst
+// (ld_dst).
+void CopyBlock(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, uint16_t* dst,
+               int64_t ld_dst) {
+  for (int64_t j = 0; j < cols; ++j) {
+    std::copy(src + j * ld_src, src + j * ld_src + rows, dst + j * ld_dst);
+  }
+}
+
+}  // namespace
+
+// The product as oneDNN runs it whole: gram and poly (symmetric, both
+// triangles stored) read as themselves, not transposed, which oneDNN
+// multiplies fastest (up to 2.9x).
+NativeBf16Gemm::Key NativeBf16Gemm::WholeKey(const NsGemm& g, float alpha, float beta) {
+  return Key{g.trans_a && !ReadAsSymmetric(g.a), g.trans_b && !ReadAsSymmetric(g.b), g.m, g.n,
+             g.k, g.a.ld, g.b.ld, g.d.ld, alpha, beta};
+}
+
+// The block width of a symmetric product, or 0 when it runs whole. Blocks
+// need op(A) transposed and packed (lda == k: A's rows I are then one dense
+// piece of oneDNN's weights), which the gram (X^T stored) and the poly (gram
+// symmetric, read transposed) both are on the wide program.
+int64_t NativeBf16Gemm::SymmetricBlock(const NsGemm& g) {
+  if (!g.symmetric || g.m < kSymmetricBlock + kSymmetricBlock / 2) return 0;
+  const bool a_transposed = g.trans_a || ReadAsSymmetric(g.a);
+  if (!a_transposed || g.a.ld != g.k || g.n != g.m) return 0;
+  const int64_t parts = (g.m + kSymmetricBlock - 1) / kSymmetricBlock;
+  return ((g.m + parts - 1) / parts + 31) / 32 * 32;  // AMX tiles: multiples of 32
+}
+
+// Block (I, J) of D, rows x cols, into a dense block (leading dimension rows).
+NativeBf16Gemm::Key NativeBf16Gemm::BlockKey(const NsGemm& g, int64_t rows, int64_t cols,
+                                             float alpha, float beta) {
+  return Key{true, g.trans_b && !ReadAsSymmetric(g.b), rows, cols, g.k, g.a.ld, g.b.ld, rows,
+             alpha, beta};
+}
+
+absl::StatusOr<NativeBf16Gemm::Entry*> NativeBf16Gemm::Find(const NsGemm& g, const Key& key) {
   for (Entry& e : impl_->cache) {
     if (e.key == key) return &e;
   }
@@ -200,29 +261,32 @@ absl::StatusOr<NativeBf16Gemm::Entry*> NativeBf16Gemm::Find(const NsGemm& g, flo
   if (!status.ok()) {
     Destroy(built);
     return absl::Status(status.code(),
-                        absl::StrCat("Newton-Schulz ", g.name, " product (bf16, ", g.m, " x ", g.n,
-                                     " x ", g.k, "): ", status.message()));
+                        absl::StrCat("Newton-Schulz ", g.name, " product (bf16, ", key.m, " x ",
+                                     key.n, " x ", key.k, "): ", status.message()));
   }
   impl_->cache.push_back(built);
   return &impl_->cache.back();
 }
 
 absl::Status NativeBf16Gemm::Prepare(const NsGemm& g, float alpha, float beta) {
-  return Find(g, alpha, beta).status();
+  const int64_t bs = SymmetricBlock(g);
+  if (bs == 0) return Find(g, WholeKey(g, alpha, beta)).status();
+  const int64_t last = g.m - (g.m - 1) / bs * bs;  // the last block's width
+  for (int64_t rows : {bs, last}) {
+    for (int64_t cols : {bs, last}) {
+      MUON_RETURN_IF_ERROR(Find(g, BlockKey(g, rows, cols, alpha, beta)).status());
+    }
+  }
+  return impl_->block.Get(static_cast<size_t>(bs * bs) * sizeof(uint16_t)).status();
 }
 
-absl::Status NativeBf16Gemm::Run(const NsGemm& g, float alpha, float beta,
-                                 uint16_t* const* buffers) {
-  absl::StatusOr<Entry*> found = Find(g, alpha, beta);
+absl::Status NativeBf16Gemm::Execute(const NsGemm& g, const Key& key, const uint16_t* a,
+                                     const uint16_t* b, uint16_t* d) {
+  absl::StatusOr<Entry*> found = Find(g, key);
   if (!found.ok()) return found.status();
   Entry* entry = *found;
-  uint16_t* a = buffers[static_cast<int>(g.a.buffer)];
-  uint16_t* b = buffers[static_cast<int>(g.b.buffer)];
-  const uint16_t* c = buffers[static_cast<int>(g.c.buffer)];
-  uint16_t* d = buffers[static_cast<int>(g.d.buffer)];
-  if (beta != 0.0f) std::copy(c, c + g.d.ld * g.n, d);  // the sum post-op adds to D
-  MUON_DNNL(dnnl_memory_set_data_handle(entry->src, b));
-  MUON_DNNL(dnnl_memory_set_data_handle(entry->weights, a));
+  MUON_DNNL(dnnl_memory_set_data_handle(entry->src, const_cast<uint16_t*>(b)));
+  MUON_DNNL(dnnl_memory_set_data_handle(entry->weights, const_cast<uint16_t*>(a)));
   MUON_DNNL(dnnl_memory_set_data_handle(entry->dst, d));
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, entry->src},
                             {DNNL_ARG_WEIGHTS, entry->weights},
@@ -237,6 +301,40 @@ absl::Status NativeBf16Gemm::Run(const NsGemm& g, float alpha, float beta,
   }
   MUON_DNNL(dnnl_primitive_execute(entry->primitive, impl_->stream, nargs, args));
   MUON_DNNL(dnnl_stream_wait(impl_->stream));
+  return absl::OkStatus();
+}
+
+absl::Status NativeBf16Gemm::Run(const NsGemm& g, float alpha, float beta,
+                                 uint16_t* const* buffers) {
+  const uint16_t* a = buffers[static_cast<int>(g.a.buffer)];
+  const uint16_t* b = buffers[static_cast<int>(g.b.buffer)];
+  const uint16_t* c = buffers[static_cast<int>(g.c.buffer)];
+  uint16_t* d = buffers[static_cast<int>(g.d.buffer)];
+  const int64_t bs = SymmetricBlock(g);
+  if (bs == 0) {
+    if (beta != 0.0f) std::copy(c, c + g.d.ld * g.n, d);  // the sum post-op adds to D
+    return Execute(g, WholeKey(g, alpha, beta), a, b, d);
+  }
+  // D and C symmetric: the blocks on and above the diagonal, each multiplied
+  // over the whole k as the product would, into a dense block, which goes to
+  // its place and, mirrored, to the transposed one.
+  absl::StatusOr<void*> got = impl_->block.Get(static_cast<size_t>(bs * bs) * sizeof(uint16_t));
+  if (!got.ok()) return got.status();
+  auto* block = static_cast<uint16_t*>(*got);
+  const int64_t ld = g.d.ld, lda = g.a.ld, ldb = g.b.ld;
+  const bool b_transposed = g.trans_b && !ReadAsSymmetric(g.b);
+  for (int64_t j0 = 0; j0 < g.m; j0 += bs) {
+    const int64_t cols = std::min(bs, g.m - j0);
+    for (int64_t i0 = 0; i0 <= j0; i0 += bs) {
+      const int64_t rows = std::min(bs, g.m - i0);
+      if (beta != 0.0f) CopyBlock(c + i0 + j0 * ld, ld, rows, cols, block, rows);
+      // op(A)'s rows i0..: columns of the stored A^T; op(B)'s columns j0..
+      MUON_RETURN_IF_ERROR(Execute(g, BlockKey(g, rows, cols, alpha, beta), a + i0 * lda,
+                                   b + (b_transposed ? j0 : j0 * ldb), block));
+      CopyBlock(block, rows, rows, cols, d + i0 + j0 * ld, ld);
+      if (i0 != j0) cpu::TransposeBlockBf16(block, rows, rows, cols, d + j0 + i0 * ld, ld);
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -35,7 +35,10 @@ class NativeBf16Gemm {
   // (`buffers` indexed by NsBuffer): D = alpha op(A) op(B) + beta C, D
   // rounded to bf16. D starts as C when beta is not zero (copied here). The
   // gram and poly buffers must hold symmetric matrices (both triangles): they
-  // are read untransposed whatever the product says.
+  // are read untransposed whatever the product says. A symmetric product
+  // (g.symmetric) at least 768 wide multiplies only the blocks of D on and
+  // above the diagonal (about 512 wide) and mirrors the others: 25% fewer
+  // products at 1024, 37% at 2048, 44% at 4096; D is then exactly symmetric.
   absl::Status Run(const NsGemm& g, float alpha, float beta, uint16_t* const* buffers);
   // Builds what Run(g, alpha, beta, ...) needs (the primitive, the
   // scratchpad) so that it allocates nothing.
@@ -46,7 +49,13 @@ class NativeBf16Gemm {
 
  private:
   struct Impl;
-  absl::StatusOr<Entry*> Find(const NsGemm& g, float alpha, float beta);
+  static Key WholeKey(const NsGemm& g, float alpha, float beta);
+  static int64_t SymmetricBlock(const NsGemm& g);
+  static Key BlockKey(const NsGemm& g, int64_t rows, int64_t cols, float alpha, float beta);
+  absl::StatusOr<Entry*> Find(const NsGemm& g, const Key& key);
+  // D = alpha op(A) op(B) + beta D for the geometry `key`, at these addresses.
+  absl::Status Execute(const NsGemm& g, const Key& key, const uint16_t* a, const uint16_t* b,
+                       uint16_t* d);
   explicit NativeBf16Gemm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -99,6 +99,52 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NativeProducts,
                          ::testing::Values(Shape{5, 3}, Shape{3, 5}, Shape{4, 4}, Shape{17, 40},
                                            Shape{40, 17}, Shape{1, 9}, Shape{64, 64}));
 
+// Symmetric products wide enough to run as blocks (the blocks on and above
+// the diagonal multiplied, the others mirrored): two uneven blocks (800:
+// 416 + 384), three (1100), and the tall program, whose gram runs whole and
+// whose poly runs as blocks. Exact as above.
+TEST(NativeBf16, BlockedSymmetricProductsAreExact) {
+  MUON_REQUIRE_NATIVE();
+  auto gemm = NativeBf16Gemm::Create();
+  ASSERT_NE(gemm, nullptr);
+  const Shape shapes[] = {{800, 1000}, {1100, 1100}, {1000, 800}};
+  for (const Shape& s : shapes) {
+    const NsProgram program = PlanNewtonSchulz(1, s.rows, s.cols);
+    std::mt19937 rng(static_cast<uint32_t>(s.rows + s.cols));
+    std::uniform_int_distribution<int> small(-4, 4);
+    std::vector<std::vector<uint16_t>> bufs = {
+        std::vector<uint16_t>(program.x_elems), std::vector<uint16_t>(program.x_elems),
+        std::vector<uint16_t>(program.gram_elems), std::vector<uint16_t>(program.gram_elems)};
+    for (auto& b : bufs) {
+      for (auto& v : b) v = FloatToBf16Bits(static_cast<float>(small(rng)));
+    }
+    for (int64_t j = 0; j < program.m; ++j) {  // gram symmetric
+      for (int64_t i = 0; i < j; ++i) bufs[2][i * program.m + j] = bufs[2][j * program.m + i];
+    }
+    for (int which = 0; which < 2; ++which) {  // gram, then poly
+      const NsGemm& g = program.iteration[static_cast<size_t>(which)];
+      ASSERT_TRUE(g.symmetric) << g.name;
+      const float alpha = which == 0 ? 1.0f : -2.0f, beta = which == 0 ? 0.0f : 2.0f;
+      if (which == 1) {  // poly reads C: make D's stale contents differ from it
+        std::fill(bufs[3].begin(), bufs[3].end(), FloatToBf16Bits(7.0f));
+      }
+      const std::vector<double> want = Expected(g, alpha, beta, bufs);
+      uint16_t* ptrs[4] = {bufs[0].data(), bufs[1].data(), bufs[2].data(), bufs[3].data()};
+      ASSERT_TRUE(gemm->Prepare(g, alpha, beta).ok());
+      ASSERT_TRUE(gemm->Run(g, alpha, beta, ptrs).ok());
+      const auto& d = bufs[static_cast<int>(g.d.buffer)];
+      for (int64_t j = 0; j < g.n; ++j) {
+        for (int64_t i = 0; i < g.m; ++i) {
+          const int64_t at = j * g.d.ld + i;
+          ASSERT_EQ(d[at], FloatToBf16Bits(static_cast<float>(want[at])))
+              << s.rows << "x" << s.cols << " " << g.name << " at (" << i << ", " << j
+              << "): " << Bf16BitsToFloat(d[at]) << " vs " << want[at];
+        }
+      }
+    }
+  }
+}
+
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.f, 1.f);
@@ -119,7 +165,8 @@ std::vector<float> Orthogonalize(bool native, std::vector<float> u, int64_t rows
 
 TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
   MUON_REQUIRE_NATIVE();
-  const Shape shapes[] = {{96, 160}, {160, 96}, {128, 128}, {7, 300}, {300, 7}, {33, 65}};
+  const Shape shapes[] = {{96, 160}, {160, 96}, {128, 128}, {7, 300},
+                          {300, 7}, {33, 65}, {800, 900}, {900, 800}};
   for (const Shape& s : shapes) {
     const std::vector<float> u = Random(s.rows * s.cols, 7);
     const std::vector<float> native = Orthogonalize(true, u, s.rows, s.cols);
@@ -144,14 +191,16 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
 // must not depend on the thread count (bit for bit).
 TEST(NativeBf16, ResultDoesNotDependOnThreads) {
   MUON_REQUIRE_NATIVE();
-  const std::vector<float> u = Random(256 * 1024, 11);
-  ::setenv("MUON_CPU_THREADS", "1", 1);
-  const std::vector<float> one = Orthogonalize(true, u, 256, 1024);
-  ::setenv("MUON_CPU_THREADS", "3", 1);
-  const std::vector<float> three = Orthogonalize(true, u, 256, 1024);
-  EXPECT_EQ(omp_get_max_threads(), 3);  // the setting took
-  ::unsetenv("MUON_CPU_THREADS");
-  EXPECT_EQ(one, three);
+  for (const Shape& s : {Shape{256, 1024}, Shape{800, 1024}}) {  // whole; in blocks
+    const std::vector<float> u = Random(s.rows * s.cols, 11);
+    ::setenv("MUON_CPU_THREADS", "1", 1);
+    const std::vector<float> one = Orthogonalize(true, u, s.rows, s.cols);
+    ::setenv("MUON_CPU_THREADS", "3", 1);
+    const std::vector<float> three = Orthogonalize(true, u, s.rows, s.cols);
+    EXPECT_EQ(omp_get_max_threads(), 3);  // the setting took
+    ::unsetenv("MUON_CPU_THREADS");
+    EXPECT_EQ(one, three) << s.rows << "x" << s.cols;
+  }
 }
 
 TEST(NativeBf16, EnvironmentTurnsItOff) {
