@@ -162,8 +162,8 @@ inline TpKind TpKindOf(const std::string& name) {
 // count that is a multiple of the layers is spread evenly over every layer
 // (more than one per layer: "layers.<l>.<prefix>.<e>.<last>"). A model whose
 // first D layers are dense (DeepSeek-V3: 3 of 61) lists the dense-only
-// matrices with count D (1 < D < layers); then a count that is a multiple of
-// layers - D is spread over the sparse layers [D, layers).
+// matrices with count D, the smallest count in (1, layers); then a count that
+// is a multiple of layers - D is spread over the sparse layers [D, layers).
 inline bool LoadModel(const std::string& path, Model* model, std::string* error) {
   std::ifstream in(path);
   if (!in) {
@@ -192,7 +192,7 @@ inline bool LoadModel(const std::string& path, Model* model, std::string* error)
   for (const Json& p : params->items) {
     const Json* count = p.Get("count");
     const int64_t n = count ? static_cast<int64_t>(count->number) : 0;
-    if (n > 1 && n < num_layers) dense = static_cast<int>(n);
+    if (n > 1 && n < num_layers && (dense == 0 || n < dense)) dense = static_cast<int>(n);
   }
   // Per layer, in the file's order; whole-model matrices keep their name.
   std::vector<std::vector<Matrix>> per_layer(num_layers);
