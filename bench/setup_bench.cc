@@ -37,7 +37,10 @@
 // printed, never checked against times: this is a benchmark, not a test.
 //
 //   bazel run -c opt //bench:setup_bench -- [--model=NAME] [--ranks=1024,4096]
-//       [--limit=SECONDS] [--models=DIR]
+//       [--limit=SECONDS] [--models=DIR] [--row-by-row]
+//
+// --row-by-row computes the plan's pieces as before boxes
+// (PlanOptions::pieces_row_by_row): the same plan, the old cost.
 #include <malloc.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -379,6 +382,8 @@ void Fail(Figures* f, const std::string& what) {
 
 // Writes a byte to `ready` once the inputs are made (the time limit starts
 // then), and fills *f.
+bool g_row_by_row = false;  // --row-by-row: pieces as before boxes
+
 void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   const int world = mesh.world, me = 0;
   const int experts = ExpertsPerLayer(model);
@@ -418,7 +423,9 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
     ranks.push_back(std::move(d).value());
   }
   const auto t1 = std::chrono::steady_clock::now();
-  auto plan = muon::BuildPlan(ranks, me, muon::PlanOptions());
+  muon::PlanOptions options;
+  options.pieces_row_by_row = g_row_by_row;
+  auto plan = muon::BuildPlan(ranks, me, options);
   const auto t2 = std::chrono::steady_clock::now();
   if (!plan.ok()) return Fail(f, std::string(plan.status().message()));
   const std::vector<muon::RoundTable> tables =
@@ -528,6 +535,8 @@ int main(int argc, char** argv) {
       dir = a.substr(9);
     } else if (a.rfind("--model=", 0) == 0) {
       only = a.substr(8);
+    } else if (a == "--row-by-row") {
+      g_row_by_row = true;
     } else if (a.rfind("--limit=", 0) == 0) {
       limit = std::atof(a.c_str() + 8);
     } else if (a.rfind("--ranks=", 0) == 0) {
@@ -539,7 +548,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--models=DIR] [--model=NAME] [--ranks=N,N,...] [--limit=SECONDS]\n",
+                   "usage: %s [--models=DIR] [--model=NAME] [--ranks=N,N,...] [--limit=SECONDS] "
+                   "[--row-by-row]\n",
                    argv[0]);
       return 2;
     }
