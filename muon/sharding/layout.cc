@@ -64,17 +64,67 @@ std::string Describe(const Placement& p, size_t index) {
   return absl::StrCat("placement ", index, " (", kind, " over group ", p.group, ")");
 }
 
-// ComputePiece, and PieceShape when `with_runs` is false.
+// The runs of the box [lo[k], lo[k] + extent[k]) of each dim k of a tensor
+// of `shape`, in row-major order, each as long as the box allows: the
+// innermost dim the box does not cover whole, with every dim inside it,
+// makes one run per index of the dims outside it. The same runs, merged the
+// same way (Append), as mapping each Shard's slices row by row.
+std::vector<Run> BoxRuns(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
+                         const std::vector<int64_t>& extent) {
+  std::vector<Run> out;
+  const size_t n = shape.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (extent[k] == 0) return out;
+  }
+  // split: the innermost dim not whole; dims after it are whole.
+  size_t split = n;
+  while (split > 0 && extent[split - 1] == shape[split - 1]) --split;
+  if (split == 0) {
+    const int64_t numel = Product(shape, 0, n);
+    if (numel > 0) out.push_back({0, numel});
+    return out;
+  }
+  const size_t d = split - 1;
+  const int64_t inner = Product(shape, d + 1, n);
+  const int64_t length = extent[d] * inner;
+  // Odometer over the dims before d, inside the box.
+  std::vector<int64_t> at(lo.begin(), lo.begin() + d);
+  int64_t count = 1;
+  for (size_t k = 0; k < d; ++k) count *= extent[k];
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t offset = 0;
+    for (size_t k = 0; k < d; ++k) offset = offset * shape[k] + at[k];
+    offset = (offset * shape[d] + lo[d]) * inner;
+    Append(&out, {offset, length});
+    for (size_t k = d; k-- > 0;) {
+      if (++at[k] < lo[k] + extent[k]) break;
+      at[k] = lo[k];
+    }
+  }
+  return out;
+}
+
+// ComputePiece, and PieceShape when `with_runs` is false. Without a
+// FlatRange (and unless `row_by_row`) the Shards only narrow a box of the
+// global tensor, whose runs are made once at the end (BoxRuns); otherwise
+// every placement maps the runs so far, one slice per index of the dims
+// before its own.
 absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
                               const std::vector<int>& coords, const std::string& who,
-                              bool with_runs) {
+                              bool with_runs, bool row_by_row) {
   // No negative dimension, and no product of dimensions below overflows.
   absl::Status shape_ok = CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
   if (!shape_ok.ok()) return shape_ok;
   Piece piece;
   piece.shape = layout.global_shape;
   const int64_t numel = Product(piece.shape, 0, piece.shape.size());
-  if (numel > 0 && with_runs) piece.runs.push_back({0, numel});
+  bool boxed = !row_by_row;
+  for (const Placement& p : layout.placements) {
+    if (p.kind == PlacementKind::kFlatRange) boxed = false;
+  }
+  std::vector<int64_t> box_lo(piece.shape.size(), 0);  // boxed: the box in the global tensor
+  if (numel > 0 && with_runs && !boxed) piece.runs.push_back({0, numel});
   std::vector<bool> used(group_sizes.size(), false);
 
   for (size_t i = 0; i < layout.placements.size(); ++i) {
@@ -153,11 +203,15 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
         }
         const int64_t outer = Product(piece.shape, 0, p.dim);
         const int64_t inner = Product(piece.shape, p.dim + 1, piece.shape.size());
+        piece.shape[p.dim] = b - a;
+        if (boxed) {
+          box_lo[p.dim] += a;
+          continue;  // the runs come from the box at the end
+        }
         // (An empty slice has no runs, however many rows it spans.)
         for (int64_t o = 0; with_runs && (b - a) * inner > 0 && o < outer; ++o) {
           map.Map((o * d + a) * inner, (b - a) * inner, &next);
         }
-        piece.shape[p.dim] = b - a;
         break;
       }
       case PlacementKind::kFlatRange: {
@@ -182,6 +236,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
     }
     piece.runs = std::move(next);
   }
+  if (boxed && with_runs) piece.runs = BoxRuns(layout.global_shape, box_lo, piece.shape);
   piece.numel = Product(piece.shape, 0, piece.shape.size());
   return piece;
 }
@@ -190,12 +245,19 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
 
 absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
                                    const std::vector<int>& coords, const std::string& who) {
-  return Compute(layout, group_sizes, coords, who, /*with_runs=*/true);
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/true, /*row_by_row=*/false);
+}
+
+absl::StatusOr<Piece> ComputePieceRowByRow(const Layout& layout,
+                                           const std::vector<int>& group_sizes,
+                                           const std::vector<int>& coords,
+                                           const std::string& who) {
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/true, /*row_by_row=*/true);
 }
 
 absl::StatusOr<Piece> PieceShape(const Layout& layout, const std::vector<int>& group_sizes,
                                  const std::vector<int>& coords, const std::string& who) {
-  return Compute(layout, group_sizes, coords, who, /*with_runs=*/false);
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/false, /*row_by_row=*/false);
 }
 
 std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, int64_t end) {

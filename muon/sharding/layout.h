@@ -67,6 +67,17 @@ struct Piece {
 absl::StatusOr<Piece> ComputePiece(const Layout& layout, const std::vector<int>& group_sizes,
                                    const std::vector<int>& coords, const std::string& who);
 
+// ComputePiece as it was computed before boxes: each Shard maps the runs so
+// far slice by slice (one slice per index of the dims before its own), so
+// that a Shard of dim 1 makes one run per global row before a later Shard of
+// dim 0 keeps some of them. The same result as ComputePiece, at a cost that
+// grows with the global shape; kept as the reference for tests
+// (PlanOptions::pieces_row_by_row) and for the setup benchmark's "before".
+absl::StatusOr<Piece> ComputePieceRowByRow(const Layout& layout,
+                                           const std::vector<int>& group_sizes,
+                                           const std::vector<int>& coords,
+                                           const std::string& who);
+
 // ComputePiece without the runs (left empty): the same checks, the shape,
 // numel and canonical flag, at a cost that does not grow with the tensor.
 // The registry compares it with the local tensor before computing the runs,

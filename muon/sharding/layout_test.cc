@@ -306,3 +306,99 @@ TEST(Layout, RunCursorMatchesIntersect) {
 
 }  // namespace
 }  // namespace muon
+
+namespace muon {
+namespace {
+
+// The same piece, or the same error, as `want`.
+void ExpectSamePiece(const absl::StatusOr<Piece>& got, const absl::StatusOr<Piece>& want,
+                     const std::string& what) {
+  ASSERT_EQ(got.ok(), want.ok()) << what << ": " << got.status() << " vs " << want.status();
+  if (!got.ok()) {
+    EXPECT_EQ(got.status(), want.status()) << what;
+    return;
+  }
+  EXPECT_EQ(got->runs, want->runs) << what;
+  EXPECT_EQ(got->shape, want->shape) << what;
+  EXPECT_EQ(got->numel, want->numel) << what;
+  EXPECT_EQ(got->canonical, want->canonical) << what;
+}
+
+// Pieces from boxes against pieces row by row (the computation before boxes):
+// every Shard / Replicate composition of up to three placements over groups
+// of 1 to 3 ranks, on 1-D to 3-D shapes with empty, odd and even dims, at
+// every coordinate, and with a FlatRange last (row by row on both paths).
+TEST(Layout, BoxesMatchRowByRow) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {}, {0}, {7}, {6, 4}, {5, 3}, {0, 4}, {4, 0}, {4, 6, 3}, {3, 5, 2}, {2, 1, 6}};
+  std::vector<Placement> kinds;
+  for (int dim = 0; dim < 3; ++dim) {
+    kinds.push_back(Shard(0, dim, ShardSplit::kEven));
+    kinds.push_back(Shard(0, dim, ShardSplit::kChunk));
+    kinds.push_back(Shard(0, dim, ShardSplit::kSizes));
+  }
+  kinds.push_back(Replicate(0));
+  const std::vector<int> group_sizes = {2, 3, 1};
+  int compared = 0;
+  for (const auto& shape : shapes) {
+    // Sequences of 0 to 3 placements, over groups 0, 1, 2 in turn.
+    std::vector<std::vector<int>> seqs = {{}};
+    for (size_t len = 1; len <= 3; ++len) {
+      std::vector<int> idx(len, 0);
+      while (true) {
+        seqs.push_back(idx);
+        size_t k = 0;
+        while (k < len && ++idx[k] == static_cast<int>(kinds.size())) idx[k++] = 0;
+        if (k == len) break;
+      }
+    }
+    for (const auto& seq : seqs) {
+      for (int flat = 0; flat < 2; ++flat) {
+        Layout l;
+        l.global_shape = shape;
+        for (size_t i = 0; i < seq.size(); ++i) {
+          Placement p = kinds[seq[i]];
+          p.group = static_cast<int>(i);
+          if (p.kind == PlacementKind::kShard && p.split == ShardSplit::kSizes) {
+            // Uneven sizes that add up where the dim is 0..7 long (else an error).
+            const int n = group_sizes[i];
+            for (int k = 0; k < n; ++k) p.sizes.push_back(k == n - 1 ? 0 : 1);
+          }
+          l.placements.push_back(p);
+        }
+        if (flat) l.placements.push_back(Flat(static_cast<int>(seq.size()), 1, 2));
+        std::vector<int> sizes(group_sizes.begin(), group_sizes.begin() + seq.size());
+        if (flat) sizes.push_back(1);
+        std::vector<int> coords(sizes.size(), 0);
+        while (true) {
+          const std::string what = ::testing::PrintToString(shape) + " seq " +
+                                   ::testing::PrintToString(seq) + " flat " +
+                                   std::to_string(flat) + " at " +
+                                   ::testing::PrintToString(coords);
+          ExpectSamePiece(ComputePiece(l, sizes, coords, "w"),
+                          ComputePieceRowByRow(l, sizes, coords, "w"), what);
+          ++compared;
+          size_t k = 0;
+          while (k < coords.size() && ++coords[k] == sizes[k]) coords[k++] = 0;
+          if (k == coords.size()) break;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 10000);
+}
+
+// A row-parallel piece under FSDP is one run per kept row, from a box.
+TEST(Layout, RowParallelUnderFsdpIsOneRunPerKeptRow) {
+  const Layout l{{64, 32}, {Shard(0, 1), Shard(1, 0, ShardSplit::kChunk)}};
+  for (int t = 0; t < 4; ++t) {
+    for (int f = 0; f < 8; ++f) {
+      const Piece p = MustCompute(l, {4, 8}, {t, f});
+      ASSERT_EQ(p.runs.size(), 8u);
+      EXPECT_EQ(Indices(p), Box(32, 8 * f, 8, 8 * t, 8));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muon

@@ -184,8 +184,9 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
       const RankParamDesc& d = r.params[i];
       if (d.custom_owner >= 0 || d.zero2) continue;
       PlanParam& pp = plan.params[index[d.name]];
-      auto piece = ComputePiece(d.layout, sizes, coords,
-                                absl::StrCat("param '", d.name, "' on rank ", r.world_rank));
+      const std::string who = absl::StrCat("param '", d.name, "' on rank ", r.world_rank);
+      auto piece = options.pieces_row_by_row ? ComputePieceRowByRow(d.layout, sizes, coords, who)
+                                             : ComputePiece(d.layout, sizes, coords, who);
       if (!piece.ok()) return piece.status();
       if (r.world_rank == my_rank) {
         pp.local = static_cast<int>(i);

@@ -43,6 +43,9 @@ struct PlanOptions {
   bool async_parallelism = true;
   int64_t round_bytes = int64_t{256} << 20;
   int ns_steps = 5;
+  // Pieces computed row by row (ComputePieceRowByRow) instead of from boxes:
+  // the same plan, the old cost; for tests and the setup benchmark.
+  bool pieces_row_by_row = false;
 };
 
 struct Holder {

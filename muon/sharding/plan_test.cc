@@ -196,3 +196,106 @@ TEST(Plan, ZeroTwoAndCustomPathParamsStayOutOfTheUnits) {
 
 }  // namespace
 }  // namespace muon
+
+namespace muon {
+namespace {
+
+// A pipeline job on inner x stages x fsdp ranks (rank = (f * stages + s) *
+// inner + i), groups 1 = inner (TP or EP), 2 = FSDP, as the setup benchmark
+// lays out Llama (TP: column and row parallel, a replicated router, one
+// layer per stage) and DeepSeek (EP: dense matrices replicated over EP,
+// experts on their EP rank only). Every matrix is sharded over FSDP.
+std::vector<RankDesc> PipelineJob(bool expert_parallel, int inner, int stages, int fsdp) {
+  const int world = inner * stages * fsdp;
+  std::vector<RankDesc> ranks;
+  for (int r = 0; r < world; ++r) {
+    const int i = r % inner, s = (r / inner) % stages, f = r / (inner * stages);
+    std::vector<int> in_group, fsdp_group;
+    for (int k = 0; k < inner; ++k) in_group.push_back((f * stages + s) * inner + k);
+    for (int k = 0; k < fsdp; ++k) fsdp_group.push_back((k * stages + s) * inner + i);
+    std::vector<ParamSpec> params;
+    const std::string layer = "layers." + std::to_string(s) + ".";
+    const auto chunk = Shard(2, 0, ShardSplit::kChunk);
+    if (!expert_parallel) {
+      params.push_back({layer + "qkv", {24, 10}, {Shard(1, 0), chunk}});
+      params.push_back({layer + "o_proj", {10, 8 * inner}, {Shard(1, 1), chunk}});
+      params.push_back({layer + "down_proj", {13, 4 * inner}, {Shard(1, 1), chunk}});
+      params.push_back({layer + "router", {5, 6}, {Replicate(1), chunk}});
+    } else {
+      params.push_back({layer + "attn", {9, 12}, {Replicate(1), chunk}});
+      for (int e = 0; e < 2 * inner; ++e) {
+        if (e / 2 != i) continue;  // two experts per EP rank
+        const std::string x = layer + "experts." + std::to_string(e) + ".";
+        params.push_back({x + "up", {7, 5}, {chunk}});
+        params.push_back({x + "down", {5, 7}, {chunk}});
+      }
+    }
+    ranks.push_back(DescribeRank(r, world, {in_group, fsdp_group}, params));
+  }
+  return ranks;
+}
+
+// Pieces from boxes give the plan that pieces row by row gave: the same
+// holders and runs, units, owners, rounds and digest, on every rank.
+TEST(Plan, BoxedPiecesGiveTheRowByRowPlan) {
+  struct Case {
+    bool ep;
+    int inner, stages, fsdp;
+  };
+  for (const Case& c : {Case{false, 2, 2, 3}, Case{false, 4, 3, 2}, Case{false, 2, 1, 5},
+                        Case{true, 4, 2, 2}, Case{true, 2, 3, 3}}) {
+    const auto ranks = PipelineJob(c.ep, c.inner, c.stages, c.fsdp);
+    PlanOptions old_way;
+    old_way.pieces_row_by_row = true;
+    old_way.round_bytes = 512;  // several rounds
+    PlanOptions new_way = old_way;
+    new_way.pieces_row_by_row = false;
+    for (int me = 0; me < static_cast<int>(ranks.size()); ++me) {
+      const Plan a = MustBuild(ranks, me, old_way), b = MustBuild(ranks, me, new_way);
+      SCOPED_TRACE(testing::Message() << (c.ep ? "EP " : "TP ") << c.inner << " x PP "
+                                      << c.stages << " x FSDP " << c.fsdp << ", rank " << me);
+      EXPECT_EQ(a.digest, b.digest);
+      EXPECT_EQ(a.rounds, b.rounds);
+      ASSERT_EQ(a.params.size(), b.params.size());
+      for (size_t p = 0; p < a.params.size(); ++p) {
+        EXPECT_EQ(a.params[p].name, b.params[p].name);
+        EXPECT_EQ(a.params[p].local, b.params[p].local);
+        EXPECT_EQ(a.params[p].local_holder, b.params[p].local_holder);
+        ASSERT_EQ(a.params[p].holders.size(), b.params[p].holders.size());
+        for (size_t h = 0; h < a.params[p].holders.size(); ++h) {
+          const Holder &x = a.params[p].holders[h], &y = b.params[p].holders[h];
+          EXPECT_EQ(x.rank, y.rank);
+          EXPECT_EQ(x.piece.runs, y.piece.runs);
+          EXPECT_EQ(x.piece.shape, y.piece.shape);
+          EXPECT_EQ(x.piece.canonical, y.piece.canonical);
+        }
+      }
+      ASSERT_EQ(a.units.size(), b.units.size());
+      for (size_t u = 0; u < a.units.size(); ++u) {
+        EXPECT_EQ(a.units[u].param, b.units[u].param);
+        EXPECT_EQ(a.units[u].index, b.units[u].index);
+        EXPECT_EQ(a.units[u].owner, b.units[u].owner);
+        EXPECT_EQ(a.units[u].round, b.units[u].round);
+        EXPECT_EQ(a.units[u].senders, b.units[u].senders);
+        EXPECT_EQ(a.units[u].receivers, b.units[u].receivers);
+      }
+    }
+  }
+}
+
+// An inconsistent layout fails with the same error both ways.
+TEST(Plan, BoxedPiecesGiveTheRowByRowErrors) {
+  auto ranks = PipelineJob(false, 2, 2, 3);
+  // Rank 5 shards o_proj's rows where the others shard its columns.
+  for (RankParamDesc& d : ranks[5].params) {
+    if (d.name.find("o_proj") != std::string::npos) d.layout.placements[0].dim = 0;
+  }
+  PlanOptions old_way;
+  old_way.pieces_row_by_row = true;
+  const std::string want = Error(ranks, old_way);
+  EXPECT_EQ(Error(ranks, PlanOptions()), want);
+  EXPECT_TRUE(Has(want, "o_proj")) << want;
+}
+
+}  // namespace
+}  // namespace muon

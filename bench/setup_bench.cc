@@ -1,0 +1,637 @@
+// Setup benchmark: what one rank spends on the distributed engine's first
+// step at frontier scale (issue 14), as the code does it today.
+//
+// For each model x layout x rank count it makes every rank's description
+// (muon::RankDesc, what a rank registered: a stage's parameters only on that
+// stage's ranks, an expert only on its EP rank), frames each as the handshake
+// does (a settings fingerprint, then SerializeRankDesc) and lays them out as
+// the world all_gather would deliver them (padded to the longest). Then, for
+// one rank (rank 0), it times what AgreePlan does with that buffer (splitting
+// it, checking fingerprints, ParseRankDesc for every rank), muon::BuildPlan
+// (balanced assignment) and muon::BuildRoundTables, and prints:
+//
+//   handshake MiB   bytes this rank receives in the handshake's all_gathers:
+//                   group members (4 B per member of each group), message
+//                   sizes (8 B per rank), the padded messages, the verdicts
+//                   (16 B per rank)
+//   setup s         parse + BuildPlan + BuildRoundTables, wall clock
+//   setup MiB       the peak of live heap bytes during those steps, above
+//                   what was live before, the received buffer included:
+//                   this binary replaces operator new / delete and counts
+//                   malloc_usable_size of every block (allocations through
+//                   operator new only; the library's containers all are)
+//   runs            global runs in all the plan's pieces (every rank's piece
+//                   of every matrix is computed by every rank)
+//   NS max÷mean     Newton-Schulz work of the busiest rank over the mean of
+//                   all ranks, from the plan's owners; and within a stage
+//                   (its busiest rank over its ranks' mean, the worst stage)
+//   matrices/rank   Muon matrices per rank (all stages together; a stage
+//                   has about 1/16 of both)
+//   moved÷bound     bytes a rank moves per step (from its round tables) over
+//                   the least any plan with the same owners moves (from the
+//                   layout alone, computed here without the library), the
+//                   largest of ranks 0, world/2 and world-1
+//
+// Each configuration runs in a child process; one whose setup runs past
+// --limit seconds (60) is stopped and printed as "> 60 s (stopped)", and the
+// larger rank counts of that model and layout are not run. Figures are
+// printed, never checked against times: this is a benchmark, not a test.
+//
+//   bazel run -c opt //bench:setup_bench -- [--model=NAME] [--ranks=1024,4096]
+//       [--limit=SECONDS] [--models=DIR] [--row-by-row]
+//
+// --row-by-row computes the plan's pieces as before boxes
+// (PlanOptions::pieces_row_by_row): the same plan, the old cost.
+#include <malloc.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "bench/model_file.h"
+#include "muon/common/dtype.h"
+#include "muon/sharding/exchange.h"
+#include "muon/sharding/handshake.h"
+#include "muon/sharding/layout.h"
+#include "muon/sharding/plan.h"
+
+// ---------------------------------------------------------------------------
+// Live heap bytes through operator new, and their peak.
+
+namespace {
+std::atomic<int64_t> g_live{0};
+std::atomic<int64_t> g_peak{0};
+
+void* Counted(void* p) {
+  if (p == nullptr) return nullptr;
+  const int64_t now =
+      g_live.fetch_add(static_cast<int64_t>(malloc_usable_size(p)), std::memory_order_relaxed) +
+      static_cast<int64_t>(malloc_usable_size(p));
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  return p;
+}
+
+void Uncounted(void* p) {
+  if (p == nullptr) return;
+  g_live.fetch_sub(static_cast<int64_t>(malloc_usable_size(p)), std::memory_order_relaxed);
+  std::free(p);
+}
+
+void* Allocate(size_t n) {
+  void* p = Counted(std::malloc(n == 0 ? 1 : n));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void* AllocateAligned(size_t n, std::align_val_t a) {
+  const size_t align = static_cast<size_t>(a);
+  const size_t size = (n + align - 1) / align * align;
+  void* p = Counted(std::aligned_alloc(align, size == 0 ? align : size));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(size_t n) { return Allocate(n); }
+void* operator new[](size_t n) { return Allocate(n); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  return Counted(std::malloc(n == 0 ? 1 : n));
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  return Counted(std::malloc(n == 0 ? 1 : n));
+}
+void* operator new(size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
+void* operator new[](size_t n, std::align_val_t a) { return AllocateAligned(n, a); }
+void operator delete(void* p) noexcept { Uncounted(p); }
+void operator delete[](void* p) noexcept { Uncounted(p); }
+void operator delete(void* p, size_t) noexcept { Uncounted(p); }
+void operator delete[](void* p, size_t) noexcept { Uncounted(p); }
+void operator delete(void* p, std::align_val_t) noexcept { Uncounted(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { Uncounted(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { Uncounted(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { Uncounted(p); }
+
+namespace {
+
+using bench::LoadModel;
+using bench::Matrix;
+using bench::Model;
+using bench::TpKind;
+
+// ---------------------------------------------------------------------------
+// Layouts with pipeline stages, on `world` ranks, coordinates innermost
+// first: rank r is at (r % inner, (r / inner) % stages, r / (inner * stages)).
+//
+//   TP t x PP p x FSDP f   groups: 0 = TP (the inner ranks of one stage and
+//                          FSDP index), 1 = FSDP (the ranks of one stage and
+//                          TP index). A matrix lives on its layer's stage:
+//                          Shard(TP, dim 0 or 1, even), or Replicate(TP) for
+//                          a router, then Shard(FSDP, dim 0, chunk).
+//   EP e x PP p x FSDP f   groups: 0 = EP, 1 = FSDP. A dense matrix:
+//                          Replicate(EP), then Shard(FSDP, dim 0, chunk); a
+//                          routed expert only on its EP rank (experts split
+//                          into e contiguous blocks), Shard(FSDP, dim 0, chunk).
+//
+// Layer l is on stage l * p / layers (contiguous, within one layer of even);
+// a whole-model matrix on stage 0. Only the ranks of a stage register its
+// matrices: that is how a pipeline stage is expressed to the library (every
+// rank describes what it registered; the plan's holders of a matrix are the
+// ranks that registered it, and only their pieces must tile it).
+
+enum class Scheme { kTpPpFsdp, kEpPpFsdp };
+
+struct Mesh {
+  Scheme scheme = Scheme::kTpPpFsdp;
+  int world = 1;
+  int inner = 1;   // TP or EP
+  int stages = 1;  // PP
+  int fsdp() const { return world / (inner * stages); }
+  int In(int r) const { return r % inner; }
+  int Stage(int r) const { return (r / inner) % stages; }
+  int Fsdp(int r) const { return r / (inner * stages); }
+  int Rank(int in, int stage, int f) const { return (f * stages + stage) * inner + in; }
+  std::string Name() const {
+    return std::string(scheme == Scheme::kTpPpFsdp ? "TP " : "EP ") + std::to_string(inner) +
+           " x PP " + std::to_string(stages) + " x FSDP " + std::to_string(fsdp());
+  }
+};
+
+int StageOf(const Matrix& m, const Model& model, const Mesh& mesh) {
+  if (m.layer < 0) return 0;
+  return static_cast<int>(static_cast<int64_t>(m.layer) * mesh.stages / model.layers);
+}
+
+// The experts of a layer (the largest index + 1 of its experts).
+int ExpertsPerLayer(const Model& model) {
+  int n = 0;
+  for (const Matrix& m : model.matrices) n = std::max(n, m.expert + 1);
+  return n;
+}
+
+// The EP rank of an expert, or -1 for a dense matrix (held by every EP rank).
+int EpRankOf(const Matrix& m, const Mesh& mesh, int experts) {
+  if (mesh.scheme != Scheme::kEpPpFsdp || m.expert < 0) return -1;
+  return m.expert / std::max(1, experts / mesh.inner);
+}
+
+muon::Placement Shard(int group, int dim, muon::ShardSplit split) {
+  muon::Placement p;
+  p.kind = muon::PlacementKind::kShard;
+  p.group = group;
+  p.dim = dim;
+  p.split = split;
+  return p;
+}
+
+muon::Placement Replicate(int group) {
+  muon::Placement p;
+  p.kind = muon::PlacementKind::kReplicate;
+  p.group = group;
+  return p;
+}
+
+// What rank r sends in the handshake.
+muon::RankDesc Describe(const Model& model, const Mesh& mesh, int experts, int r) {
+  muon::RankDesc d;
+  d.world_rank = r;
+  std::vector<int> inner, fsdp;
+  for (int i = 0; i < mesh.inner; ++i) inner.push_back(mesh.Rank(i, mesh.Stage(r), mesh.Fsdp(r)));
+  for (int f = 0; f < mesh.fsdp(); ++f) fsdp.push_back(mesh.Rank(mesh.In(r), mesh.Stage(r), f));
+  d.groups = {inner, fsdp};
+  for (const Matrix& m : model.matrices) {
+    if (StageOf(m, model, mesh) != mesh.Stage(r)) continue;
+    const int ep = EpRankOf(m, mesh, experts);
+    if (ep >= 0 && ep != mesh.In(r)) continue;
+    muon::RankParamDesc p;
+    p.name = m.name;
+    p.param_dtype = static_cast<uint8_t>(muon::DType::kBF16);
+    p.state_dtype = static_cast<uint8_t>(muon::DType::kF32);
+    p.view = 0;  // MUON_MATRIX_VIEW_2D
+    p.global_shape = {m.rows, m.cols};
+    p.layout.global_shape = p.global_shape;
+    auto& pl = p.layout.placements;
+    if (mesh.scheme == Scheme::kTpPpFsdp) {
+      pl.push_back(m.tp == TpKind::kReplicate
+                       ? Replicate(0)
+                       : Shard(0, m.tp == TpKind::kRow ? 1 : 0, muon::ShardSplit::kEven));
+    } else if (ep < 0) {
+      pl.push_back(Replicate(0));
+    }
+    pl.push_back(Shard(1, 0, muon::ShardSplit::kChunk));
+    d.params.push_back(std::move(p));
+  }
+  return d;
+}
+
+// The same layouts without the library: the rectangle of the global matrix
+// rank r holds (empty where r does not register it), and whether it is the
+// copy that is sent.
+struct Rect {
+  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
+  bool canonical = true;
+  int64_t Area() const { return std::max<int64_t>(0, r1 - r0) * std::max<int64_t>(0, c1 - c0); }
+};
+
+int64_t Overlap(const Rect& a, const Rect& b) {
+  const int64_t rows = std::min(a.r1, b.r1) - std::max(a.r0, b.r0);
+  const int64_t cols = std::min(a.c1, b.c1) - std::max(a.c0, b.c0);
+  return rows > 0 && cols > 0 ? rows * cols : 0;
+}
+
+Rect HeldRect(const Matrix& m, const Model& model, const Mesh& mesh, int experts, int r) {
+  Rect x{0, m.rows, 0, m.cols, true};
+  const int ep = EpRankOf(m, mesh, experts);
+  if (StageOf(m, model, mesh) != mesh.Stage(r) || (ep >= 0 && ep != mesh.In(r))) return Rect{};
+  const int t = mesh.In(r);
+  if (mesh.scheme == Scheme::kTpPpFsdp) {
+    if (m.tp == TpKind::kReplicate) {
+      x.canonical = t == 0;
+    } else if (m.tp == TpKind::kRow) {
+      x.c0 = t * (m.cols / mesh.inner);
+      x.c1 = x.c0 + m.cols / mesh.inner;
+    } else {
+      x.r0 = t * (m.rows / mesh.inner);
+      x.r1 = x.r0 + m.rows / mesh.inner;
+    }
+  } else if (ep < 0) {
+    x.canonical = t == 0;
+  }
+  const int n = mesh.fsdp(), k = mesh.Fsdp(r);
+  const int64_t d = x.r1 - x.r0, chunk = (d + n - 1) / n;
+  const int64_t a = std::min(d, k * chunk), b = std::min(d, a + chunk);
+  x.r1 = x.r0 + b;
+  x.r0 = x.r0 + a;
+  return x;
+}
+
+// The ranks that may hold a piece of m (its stage's, its EP rank's).
+std::vector<int> Candidates(const Matrix& m, const Model& model, const Mesh& mesh, int experts) {
+  std::vector<int> out;
+  const int s = StageOf(m, model, mesh), ep = EpRankOf(m, mesh, experts);
+  for (int f = 0; f < mesh.fsdp(); ++f) {
+    for (int i = 0; i < mesh.inner; ++i) {
+      if (ep < 0 || i == ep) out.push_back(mesh.Rank(i, s, f));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+constexpr int kStateBytes = 4;  // fp32 momentum, gathered to the owner
+constexpr int kNsBytes = 2;     // bf16 Newton-Schulz output, scattered back
+
+template <typename SpanT>
+int64_t PeerBytes(const std::vector<std::vector<SpanT>>& per_peer, int me) {
+  int64_t n = 0;
+  for (size_t p = 0; p < per_peer.size(); ++p) {
+    if (static_cast<int>(p) == me) continue;  // a rank's own elements do not move
+    for (const SpanT& s : per_peer[p]) n += s.length * static_cast<int64_t>(muon::SizeOf(s.wire));
+  }
+  return n;
+}
+
+int64_t MovedBytes(const std::vector<muon::RoundTable>& tables, int r) {
+  int64_t n = 0;
+  for (const muon::RoundTable& t : tables) {
+    n += PeerBytes(t.gather_send, r) + PeerBytes(t.scatter_send, r) +
+         PeerBytes(t.gather_recv, r) + PeerBytes(t.scatter_recv, r);
+  }
+  return n;
+}
+
+// The least bytes rank `me` moves per step with the plan's owners: as owner
+// it receives every element it does not hold once (from the copy that is
+// sent) and sends the result to every other copy; as a holder it sends its
+// canonical elements the owner lacks and receives its elements' result.
+// Also checks that every owner holds a piece of its matrix.
+int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon::Plan& plan,
+                   int me, std::string* error) {
+  std::map<std::string, const Matrix*> by_name;
+  for (const Matrix& m : model.matrices) by_name[m.name] = &m;
+  int64_t bytes = 0;
+  for (const muon::Unit& u : plan.units) {
+    const std::string& name = plan.params[u.param].name;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      *error = "the plan has a matrix '" + name + "' the model does not";
+      return -1;
+    }
+    const Matrix& m = *it->second;
+    const int o = u.owner;
+    const Rect owner = HeldRect(m, model, mesh, experts, o);
+    if (owner.Area() == 0) {
+      *error = "matrix '" + name + "' was given to rank " + std::to_string(o) +
+               ", which holds none of it";
+      return -1;
+    }
+    auto pair_bytes = [&](int r) {
+      const Rect x = HeldRect(m, model, mesh, experts, r);
+      int64_t n = x.Area() * kNsBytes;
+      if (x.canonical) n += (x.Area() - Overlap(x, owner)) * kStateBytes;
+      return n;
+    };
+    if (o == me) {
+      for (int r : Candidates(m, model, mesh, experts)) {
+        if (r != o) bytes += pair_bytes(r);
+      }
+    } else {
+      bytes += pair_bytes(me);
+    }
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------
+// One configuration, measured in a child process.
+
+struct Figures {
+  int64_t handshake_bytes = 0;
+  double parse_s = 0, plan_s = 0, tables_s = 0;
+  int64_t memory = 0;
+  int64_t pieces = 0, runs = 0;
+  double ns_max_over_mean = 0;
+  double ns_stage_max_over_mean = 0;  // within a stage, the worst stage
+  double matrices_per_rank = 0;
+  double moved_over_bound = 0;
+  char error[256] = {0};
+};
+
+std::string Frame(const std::string& fingerprint, const std::string& desc) {
+  std::string out;
+  const uint32_t n = static_cast<uint32_t>(fingerprint.size());
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);
+  out += fingerprint;
+  out += desc;
+  return out;
+}
+
+void Fail(Figures* f, const std::string& what) {
+  std::snprintf(f->error, sizeof f->error, "%s", what.c_str());
+}
+
+// Writes a byte to `ready` once the inputs are made (the time limit starts
+// then), and fills *f.
+bool g_row_by_row = false;  // --row-by-row: pieces as before boxes
+
+void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
+  const int world = mesh.world, me = 0;
+  const int experts = ExpertsPerLayer(model);
+  // Settings every rank shares (the engine's fingerprint is of this length).
+  const std::string fingerprint(160, 'f');
+  std::vector<std::string> messages(world);
+  int64_t group_members = 0;
+  for (int r = 0; r < world; ++r) {
+    const muon::RankDesc d = Describe(model, mesh, experts, r);
+    if (r == me) {
+      for (const auto& g : d.groups) group_members += static_cast<int64_t>(g.size());
+    }
+    messages[r] = Frame(fingerprint, muon::SerializeRankDesc(d));
+  }
+  size_t longest = 0;
+  for (const std::string& m : messages) longest = std::max(longest, m.size());
+  f->handshake_bytes = 4 * group_members + 8 * int64_t{world} +
+                       static_cast<int64_t>(longest) * world + 16 * int64_t{world};
+  const char go = 1;
+  if (write(ready, &go, 1) != 1) return;
+
+  const int64_t base = g_live.load();
+  g_peak.store(base);
+  const auto t0 = std::chrono::steady_clock::now();
+  // What the all_gather delivers: every message, padded to the longest.
+  std::string all(longest * world, '\0');
+  for (int r = 0; r < world; ++r) all.replace(r * longest, messages[r].size(), messages[r]);
+  // What AgreePlan does with it.
+  std::vector<muon::RankDesc> ranks;
+  for (int r = 0; r < world; ++r) {
+    const std::string msg = all.substr(r * longest, messages[r].size());
+    uint32_t fl = 0;
+    std::memcpy(&fl, msg.data(), 4);
+    if (msg.substr(4, fl) != fingerprint) return Fail(f, "fingerprints differ");
+    auto d = muon::ParseRankDesc(msg.substr(4 + fl), "rank " + std::to_string(r));
+    if (!d.ok()) return Fail(f, std::string(d.status().message()));
+    ranks.push_back(std::move(d).value());
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  muon::PlanOptions options;
+  options.pieces_row_by_row = g_row_by_row;
+  auto plan = muon::BuildPlan(ranks, me, options);
+  const auto t2 = std::chrono::steady_clock::now();
+  if (!plan.ok()) return Fail(f, std::string(plan.status().message()));
+  const std::vector<muon::RoundTable> tables =
+      muon::BuildRoundTables(*plan, me, world, muon::DType::kBF16);
+  const auto t3 = std::chrono::steady_clock::now();
+  f->memory = g_peak.load() - base;
+  f->parse_s = std::chrono::duration<double>(t1 - t0).count();
+  f->plan_s = std::chrono::duration<double>(t2 - t1).count();
+  f->tables_s = std::chrono::duration<double>(t3 - t2).count();
+
+  for (const muon::PlanParam& pp : plan->params) {
+    f->pieces += static_cast<int64_t>(pp.holders.size());
+    for (const muon::Holder& h : pp.holders) f->runs += static_cast<int64_t>(h.piece.runs.size());
+  }
+  std::vector<double> load(world, 0);
+  double total = 0;
+  for (const muon::Unit& u : plan->units) {
+    load[u.owner] += u.flops;
+    total += u.flops;
+  }
+  f->ns_max_over_mean = *std::max_element(load.begin(), load.end()) / (total / world);
+  std::vector<double> stage_max(mesh.stages, 0), stage_total(mesh.stages, 0);
+  for (int r = 0; r < world; ++r) {
+    stage_max[mesh.Stage(r)] = std::max(stage_max[mesh.Stage(r)], load[r]);
+    stage_total[mesh.Stage(r)] += load[r];
+  }
+  for (int s = 0; s < mesh.stages; ++s) {
+    if (stage_total[s] > 0) {
+      f->ns_stage_max_over_mean = std::max(
+          f->ns_stage_max_over_mean, stage_max[s] / (stage_total[s] * mesh.stages / world));
+    }
+  }
+  f->matrices_per_rank = static_cast<double>(plan->units.size()) / world;
+
+  // Moved over the bound on a few ranks (round tables from rank 0's plan
+  // serve any rank: BuildRoundTables finds the rank's entries itself).
+  for (int r : {0, world / 2, world - 1}) {
+    const int64_t moved =
+        MovedBytes(r == me ? tables : muon::BuildRoundTables(*plan, r, world, muon::DType::kBF16),
+                   r);
+    std::string error;
+    const int64_t bound = LowerBound(model, mesh, experts, *plan, r, &error);
+    if (bound < 0) return Fail(f, error);
+    if (moved < bound) return Fail(f, "rank " + std::to_string(r) + " moves less than the bound");
+    f->moved_over_bound =
+        std::max(f->moved_over_bound, bound == 0 ? 1.0 : static_cast<double>(moved) / bound);
+  }
+}
+
+// Runs Measure in a child; false when it ran past `limit` seconds (stopped)
+// or died, with *why.
+bool RunLimited(const Model& model, const Mesh& mesh, double limit, Figures* f, std::string* why) {
+  int ready[2], result[2];
+  if (pipe(ready) != 0 || pipe(result) != 0) {
+    *why = "pipe failed";
+    return false;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t child = fork();
+  if (child == 0) {
+    close(ready[0]);
+    close(result[0]);
+    Figures mine;
+    Measure(model, mesh, ready[1], &mine);
+    const ssize_t n = write(result[1], &mine, sizeof mine);
+    _exit(n == static_cast<ssize_t>(sizeof mine) ? 0 : 1);
+  }
+  close(ready[1]);
+  close(result[1]);
+  char go = 0;
+  const bool started = read(ready[0], &go, 1) == 1;
+  const auto start = std::chrono::steady_clock::now();
+  bool done = false;
+  int status = 0;
+  while (started) {
+    if (waitpid(child, &status, WNOHANG) == child) {
+      done = true;
+      break;
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit) {
+      kill(child, SIGKILL);
+      break;
+    }
+    usleep(20000);
+  }
+  if (!done) waitpid(child, &status, 0);
+  bool ok = false;
+  if (done && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    ok = read(result[0], f, sizeof *f) == static_cast<ssize_t>(sizeof *f);
+  }
+  close(ready[0]);
+  close(result[0]);
+  if (!ok) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "> %.0f s (stopped)", limit);
+    *why = !started ? "the child died making its inputs" : done ? "the child failed" : buf;
+  }
+  return ok;
+}
+
+std::string MiB(int64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(n) / (1 << 20));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = "bench/models";  // under `bazel run`: the runfiles
+  std::string only;
+  std::vector<int> rank_counts = {1024, 4096, 16384};
+  double limit = 60;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--models=", 0) == 0) {
+      dir = a.substr(9);
+    } else if (a.rfind("--model=", 0) == 0) {
+      only = a.substr(8);
+    } else if (a == "--row-by-row") {
+      g_row_by_row = true;
+    } else if (a.rfind("--limit=", 0) == 0) {
+      limit = std::atof(a.c_str() + 8);
+    } else if (a.rfind("--ranks=", 0) == 0) {
+      rank_counts.clear();
+      for (size_t at = 8; at < a.size();) {
+        const size_t comma = std::min(a.find(',', at), a.size());
+        rank_counts.push_back(std::atoi(a.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--models=DIR] [--model=NAME] [--ranks=N,N,...] [--limit=SECONDS] "
+                   "[--row-by-row]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  // (model, scheme, inner): the issue's layouts, then the existing models
+  // with at least one layer per stage.
+  struct Config {
+    const char* model;
+    Scheme scheme;
+    int inner;
+  };
+  const std::vector<Config> configs = {
+      {"llama3-405b", Scheme::kTpPpFsdp, 8}, {"deepseek-v3", Scheme::kEpPpFsdp, 64},
+      {"llama3-70b", Scheme::kTpPpFsdp, 8},  {"llama3-8b", Scheme::kTpPpFsdp, 8},
+      {"mixtral-8x7b", Scheme::kTpPpFsdp, 8},
+  };
+  std::printf(
+      "| model | layout | ranks | matrices | pieces | runs | handshake MiB/rank | setup s "
+      "(parse + plan + tables) | setup MiB/rank (peak) | NS max÷mean: all; worst stage | "
+      "matrices/rank | "
+      "moved÷bound |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (const Config& c : configs) {
+    if (!only.empty() && only != c.model) continue;
+    Model model;
+    std::string error;
+    if (!LoadModel(dir + "/" + c.model + ".json", &model, &error)) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      return 1;
+    }
+    bool stopped = false;
+    for (int world : rank_counts) {
+      const int stages = 16;
+      Mesh mesh{c.scheme, world, c.inner, stages};
+      if (world % (c.inner * stages) != 0) {
+        std::fprintf(stderr, "%s: %d ranks is not a multiple of %d\n", c.model, world,
+                     c.inner * stages);
+        return 2;
+      }
+      if (stopped) {
+        std::printf("| %s | %s | %d | %zu | | | | not run (a smaller size took > %.0f s) | | | | |\n",
+                    model.name.c_str(), mesh.Name().c_str(), world, model.matrices.size(), limit);
+        continue;
+      }
+      Figures f;
+      std::string why;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (!RunLimited(model, mesh, limit, &f, &why)) {
+        stopped = true;
+        std::printf("| %s | %s | %d | %zu | | | | %s | | | | |\n", model.name.c_str(),
+                    mesh.Name().c_str(), world, model.matrices.size(), why.c_str());
+      } else if (f.error[0] != 0) {
+        std::fprintf(stderr, "%s, %s, %d ranks: %s\n", model.name.c_str(), mesh.Name().c_str(),
+                     world, f.error);
+        return 1;
+      } else {
+        std::printf("| %s | %s | %d | %zu | %lld | %lld | %s | %.2f (%.2f + %.2f + %.2f) | %s | "
+                    "%.2f; %.2f | %.2f | %.3f |\n",
+                    model.name.c_str(), mesh.Name().c_str(), world, model.matrices.size(),
+                    static_cast<long long>(f.pieces), static_cast<long long>(f.runs),
+                    MiB(f.handshake_bytes).c_str(), f.parse_s + f.plan_s + f.tables_s, f.parse_s,
+                    f.plan_s, f.tables_s, MiB(f.memory).c_str(), f.ns_max_over_mean,
+                    f.ns_stage_max_over_mean,
+                    f.matrices_per_rank, f.moved_over_bound);
+      }
+      std::fflush(stdout);
+      std::fprintf(stderr, "%s, %s: %.1f s in all\n", model.name.c_str(), mesh.Name().c_str(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  return 0;
+}
