@@ -440,7 +440,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
 
   for (const muon::PlanParam& pp : plan->params) {
     f->pieces += static_cast<int64_t>(pp.holders.size());
-    for (const muon::Holder& h : pp.holders) f->runs += static_cast<int64_t>(h.piece.runs.size());
+    for (const muon::Holder& h : pp.holders) f->runs += muon::RunCount(h.piece.blocks);
   }
   std::vector<double> load(world, 0);
   double total = 0;

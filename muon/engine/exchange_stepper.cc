@@ -18,10 +18,9 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   const int me = world.rank();
   const DType ns_wire = options.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
   s->tables_ = BuildRoundTables(plan, me, world.size(), ns_wire);
-  // The job-wide pieces (one run per row of every rank's piece) are not
-  // needed any more.
+  // The job-wide pieces (every rank's blocks) are not needed any more.
   for (PlanParam& pp : plan.params) {
-    for (Holder& h : pp.holders) std::vector<muon::Run>().swap(h.piece.runs);
+    for (Holder& h : pp.holders) std::vector<muon::RunBlock>().swap(h.piece.blocks);
   }
   s->stats_.matrices_total = static_cast<int64_t>(plan.units.size());
   for (const Unit& u : plan.units) s->stats_.matrices_owned += u.owner == me;

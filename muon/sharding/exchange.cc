@@ -107,16 +107,16 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       if (holders[h].rank == my_rank) mine[p] = static_cast<int>(h);
     }
   }
-  // Each holder's runs, walked once over a parameter's matrices (units come
-  // by parameter, then matrix).
-  std::vector<RunCursor> cursors;
+  // Each holder's blocks, walked once over a parameter's matrices (units
+  // come by parameter, then matrix).
+  std::vector<BlockCursor> cursors;
   int cursors_of = -1;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     const PlanParam& pp = plan.params[u.param];
     if (cursors_of != u.param) {
       cursors.clear();
-      for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.runs);
+      for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.blocks);
       cursors_of = u.param;
     }
     const int my_holder = mine[u.param];

@@ -105,6 +105,51 @@ std::vector<Run> BoxRuns(const std::vector<int64_t>& shape, const std::vector<in
   return out;
 }
 
+// BoxRuns as blocks. With d the innermost dim the box does not cover whole,
+// BoxRuns makes one run per index of the dims before d; along dim d - 1 they
+// are shape[d] * inner apart, so they make one block per index of the dims
+// before d - 1. Runs of different blocks never touch (dim d is not whole), so
+// that the expansion is BoxRuns exactly.
+std::vector<RunBlock> BoxBlocks(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
+                                const std::vector<int64_t>& extent) {
+  std::vector<RunBlock> out;
+  const size_t n = shape.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (extent[k] == 0) return out;
+  }
+  size_t split = n;
+  while (split > 0 && extent[split - 1] == shape[split - 1]) --split;
+  if (split == 0) {
+    const int64_t numel = Product(shape, 0, n);
+    if (numel > 0) out.push_back({0, numel, numel, 1});
+    return out;
+  }
+  const size_t d = split - 1;
+  const int64_t inner = Product(shape, d + 1, n);
+  const int64_t length = extent[d] * inner;
+  if (d == 0) {
+    out.push_back({lo[0] * inner, length, length, 1});
+    return out;
+  }
+  const int64_t pitch = shape[d] * inner;
+  const size_t e = d - 1;  // the blocks' dim: one run per index
+  std::vector<int64_t> at(lo.begin(), lo.begin() + e);
+  int64_t count = 1;
+  for (size_t k = 0; k < e; ++k) count *= extent[k];
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t offset = 0;
+    for (size_t k = 0; k < e; ++k) offset = offset * shape[k] + at[k];
+    offset = ((offset * shape[e] + lo[e]) * shape[d] + lo[d]) * inner;
+    out.push_back({offset, length, pitch, extent[e]});
+    for (size_t k = e; k-- > 0;) {
+      if (++at[k] < lo[k] + extent[k]) break;
+      at[k] = lo[k];
+    }
+  }
+  return out;
+}
+
 // ComputePiece, and PieceShape when `with_runs` is false. Without a
 // FlatRange (and unless `row_by_row`) the Shards only narrow a box of the
 // global tensor, whose runs are made once at the end (BoxRuns); otherwise
@@ -112,7 +157,7 @@ std::vector<Run> BoxRuns(const std::vector<int64_t>& shape, const std::vector<in
 // before its own.
 absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
                               const std::vector<int>& coords, const std::string& who,
-                              bool with_runs, bool row_by_row) {
+                              bool with_runs, bool row_by_row, bool as_blocks = false) {
   // No negative dimension, and no product of dimensions below overflows.
   absl::Status shape_ok = CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
   if (!shape_ok.ok()) return shape_ok;
@@ -236,7 +281,16 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
     }
     piece.runs = std::move(next);
   }
-  if (boxed && with_runs) piece.runs = BoxRuns(layout.global_shape, box_lo, piece.shape);
+  if (boxed && with_runs) {
+    if (as_blocks) {
+      piece.blocks = BoxBlocks(layout.global_shape, box_lo, piece.shape);
+    } else {
+      piece.runs = BoxRuns(layout.global_shape, box_lo, piece.shape);
+    }
+  } else if (with_runs && as_blocks) {
+    piece.blocks = ToBlocks(piece.runs);
+    std::vector<Run>().swap(piece.runs);
+  }
   piece.numel = Product(piece.shape, 0, piece.shape.size());
   return piece;
 }
@@ -253,6 +307,13 @@ absl::StatusOr<Piece> ComputePieceRowByRow(const Layout& layout,
                                            const std::vector<int>& coords,
                                            const std::string& who) {
   return Compute(layout, group_sizes, coords, who, /*with_runs=*/true, /*row_by_row=*/true);
+}
+
+absl::StatusOr<Piece> ComputePieceBlocks(const Layout& layout,
+                                         const std::vector<int>& group_sizes,
+                                         const std::vector<int>& coords, const std::string& who) {
+  return Compute(layout, group_sizes, coords, who, /*with_runs=*/true, /*row_by_row=*/false,
+                 /*as_blocks=*/true);
 }
 
 absl::StatusOr<Piece> PieceShape(const Layout& layout, const std::vector<int>& group_sizes,

@@ -50,8 +50,32 @@ struct Run {
   bool operator==(const Run& o) const { return offset == o.offset && length == o.length; }
 };
 
+// Runs of one length at a fixed pitch, consecutive in local order: run i
+// (0 <= i < count) covers [offset + i * pitch, offset + i * pitch + length).
+// A box of a matrix (rows r0.. of its columns c0..c1) is one block however
+// many rows it has. With count > 1, pitch >= length > 0.
+struct RunBlock {
+  int64_t offset = 0;
+  int64_t length = 0;
+  int64_t pitch = 0;
+  int64_t count = 1;
+  bool operator==(const RunBlock& o) const {
+    return offset == o.offset && length == o.length && pitch == o.pitch && count == o.count;
+  }
+};
+
+// The runs of `blocks`, one by one, in order.
+std::vector<Run> ExpandBlocks(const std::vector<RunBlock>& blocks);
+// Runs grouped into blocks (consecutive runs of one length at one pitch).
+std::vector<RunBlock> ToBlocks(const std::vector<Run>& runs);
+// How many runs `blocks` stand for.
+int64_t RunCount(const std::vector<RunBlock>& blocks);
+
 struct Piece {
   std::vector<Run> runs;         // in local storage order
+  // The same runs as blocks, from ComputePieceBlocks, which leaves `runs`
+  // empty: what the plan holds of every holder's piece.
+  std::vector<RunBlock> blocks;
   std::vector<int64_t> shape;    // the local tensor's shape (1-D after a FlatRange)
   int64_t numel = 0;
   // True when every Replicate placement puts this rank at group rank 0: the
@@ -78,6 +102,13 @@ absl::StatusOr<Piece> ComputePieceRowByRow(const Layout& layout,
                                            const std::vector<int>& coords,
                                            const std::string& who);
 
+// ComputePiece with the runs as blocks (Piece::blocks; Piece::runs left
+// empty). Without a FlatRange, the cost and size do not grow with the rows
+// of the piece: a box of a batch of matrices is one block per matrix.
+absl::StatusOr<Piece> ComputePieceBlocks(const Layout& layout,
+                                         const std::vector<int>& group_sizes,
+                                         const std::vector<int>& coords, const std::string& who);
+
 // ComputePiece without the runs (left empty): the same checks, the shape,
 // numel and canonical flag, at a cost that does not grow with the tensor.
 // The registry compares it with the local tensor before computing the runs,
@@ -99,7 +130,8 @@ std::vector<LocatedRun> Intersect(const std::vector<Run>& runs, int64_t begin, i
 // decreases, over runs in increasing global order (the order every placement
 // gives), costs O(runs + ranges) in all instead of O(runs) per range. A range
 // starting before the last one starts over; runs in another order are
-// searched in full. Keeps a pointer to `runs`.
+// searched in full. Keeps a pointer to `runs`. (The plan walks blocks with
+// BlockCursor; this stays as its reference in tests.)
 class RunCursor {
  public:
   explicit RunCursor(const std::vector<Run>& runs);
@@ -118,12 +150,41 @@ class RunCursor {
   int64_t local_ = 0;  // its position in the local buffer
 };
 
+// RunCursor over blocks (a piece's Piece::blocks): the same answers as a
+// RunCursor over ExpandBlocks(blocks), at a cost per call that grows with the
+// runs it returns, not the runs it passes: a seek jumps over a block's runs
+// by arithmetic. Keeps a pointer to `blocks`.
+class BlockCursor {
+ public:
+  explicit BlockCursor(const std::vector<RunBlock>& blocks);
+  std::vector<LocatedRun> Intersect(int64_t begin, int64_t end);
+  bool Meets(int64_t begin, int64_t end);
+
+ private:
+  void Seek(int64_t begin);
+
+  const std::vector<RunBlock>* blocks_;
+  bool sorted_ = true;       // increasing global offsets, disjoint
+  std::vector<Run> expanded_;  // when not sorted: the runs, searched in full
+  int64_t last_begin_ = 0;
+  size_t block_ = 0;   // the block of the first run that may meet a range
+  int64_t run_ = 0;    // that run within its block
+  int64_t local_ = 0;  // its position in the local buffer
+};
+
 // Checks that the pieces (all copies, canonical or not) of a tensor of
 // `numel` elements are consistent: the canonical ones tile [0, numel) exactly
 // once, and every non-canonical run lies inside it. Errors name `who` and the
 // first overlap or gap.
 absl::Status CheckTiling(const std::vector<const Piece*>& pieces, int64_t numel,
                          const std::string& who);
+
+// CheckTiling over the pieces' blocks (Piece::blocks), with the same errors,
+// without expanding them: a merge of the canonical blocks by offset that,
+// where a few blocks of one pitch tile a whole period (the column pieces of
+// a band of rows), checks one period and jumps over the rest of the band.
+absl::Status CheckTilingBlocks(const std::vector<const Piece*>& pieces, int64_t numel,
+                               const std::string& who);
 
 }  // namespace muon
 

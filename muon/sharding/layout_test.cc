@@ -1,7 +1,9 @@
 #include "muon/sharding/layout.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
+#include <random>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -324,6 +326,66 @@ void ExpectSamePiece(const absl::StatusOr<Piece>& got, const absl::StatusOr<Piec
   EXPECT_EQ(got->canonical, want->canonical) << what;
 }
 
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// A BlockCursor over a piece's blocks answers as a RunCursor over its runs,
+// for the matrices of several sizes in order, and for ranges that go back.
+void ExpectSameCursor(const Piece& p, const std::string& what) {
+  const std::vector<muon::Run> runs = ExpandBlocks(p.blocks);
+  const int64_t numel = p.runs.empty() ? 0 : p.runs.back().offset + p.runs.back().length;
+  for (int64_t per : {1, 2, 3, 5, 6, 18, 100}) {
+    RunCursor want(runs);
+    BlockCursor got(p.blocks);
+    for (int64_t k = 0; k * per <= numel + per; ++k) {
+      EXPECT_EQ(got.Meets(k * per, (k + 1) * per), want.Meets(k * per, (k + 1) * per))
+          << what << " per " << per << " k " << k;
+      EXPECT_TRUE(SameRuns(got.Intersect(k * per, (k + 1) * per),
+                           want.Intersect(k * per, (k + 1) * per)))
+          << what << " per " << per << " k " << k;
+    }
+    EXPECT_TRUE(SameRuns(got.Intersect(1, 4), want.Intersect(1, 4))) << what;
+    EXPECT_EQ(got.Meets(2, 3), want.Meets(2, 3)) << what;
+  }
+}
+
+// CheckTilingBlocks gives CheckTiling's verdict, and its error, on a job's
+// pieces (which tile), without one of them (a gap, unless it held nothing),
+// with one twice (an overlap) and with one made canonical.
+void ExpectSameTiling(const std::vector<Piece>& rows, const std::vector<Piece>& blocks,
+                      int64_t numel, const std::string& what) {
+  auto compare = [&](const std::vector<size_t>& pick, bool all_canonical) {
+    std::vector<Piece> r, b;
+    for (size_t i : pick) {
+      r.push_back(rows[i]);
+      b.push_back(blocks[i]);
+      if (all_canonical) r.back().canonical = b.back().canonical = true;
+    }
+    std::vector<const Piece*> rp, bp;
+    for (const Piece& p : r) rp.push_back(&p);
+    for (const Piece& p : b) bp.push_back(&p);
+    EXPECT_EQ(CheckTilingBlocks(bp, numel, "w"), CheckTiling(rp, numel, "w"))
+        << what << " pieces " << ::testing::PrintToString(pick) << " canonical "
+        << all_canonical;
+  };
+  std::vector<size_t> all;
+  for (size_t i = 0; i < rows.size(); ++i) all.push_back(i);
+  compare(all, false);
+  compare(all, true);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<size_t> without, twice = all;
+    for (size_t j : all) {
+      if (j != i) without.push_back(j);
+    }
+    twice.push_back(i);
+    compare(without, false);
+    compare(twice, false);
+  }
+}
+
 // Pieces from boxes against pieces row by row (the computation before boxes):
 // every Shard / Replicate composition of up to three placements over groups
 // of 1 to 3 ranks, on 1-D to 3-D shapes with empty, odd and even dims, at
@@ -370,22 +432,153 @@ TEST(Layout, BoxesMatchRowByRow) {
         std::vector<int> sizes(group_sizes.begin(), group_sizes.begin() + seq.size());
         if (flat) sizes.push_back(1);
         std::vector<int> coords(sizes.size(), 0);
+        std::vector<Piece> rows, blocks;  // every coordinate's piece, both ways
         while (true) {
           const std::string what = ::testing::PrintToString(shape) + " seq " +
                                    ::testing::PrintToString(seq) + " flat " +
                                    std::to_string(flat) + " at " +
                                    ::testing::PrintToString(coords);
-          ExpectSamePiece(ComputePiece(l, sizes, coords, "w"),
-                          ComputePieceRowByRow(l, sizes, coords, "w"), what);
+          const absl::StatusOr<Piece> want = ComputePieceRowByRow(l, sizes, coords, "w");
+          ExpectSamePiece(ComputePiece(l, sizes, coords, "w"), want, what);
+          // As blocks: the same runs once expanded, and no runs.
+          absl::StatusOr<Piece> got = ComputePieceBlocks(l, sizes, coords, "w");
+          if (got.ok()) {
+            EXPECT_TRUE(got->runs.empty()) << what;
+            got->runs = ExpandBlocks(got->blocks);
+          }
+          ExpectSamePiece(got, want, what);
+          if (want.ok() && got.ok()) {
+            EXPECT_EQ(ExpandBlocks(ToBlocks(want->runs)), want->runs) << what;
+            ExpectSameCursor(*got, what);
+            rows.push_back(*want);
+            blocks.push_back(*got);
+            blocks.back().runs.clear();
+          }
           ++compared;
           size_t k = 0;
           while (k < coords.size() && ++coords[k] == sizes[k]) coords[k++] = 0;
           if (k == coords.size()) break;
         }
+        ExpectSameTiling(rows, blocks, Product(shape), ::testing::PrintToString(shape) +
+                                                           " seq " + ::testing::PrintToString(seq) +
+                                                           " flat " + std::to_string(flat));
       }
     }
   }
   EXPECT_GT(compared, 10000);
+}
+
+// Row-parallel pieces under FSDP, as blocks: one block each, and the tiling
+// check over them (which jumps over whole bands of rows) agrees with the one
+// over runs, also where a rank's column sizes disagree with the others' in
+// the middle of a band.
+TEST(Layout, RowParallelBlocksTileAsRuns) {
+  struct Case {
+    std::vector<int64_t> cols, odd;  // column sizes; those of the one odd rank
+  };
+  for (const Case& c : {Case{{8, 8, 8, 8}, {7, 10, 8, 7}}, Case{{7, 9, 8, 6}, {7, 10, 8, 5}}}) {
+    const int64_t width = c.cols[0] + c.cols[1] + c.cols[2] + c.cols[3];
+    const Layout l{{61, width},
+                   {Shard(0, 1, ShardSplit::kSizes, c.cols), Shard(1, 0, ShardSplit::kChunk)}};
+    const int64_t numel = 61 * width;
+    std::vector<Piece> rows, blocks;
+    for (int f = 0; f < 8; ++f) {
+      for (int t = 0; t < 4; ++t) {
+        auto r = ComputePieceRowByRow(l, {4, 8}, {t, f}, "w");
+        auto b = ComputePieceBlocks(l, {4, 8}, {t, f}, "w");
+        ASSERT_TRUE(r.ok() && b.ok()) << r.status() << b.status();
+        EXPECT_EQ(b->blocks.size(), 1u);
+        EXPECT_EQ(ExpandBlocks(b->blocks), r->runs);
+        rows.push_back(*r);
+        blocks.push_back(*b);
+      }
+    }
+    const std::string what = ::testing::PrintToString(c.cols);
+    std::vector<const Piece*> ptrs;
+    for (const Piece& p : blocks) ptrs.push_back(&p);
+    EXPECT_TRUE(CheckTilingBlocks(ptrs, numel, "w").ok()) << what;
+    ExpectSameTiling(rows, blocks, numel, what);
+    // Rank (1, 5) with other column sizes: its piece overlaps (or leaves a
+    // gap beside) its neighbours' in the middle of a band.
+    Layout odd = l;
+    odd.placements[0].sizes = c.odd;
+    rows[21] = *ComputePieceRowByRow(odd, {4, 8}, {1, 5}, "w");
+    blocks[21] = *ComputePieceBlocks(odd, {4, 8}, {1, 5}, "w");
+    EXPECT_FALSE(CheckTilingBlocks(ptrs, numel, "w").ok()) << what;
+    ExpectSameTiling(rows, blocks, numel, what + " odd");
+  }
+}
+
+// Boxes of a batch of matrices cut at random (guillotine cuts, so that the
+// bands of rows of neighbouring column strips need not line up), some whole
+// rows, some pieces holding several boxes, then spoiled at random (a box
+// dropped, repeated, moved, grown, or a copy that is not canonical):
+// CheckTilingBlocks gives CheckTiling's verdict and error on the runs.
+TEST(Layout, TilingOfRandomBoxesAsRuns) {
+  std::mt19937 rng(7);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
+  int failed = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    const int64_t batch = 1 + pick(2), rows = 1 + pick(12), cols = 1 + pick(8);
+    struct Box {
+      int64_t b, r0, r1, c0, c1;
+    };
+    std::vector<Box> boxes;
+    std::function<void(Box)> cut = [&](Box x) {
+      const bool can_rows = x.r1 - x.r0 > 1, can_cols = x.c1 - x.c0 > 1;
+      if ((!can_rows && !can_cols) || pick(3) == 0) {
+        boxes.push_back(x);
+        return;
+      }
+      if (can_rows && (!can_cols || pick(2) == 0)) {
+        const int64_t at = x.r0 + 1 + pick(x.r1 - x.r0 - 1);
+        cut({x.b, x.r0, at, x.c0, x.c1});
+        cut({x.b, at, x.r1, x.c0, x.c1});
+      } else {
+        const int64_t at = x.c0 + 1 + pick(x.c1 - x.c0 - 1);
+        cut({x.b, x.r0, x.r1, x.c0, at});
+        cut({x.b, x.r0, x.r1, at, x.c1});
+      }
+    };
+    for (int64_t b = 0; b < batch; ++b) cut({b, 0, rows, 0, cols});
+    // Spoil one box, maybe.
+    const int spoil = static_cast<int>(pick(6));
+    const size_t which = static_cast<size_t>(pick(static_cast<int64_t>(boxes.size())));
+    if (spoil == 1) boxes.erase(boxes.begin() + which);
+    if (spoil == 2) boxes.push_back(boxes[which]);
+    if (spoil == 3 && boxes[which].r1 < rows) ++boxes[which].r1;
+    if (spoil == 4 && boxes[which].c0 > 0) --boxes[which].c0;
+    if (spoil == 5 && boxes[which].r0 > 0) --boxes[which].r0, --boxes[which].r1;
+    std::shuffle(boxes.begin(), boxes.end(), rng);
+    std::vector<Piece> as_runs, as_blocks;
+    for (size_t i = 0; i < boxes.size();) {
+      Piece p;
+      p.canonical = pick(10) != 0;
+      const size_t n = 1 + static_cast<size_t>(pick(3));
+      for (size_t k = 0; k < n && i < boxes.size(); ++k, ++i) {
+        const Box& x = boxes[i];
+        const int64_t first = (x.b * rows + x.r0) * cols + x.c0;
+        if (x.c0 == 0 && x.c1 == cols) {
+          p.blocks.push_back({first, (x.r1 - x.r0) * cols, (x.r1 - x.r0) * cols, 1});
+        } else {
+          p.blocks.push_back({first, x.c1 - x.c0, cols, x.r1 - x.r0});
+        }
+      }
+      Piece r = p;
+      r.runs = ExpandBlocks(p.blocks);
+      r.blocks.clear();
+      as_runs.push_back(r);
+      as_blocks.push_back(p);
+    }
+    std::vector<const Piece*> rp, bp;
+    for (const Piece& p : as_runs) rp.push_back(&p);
+    for (const Piece& p : as_blocks) bp.push_back(&p);
+    const absl::Status want = CheckTiling(rp, batch * rows * cols, "w");
+    EXPECT_EQ(CheckTilingBlocks(bp, batch * rows * cols, "w"), want) << "iteration " << iter;
+    failed += !want.ok();
+  }
+  EXPECT_GT(failed, 3000);  // the spoiled ones mostly
+  EXPECT_LT(failed, 17000);
 }
 
 // A row-parallel piece under FSDP is one run per kept row, from a box.

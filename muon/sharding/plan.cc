@@ -186,8 +186,12 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
       PlanParam& pp = plan.params[index[d.name]];
       const std::string who = absl::StrCat("param '", d.name, "' on rank ", r.world_rank);
       auto piece = options.pieces_row_by_row ? ComputePieceRowByRow(d.layout, sizes, coords, who)
-                                             : ComputePiece(d.layout, sizes, coords, who);
+                                             : ComputePieceBlocks(d.layout, sizes, coords, who);
       if (!piece.ok()) return piece.status();
+      if (options.pieces_row_by_row) {
+        piece->blocks = ToBlocks(piece->runs);
+        std::vector<Run>().swap(piece->runs);
+      }
       if (r.world_rank == my_rank) {
         pp.local = static_cast<int>(i);
         pp.local_holder = static_cast<int>(pp.holders.size());
@@ -200,9 +204,9 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     for (const Holder& h : pp.holders) pieces.push_back(&h.piece);
     std::vector<int> who;
     for (const Holder& h : pp.holders) who.push_back(h.rank);
-    auto tiled = CheckTiling(pieces, pp.batch * pp.rows * pp.cols,
-                             absl::StrCat("param '", pp.name, "' (registered on ranks ",
-                                          absl::StrJoin(who, ", "), ")"));
+    auto tiled = CheckTilingBlocks(pieces, pp.batch * pp.rows * pp.cols,
+                                   absl::StrCat("param '", pp.name, "' (registered on ranks ",
+                                                absl::StrJoin(who, ", "), ")"));
     if (!tiled.ok()) return tiled;
   }
 
@@ -211,10 +215,10 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   for (size_t pi = 0; pi < plan.params.size(); ++pi) {
     const PlanParam& pp = plan.params[pi];
     const int64_t per = pp.rows * pp.cols;
-    // The matrices in order: each holder's runs are walked once.
-    std::vector<RunCursor> cursors;
+    // The matrices in order: each holder's blocks are walked once.
+    std::vector<BlockCursor> cursors;
     cursors.reserve(pp.holders.size());
-    for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.runs);
+    for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.blocks);
     for (int64_t k = 0; k < pp.batch; ++k) {
       Unit u;
       u.param = static_cast<int>(pi);

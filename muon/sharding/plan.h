@@ -43,14 +43,15 @@ struct PlanOptions {
   bool async_parallelism = true;
   int64_t round_bytes = int64_t{256} << 20;
   int ns_steps = 5;
-  // Pieces computed row by row (ComputePieceRowByRow) instead of from boxes:
-  // the same plan, the old cost; for tests and the setup benchmark.
+  // Pieces computed row by row (ComputePieceRowByRow, then grouped into
+  // blocks) instead of from boxes: the same plan, the old cost of computing
+  // pieces; for tests and the setup benchmark.
   bool pieces_row_by_row = false;
 };
 
 struct Holder {
   int rank = 0;
-  Piece piece;
+  Piece piece;  // its runs as blocks (Piece::blocks; Piece::runs is empty)
 };
 
 struct PlanParam {
