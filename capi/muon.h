@@ -249,8 +249,9 @@ typedef struct muon_options_t {
                   void* stream);
   void* allocator_ctx;
   /* Nonzero: each parameter's update lives in its gradient's own memory
-   * between the momentum and the apply, instead of an fp32 update buffer per
-   * parameter (4 bytes per parameter element less: the optimizer's memory is
+   * between the momentum and the apply, instead of an update buffer per
+   * parameter in the Newton-Schulz dtype (2 bytes per parameter element less
+   * with ns_dtype BF16, 4 with FP32: the optimizer's memory is
    * then momentum plus one exchange round's working set). The gradients'
    * contents after muon_step are the step's orthogonalized updates (rounded
    * to the gradient's dtype, which holds them exactly: registration refuses

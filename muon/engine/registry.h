@@ -70,7 +70,7 @@ class Registry {
     ns_bf16_ = ns_bf16;
   }
   bool update_in_grad() const { return update_in_grad_; }
-  // Whether param `p`'s update lives in its gradient (else an fp32 buffer).
+  // Whether param `p`'s update lives in its gradient (else an update buffer).
   bool UpdateInGrad(const Param& p) const {
     return update_in_grad_ && !p.custom && p.zero2_group < 0;
   }

@@ -91,11 +91,19 @@ absl::Status Build(Registry& registry, const Options& options,
       s->updates.push_back({p.grad.data, p.grad.dtype});
       continue;
     }
+    // With Newton-Schulz in bf16 an exchange-stepped parameter's buffer is
+    // bf16: it holds the momentum output, which the owner rounds to bf16
+    // before anything else (as torch's .bfloat16() does; rounding here is
+    // the same rounding), then the bf16 orthogonalized update: both exactly,
+    // in half the bytes. Custom-path and ZeRO-2 parameters keep fp32.
+    const bool exchanged = !p.custom && p.zero2_group < 0;
+    const DType dtype =
+        exchanged && options.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
     MUON_ASSIGN_OR_RETURN(
         DeviceBuffer b,
-        DeviceBuffer::Make(registry.device(), static_cast<size_t>(p.numel()) * sizeof(float),
+        DeviceBuffer::Make(registry.device(), static_cast<size_t>(p.numel()) * SizeOf(dtype),
                            absl::StrCat("the update buffer of param '", p.name, "'")));
-    s->updates.push_back({b.data(), DType::kF32});
+    s->updates.push_back({b.data(), dtype});
     s->update_buffers.push_back(std::move(b));
   }
   MUON_ASSIGN_OR_RETURN(s->scalar_buffer,

@@ -20,7 +20,7 @@ namespace muon {
 // What the first step makes, for the optimizer's lifetime.
 struct StepSetup {
   // Per parameter: where its update lives (StepContext::updates), and the
-  // fp32 update buffers of those whose update is not in their gradient.
+  // update buffers of those whose update is not in their gradient.
   std::vector<LocalBuffer> updates;
   std::vector<DeviceBuffer> update_buffers;
 

@@ -31,8 +31,9 @@ struct StepContext {
   std::vector<Param>* params = nullptr;
   // Per parameter (registration order): where its update lives on the
   // device, holding the momentum output before the steppers run and the
-  // orthogonalized update after: an fp32 update buffer, or with
-  // update_in_grad the gradient's own memory (exchange-stepped parameters).
+  // orthogonalized update after: an update buffer (bf16 for an
+  // exchange-stepped parameter when Newton-Schulz is bf16, else fp32), or
+  // with update_in_grad the gradient's own memory (exchange-stepped ones).
   const std::vector<LocalBuffer>* updates = nullptr;
 
   // The fp32 update buffer of a custom-path or ZeRO-2 parameter (those

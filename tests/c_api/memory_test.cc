@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capi/muon.h"
@@ -109,6 +110,31 @@ muon_stats_t Stats(const muon_optimizer_t* opt) {
   muon_stats_init(&s, sizeof s);
   EXPECT_EQ(muon_get_stats(opt, &s), MUON_OK);
   return s;
+}
+
+// An update buffer has the Newton-Schulz dtype: 2 bytes per parameter
+// element in bf16 (the default), 4 in fp32, against the same optimizer with
+// its updates in the gradients (everything else equal).
+TEST(Memory, UpdateBuffersHaveTheNewtonSchulzDtype) {
+  for (const auto& [ns_dtype, bytes] : {std::pair<int, int64_t>{MUON_NS_DTYPE_BF16, 2},
+                                        std::pair<int, int64_t>{MUON_NS_DTYPE_FP32, 4}}) {
+    Matrix a(24, 40), b(64, 16), a2(24, 40), b2(64, 16);
+    muon_optimizer_t* buffered = Create(nullptr, 0, 0, ns_dtype);
+    muon_optimizer_t* in_grad = Create(nullptr, 1, 0, ns_dtype);
+    Register(buffered, a, "a");
+    Register(buffered, b, "b");
+    Register(in_grad, a2, "a");
+    Register(in_grad, b2, "b");
+    ASSERT_EQ(muon_step(buffered, nullptr), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(muon_step(in_grad, nullptr), MUON_OK) << muon_last_error_message();
+    EXPECT_EQ(a.value, a2.value);
+    const muon_stats_t with = Stats(buffered), without = Stats(in_grad);
+    EXPECT_EQ(with.param_elements, 24 * 40 + 64 * 16);
+    EXPECT_EQ(with.memory_bytes - without.memory_bytes, bytes * with.param_elements)
+        << "ns_dtype " << ns_dtype;
+    muon_destroy(buffered);
+    muon_destroy(in_grad);
+  }
 }
 
 TEST(Memory, EveryBufferComesFromTheHostsAllocatorAndGoesBack) {
@@ -293,7 +319,9 @@ TEST(UpdateInGrad, StepsAsWithUpdateBuffersInLessMemory) {
     }
   }
   const muon_stats_t mine = Stats(in_grad), theirs = Stats(buffered);
-  EXPECT_EQ(theirs.memory_bytes - mine.memory_bytes, 4 * mine.param_elements);
+  // The buffered optimizer's update buffers are bf16 (Newton-Schulz in bf16,
+  // the default): 2 bytes per parameter element.
+  EXPECT_EQ(theirs.memory_bytes - mine.memory_bytes, 2 * mine.param_elements);
   muon_destroy(in_grad);
   muon_destroy(buffered);
 }
