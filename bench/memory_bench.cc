@@ -82,7 +82,9 @@ bool Measure(int layers, DLDataType type, int update_in_grad) {
     muon_stats_init(&st, sizeof st);
     ok = Check(muon_get_stats(opt, &st), "muon_get_stats");
     const double n = static_cast<double>(st.param_elements);
-    const double update = update_in_grad ? 0.0 : 4.0 * n;
+    // An update buffer has the Newton-Schulz dtype (bf16 with the defaults).
+    const double update_bytes = o.ns_dtype == MUON_NS_DTYPE_BF16 ? 2.0 : 4.0;
+    const double update = update_in_grad ? 0.0 : update_bytes * n;
     const double working = static_cast<double>(st.memory_bytes - st.momentum_bytes) - update;
     std::printf("| %d | %s | %s | %.1f | %.2f | %.2f | %.2f | %.3f | %.1f | %.2f |\n", layers,
                 type.code == kDLBfloat ? "bf16" : "fp32", update_in_grad ? "in grad" : "buffer",
