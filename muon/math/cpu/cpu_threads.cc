@@ -37,21 +37,25 @@ int Cores() {
 
 }  // namespace
 
-int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads) {
+int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads,
+                   int cap) {
   if (override_threads > 0) return override_threads;
   const int sharers = std::max(1, ranks_in_process) * std::max(1, local_world_size);
-  return std::max(1, cores / sharers);
+  const int share = std::max(1, cores / sharers);
+  return cap > 0 ? std::min(share, cap) : share;
 }
 
 int ThreadsPerRankHere() {
   static const int cores = Cores();
   return ThreadsPerRank(cores, live_backends.load(std::memory_order_relaxed),
-                        EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"));
+                        EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"),
+                        EnvCount("OMP_NUM_THREADS"));
 }
 
 int NativeThreadsHere() {
   static const int cores = Cores();
-  return ThreadsPerRank(cores, 1, EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"));
+  return ThreadsPerRank(cores, 1, EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"),
+                        EnvCount("OMP_NUM_THREADS"));
 }
 
 RankShare::RankShare() { live_backends.fetch_add(1, std::memory_order_relaxed); }

@@ -5,8 +5,10 @@
 //   threads per rank = max(1, cores / (ranks in this process x LOCAL_WORLD_SIZE))
 // where the ranks in this process are its live CPU backends (in-process ranks
 // each have one) and LOCAL_WORLD_SIZE (set by torchrun and most launchers) is
-// the number of processes on this machine (1 when unset). MUON_CPU_THREADS=n
-// sets n per rank instead. Without the division every rank's BLAS starts a
+// the number of processes on this machine (1 when unset), capped by
+// OMP_NUM_THREADS when that is a positive integer (the limit torch's own CPU
+// ops keep; torchrun sets 1 with several processes). MUON_CPU_THREADS=n
+// sets n per rank instead of all that. Without the division every rank's BLAS starts a
 // thread per core, and N in-process ranks on C cores run N x C threads.
 #ifndef MUON_MATH_CPU_CPU_THREADS_H_
 #define MUON_MATH_CPU_CPU_THREADS_H_
@@ -15,13 +17,15 @@ namespace muon {
 namespace cpu {
 
 // The rule on given figures: `override_threads` (MUON_CPU_THREADS, 0 when
-// unset) wins when positive.
-int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads);
+// unset) wins when positive; else `cap` (OMP_NUM_THREADS, 0 when unset)
+// bounds the result when positive.
+int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads,
+                   int cap = 0);
 
 // The rule on this process: its cores, its live backends, the environment.
 int ThreadsPerRankHere();
 // oneDNN's threads (bf16 products): the rule without the in-process ranks
-// (cores / LOCAL_WORLD_SIZE, or MUON_CPU_THREADS). oneDNN may split a
+// (cores / LOCAL_WORLD_SIZE, capped by OMP_NUM_THREADS, or MUON_CPU_THREADS). oneDNN may split a
 // product's sums by its thread count, so a count that changed with the
 // number of optimizers alive would change results within one process; with
 // OpenMP's own teams per rank thread, dividing gained nothing measurable.

@@ -22,11 +22,16 @@ TEST(CpuThreads, TheRule) {
   EXPECT_EQ(ThreadsPerRank(64, 2, 8, 0), 4);
   EXPECT_EQ(ThreadsPerRank(64, 0, 0, 0), 64);  // nothing counted: the whole machine
   EXPECT_EQ(ThreadsPerRank(2, 4, 1, 6), 6);    // MUON_CPU_THREADS wins
+  EXPECT_EQ(ThreadsPerRank(2, 4, 1, 6, 1), 6);  // over OMP_NUM_THREADS too
+  EXPECT_EQ(ThreadsPerRank(16, 1, 1, 0, 4), 4);  // OMP_NUM_THREADS caps the share
+  EXPECT_EQ(ThreadsPerRank(16, 4, 1, 0, 8), 4);  // and never raises it
+  EXPECT_EQ(ThreadsPerRank(64, 1, 8, 0, 1), 1);  // torchrun's default of 1
 }
 
 TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
   ::unsetenv("MUON_CPU_THREADS");
   ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("OMP_NUM_THREADS");
   const int alone = ThreadsPerRankHere();
   EXPECT_GE(alone, 1);
   {
@@ -45,9 +50,14 @@ TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
   ::setenv("LOCAL_WORLD_SIZE", "garbage", 1);  // not a count: ignored
   EXPECT_EQ(ThreadsPerRankHere(), alone);
   ::unsetenv("LOCAL_WORLD_SIZE");
+  ::setenv("OMP_NUM_THREADS", "1", 1);  // the cap, on both
+  EXPECT_EQ(ThreadsPerRankHere(), 1);
+  EXPECT_EQ(NativeThreadsHere(), 1);
   ::setenv("MUON_CPU_THREADS", "3", 1);
   EXPECT_EQ(ThreadsPerRankHere(), 3);
+  EXPECT_EQ(NativeThreadsHere(), 3);
   ::unsetenv("MUON_CPU_THREADS");
+  ::unsetenv("OMP_NUM_THREADS");
 }
 
 TEST(CpuThreads, UseThreadsSetsOpenMpAndOpenBlas) {
