@@ -164,6 +164,7 @@ def main():
     ap.add_argument("--max-size", type=int, default=2048,
                     help="largest square Newton-Schulz size (4096: about a minute per call)")
     ap.add_argument("--no-step", action="store_true")
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
@@ -176,8 +177,9 @@ def main():
         cpu, threads, torch.__version__, np.__version__, time.strftime("%Y-%m-%d")))
     sizes = [s for s in (256, 512, 1024, 2048, 4096) if s <= args.max_size]
     shapes = [(s, s) for s in sizes] + [(1024, 4096), (4096, 1024)]
-    ns_table(shapes, args.reps)
-    bf16_table([(s, s) for s in sizes], args.reps)
+    if not args.no_fp32:
+        ns_table(shapes, args.reps)
+    bf16_table(shapes, args.reps)
     if not args.no_step:
         step_table([("GPT-2 124M", model_shapes("gpt2-124m")),
                     ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2, scale=8))],
