@@ -10,10 +10,19 @@
 namespace muon {
 namespace {
 
+// A span's bytes on the wire, padded to 4: every span starts 4-byte aligned
+// in a send or receive buffer, so a float32 span after a bfloat16 one of odd
+// length is still read and written as floats (on GPUs a misaligned float
+// access faults).
+template <typename SpanT>
+size_t WireBytes(const SpanT& s) {
+  return (static_cast<size_t>(s.length) * SizeOf(s.wire) + 3) & ~size_t{3};
+}
+
 template <typename SpanT>
 size_t Bytes(const std::vector<SpanT>& spans) {
   size_t n = 0;
-  for (const auto& s : spans) n += static_cast<size_t>(s.length) * SizeOf(s.wire);
+  for (const auto& s : spans) n += WireBytes(s);
   return n;
 }
 
@@ -224,7 +233,7 @@ std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
       const LocalBuffer b = base(s);
       ops.push_back({static_cast<const unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), at,
                      s.length, b.dtype, s.wire, DType::kF32});
-      at += s.length * SizeOf(s.wire);
+      at += WireBytes(s);
     }
   }
   return ops;
@@ -241,7 +250,7 @@ std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
       const LocalBuffer b = base(s);
       ops.push_back({at, static_cast<unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), s.length,
                      s.wire, b.dtype, DType::kF32});
-      at += s.length * SizeOf(s.wire);
+      at += WireBytes(s);
     }
   }
   return ops;

@@ -147,5 +147,46 @@ TEST(BoundExchange, OneRankMovesAndConvertsThroughItsBuffers) {
   EXPECT_EQ((*self)->counters().collectives, 0);  // a world of one calls no collective
 }
 
+// A bf16 span of odd length, then a float32 one: each span starts 4-byte
+// aligned on the wire (2 bytes of padding after the 3 bf16 elements), so the
+// floats are read and written aligned (a GPU faults on a misaligned float).
+// The update buffers are bf16, as with Newton-Schulz in bf16.
+TEST(BoundExchange, SpansStartAlignedOnTheWire) {
+  ParamSpec a{"a", {1, 3}, {}};
+  a.dtype = static_cast<uint8_t>(DType::kBF16);  // bf16 state: a bf16 gather wire
+  ParamSpec b{"b", {2, 2}, {}};                   // float32 state: a float32 wire
+  const auto t = Tables(1, {a, b}, 0, DType::kBF16);
+  ASSERT_EQ(t[0].size(), 1u);
+  const RoundTable& table = t[0][0];
+  std::shared_ptr<Device> device = MakeHostDevice();
+  std::vector<uint16_t> ua = {FloatToBf16Bits(1.0f), FloatToBf16Bits(2.0f), FloatToBf16Bits(3.0f)};
+  std::vector<uint16_t> ub = {FloatToBf16Bits(4.0f), FloatToBf16Bits(5.0f), FloatToBf16Bits(6.0f), FloatToBf16Bits(7.0f)};
+  std::vector<float> slots(table.slot_floats, -1.0f);
+  const size_t bytes = MaxExchangeBytes(t[0]);
+  EXPECT_EQ(bytes, 8u + 16u);  // 6 bytes padded to 8, then 4 floats
+  std::vector<float> send_words(bytes / sizeof(float)), recv_words(bytes / sizeof(float));
+  auto* send = reinterpret_cast<unsigned char*>(send_words.data());
+  auto* recv = reinterpret_cast<unsigned char*>(recv_words.data());
+  absl::StatusOr<BoundExchange> bound =
+      BindExchange(table, *device, {{ua.data(), DType::kBF16}, {ub.data(), DType::kBF16}},
+                   slots.data(), send, recv, /*single_rank=*/true);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  ASSERT_EQ(bound->gather.send_bytes.size(), 1u);
+  EXPECT_EQ(bound->gather.send_bytes[0], 24u);
+  auto self = Comm::Create(SelfCommTable(), "self");
+  ASSERT_TRUE(self.ok());
+  ASSERT_TRUE(RunExchange(*bound, bound->gather, **self, *device, send, recv, nullptr).ok());
+  // The float32 span sits at byte 8 of the wire, whole.
+  EXPECT_EQ(send_words[2], 4.0f);
+  EXPECT_EQ(send_words[5], 7.0f);
+  std::vector<float> in_slots(slots);
+  std::sort(in_slots.begin(), in_slots.end());
+  EXPECT_EQ(in_slots, (std::vector<float>{1, 2, 3, 4, 5, 6, 7}));
+  for (float& x : slots) x = x * 2.0f;
+  ASSERT_TRUE(RunExchange(*bound, bound->scatter, **self, *device, send, recv, nullptr).ok());
+  EXPECT_EQ(ua[2], FloatToBf16Bits(6.0f));
+  EXPECT_EQ(ub[3], FloatToBf16Bits(14.0f));
+}
+
 }  // namespace
 }  // namespace muon
