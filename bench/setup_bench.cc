@@ -3,18 +3,25 @@
 //
 // For each model x layout x rank count it makes every rank's description
 // (muon::RankDesc, what a rank registered: a stage's parameters only on that
-// stage's ranks, an expert only on its EP rank), frames each as the handshake
-// does (a settings fingerprint, then SerializeRankDesc) and lays them out as
-// the world all_gather would deliver them (padded to the longest). Then, for
-// one rank (rank 0), it times what AgreePlan does with that buffer (splitting
-// it, checking fingerprints, ParseRankDesc for every rank), muon::BuildPlan
-// (balanced assignment) and muon::BuildRoundTables, and prints:
+// stage's ranks, an expert only on its EP rank) and splits each into the
+// handshake's parts (muon::SplitHandshake: the shared parameter table, the
+// member lists, the own part). Then, for one rank (rank 0), it times what
+// AgreePlan does with what it receives (the headers, every rank's own part,
+// the directory, its send buffer of the parts it serves, the parts it
+// receives, HandshakeDirectory::Assemble), muon::BuildPlan (balanced
+// assignment) and muon::BuildRoundTables, and prints:
 //
-//   handshake MiB   bytes this rank receives in the handshake's all_gathers:
-//                   group members (4 B per member of each group), message
-//                   sizes (8 B per rank), the padded messages, the verdicts
-//                   (16 B per rank)
-//   setup s         parse + BuildPlan + BuildRoundTables, wall clock
+//   handshake MiB   bytes this rank receives in the handshake's collectives:
+//                   group members (4 B per member of each group), the
+//                   32-byte headers of every rank, every rank's own part,
+//                   the shared parts and member lists it does not hold, the
+//                   verdicts (16 B per rank); beside it, what the handshake
+//                   that gathered every message whole received (message
+//                   sizes, 8 B per rank, and every message padded to the
+//                   longest instead of the headers and parts), and what
+//                   rank 0 sends (its own part to every rank and the parts
+//                   it serves)
+//   setup s         assemble + BuildPlan + BuildRoundTables, wall clock
 //   setup MiB       the peak of live heap bytes during those steps, above
 //                   what was live before, the received buffer included:
 //                   this binary replaces operator new / delete and counts
@@ -358,7 +365,9 @@ int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon
 // One configuration, measured in a child process.
 
 struct Figures {
-  int64_t handshake_bytes = 0;
+  int64_t handshake_bytes = 0;      // the compact handshake (handshake.h)
+  int64_t whole_message_bytes = 0;  // every message whole (the handshake before it)
+  int64_t sent_bytes = 0;           // the shared parts and member lists this rank sends
   double parse_s = 0, plan_s = 0, tables_s = 0;
   int64_t memory = 0;
   int64_t pieces = 0, runs = 0;
@@ -368,15 +377,6 @@ struct Figures {
   double moved_over_bound = 0;
   char error[256] = {0};
 };
-
-std::string Frame(const std::string& fingerprint, const std::string& desc) {
-  std::string out;
-  const uint32_t n = static_cast<uint32_t>(fingerprint.size());
-  out.append(reinterpret_cast<const char*>(&n), sizeof n);
-  out += fingerprint;
-  out += desc;
-  return out;
-}
 
 void Fail(Figures* f, const std::string& what) {
   std::snprintf(f->error, sizeof f->error, "%s", what.c_str());
@@ -391,39 +391,71 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   const int experts = ExpertsPerLayer(model);
   // Settings every rank shares (the engine's fingerprint is of this length).
   const std::string fingerprint(160, 'f');
-  std::vector<std::string> messages(world);
+  // Every rank's parts, as each would make them (SplitHandshake); the
+  // whole-message handshake's longest message, for the bytes it received.
+  std::vector<muon::HandshakeParts> parts(world);
+  std::vector<muon::HandshakeHeader> headers(world);
   int64_t group_members = 0;
+  size_t longest = 0;
   for (int r = 0; r < world; ++r) {
     const muon::RankDesc d = Describe(model, mesh, experts, r);
     if (r == me) {
       for (const auto& g : d.groups) group_members += static_cast<int64_t>(g.size());
     }
-    messages[r] = Frame(fingerprint, muon::SerializeRankDesc(d));
+    longest = std::max(longest, 4 + fingerprint.size() + muon::SerializeRankDesc(d).size());
+    parts[r] = muon::SplitHandshake(fingerprint, d);
+    headers[r] = parts[r].header;
   }
-  size_t longest = 0;
-  for (const std::string& m : messages) longest = std::max(longest, m.size());
-  f->handshake_bytes = 4 * group_members + 8 * int64_t{world} +
-                       static_cast<int64_t>(longest) * world + 16 * int64_t{world};
+  f->whole_message_bytes = 4 * group_members + 8 * int64_t{world} +
+                           static_cast<int64_t>(longest) * world + 16 * int64_t{world};
   const char go = 1;
   if (write(ready, &go, 1) != 1) return;
 
   const int64_t base = g_live.load();
   g_peak.store(base);
   const auto t0 = std::chrono::steady_clock::now();
-  // What the all_gather delivers: every message, padded to the longest.
-  std::string all(longest * world, '\0');
-  for (int r = 0; r < world; ++r) all.replace(r * longest, messages[r].size(), messages[r]);
-  // What AgreePlan does with it.
-  std::vector<muon::RankDesc> ranks;
+  // What AgreePlan receives and does, step by step: the headers (all_gather),
+  // every rank's own part (all_to_all_v), the directory, the parts this rank
+  // sends (its send buffer) and receives, then every rank's description.
+  std::vector<muon::HandshakeHeader> got_headers = headers;
+  std::string owns_buffer;
+  for (int r = 0; r < world; ++r) owns_buffer += parts[r].own;
+  std::vector<std::string> owns(world);
+  size_t at = 0;
   for (int r = 0; r < world; ++r) {
-    const std::string msg = all.substr(r * longest, messages[r].size());
-    uint32_t fl = 0;
-    std::memcpy(&fl, msg.data(), 4);
-    if (msg.substr(4, fl) != fingerprint) return Fail(f, "fingerprints differ");
-    auto d = muon::ParseRankDesc(msg.substr(4 + fl), "rank " + std::to_string(r));
-    if (!d.ok()) return Fail(f, std::string(d.status().message()));
-    ranks.push_back(std::move(d).value());
+    owns[r] = owns_buffer.substr(at, headers[r].own_size);
+    at += headers[r].own_size;
   }
+  std::string().swap(owns_buffer);
+  const muon::HandshakeDirectory dir(got_headers, owns);
+  std::vector<std::string>().swap(owns);
+  std::vector<std::string> bytes(dir.parts());
+  for (const auto& [part, local] : dir.Held(me)) {
+    bytes[part] = local == 0 ? parts[me].shared : parts[me].groups[local - 1];
+  }
+  std::string send;
+  for (const std::vector<size_t>& to : dir.Sent(me)) {
+    for (size_t part : to) send += bytes[part];
+  }
+  f->sent_bytes = static_cast<int64_t>(send.size() + parts[me].own.size() * world);
+  std::string().swap(send);
+  int64_t parts_received = 0;
+  for (size_t part = 0; part < dir.parts(); ++part) {
+    const int from = dir.Sender(part, me);
+    if (from < 0) continue;
+    // The sender holds it as its shared part or as one of its member lists.
+    for (const auto& [p, local] : dir.Held(from)) {
+      if (p == part) bytes[part] = local == 0 ? parts[from].shared : parts[from].groups[local - 1];
+    }
+    parts_received += static_cast<int64_t>(dir.key(part).size);
+  }
+  f->handshake_bytes = 4 * group_members +
+                       static_cast<int64_t>(sizeof(muon::HandshakeHeader)) * world +
+                       static_cast<int64_t>(at) + parts_received + 16 * int64_t{world};
+  auto assembled = dir.Assemble(bytes, fingerprint, me);
+  if (!assembled.ok()) return Fail(f, std::string(assembled.status().message()));
+  std::vector<std::string>().swap(bytes);
+  std::vector<muon::RankDesc> ranks = std::move(assembled).value();
   const auto t1 = std::chrono::steady_clock::now();
   muon::PlanOptions options;
   options.pieces_row_by_row = g_row_by_row;
@@ -434,6 +466,13 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
       muon::BuildRoundTables(*plan, me, world, muon::DType::kBF16);
   const auto t3 = std::chrono::steady_clock::now();
   f->memory = g_peak.load() - base;
+  // The parts put back together give every rank's description exactly.
+  for (int r = 0; r < world; ++r) {
+    if (muon::SerializeRankDesc(ranks[r]) !=
+        muon::SerializeRankDesc(Describe(model, mesh, experts, r))) {
+      return Fail(f, "rank " + std::to_string(r) + "'s description did not survive the parts");
+    }
+  }
   f->parse_s = std::chrono::duration<double>(t1 - t0).count();
   f->plan_s = std::chrono::duration<double>(t2 - t1).count();
   f->tables_s = std::chrono::duration<double>(t3 - t2).count();
@@ -580,7 +619,8 @@ int main(int argc, char** argv) {
       {"mixtral-8x7b", Scheme::kTpPpFsdp, 8},
   };
   std::printf(
-      "| model | layout | ranks | matrices | pieces | runs | handshake MiB/rank | setup s "
+      "| model | layout | ranks | matrices | pieces | runs | handshake MiB/rank: whole "
+      "messages -> parts (rank 0 sends) | setup s "
       "(parse + plan + tables) | setup MiB/rank (peak) | NS max÷mean: all; worst stage | "
       "matrices/rank | "
       "moved÷bound |\n");
@@ -619,11 +659,12 @@ int main(int argc, char** argv) {
                      world, f.error);
         return 1;
       } else {
-        std::printf("| %s | %s | %d | %zu | %lld | %lld | %s | %.2f (%.2f + %.2f + %.2f) | %s | "
+        std::printf("| %s | %s | %d | %zu | %lld | %lld | %s -> %s (%s) | %.2f (%.2f + %.2f + %.2f) | %s | "
                     "%.2f; %.2f | %.2f | %.3f |\n",
                     model.name.c_str(), mesh.Name().c_str(), world, model.matrices.size(),
                     static_cast<long long>(f.pieces), static_cast<long long>(f.runs),
-                    MiB(f.handshake_bytes).c_str(), f.parse_s + f.plan_s + f.tables_s, f.parse_s,
+                    MiB(f.whole_message_bytes).c_str(), MiB(f.handshake_bytes).c_str(),
+                    MiB(f.sent_bytes).c_str(), f.parse_s + f.plan_s + f.tables_s, f.parse_s,
                     f.plan_s, f.tables_s, MiB(f.memory).c_str(), f.ns_max_over_mean,
                     f.ns_stage_max_over_mean,
                     f.matrices_per_rank, f.moved_over_bound);

@@ -593,6 +593,36 @@ void FuzzOne(FuzzedDataProvider& in) {
     FUZZ_CHECK(back.ok());
     FUZZ_CHECK(SerializeRankDesc(*back) == bytes);
   }
+  // So do its parts (SplitHandshake): every rank's description put back
+  // together from them on any rank, from the parts it holds and those its
+  // senders hold, is the one it described.
+  {
+    std::vector<HandshakeParts> parts;
+    std::vector<HandshakeHeader> headers;
+    std::vector<std::string> owns;
+    for (const RankDesc& d : job.ranks) {
+      parts.push_back(SplitHandshake("options", d));
+      headers.push_back(parts.back().header);
+      owns.push_back(parts.back().own);
+    }
+    const HandshakeDirectory dir(headers, owns);
+    const int me = world - 1;
+    std::vector<std::string> bytes(dir.parts());
+    for (size_t part = 0; part < dir.parts(); ++part) {
+      const int s = dir.Sender(part, me);
+      for (const auto& [p, local] : dir.Held(s < 0 ? me : s)) {
+        if (p != part) continue;
+        const HandshakeParts& h = parts[s < 0 ? me : s];
+        bytes[part] = local == 0 ? h.shared : h.groups[local - 1];
+      }
+      FUZZ_CHECK(KeyOf(bytes[part]) == dir.key(part));
+    }
+    absl::StatusOr<std::vector<RankDesc>> back = dir.Assemble(bytes, "options", me);
+    FUZZ_CHECK(back.ok());
+    for (int r = 0; r < world; ++r) {
+      FUZZ_CHECK(SerializeRankDesc((*back)[r]) == SerializeRankDesc(job.ranks[r]));
+    }
+  }
 
   // The model of every rank's pieces, and whether the job is valid.
   bool simulate = true;

@@ -64,28 +64,16 @@ class In {
   size_t pos_ = 0;
 };
 
-// A handshake message: the fingerprint, then the description.
-std::string Frame(const std::string& fingerprint, const std::string& desc) {
-  std::string out;
-  const uint32_t n = static_cast<uint32_t>(fingerprint.size());
-  out.append(reinterpret_cast<const char*>(&n), sizeof n);
-  out += fingerprint;
-  out += desc;
-  return out;
-}
-
 }  // namespace
 
-std::string SerializeRankDesc(const RankDesc& d) {
-  Out o;
-  o.Put<int32_t>(d.world_rank);
-  o.Put<uint32_t>(static_cast<uint32_t>(d.groups.size()));
-  for (const auto& g : d.groups) {
-    o.Put<uint32_t>(static_cast<uint32_t>(g.size()));
-    for (int m : g) o.Put<int32_t>(m);
-  }
-  o.Put<uint32_t>(static_cast<uint32_t>(d.params.size()));
-  for (const RankParamDesc& p : d.params) {
+namespace {
+
+// A parameter table. `ranges`: with each FlatRange's start and length (the
+// one field of a description that differs between ranks of one table); the
+// compact handshake sends them apart.
+void PutParams(Out& o, const std::vector<RankParamDesc>& params, bool ranges) {
+  o.Put<uint32_t>(static_cast<uint32_t>(params.size()));
+  for (const RankParamDesc& p : params) {
     o.Str(p.name);
     o.Put<uint8_t>(p.param_dtype);
     o.Put<uint8_t>(p.state_dtype);
@@ -101,10 +89,69 @@ std::string SerializeRankDesc(const RankDesc& d) {
       o.Put<int32_t>(pl.dim);
       o.Put<int32_t>(static_cast<int32_t>(pl.split));
       o.Ints(pl.sizes);
-      o.Put<int64_t>(pl.start);
-      o.Put<int64_t>(pl.length);
+      if (ranges) {
+        o.Put<int64_t>(pl.start);
+        o.Put<int64_t>(pl.length);
+      }
     }
   }
+}
+
+bool GetParams(In& in, std::vector<RankParamDesc>* params, bool ranges) {
+  uint32_t nparams;
+  if (!in.Get(&nparams)) return false;
+  for (uint32_t i = 0; i < nparams; ++i) {
+    RankParamDesc p;
+    uint32_t nplace;
+    if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
+        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Get(&p.zero2) ||
+        !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) || !in.Get(&nplace) ||
+        nplace > 64) {
+      return false;
+    }
+    p.layout.placements.resize(nplace);
+    for (Placement& pl : p.layout.placements) {
+      int32_t kind, group, dim, split;
+      if (!in.Get(&kind) || !in.Get(&group) || !in.Get(&dim) || !in.Get(&split) ||
+          !in.Ints(&pl.sizes)) {
+        return false;
+      }
+      if (ranges && (!in.Get(&pl.start) || !in.Get(&pl.length))) return false;
+      pl.kind = static_cast<PlacementKind>(kind);
+      pl.group = group;
+      pl.dim = dim;
+      pl.split = static_cast<ShardSplit>(split);
+    }
+    params->push_back(std::move(p));
+  }
+  return true;
+}
+
+void PutMembers(Out& o, const std::vector<int>& g) {
+  o.Put<uint32_t>(static_cast<uint32_t>(g.size()));
+  for (int m : g) o.Put<int32_t>(m);
+}
+
+bool GetMembers(In& in, std::vector<int>* g) {
+  uint32_t n;
+  if (!in.Get(&n) || n > (1u << 24)) return false;
+  g->resize(n);
+  for (int& m : *g) {
+    int32_t v;
+    if (!in.Get(&v)) return false;
+    m = v;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string SerializeRankDesc(const RankDesc& d) {
+  Out o;
+  o.Put<int32_t>(d.world_rank);
+  o.Put<uint32_t>(static_cast<uint32_t>(d.groups.size()));
+  for (const auto& g : d.groups) PutMembers(o, g);
+  PutParams(o, d.params, /*ranges=*/true);
   return o.Take();
 }
 
@@ -120,40 +167,9 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
   d.world_rank = rank;
   d.groups.resize(ngroups);
   for (auto& g : d.groups) {
-    uint32_t n;
-    if (!in.Get(&n) || n > (1u << 24)) return bad();
-    g.resize(n);
-    for (int& m : g) {
-      int32_t v;
-      if (!in.Get(&v)) return bad();
-      m = v;
-    }
+    if (!GetMembers(in, &g)) return bad();
   }
-  uint32_t nparams;
-  if (!in.Get(&nparams)) return bad();
-  for (uint32_t i = 0; i < nparams; ++i) {
-    RankParamDesc p;
-    uint32_t nplace;
-    if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
-        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Get(&p.zero2) || !in.Ints(&p.global_shape) || !in.Ints(&p.layout.global_shape) ||
-        !in.Get(&nplace) || nplace > 64) {
-      return bad();
-    }
-    p.layout.placements.resize(nplace);
-    for (Placement& pl : p.layout.placements) {
-      int32_t kind, group, dim, split;
-      if (!in.Get(&kind) || !in.Get(&group) || !in.Get(&dim) || !in.Get(&split) ||
-          !in.Ints(&pl.sizes) || !in.Get(&pl.start) || !in.Get(&pl.length)) {
-        return bad();
-      }
-      pl.kind = static_cast<PlacementKind>(kind);
-      pl.group = group;
-      pl.dim = dim;
-      pl.split = static_cast<ShardSplit>(split);
-    }
-    d.params.push_back(std::move(p));
-  }
-  if (!in.AtEnd()) return bad();
+  if (!GetParams(in, &d.params, /*ranges=*/true) || !in.AtEnd()) return bad();
   return d;
 }
 
@@ -170,45 +186,285 @@ absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
   return members;
 }
 
+HandshakeKey KeyOf(const std::string& part) {
+  HandshakeKey k;
+  uint64_t h1 = 1469598103934665603ull, h2 = 0x243f6a8885a308d3ull;
+  for (unsigned char c : part) {
+    h1 = (h1 ^ c) * 1099511628211ull;
+    h2 = (h2 ^ c) * 0xff51afd7ed558ccdull;
+    h2 ^= h2 >> 29;
+  }
+  k.h1 = h1;
+  k.h2 = h2;
+  k.size = part.size();
+  return k;
+}
+
+HandshakeParts SplitHandshake(const std::string& fingerprint, const RankDesc& me) {
+  HandshakeParts parts;
+  Out shared;
+  shared.Str(fingerprint);
+  PutParams(shared, me.params, /*ranges=*/false);
+  parts.shared = shared.Take();
+  Out own;
+  own.Put<int32_t>(me.world_rank);
+  own.Put<uint32_t>(static_cast<uint32_t>(me.groups.size()));
+  for (const auto& g : me.groups) {
+    Out members;
+    PutMembers(members, g);
+    parts.groups.push_back(members.Take());
+    const HandshakeKey k = KeyOf(parts.groups.back());
+    own.Put<uint64_t>(k.h1);
+    own.Put<uint64_t>(k.h2);
+    own.Put<uint64_t>(k.size);
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const RankParamDesc& p : me.params) {
+    for (const Placement& pl : p.layout.placements) {
+      if (pl.kind == PlacementKind::kFlatRange) ranges.push_back({pl.start, pl.length});
+    }
+  }
+  own.Put<uint32_t>(static_cast<uint32_t>(ranges.size()));
+  for (const auto& [start, length] : ranges) {
+    own.Put<int64_t>(start);
+    own.Put<int64_t>(length);
+  }
+  parts.own = own.Take();
+  parts.header.shared = KeyOf(parts.shared);
+  parts.header.own_size = parts.own.size();
+  return parts;
+}
+
+HandshakeDirectory::HandshakeDirectory(const std::vector<HandshakeHeader>& headers,
+                                       const std::vector<std::string>& owns) {
+  const int n = static_cast<int>(headers.size());
+  own_.resize(n);
+  // Every (key, rank) claim: a rank's shared part and its groups.
+  std::vector<std::pair<HandshakeKey, int>> claims;
+  std::vector<std::vector<HandshakeKey>> group_keys(n);
+  for (int r = 0; r < n; ++r) {
+    claims.push_back({headers[r].shared, r});
+    In in(owns[r]);
+    Own& o = own_[r];
+    uint32_t ngroups = 0, nranges = 0;
+    bool ok = in.Get(&o.world_rank) && in.Get(&ngroups) && ngroups <= (1u << 16);
+    for (uint32_t g = 0; ok && g < ngroups; ++g) {
+      HandshakeKey k;
+      ok = in.Get(&k.h1) && in.Get(&k.h2) && in.Get(&k.size);
+      if (ok) group_keys[r].push_back(k);
+    }
+    ok = ok && in.Get(&nranges) && (owns[r].size() / 16) >= nranges;
+    for (uint32_t i = 0; ok && i < nranges; ++i) {
+      std::pair<int64_t, int64_t> range;
+      ok = in.Get(&range.first) && in.Get(&range.second);
+      o.ranges.push_back(range);
+    }
+    o.ok = ok && in.AtEnd();
+    if (!o.ok) {
+      group_keys[r].clear();
+      o.ranges.clear();
+    }
+    for (const HandshakeKey& k : group_keys[r]) claims.push_back({k, r});
+  }
+  std::sort(claims.begin(), claims.end());
+  claims.erase(std::unique(claims.begin(), claims.end()), claims.end());
+  for (const auto& [k, r] : claims) {
+    if (keys_.empty() || !(keys_.back() == k)) {
+      keys_.push_back(k);
+      holders_.emplace_back();
+    }
+    holders_.back().push_back(r);
+  }
+  auto index = [&](const HandshakeKey& k) {
+    return static_cast<size_t>(std::lower_bound(keys_.begin(), keys_.end(), k) - keys_.begin());
+  };
+  shared_.resize(n);
+  for (int r = 0; r < n; ++r) {
+    shared_[r] = index(headers[r].shared);
+    for (const HandshakeKey& k : group_keys[r]) own_[r].groups.push_back(index(k));
+  }
+}
+
+int HandshakeDirectory::Sender(size_t part, int receiver) const {
+  const std::vector<int>& h = holders_[part];
+  if (std::binary_search(h.begin(), h.end(), receiver)) return -1;
+  return h[static_cast<size_t>(receiver) % h.size()];
+}
+
+std::vector<std::pair<size_t, size_t>> HandshakeDirectory::Held(int sender) const {
+  std::vector<std::pair<size_t, size_t>> held = {{shared_[sender], 0}};
+  for (size_t g = 0; g < own_[sender].groups.size(); ++g) {
+    held.push_back({own_[sender].groups[g], g + 1});
+  }
+  std::sort(held.begin(), held.end());
+  // One entry per part (two groups with the same members are one part).
+  held.erase(std::unique(held.begin(), held.end(),
+                         [](const auto& a, const auto& b) { return a.first == b.first; }),
+             held.end());
+  return held;
+}
+
+std::vector<std::vector<size_t>> HandshakeDirectory::Sent(int sender) const {
+  const size_t n = shared_.size();
+  std::vector<std::vector<size_t>> sent(n);
+  for (const auto& [part, local] : Held(sender)) {
+    const std::vector<int>& h = holders_[part];
+    const size_t at = static_cast<size_t>(std::lower_bound(h.begin(), h.end(), sender) - h.begin());
+    for (size_t j = at; j < n; j += h.size()) {
+      if (!std::binary_search(h.begin(), h.end(), static_cast<int>(j))) sent[j].push_back(part);
+    }
+  }
+  return sent;
+}
+
+absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
+    const std::vector<std::string>& bytes, const std::string& fingerprint, int my_rank) const {
+  // Each distinct part parsed once.
+  struct Table {
+    bool parsed = false, fingerprint_ok = false, ok = false;
+    std::string fingerprint;
+    std::vector<RankParamDesc> params;
+  };
+  struct Members {
+    bool parsed = false, ok = false;
+    std::vector<int> members;
+  };
+  std::vector<Table> tables(keys_.size());
+  std::vector<Members> groups(keys_.size());
+  const int n = world();
+  std::vector<RankDesc> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    auto bad = [&] {
+      return absl::InternalError(absl::StrCat("rank ", r, ": malformed handshake data"));
+    };
+    const size_t s = shared_[r];
+    Table& t = tables[s];
+    if (!t.parsed) {
+      t.parsed = true;
+      In in(bytes[s]);
+      t.fingerprint_ok = bytes[s].size() == keys_[s].size && in.Str(&t.fingerprint);
+      t.ok = t.fingerprint_ok && GetParams(in, &t.params, /*ranges=*/false) && in.AtEnd();
+    }
+    if (!t.fingerprint_ok) {
+      return absl::InternalError("setup: malformed handshake message");
+    }
+    if (t.fingerprint != fingerprint) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "setup: rank ", r, " runs with different optimizer options (", t.fingerprint,
+          ") than rank ", my_rank, " (", fingerprint, "); every rank must use the same options"));
+    }
+    const Own& o = own_[r];
+    if (!t.ok || !o.ok) return bad();
+    RankDesc& d = ranks[r];
+    d.world_rank = o.world_rank;
+    for (size_t g : o.groups) {
+      Members& m = groups[g];
+      if (!m.parsed) {
+        m.parsed = true;
+        In in(bytes[g]);
+        m.ok = bytes[g].size() == keys_[g].size && GetMembers(in, &m.members) && in.AtEnd();
+      }
+      if (!m.ok) return bad();
+      d.groups.push_back(m.members);
+    }
+    d.params = t.params;
+    size_t next = 0;
+    for (RankParamDesc& p : d.params) {
+      for (Placement& pl : p.layout.placements) {
+        if (pl.kind != PlacementKind::kFlatRange) continue;
+        if (next == o.ranges.size()) return bad();
+        pl.start = o.ranges[next].first;
+        pl.length = o.ranges[next].second;
+        ++next;
+      }
+    }
+    if (next != o.ranges.size()) return bad();
+  }
+  return ranks;
+}
+
 absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
                                const PlanOptions& options, const absl::Status& local_error,
                                Device* device, void* stream) {
-  // Every rank's message, padded to the longest.
-  const std::string mine = Frame(fingerprint, SerializeRankDesc(me));
-  const int n = world.size();
-  std::vector<uint64_t> sizes(n);
-  const uint64_t my_size = mine.size();
-  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &my_size, sizes.data(), sizeof my_size, stream,
-                                     "setup: handshake"));
-  const uint64_t longest = *std::max_element(sizes.begin(), sizes.end());
-  std::string padded = mine;
-  padded.resize(longest);
-  std::string all(longest * n, '\0');
-  MUON_RETURN_IF_ERROR(
-      HostAllGather(world, device, padded.data(), &all[0], longest, stream, "setup: handshake"));
+  const HandshakeParts mine = SplitHandshake(fingerprint, me);
+  const int n = world.size(), self = world.rank();
+  const char* op = "setup: handshake";
+
+  // 1. The headers: every rank's shared key and own part's size.
+  std::vector<HandshakeHeader> headers(n);
+  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &mine.header, headers.data(),
+                                     sizeof(HandshakeHeader), stream, op));
+
+  // 2. The own parts, each to every rank.
+  std::vector<size_t> send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n);
+  std::string send, recv;
+  send.reserve(mine.own.size() * n);
+  size_t total = 0;
+  for (int j = 0; j < n; ++j) {
+    send_bytes[j] = mine.own.size();
+    send_offsets[j] = send.size();
+    send += mine.own;
+    recv_bytes[j] = headers[j].own_size;
+    recv_offsets[j] = total;
+    total += recv_bytes[j];
+  }
+  recv.resize(total);
+  MUON_RETURN_IF_ERROR(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets,
+                                     send.size(), &recv[0], recv_bytes, recv_offsets, total,
+                                     stream, op));
+  std::vector<std::string> owns(n);
+  for (int j = 0; j < n; ++j) owns[j] = recv.substr(recv_offsets[j], recv_bytes[j]);
+  std::string().swap(recv);
+  const HandshakeDirectory dir(headers, owns);
+  std::vector<std::string>().swap(owns);
+
+  // 3. The distinct shared parts and member lists this rank does not hold,
+  // each from one of its holders.
+  std::vector<std::string> bytes(dir.parts());
+  for (const auto& [part, local] : dir.Held(self)) {
+    bytes[part] = local == 0 ? mine.shared : mine.groups[local - 1];
+  }
+  send.clear();
+  const std::vector<std::vector<size_t>> sent = dir.Sent(self);
+  for (int j = 0; j < n; ++j) {
+    send_offsets[j] = send.size();
+    for (size_t part : sent[j]) send += bytes[part];
+    send_bytes[j] = send.size() - send_offsets[j];
+  }
+  std::vector<std::vector<size_t>> from(n);
+  for (size_t part = 0; part < dir.parts(); ++part) {
+    const int s = dir.Sender(part, self);
+    if (s >= 0) from[s].push_back(part);
+  }
+  total = 0;
+  for (int j = 0; j < n; ++j) {
+    recv_offsets[j] = total;
+    recv_bytes[j] = 0;
+    for (size_t part : from[j]) recv_bytes[j] += dir.key(part).size;
+    total += recv_bytes[j];
+  }
+  recv.resize(total);
+  MUON_RETURN_IF_ERROR(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets,
+                                     send.size(), &recv[0], recv_bytes, recv_offsets, total,
+                                     stream, op));
+  std::string().swap(send);
+  for (int j = 0; j < n; ++j) {
+    size_t at = recv_offsets[j];
+    for (size_t part : from[j]) {
+      bytes[part] = recv.substr(at, dir.key(part).size);
+      at += dir.key(part).size;
+    }
+  }
+  std::string().swap(recv);
 
   // Every rank now holds the same data and reaches the same verdict; a rank
   // that fails alone (a custom assignment) still joins the digest exchange.
   Plan plan;
   absl::Status built = [&]() -> absl::Status {
     if (!local_error.ok()) return local_error;
-    std::vector<RankDesc> ranks;
-    for (int r = 0; r < n; ++r) {
-      const std::string msg = all.substr(r * longest, sizes[r]);
-      uint32_t fl = 0;
-      if (msg.size() < 4) return absl::InternalError("setup: malformed handshake message");
-      std::memcpy(&fl, msg.data(), 4);
-      const std::string fp = msg.substr(4, fl);
-      if (fp != fingerprint) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "setup: rank ", r, " runs with different optimizer options (", fp, ") than rank ",
-            world.rank(), " (", fingerprint, "); every rank must use the same options"));
-      }
-      MUON_ASSIGN_OR_RETURN(RankDesc d,
-                            ParseRankDesc(msg.substr(4 + fl), absl::StrCat("rank ", r)));
-      ranks.push_back(std::move(d));
-    }
-    MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, world.rank(), options));
+    MUON_ASSIGN_OR_RETURN(std::vector<RankDesc> ranks, dir.Assemble(bytes, fingerprint, self));
+    std::vector<std::string>().swap(bytes);
+    MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, self, options));
     return absl::OkStatus();
   }();
   struct Verdict {

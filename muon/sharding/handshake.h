@@ -1,22 +1,39 @@
-// The setup handshake of the first step: every rank tells every other what
-// it registered, each builds the plan from the same data, and all check
-// that they built the same one. Every rank returns the same verdict, and no
-// rank is left waiting in a collective because another found a problem.
+// The setup handshake of the first step: every rank learns what every other
+// registered, each builds the plan from the same data, and all check that
+// they built the same one. Every rank returns the same verdict, and no rank
+// is left waiting in a collective because another found a problem.
 //
 // Collectives, in this order, on every rank:
 //   GatherGroupMembers: one all_gather per group (each member's world rank);
-//   AgreePlan:          on the world, an all_gather of message sizes, one of
-//                       the messages (padded to the longest), and one of the
-//                       verdicts (plan digest, or failed).
-// A message is this rank's settings fingerprint (options every rank must
-// share) followed by its description (SerializeRankDesc). Each all_gather
-// moves host values through HostAllGather: with a GPU `device` (NCCL moves
-// device memory only) they are staged through device buffers on `stream`.
+//   AgreePlan:          on the world, an all_gather of 32-byte headers, an
+//                       all_to_all_v of the own parts, an all_to_all_v of the
+//                       shared parts, and an all_gather of the verdicts
+//                       (plan digest, or failed).
+// A rank's message (its settings fingerprint, options every rank must share,
+// and its description) travels in parts (SplitHandshake), so that what many
+// ranks share crosses the wire once per receiver, not once per sender:
+//   shared: the fingerprint and the parameter table without the rank's
+//           FlatRange ranges: the same on every rank of a pipeline stage
+//           (of an expert-parallel rank);
+//   groups: each group's member list: the same on every member;
+//   own:    the world rank, a key (digest and size) per group, the
+//           FlatRange ranges: the only part every rank sends to every rank.
+// Each rank receives every distinct shared part and member list once, from
+// one of the ranks that hold it (spread over them: a receiver j gets a part
+// from the holder at j mod the number of holders; none when it holds the
+// part itself), and puts every rank's description back together exactly as
+// SerializeRankDesc / ParseRankDesc would carry it; BuildPlan then runs on
+// the same data, with the same results and errors, as when every message is
+// gathered whole. Each all_gather and all_to_all_v moves host values through
+// host_gather.h: with a GPU `device` (NCCL moves device memory only) they
+// are staged through device buffers on `stream`.
 #ifndef MUON_SHARDING_HANDSHAKE_H_
 #define MUON_SHARDING_HANDSHAKE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +48,84 @@ namespace muon {
 std::string SerializeRankDesc(const RankDesc& desc);
 // Errors (Internal) name `who` ("rank 3").
 absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::string& who);
+
+// ---- The compact handshake's parts (exposed for tests and the setup
+// benchmark, which measures what a rank receives).
+
+// A part's key: two 64-bit digests of its bytes and its size. Parts with
+// equal keys are taken to be equal (the chance that two different parts
+// collide is about 2^-128 per pair).
+struct HandshakeKey {
+  uint64_t h1 = 0, h2 = 0, size = 0;
+  friend bool operator==(const HandshakeKey& a, const HandshakeKey& b) {
+    return a.h1 == b.h1 && a.h2 == b.h2 && a.size == b.size;
+  }
+  friend bool operator<(const HandshakeKey& a, const HandshakeKey& b) {
+    if (a.h1 != b.h1) return a.h1 < b.h1;
+    if (a.h2 != b.h2) return a.h2 < b.h2;
+    return a.size < b.size;
+  }
+};
+HandshakeKey KeyOf(const std::string& part);
+
+// What each rank all_gathers first.
+struct HandshakeHeader {
+  HandshakeKey shared;
+  uint64_t own_size = 0;
+};
+
+struct HandshakeParts {
+  std::string shared;               // fingerprint, parameter table without ranges
+  std::string own;                  // world rank, group keys, FlatRange ranges
+  std::vector<std::string> groups;  // each group's member list
+  HandshakeHeader header;
+};
+HandshakeParts SplitHandshake(const std::string& fingerprint, const RankDesc& me);
+
+// Every rank's keys (from the headers and the own parts, the same on every
+// rank), the distinct parts and who holds them, and who sends which to whom.
+class HandshakeDirectory {
+ public:
+  HandshakeDirectory(const std::vector<HandshakeHeader>& headers,
+                     const std::vector<std::string>& owns);
+
+  int world() const { return static_cast<int>(shared_.size()); }
+  // The distinct parts in ascending key order, each with its holders
+  // (ascending world rank: the ranks whose header or own part names it).
+  size_t parts() const { return keys_.size(); }
+  const HandshakeKey& key(size_t part) const { return keys_[part]; }
+  // The rank that sends `part` to `receiver`, or -1 when the receiver holds
+  // it.
+  int Sender(size_t part, int receiver) const;
+  // The parts `sender` sends each rank (indexed by receiver), each list in
+  // ascending order.
+  std::vector<std::vector<size_t>> Sent(int sender) const;
+  // Every part `sender` holds (ascending), each with the index of its bytes
+  // among `mine`: shared first, then the groups in order.
+  std::vector<std::pair<size_t, size_t>> Held(int sender) const;
+
+  // Every rank's description, put back together from the directory and the
+  // parts' bytes (`bytes[part]`: every part this rank received or holds; the
+  // others may be empty). Checks every rank's fingerprint against
+  // `fingerprint` and names the first that differs, as the handshake did
+  // when every message travelled whole; a part that does not parse fails
+  // (Internal) naming the first rank that sent it.
+  absl::StatusOr<std::vector<RankDesc>> Assemble(const std::vector<std::string>& bytes,
+                                                 const std::string& fingerprint,
+                                                 int my_rank) const;
+
+ private:
+  struct Own {
+    bool ok = false;
+    int32_t world_rank = 0;
+    std::vector<size_t> groups;  // part indices
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+  };
+  std::vector<size_t> shared_;  // per rank: its shared part's index
+  std::vector<Own> own_;
+  std::vector<HandshakeKey> keys_;
+  std::vector<std::vector<int>> holders_;  // per part, ascending
+};
 
 // The world ranks of every group's members, in group-rank order.
 absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(

@@ -106,6 +106,45 @@ TEST(Handshake, InconsistentLayoutsFailEveryRankAlike) {
   }
 }
 
+// Rank r's description as Handshake makes it, with a world-wide flat range
+// of 'f' (20 elements; rank 1's spoiled to overlap rank 0's when asked).
+RankDesc FlatRank(int r, int n, bool overlap) {
+  RankDesc d = testjob::DescribeRank(r, n, {}, kModel);
+  std::vector<int> parity;
+  for (int q = n - 1; q >= 0; --q) {
+    if (q % 2 == r % 2) parity.push_back(q);
+  }
+  d.groups.push_back(parity);
+  const int64_t step = 20 / n;
+  const int64_t start = r == 1 && overlap ? 1 : r * step;
+  const int64_t end = r == n - 1 ? 20 : r * step + step;
+  d.params.push_back(testjob::DescribeParam({"f", {4, 5}, {testjob::Flat(0, start, end - start)}}));
+  d.params.back().custom_owner = -1;
+  return d;
+}
+
+TEST(Handshake, RankSpecificRangesTravelAndGiveTheWholeMessagePlan) {
+  for (bool overlap : {false, true}) {
+    const int n = 4;
+    const auto out = Handshake(n, kModel, [&](int rank, RankDesc* me, std::string*, absl::Status*) {
+      RankDesc d = FlatRank(rank, n, overlap);
+      d.groups = me->groups;
+      *me = d;
+    });
+    std::vector<RankDesc> job;
+    for (int r = 0; r < n; ++r) job.push_back(FlatRank(r, n, overlap));
+    for (int r = 0; r < n; ++r) {
+      absl::StatusOr<Plan> direct = BuildPlan(job, r, PlanOptions());
+      EXPECT_EQ(out[r].status, direct.status()) << "rank " << r;
+      if (direct.ok() && out[r].status.ok()) {
+        EXPECT_EQ(out[r].plan.digest, direct->digest);
+        EXPECT_EQ(out[r].plan.params[0].holders.size(), 4u);
+      }
+    }
+    EXPECT_EQ(out[0].status.ok(), !overlap) << out[0].status;
+  }
+}
+
 TEST(Handshake, DescriptionsSurviveTheWire) {
   RankDesc d = testjob::DescribeRank(1, 2, {{1, 0}}, kModel);
   d.params[1].custom_owner = 1;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "muon/comm/comm.h"
@@ -29,6 +30,18 @@ struct DeviceStaging {
 absl::Status HostAllGather(Comm& comm, Device* device, const void* mine, void* all, size_t bytes,
                            void* stream, const std::string& op,
                            const DeviceStaging* staging = nullptr);
+
+// An all_to_all_v of host values, staged through device buffers as
+// HostAllGather does (allocated for the call): `send` holds what goes to each
+// rank at send_offsets[p] (send_bytes[p] bytes), `recv` receives each rank's
+// at recv_offsets[p]. The offsets index host buffers of send_total and
+// recv_total bytes.
+absl::Status HostAllToAllV(Comm& comm, Device* device, const void* send,
+                           const std::vector<size_t>& send_bytes,
+                           const std::vector<size_t>& send_offsets, size_t send_total, void* recv,
+                           const std::vector<size_t>& recv_bytes,
+                           const std::vector<size_t>& recv_offsets, size_t recv_total,
+                           void* stream, const std::string& op);
 
 }  // namespace muon
 

@@ -124,7 +124,9 @@ TEST(Misuse, CommunicatorFailureMidStepPoisonsUntilRestored) {
   RunConfig cfg;
   cfg.steps = 3;
   cfg.prefetch_count = 0;
-  cfg.fail_exchange_call = 3;  // step 1 (calls 0, 1 are step 0's gather and scatter)
+  // Step 1's scatter: calls 0, 1 are the setup handshake's (own parts,
+  // shared parts), 2, 3 step 0's gather and scatter, 4 step 1's gather.
+  cfg.fail_exchange_call = 5;
   auto res = RunDistributed(Model(), Mesh{{2, 2}}, cfg);
   for (size_t r = 0; r < res.size(); ++r) {
     EXPECT_TRUE(Has(res[r].error, "UNAVAILABLE")) << res[r].error;
@@ -140,7 +142,7 @@ TEST(Misuse, APoisonedOptimizerWaitsForEveryParamsStateNotJustOne) {
   RunConfig cfg;
   cfg.steps = 3;
   cfg.prefetch_count = 0;
-  cfg.fail_exchange_call = 3;
+  cfg.fail_exchange_call = 5;  // step 1's scatter, as above
   cfg.restore_with_set_state = true;
   auto res = RunDistributed(Model(), Mesh{{2, 2}}, cfg);
   for (size_t r = 0; r < res.size(); ++r) {
