@@ -205,8 +205,18 @@ TEST(ZeroRedundancy, BytesMatchTheFormula) {
           sent[r] += missing * up;
           received[owner] += missing * up;
         }
-        received[r] += mine * down;
-        sent[owner] += mine * down;
+        // Down, r's piece in runs of consecutive elements, each padded to 4
+        // bytes on the wire (every span starts 4-byte aligned).
+        int64_t down_bytes = 0;
+        for (size_t i = 0; i < piece.size();) {
+          size_t j = i + 1;
+          while (j < piece.size() && piece[j] == piece[j - 1] + 1) ++j;
+          down_bytes += (static_cast<int64_t>(j - i) * down + 3) / 4 * 4;
+          i = j;
+        }
+        EXPECT_GE(down_bytes, mine * down);
+        received[r] += down_bytes;
+        sent[owner] += down_bytes;
       }
     }
     // Besides the pieces: each rank's 16-byte step verdict to every other
