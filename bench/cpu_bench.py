@@ -68,6 +68,13 @@ def torch_fp32_ns(g):
     return x.T if tall else x
 
 
+# Idle worker threads of OpenBLAS (numpy's and ours) and of OpenMP (torch's)
+# spin for a while after their work; with several threads each, the next
+# implementation would share the cores with them. Each call starts after
+# this pause.
+SETTLE_S = 0.2
+
+
 def interleaved(fns, reps):
     """Median seconds of each of `fns`, called in turn `reps` times (one warm-up each)."""
     for f in fns:
@@ -75,6 +82,8 @@ def interleaved(fns, reps):
     times = [[] for _ in fns]
     for _ in range(reps):
         for i, f in enumerate(fns):
+            if torch.get_num_threads() > 1:
+                time.sleep(SETTLE_S)
             t = time.perf_counter()
             f()
             times[i].append(time.perf_counter() - t)
