@@ -157,9 +157,10 @@ class Optimizer:
     round_bytes tune the exchange pipeline (results are bit-identical).
     skip_nonfinite: skip a step on every rank when any rank's gradient holds a
     NaN or Inf (nothing changes; stats()["steps_skipped"] counts them).
-    update_in_grad: keep each update in its gradient's memory instead of an
-    fp32 buffer per parameter (4 bytes per element less; the gradients then
-    hold the orthogonalized updates after step; see muon_options_t).
+    update_in_grad: keep each update in its gradient's memory instead of a
+    buffer per parameter in the Newton-Schulz dtype (2 bytes per element less
+    with ns_dtype "bf16", 4 with "fp32"; the gradients then hold the
+    orthogonalized updates after step; see muon_options_t).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
