@@ -347,6 +347,7 @@ absl::StatusOr<std::vector<SharedRankDesc>> HandshakeDirectory::AssembleShared(
       auto params = std::make_shared<std::vector<RankParamDesc>>();
       t.fingerprint_ok = bytes[s].size() == keys_[s].size && in.Str(&t.fingerprint);
       t.ok = t.fingerprint_ok && GetParams(in, params.get(), /*ranges=*/false) && in.AtEnd();
+      params->shrink_to_fit();  // held for the whole setup: no spare capacity
       for (const RankParamDesc& p : *params) {
         for (const Placement& pl : p.layout.placements) {
           if (pl.kind == PlacementKind::kFlatRange) ++t.flat_ranges;
