@@ -8,7 +8,7 @@
 // member lists, the own part). Then, for one rank (rank 0), it times what
 // AgreePlan does with what it receives (the headers, every rank's own part,
 // the directory, its send buffer of the parts it serves, the parts it
-// receives, HandshakeDirectory::Assemble), muon::BuildPlan (balanced
+// receives, HandshakeDirectory::AssembleShared), muon::BuildPlan (balanced
 // assignment) and muon::BuildRoundTables, and prints:
 //
 //   handshake MiB   bytes this rank receives in the handshake's collectives:
@@ -452,10 +452,10 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   f->handshake_bytes = 4 * group_members +
                        static_cast<int64_t>(sizeof(muon::HandshakeHeader)) * world +
                        static_cast<int64_t>(at) + parts_received + 16 * int64_t{world};
-  auto assembled = dir.Assemble(bytes, fingerprint, me);
+  auto assembled = dir.AssembleShared(bytes, fingerprint, me);
   if (!assembled.ok()) return Fail(f, std::string(assembled.status().message()));
   std::vector<std::string>().swap(bytes);
-  std::vector<muon::RankDesc> ranks = std::move(assembled).value();
+  std::vector<muon::SharedRankDesc> ranks = std::move(assembled).value();
   const auto t1 = std::chrono::steady_clock::now();
   muon::PlanOptions options;
   options.pieces_row_by_row = g_row_by_row;
@@ -468,7 +468,11 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   f->memory = g_peak.load() - base;
   // The parts put back together give every rank's description exactly.
   for (int r = 0; r < world; ++r) {
-    if (muon::SerializeRankDesc(ranks[r]) !=
+    muon::RankDesc whole;
+    whole.world_rank = ranks[r].world_rank;
+    whole.groups = ranks[r].groups;
+    whole.params = *ranks[r].params;
+    if (muon::SerializeRankDesc(whole) !=
         muon::SerializeRankDesc(Describe(model, mesh, experts, r))) {
       return Fail(f, "rank " + std::to_string(r) + "'s description did not survive the parts");
     }

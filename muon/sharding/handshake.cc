@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
@@ -317,13 +318,14 @@ std::vector<std::vector<size_t>> HandshakeDirectory::Sent(int sender) const {
   return sent;
 }
 
-absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
+absl::StatusOr<std::vector<SharedRankDesc>> HandshakeDirectory::AssembleShared(
     const std::vector<std::string>& bytes, const std::string& fingerprint, int my_rank) const {
   // Each distinct part parsed once.
   struct Table {
     bool parsed = false, fingerprint_ok = false, ok = false;
     std::string fingerprint;
-    std::vector<RankParamDesc> params;
+    std::shared_ptr<const std::vector<RankParamDesc>> params;
+    size_t flat_ranges = 0;  // FlatRange placements in the table
   };
   struct Members {
     bool parsed = false, ok = false;
@@ -332,7 +334,7 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
   std::vector<Table> tables(keys_.size());
   std::vector<Members> groups(keys_.size());
   const int n = world();
-  std::vector<RankDesc> ranks(n);
+  std::vector<SharedRankDesc> ranks(n);
   for (int r = 0; r < n; ++r) {
     auto bad = [&] {
       return absl::InternalError(absl::StrCat("rank ", r, ": malformed handshake data"));
@@ -342,8 +344,16 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
     if (!t.parsed) {
       t.parsed = true;
       In in(bytes[s]);
+      auto params = std::make_shared<std::vector<RankParamDesc>>();
       t.fingerprint_ok = bytes[s].size() == keys_[s].size && in.Str(&t.fingerprint);
-      t.ok = t.fingerprint_ok && GetParams(in, &t.params, /*ranges=*/false) && in.AtEnd();
+      t.ok = t.fingerprint_ok && GetParams(in, params.get(), /*ranges=*/false) && in.AtEnd();
+      params->shrink_to_fit();  // held for the whole setup: no spare capacity
+      for (const RankParamDesc& p : *params) {
+        for (const Placement& pl : p.layout.placements) {
+          if (pl.kind == PlacementKind::kFlatRange) ++t.flat_ranges;
+        }
+      }
+      t.params = std::move(params);
     }
     if (!t.fingerprint_ok) {
       return absl::InternalError("setup: malformed handshake message");
@@ -355,7 +365,7 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
     }
     const Own& o = own_[r];
     if (!t.ok || !o.ok) return bad();
-    RankDesc& d = ranks[r];
+    SharedRankDesc& d = ranks[r];
     d.world_rank = o.world_rank;
     for (size_t g : o.groups) {
       Members& m = groups[g];
@@ -367,18 +377,36 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
       if (!m.ok) return bad();
       d.groups.push_back(m.members);
     }
-    d.params = t.params;
+    // Each FlatRange placement takes the rank's next range, in order.
+    if (o.ranges.size() != t.flat_ranges) return bad();
+    if (t.flat_ranges == 0) {
+      d.params = t.params;  // the table as it is: shared
+      continue;
+    }
+    auto params = std::make_shared<std::vector<RankParamDesc>>(*t.params);
     size_t next = 0;
-    for (RankParamDesc& p : d.params) {
+    for (RankParamDesc& p : *params) {
       for (Placement& pl : p.layout.placements) {
         if (pl.kind != PlacementKind::kFlatRange) continue;
-        if (next == o.ranges.size()) return bad();
         pl.start = o.ranges[next].first;
         pl.length = o.ranges[next].second;
         ++next;
       }
     }
-    if (next != o.ranges.size()) return bad();
+    d.params = std::move(params);
+  }
+  return ranks;
+}
+
+absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
+    const std::vector<std::string>& bytes, const std::string& fingerprint, int my_rank) const {
+  MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> shared,
+                        AssembleShared(bytes, fingerprint, my_rank));
+  std::vector<RankDesc> ranks(shared.size());
+  for (size_t r = 0; r < shared.size(); ++r) {
+    ranks[r].world_rank = shared[r].world_rank;
+    ranks[r].groups = std::move(shared[r].groups);
+    ranks[r].params = *shared[r].params;
   }
   return ranks;
 }
@@ -462,7 +490,8 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   Plan plan;
   absl::Status built = [&]() -> absl::Status {
     if (!local_error.ok()) return local_error;
-    MUON_ASSIGN_OR_RETURN(std::vector<RankDesc> ranks, dir.Assemble(bytes, fingerprint, self));
+    MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
+                          dir.AssembleShared(bytes, fingerprint, self));
     std::vector<std::string>().swap(bytes);
     MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, self, options));
     return absl::OkStatus();

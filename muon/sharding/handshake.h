@@ -113,6 +113,12 @@ class HandshakeDirectory {
   absl::StatusOr<std::vector<RankDesc>> Assemble(const std::vector<std::string>& bytes,
                                                  const std::string& fingerprint,
                                                  int my_rank) const;
+  // Assemble with the parameter tables shared: the ranks whose shared part
+  // is the same and who have no FlatRange ranges point to one parsed table
+  // (the others get their own copy, ranges filled in). The same
+  // descriptions and the same errors as Assemble; what AgreePlan uses.
+  absl::StatusOr<std::vector<SharedRankDesc>> AssembleShared(
+      const std::vector<std::string>& bytes, const std::string& fingerprint, int my_rank) const;
 
  private:
   struct Own {

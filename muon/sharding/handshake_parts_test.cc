@@ -8,6 +8,7 @@
 // needs reaches it once.
 #include <algorithm>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -164,11 +165,42 @@ absl::StatusOr<Plan> Compact(const std::vector<RankDesc>& job,
     got += static_cast<int64_t>(bytes[part].size());
   }
   if (received != nullptr) *received = got;
-  MUON_ASSIGN_OR_RETURN(std::vector<RankDesc> ranks, dir.Assemble(bytes, fingerprints[me], me));
+  // Assemble and AssembleShared give the same descriptions or the same
+  // error; the plan is built, as AgreePlan does, from the shared form (and
+  // compared by the callers with BuildPlan over the whole messages).
+  const absl::StatusOr<std::vector<RankDesc>> whole = dir.Assemble(bytes, fingerprints[me], me);
+  absl::StatusOr<std::vector<SharedRankDesc>> shared =
+      dir.AssembleShared(bytes, fingerprints[me], me);
+  EXPECT_EQ(shared.status(), whole.status());
+  if (!shared.ok()) return shared.status();
+  if (!whole.ok()) return whole.status();
+  std::set<const std::vector<RankParamDesc>*> tables;
   for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(SerializeRankDesc(ranks[r]), SerializeRankDesc(job[r])) << "rank " << r;
+    EXPECT_EQ(SerializeRankDesc((*whole)[r]), SerializeRankDesc(job[r])) << "rank " << r;
+    const SharedRankDesc& d = (*shared)[r];
+    RankDesc expanded;
+    expanded.world_rank = d.world_rank;
+    expanded.groups = d.groups;
+    expanded.params = *d.params;
+    EXPECT_EQ(SerializeRankDesc(expanded), SerializeRankDesc(job[r])) << "rank " << r;
+    tables.insert(d.params.get());
   }
-  return BuildPlan(ranks, me, options);
+  // One parsed table per distinct shared part, unless FlatRange ranges make
+  // a rank's own copy.
+  bool ranges = false;
+  for (const RankDesc& d : job) {
+    for (const RankParamDesc& p : d.params) {
+      for (const Placement& pl : p.layout.placements) {
+        ranges = ranges || pl.kind == PlacementKind::kFlatRange;
+      }
+    }
+  }
+  if (!ranges) {
+    std::set<HandshakeKey> distinct;
+    for (const HandshakeHeader& h : headers) distinct.insert(h.shared);
+    EXPECT_EQ(tables.size(), distinct.size());
+  }
+  return BuildPlan(*shared, me, options);
 }
 
 std::string Describe(const Plan& p, int me, int world) {

@@ -29,13 +29,18 @@ uint64_t FnvValue(uint64_t h, T v) {
   return Fnv(h, &v, sizeof v);
 }
 
-}  // namespace
+// A rank's parameter table, held or shared.
+const std::vector<RankParamDesc>& ParamsOf(const RankDesc& r) { return r.params; }
+const std::vector<RankParamDesc>& ParamsOf(const SharedRankDesc& r) { return *r.params; }
 
-absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
-                               const PlanOptions& options) {
+// BuildPlan over either form of the descriptions (the same code, hence the
+// same plan and errors).
+template <typename Desc>
+absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
+                                   const PlanOptions& options) {
   const int world = static_cast<int>(ranks.size());
   // 1. Groups: every member of a rank's group must see the same member list.
-  for (const RankDesc& r : ranks) {
+  for (const Desc& r : ranks) {
     for (size_t g = 0; g < r.groups.size(); ++g) {
       const auto& members = r.groups[g];
       if (std::find(members.begin(), members.end(), r.world_rank) == members.end()) {
@@ -63,9 +68,9 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   Plan plan;
   std::map<std::string, int> index;
   std::map<std::string, std::pair<int, const RankParamDesc*>> first;  // who registered it first
-  for (const RankDesc& r : ranks) {
-    for (size_t i = 0; i < r.params.size(); ++i) {
-      const RankParamDesc& p = r.params[i];
+  for (const Desc& r : ranks) {
+    for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
+      const RankParamDesc& p = ParamsOf(r)[i];
       auto it = first.find(p.name);
       if (it == first.end()) {
         first[p.name] = {r.world_rank, &p};
@@ -111,17 +116,17 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   // parameters), in rank order.
   absl::flat_hash_map<absl::string_view, std::vector<std::pair<int, int>>> custom_holders;
   for (size_t k = 0; k < ranks.size(); ++k) {
-    const RankDesc& r = ranks[k];
-    for (size_t i = 0; i < r.params.size(); ++i) {
-      const RankParamDesc& d = r.params[i];
+    const Desc& r = ranks[k];
+    for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
+      const RankParamDesc& d = ParamsOf(r)[i];
       if (d.zero2) zero2_names[k].insert(d.name);
       if (d.custom_owner >= 0) {
         custom_holders[d.name].push_back({r.world_rank, static_cast<int>(i)});
       }
     }
   }
-  for (const RankDesc& r : ranks) {
-    for (const RankParamDesc& d : r.params) {
+  for (const Desc& r : ranks) {
+    for (const RankParamDesc& d : ParamsOf(r)) {
       if (!d.zero2) continue;
       const auto& members = r.groups[d.layout.placements[0].group];
       for (int m : members) {
@@ -173,15 +178,15 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
     index[name] = static_cast<int>(plan.params.size());
     plan.params.push_back(std::move(pp));
   }
-  for (const RankDesc& r : ranks) {
+  for (const Desc& r : ranks) {
     std::vector<int> sizes, coords;
     for (const auto& members : r.groups) {
       sizes.push_back(static_cast<int>(members.size()));
       coords.push_back(static_cast<int>(
           std::find(members.begin(), members.end(), r.world_rank) - members.begin()));
     }
-    for (size_t i = 0; i < r.params.size(); ++i) {
-      const RankParamDesc& d = r.params[i];
+    for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
+      const RankParamDesc& d = ParamsOf(r)[i];
       if (d.custom_owner >= 0 || d.zero2) continue;
       PlanParam& pp = plan.params[index[d.name]];
       const std::string who = absl::StrCat("param '", d.name, "' on rank ", r.world_rank);
@@ -298,6 +303,18 @@ absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
   }
   plan.digest = h;
   return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
+                               const PlanOptions& options) {
+  return BuildPlanFrom(ranks, my_rank, options);
+}
+
+absl::StatusOr<Plan> BuildPlan(const std::vector<SharedRankDesc>& ranks, int my_rank,
+                               const PlanOptions& options) {
+  return BuildPlanFrom(ranks, my_rank, options);
 }
 
 }  // namespace muon

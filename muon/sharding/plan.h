@@ -9,6 +9,7 @@
 #define MUON_SHARDING_PLAN_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,16 @@ struct RankDesc {
   // Members (world ranks, in group-rank order) of each of this rank's groups.
   std::vector<std::vector<int>> groups;
   std::vector<RankParamDesc> params;
+};
+
+// A RankDesc whose parameter table may be one object shared by the ranks
+// that registered the same table (HandshakeDirectory::AssembleShared: the
+// ranks of a pipeline stage, without FlatRange placements), so that a job of
+// many ranks holds each distinct table once instead of once per rank.
+struct SharedRankDesc {
+  int world_rank = 0;
+  std::vector<std::vector<int>> groups;
+  std::shared_ptr<const std::vector<RankParamDesc>> params;  // never null
 };
 
 struct PlanOptions {
@@ -95,6 +106,10 @@ struct Plan {
 // world rank; a rank's params are in its registration order). Errors name the
 // first inconsistent parameter or group and the ranks involved.
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
+                               const PlanOptions& options);
+// The same plan, or the same error, from the same descriptions with their
+// parameter tables shared.
+absl::StatusOr<Plan> BuildPlan(const std::vector<SharedRankDesc>& ranks, int my_rank,
                                const PlanOptions& options);
 
 }  // namespace muon
