@@ -343,6 +343,34 @@ TEST(CompactHandshake, InconsistentFlatRangesAndZeroTwoGiveTheSameErrors) {
   EXPECT_NE(std::string(st.message()).find("replicated modes"), std::string::npos) << st;
 }
 
+// ZeRO-2 and custom-owner parameters in tables shared by many ranks (BuildPlan
+// checks and looks up a shared table's names once): the same plans, and the
+// same first error where a rank's FSDP peer lacks a ZeRO-2 parameter or a
+// custom owner is not a holder.
+TEST(CompactHandshake, SharedTablesWithZeroTwoAndCustomOwners) {
+  const Mesh m{2, 2, 3};
+  const auto job = [&](bool drop_zero2, bool bad_owner) {
+    std::vector<RankDesc> j = MeshJob(m, false);
+    for (RankDesc& d : j) {
+      const int r = d.world_rank;
+      const std::string s = absl::StrCat("stage", m.Stage(r), ".");
+      RankParamDesc zero2 = Param(s + "norm", {4, 2}, {Replicate(1)});
+      zero2.zero2 = 1;
+      if (!(drop_zero2 && m.Stage(r) == 1 && m.Fsdp(r) == 2)) d.params.push_back(zero2);
+      RankParamDesc custom = Param(s + "gate", {3, 4}, {Replicate(0)});
+      custom.custom_owner = m.Rank(1, m.Stage(r), bad_owner ? 0 : 1);
+      if (m.Fsdp(r) != 0 || !bad_owner) d.params.push_back(custom);
+    }
+    return j;
+  };
+  EXPECT_TRUE(ExpectSame(job(false, false)).ok()) << ExpectSame(job(false, false));
+  absl::Status st = ExpectSame(job(true, false));
+  EXPECT_NE(std::string(st.message()).find("did not register it that way"), std::string::npos)
+      << st;
+  st = ExpectSame(job(false, true));
+  EXPECT_NE(std::string(st.message()).find("which did not register it"), std::string::npos) << st;
+}
+
 TEST(CompactHandshake, SharedPartsCrossOncePerReceiver) {
   // 4 stages of 2 x 8: rank 0 receives the other 3 stages' tables once each
   // and the member lists it does not hold, not 63 whole messages.

@@ -159,8 +159,10 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
                               const std::vector<int>& coords, const std::string& who,
                               bool with_runs, bool row_by_row, bool as_blocks = false) {
   // No negative dimension, and no product of dimensions below overflows.
-  absl::Status shape_ok = CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
-  if (!shape_ok.ok()) return shape_ok;
+  // (The messages are made only for an error: CheckShape again with its name.)
+  if (!CheckShape(layout.global_shape, std::string()).ok()) {
+    return CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
+  }
   Piece piece;
   piece.shape = layout.global_shape;
   const int64_t numel = Product(piece.shape, 0, piece.shape.size());
@@ -174,15 +176,15 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
 
   for (size_t i = 0; i < layout.placements.size(); ++i) {
     const Placement& p = layout.placements[i];
-    const std::string where = absl::StrCat(who, ": ", Describe(p, i));
+    const auto where = [&] { return absl::StrCat(who, ": ", Describe(p, i)); };
     if (p.group < 0 || static_cast<size_t>(p.group) >= group_sizes.size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": group ", p.group, " is not known (", group_sizes.size(),
+          absl::StrCat(where(), ": group ", p.group, " is not known (", group_sizes.size(),
                        " groups are)"));
     }
     if (used[p.group]) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": the group is already used by an earlier placement"));
+          absl::StrCat(where(), ": the group is already used by an earlier placement"));
     }
     used[p.group] = true;
     const int n = group_sizes[p.group];
@@ -196,7 +198,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
       case PlacementKind::kShard: {
         if (p.dim < 0 || static_cast<size_t>(p.dim) >= piece.shape.size()) {
           return absl::InvalidArgumentError(
-              absl::StrCat(where, ": dim ", p.dim, " does not exist in shape ",
+              absl::StrCat(where(), ": dim ", p.dim, " does not exist in shape ",
                            ShapeString(piece.shape)));
         }
         const int64_t d = piece.shape[p.dim];
@@ -205,7 +207,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
           case ShardSplit::kEven:
             if (d % n != 0) {
               return absl::InvalidArgumentError(absl::StrCat(
-                  where, ": dim ", p.dim, " of size ", d, " does not split evenly over ", n,
+                  where(), ": dim ", p.dim, " of size ", d, " does not split evenly over ", n,
                   " ranks; use the chunk split or explicit sizes"));
             }
             a = r * (d / n);
@@ -220,30 +222,30 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
           case ShardSplit::kSizes: {
             if (p.sizes.size() != static_cast<size_t>(n)) {
               return absl::InvalidArgumentError(absl::StrCat(
-                  where, ": ", p.sizes.size(), " sizes given for a group of ", n, " ranks"));
+                  where(), ": ", p.sizes.size(), " sizes given for a group of ", n, " ranks"));
             }
             int64_t total = 0;
             for (int64_t s : p.sizes) {
               if (s < 0) {
                 return absl::InvalidArgumentError(
-                    absl::StrCat(where, ": negative size ", s));
+                    absl::StrCat(where(), ": negative size ", s));
               }
               if (s > d - total) {  // (the sum itself may overflow)
                 return absl::InvalidArgumentError(absl::StrCat(
-                    where, ": sizes add up to more than ", d, ", the size of dim ", p.dim));
+                    where(), ": sizes add up to more than ", d, ", the size of dim ", p.dim));
               }
               total += s;
             }
             if (total != d) {
               return absl::InvalidArgumentError(absl::StrCat(
-                  where, ": sizes add up to ", total, ", but dim ", p.dim, " has size ", d));
+                  where(), ": sizes add up to ", total, ", but dim ", p.dim, " has size ", d));
             }
             for (int k = 0; k < r; ++k) a += p.sizes[k];
             b = a + p.sizes[r];
             break;
           }
           default:
-            return absl::InvalidArgumentError(absl::StrCat(where, ": unknown split ",
+            return absl::InvalidArgumentError(absl::StrCat(where(), ": unknown split ",
                                                            static_cast<int>(p.split)));
         }
         const int64_t outer = Product(piece.shape, 0, p.dim);
@@ -268,7 +270,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
                   ? absl::StrCat("[", p.start, ", ", p.start, " + ", p.length, ")")
                   : absl::StrCat("[", p.start, ", ", end, ")");
           return absl::InvalidArgumentError(absl::StrCat(
-              where, ": range ", range, " does not lie inside the ", current,
+              where(), ": range ", range, " does not lie inside the ", current,
               " elements of the tensor it splits (shape ", ShapeString(piece.shape), ")"));
         }
         if (with_runs) map.Map(p.start, p.length, &next);
@@ -277,7 +279,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
       }
       default:
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": unknown placement kind ", static_cast<int>(p.kind)));
+            absl::StrCat(where(), ": unknown placement kind ", static_cast<int>(p.kind)));
     }
     piece.runs = std::move(next);
   }

@@ -33,6 +33,26 @@ uint64_t FnvValue(uint64_t h, T v) {
 const std::vector<RankParamDesc>& ParamsOf(const RankDesc& r) { return r.params; }
 const std::vector<RankParamDesc>& ParamsOf(const SharedRankDesc& r) { return *r.params; }
 
+// Which table a rank's parameter table is: ranks that share one parsed table
+// give the same key (a RankDesc's table is its own). What is checked or looked
+// up by name in a table gives the same answer for every rank with that key.
+const void* TableKey(const RankDesc& r) { return &r.params; }
+const void* TableKey(const SharedRankDesc& r) { return r.params.get(); }
+
+// A holder's piece. The description of the holder goes only into errors, so
+// it is made only then: a failing call is made again with it (the same
+// inputs, hence the same failure, now with its message).
+absl::StatusOr<Piece> HolderPiece(const RankParamDesc& d, int rank, const std::vector<int>& sizes,
+                                  const std::vector<int>& coords, bool row_by_row) {
+  const auto compute = [&](const std::string& who) {
+    return row_by_row ? ComputePieceRowByRow(d.layout, sizes, coords, who)
+                      : ComputePieceBlocks(d.layout, sizes, coords, who);
+  };
+  absl::StatusOr<Piece> piece = compute(std::string());
+  if (piece.ok()) return piece;
+  return compute(absl::StrCat("param '", d.name, "' on rank ", rank));
+}
+
 // BuildPlan over either form of the descriptions (the same code, hence the
 // same plan and errors).
 template <typename Desc>
@@ -68,7 +88,25 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   Plan plan;
   std::map<std::string, int> index;
   std::map<std::string, std::pair<int, const RankParamDesc*>> first;  // who registered it first
-  for (const Desc& r : ranks) {
+  // The distinct tables, in the order of their first rank, and each rank's.
+  std::vector<const std::vector<RankParamDesc>*> tables;
+  std::vector<int> table_of(ranks.size());
+  {
+    absl::flat_hash_map<const void*, int> ids;
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      const auto [it, added] = ids.try_emplace(TableKey(ranks[k]), static_cast<int>(tables.size()));
+      if (added) tables.push_back(&ParamsOf(ranks[k]));
+      table_of[k] = it->second;
+    }
+  }
+  // A table is compared with the first registrations once: on a later rank
+  // with the same table every entry meets the same first registration (or is
+  // it) and passes as it did.
+  std::vector<bool> compared(tables.size(), false);
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const Desc& r = ranks[k];
+    if (compared[table_of[k]]) continue;
+    compared[table_of[k]] = true;
     for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
       const RankParamDesc& p = ParamsOf(r)[i];
       auto it = first.find(p.name);
@@ -110,27 +148,36 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   }
   // ZeRO-2 parameters move over their own group: every member of a holder's
   // group must hold them too (so every member runs the same blocks). Each
-  // rank's ZeRO-2 names in a set, so that each check is one lookup.
-  std::vector<absl::flat_hash_set<absl::string_view>> zero2_names(ranks.size());
+  // table's ZeRO-2 names in a set, so that each check is one lookup.
+  std::vector<absl::flat_hash_set<absl::string_view>> zero2_names(tables.size());
+  std::vector<bool> has_custom(tables.size(), false);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    for (const RankParamDesc& d : *tables[t]) {
+      if (d.zero2) zero2_names[t].insert(d.name);
+      if (d.custom_owner >= 0) has_custom[t] = true;
+    }
+  }
   // The custom-path parameters' holders (world rank, index among that rank's
   // parameters), in rank order.
   absl::flat_hash_map<absl::string_view, std::vector<std::pair<int, int>>> custom_holders;
   for (size_t k = 0; k < ranks.size(); ++k) {
+    if (!has_custom[table_of[k]]) continue;
     const Desc& r = ranks[k];
     for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
       const RankParamDesc& d = ParamsOf(r)[i];
-      if (d.zero2) zero2_names[k].insert(d.name);
       if (d.custom_owner >= 0) {
         custom_holders[d.name].push_back({r.world_rank, static_cast<int>(i)});
       }
     }
   }
-  for (const Desc& r : ranks) {
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    if (zero2_names[table_of[k]].empty()) continue;
+    const Desc& r = ranks[k];
     for (const RankParamDesc& d : ParamsOf(r)) {
       if (!d.zero2) continue;
       const auto& members = r.groups[d.layout.placements[0].group];
       for (int m : members) {
-        if (!zero2_names[m].contains(d.name)) {
+        if (!zero2_names[table_of[m]].contains(d.name)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "param '", d.name, "': registered in ZeRO-2 mode over a group with rank ", m,
               " (by rank ", r.world_rank, "), but rank ", m, " did not register it that way"));
@@ -178,20 +225,29 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     index[name] = static_cast<int>(plan.params.size());
     plan.params.push_back(std::move(pp));
   }
-  for (const Desc& r : ranks) {
+  // Each table's entries' parameters (-1: custom path or ZeRO-2), looked up
+  // by name once per table.
+  std::vector<std::vector<int>> param_of(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    param_of[t].reserve(tables[t]->size());
+    for (const RankParamDesc& d : *tables[t]) {
+      param_of[t].push_back(d.custom_owner >= 0 || d.zero2 ? -1 : index.at(d.name));
+    }
+  }
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const Desc& r = ranks[k];
     std::vector<int> sizes, coords;
     for (const auto& members : r.groups) {
       sizes.push_back(static_cast<int>(members.size()));
       coords.push_back(static_cast<int>(
           std::find(members.begin(), members.end(), r.world_rank) - members.begin()));
     }
+    const std::vector<int>& slots = param_of[table_of[k]];
     for (size_t i = 0; i < ParamsOf(r).size(); ++i) {
+      if (slots[i] < 0) continue;
       const RankParamDesc& d = ParamsOf(r)[i];
-      if (d.custom_owner >= 0 || d.zero2) continue;
-      PlanParam& pp = plan.params[index[d.name]];
-      const std::string who = absl::StrCat("param '", d.name, "' on rank ", r.world_rank);
-      auto piece = options.pieces_row_by_row ? ComputePieceRowByRow(d.layout, sizes, coords, who)
-                                             : ComputePieceBlocks(d.layout, sizes, coords, who);
+      PlanParam& pp = plan.params[slots[i]];
+      auto piece = HolderPiece(d, r.world_rank, sizes, coords, options.pieces_row_by_row);
       if (!piece.ok()) return piece.status();
       if (options.pieces_row_by_row) {
         piece->blocks = ToBlocks(piece->runs);
