@@ -42,11 +42,18 @@
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/layout.h"
 #include "bench/model_file.h"
+#include "bench/traffic.h"
 #include "muon/sharding/plan.h"
 
 namespace {
 
+using bench::ChunkRows;
+using bench::kNsBytes;
+using bench::kStateBytes;
 using bench::LoadModel;
+using bench::Overlap;
+using bench::PeerBytes;
+using bench::Rect;
 using bench::Matrix;
 using bench::Model;
 using bench::TpKind;
@@ -161,27 +168,6 @@ std::vector<muon::RankDesc> MakeRankDescs(const Model& model, const Mesh& mesh) 
 
 // The same layouts, computed here without the library: the rectangle of the
 // global matrix rank r holds, and whether it is the copy that is sent.
-struct Rect {
-  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
-  bool canonical = true;
-  int64_t Area() const { return std::max<int64_t>(0, r1 - r0) * std::max<int64_t>(0, c1 - c0); }
-};
-
-int64_t Overlap(const Rect& a, const Rect& b) {
-  const int64_t rows = std::min(a.r1, b.r1) - std::max(a.r0, b.r0);
-  const int64_t cols = std::min(a.c1, b.c1) - std::max(a.c0, b.c0);
-  return rows > 0 && cols > 0 ? rows * cols : 0;
-}
-
-// Keeps chunk k of n (torch.chunk) of the rect's rows.
-void ChunkRows(Rect* x, int k, int n) {
-  const int64_t d = x->r1 - x->r0;
-  const int64_t chunk = (d + n - 1) / n;
-  const int64_t a = std::min(d, k * chunk), b = std::min(d, a + chunk);
-  x->r1 = x->r0 + b;
-  x->r0 = x->r0 + a;
-}
-
 Rect HeldRect(const Matrix& m, const Mesh& mesh, int r) {
   Rect x{0, m.rows, 0, m.cols, true};
   switch (mesh.scheme) {
@@ -216,9 +202,6 @@ Rect HeldRect(const Matrix& m, const Mesh& mesh, int r) {
 // ---------------------------------------------------------------------------
 // Measurements.
 
-constexpr int kStateBytes = 4;  // fp32 momentum, gathered to the owner
-constexpr int kNsBytes = 2;     // bf16 Newton-Schulz output, scattered back
-
 struct RankFigures {
   double flops = 0;
   int64_t sent = 0, received = 0;  // to and from other ranks, one step
@@ -226,16 +209,6 @@ struct RankFigures {
   uint64_t digest = 0;
   std::string error;
 };
-
-template <typename SpanT>
-int64_t PeerBytes(const std::vector<std::vector<SpanT>>& per_peer, int me) {
-  int64_t n = 0;
-  for (size_t p = 0; p < per_peer.size(); ++p) {
-    if (static_cast<int>(p) == me) continue;  // a rank's own elements do not move
-    for (const SpanT& s : per_peer[p]) n += s.length * static_cast<int64_t>(muon::SizeOf(s.wire));
-  }
-  return n;
-}
 
 struct Result {
   std::vector<RankFigures> ranks;

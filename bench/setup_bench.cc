@@ -67,6 +67,7 @@
 #include <vector>
 
 #include "bench/model_file.h"
+#include "bench/traffic.h"
 #include "muon/common/dtype.h"
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/handshake.h"
@@ -133,7 +134,13 @@ void operator delete[](void* p, size_t, std::align_val_t) noexcept { Uncounted(p
 
 namespace {
 
+using bench::ChunkRows;
+using bench::kNsBytes;
+using bench::kStateBytes;
 using bench::LoadModel;
+using bench::Overlap;
+using bench::PeerBytes;
+using bench::Rect;
 using bench::Matrix;
 using bench::Model;
 using bench::TpKind;
@@ -246,18 +253,6 @@ muon::RankDesc Describe(const Model& model, const Mesh& mesh, int experts, int r
 // The same layouts without the library: the rectangle of the global matrix
 // rank r holds (empty where r does not register it), and whether it is the
 // copy that is sent.
-struct Rect {
-  int64_t r0 = 0, r1 = 0, c0 = 0, c1 = 0;
-  bool canonical = true;
-  int64_t Area() const { return std::max<int64_t>(0, r1 - r0) * std::max<int64_t>(0, c1 - c0); }
-};
-
-int64_t Overlap(const Rect& a, const Rect& b) {
-  const int64_t rows = std::min(a.r1, b.r1) - std::max(a.r0, b.r0);
-  const int64_t cols = std::min(a.c1, b.c1) - std::max(a.c0, b.c0);
-  return rows > 0 && cols > 0 ? rows * cols : 0;
-}
-
 Rect HeldRect(const Matrix& m, const Model& model, const Mesh& mesh, int experts, int r) {
   Rect x{0, m.rows, 0, m.cols, true};
   const int ep = EpRankOf(m, mesh, experts);
@@ -276,11 +271,7 @@ Rect HeldRect(const Matrix& m, const Model& model, const Mesh& mesh, int experts
   } else if (ep < 0) {
     x.canonical = t == 0;
   }
-  const int n = mesh.fsdp(), k = mesh.Fsdp(r);
-  const int64_t d = x.r1 - x.r0, chunk = (d + n - 1) / n;
-  const int64_t a = std::min(d, k * chunk), b = std::min(d, a + chunk);
-  x.r1 = x.r0 + b;
-  x.r0 = x.r0 + a;
+  ChunkRows(&x, mesh.Fsdp(r), mesh.fsdp());
   return x;
 }
 
@@ -295,19 +286,6 @@ std::vector<int> Candidates(const Matrix& m, const Model& model, const Mesh& mes
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-constexpr int kStateBytes = 4;  // fp32 momentum, gathered to the owner
-constexpr int kNsBytes = 2;     // bf16 Newton-Schulz output, scattered back
-
-template <typename SpanT>
-int64_t PeerBytes(const std::vector<std::vector<SpanT>>& per_peer, int me) {
-  int64_t n = 0;
-  for (size_t p = 0; p < per_peer.size(); ++p) {
-    if (static_cast<int>(p) == me) continue;  // a rank's own elements do not move
-    for (const SpanT& s : per_peer[p]) n += s.length * static_cast<int64_t>(muon::SizeOf(s.wire));
-  }
-  return n;
 }
 
 int64_t MovedBytes(const std::vector<muon::RoundTable>& tables, int r) {

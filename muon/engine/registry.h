@@ -70,10 +70,11 @@ class Registry {
     ns_bf16_ = ns_bf16;
   }
   bool update_in_grad() const { return update_in_grad_; }
+  // Whether param `p` is stepped by the exchange (not the custom path, not
+  // ZeRO-2).
+  static bool Exchanged(const Param& p) { return !p.custom && p.zero2_group < 0; }
   // Whether param `p`'s update lives in its gradient (else an update buffer).
-  bool UpdateInGrad(const Param& p) const {
-    return update_in_grad_ && !p.custom && p.zero2_group < 0;
-  }
+  bool UpdateInGrad(const Param& p) const { return update_in_grad_ && Exchanged(p); }
 
   // Ends registration (the first step's setup succeeded); what only
   // registration needs (the name set, the storage index) is freed.

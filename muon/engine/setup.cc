@@ -96,9 +96,9 @@ absl::Status Build(Registry& registry, const Options& options,
     // before anything else (as torch's .bfloat16() does; rounding here is
     // the same rounding), then the bf16 orthogonalized update: both exactly,
     // in half the bytes. Custom-path and ZeRO-2 parameters keep fp32.
-    const bool exchanged = !p.custom && p.zero2_group < 0;
-    const DType dtype =
-        exchanged && options.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
+    const DType dtype = Registry::Exchanged(p) && options.ns.dtype == NsDtype::kBF16
+                            ? DType::kBF16
+                            : DType::kF32;
     MUON_ASSIGN_OR_RETURN(
         DeviceBuffer b,
         DeviceBuffer::Make(registry.device(), static_cast<size_t>(p.numel()) * SizeOf(dtype),

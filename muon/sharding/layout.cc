@@ -65,51 +65,12 @@ std::string Describe(const Placement& p, size_t index) {
 }
 
 // The runs of the box [lo[k], lo[k] + extent[k]) of each dim k of a tensor
-// of `shape`, in row-major order, each as long as the box allows: the
-// innermost dim the box does not cover whole, with every dim inside it,
-// makes one run per index of the dims outside it. The same runs, merged the
-// same way (Append), as mapping each Shard's slices row by row.
-std::vector<Run> BoxRuns(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
-                         const std::vector<int64_t>& extent) {
-  std::vector<Run> out;
-  const size_t n = shape.size();
-  for (size_t k = 0; k < n; ++k) {
-    if (extent[k] == 0) return out;
-  }
-  // split: the innermost dim not whole; dims after it are whole.
-  size_t split = n;
-  while (split > 0 && extent[split - 1] == shape[split - 1]) --split;
-  if (split == 0) {
-    const int64_t numel = Product(shape, 0, n);
-    if (numel > 0) out.push_back({0, numel});
-    return out;
-  }
-  const size_t d = split - 1;
-  const int64_t inner = Product(shape, d + 1, n);
-  const int64_t length = extent[d] * inner;
-  // Odometer over the dims before d, inside the box.
-  std::vector<int64_t> at(lo.begin(), lo.begin() + d);
-  int64_t count = 1;
-  for (size_t k = 0; k < d; ++k) count *= extent[k];
-  out.reserve(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) {
-    int64_t offset = 0;
-    for (size_t k = 0; k < d; ++k) offset = offset * shape[k] + at[k];
-    offset = (offset * shape[d] + lo[d]) * inner;
-    Append(&out, {offset, length});
-    for (size_t k = d; k-- > 0;) {
-      if (++at[k] < lo[k] + extent[k]) break;
-      at[k] = lo[k];
-    }
-  }
-  return out;
-}
-
-// BoxRuns as blocks. With d the innermost dim the box does not cover whole,
-// BoxRuns makes one run per index of the dims before d; along dim d - 1 they
-// are shape[d] * inner apart, so they make one block per index of the dims
-// before d - 1. Runs of different blocks never touch (dim d is not whole), so
-// that the expansion is BoxRuns exactly.
+// of `shape`, in row-major order, as blocks. With d the innermost dim the box
+// does not cover whole (every dim inside it whole), there is one run per
+// index of the dims before d, extent[d] * inner long; along dim d - 1 they are
+// shape[d] * inner apart, so they make one block per index of the dims before
+// d - 1. No two runs touch (dim d is not whole), so the expansion is what
+// mapping each Shard's slices row by row gives.
 std::vector<RunBlock> BoxBlocks(const std::vector<int64_t>& shape, const std::vector<int64_t>& lo,
                                 const std::vector<int64_t>& extent) {
   std::vector<RunBlock> out;
@@ -152,7 +113,7 @@ std::vector<RunBlock> BoxBlocks(const std::vector<int64_t>& shape, const std::ve
 
 // ComputePiece, and PieceShape when `with_runs` is false. Without a
 // FlatRange (and unless `row_by_row`) the Shards only narrow a box of the
-// global tensor, whose runs are made once at the end (BoxRuns); otherwise
+// global tensor, whose runs are made once at the end (BoxBlocks); otherwise
 // every placement maps the runs so far, one slice per index of the dims
 // before its own.
 absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
@@ -287,7 +248,7 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
     if (as_blocks) {
       piece.blocks = BoxBlocks(layout.global_shape, box_lo, piece.shape);
     } else {
-      piece.runs = BoxRuns(layout.global_shape, box_lo, piece.shape);
+      piece.runs = ExpandBlocks(BoxBlocks(layout.global_shape, box_lo, piece.shape));
     }
   } else if (with_runs && as_blocks) {
     piece.blocks = ToBlocks(piece.runs);
