@@ -6,9 +6,12 @@
 #include <new>
 #include <utility>
 
+#include <omp.h>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cpu/amx_bf16.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "oneapi/dnnl/dnnl.h"
 
@@ -108,6 +111,7 @@ class GrowingBlock {
 };
 
 struct NativeBf16Gemm::Impl {
+  bool amx = false;  // the AMX kernel instead of oneDNN
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
   std::vector<Entry> cache;
@@ -118,6 +122,8 @@ struct NativeBf16Gemm::Impl {
   // One block of a symmetric product, dense (oneDNN 2.x multiplies on AMX
   // only into a dense destination).
   GrowingBlock block{&source, "the bf16 symmetric product's block"};
+  // The AMX kernel's packed operands and accumulators.
+  GrowingBlock workspace{&source, "the bf16 product's packed operands"};
 
   absl::StatusOr<void*> Scratch(size_t bytes) { return scratch.Get(bytes); }
 
@@ -188,10 +194,20 @@ bool NativeBf16Gemm::Available() {
   return (isa & bf16) == bf16;
 }
 
-std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source) {
+std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source, Engine engine) {
   if (!Available()) return nullptr;
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
+  if (engine == Engine::kAuto) {
+    const char* env = std::getenv("MUON_CPU_AMX");
+    const bool off = env != nullptr && std::strcmp(env, "0") == 0;
+    engine = cpu::AmxBf16Usable() && !off ? Engine::kAmx : Engine::kOneDnn;
+  }
+  if (engine == Engine::kAmx) {
+    if (!cpu::AmxBf16Usable()) return nullptr;
+    impl->amx = true;
+    return std::unique_ptr<NativeBf16Gemm>(new NativeBf16Gemm(std::move(impl)));
+  }
   if (dnnl_engine_create(&impl->engine, dnnl_cpu, 0) != dnnl_success) return nullptr;
   if (dnnl_stream_create(&impl->stream, impl->engine, dnnl_stream_default_flags) != dnnl_success) {
     return nullptr;
@@ -201,6 +217,8 @@ std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source) {
 
 NativeBf16Gemm::NativeBf16Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NativeBf16Gemm::~NativeBf16Gemm() = default;
+
+const char* NativeBf16Gemm::EngineName() const { return impl_->amx ? "amx" : "onednn"; }
 
 namespace {
 
@@ -268,7 +286,51 @@ absl::StatusOr<NativeBf16Gemm::Entry*> NativeBf16Gemm::Find(const NsGemm& g, con
   return &impl_->cache.back();
 }
 
+namespace {
+
+// The product as the AMX kernel sees it: D column-major is D^T row-major, and
+// D^T = op(B)^T op(A)^T. Gram and poly (symmetric) are read in the order the
+// kernel packs fastest.
+cpu::AmxProduct AmxProductOf(const NsGemm& g, float alpha, float beta,
+                             uint16_t* const* buffers) {
+  cpu::AmxProduct p;
+  p.rows = g.n;
+  p.cols = g.m;
+  p.k = g.k;
+  // op(B)^T (j, p) = op(B)(p, j): B(p, j) at p + j ldb (row-major), or B(j, p)
+  // at j + p ldb (transposed).
+  p.left = {buffers[static_cast<int>(g.b.buffer)], g.b.ld, g.trans_b && !ReadAsSymmetric(g.b)};
+  // op(A)^T (p, i) = op(A)(i, p): A(i, p) at i + p lda (row-major), or A(p, i)
+  // at p + i lda (transposed).
+  p.right = {buffers[static_cast<int>(g.a.buffer)], g.a.ld, g.trans_a && !ReadAsSymmetric(g.a)};
+  p.alpha = alpha;
+  p.beta = beta;
+  p.c = buffers[static_cast<int>(g.c.buffer)];
+  p.ld_c = g.c.ld;
+  p.out = buffers[static_cast<int>(g.d.buffer)];
+  p.ld_out = g.d.ld;
+  p.symmetric = g.symmetric && g.m == g.n;
+  return p;
+}
+
+}  // namespace
+
+absl::Status NativeBf16Gemm::RunAmx(const NsGemm& g, float alpha, float beta,
+                                    uint16_t* const* buffers) {
+  const cpu::AmxProduct p = AmxProductOf(g, alpha, beta, buffers);
+  const int threads = omp_get_max_threads();
+  absl::StatusOr<void*> workspace = impl_->workspace.Get(cpu::AmxWorkspaceBytes(p, threads));
+  if (!workspace.ok()) return workspace.status();
+  cpu::AmxMultiply(p, *workspace, threads);
+  return absl::OkStatus();
+}
+
 absl::Status NativeBf16Gemm::Prepare(const NsGemm& g, float alpha, float beta) {
+  if (impl_->amx) {
+    uint16_t* none[4] = {nullptr, nullptr, nullptr, nullptr};
+    const cpu::AmxProduct p = AmxProductOf(g, alpha, beta, none);
+    return impl_->workspace.Get(cpu::AmxWorkspaceBytes(p, omp_get_max_threads())).status();
+  }
   const int64_t bs = SymmetricBlock(g);
   if (bs == 0) return Find(g, WholeKey(g, alpha, beta)).status();
   const int64_t last = g.m - (g.m - 1) / bs * bs;  // the last block's width
@@ -306,6 +368,7 @@ absl::Status NativeBf16Gemm::Execute(const NsGemm& g, const Key& key, const uint
 
 absl::Status NativeBf16Gemm::Run(const NsGemm& g, float alpha, float beta,
                                  uint16_t* const* buffers) {
+  if (impl_->amx) return RunAmx(g, alpha, beta, buffers);
   const uint16_t* a = buffers[static_cast<int>(g.a.buffer)];
   const uint16_t* b = buffers[static_cast<int>(g.b.buffer)];
   const uint16_t* c = buffers[static_cast<int>(g.c.buffer)];

@@ -1,8 +1,10 @@
-// Native bf16 matrix products for the CPU backend's bf16 Newton-Schulz, through
-// oneDNN's matmul (AMX or AVX512-BF16 instructions: bf16 operands, fp32
-// accumulation, one rounding of alpha * A B + beta * C to bf16, which is what
-// the emulated path computes with fp32 GEMMs and rounding, up to the order of
-// the fp32 sums).
+// Native bf16 matrix products for the CPU backend's bf16 Newton-Schulz: bf16
+// operands, fp32 accumulation, one rounding of alpha * A B + beta * C to bf16,
+// which is what the emulated path computes with fp32 GEMMs and rounding, up to
+// the order of the fp32 sums. Two engines: libmuon's own AMX kernel
+// (amx_bf16.h) where the CPU has AMX tiles, oneDNN's matmul (AVX512-BF16 or
+// AMX) elsewhere; oneDNN 2.x multiplies a 1024^3 product 1.4x slower than
+// the AMX kernel and does not exploit symmetric products.
 //
 // One instance per backend (per rank); not thread-safe. Products run on the
 // calling thread's OpenMP threads (omp_get_max_threads()).
@@ -22,13 +24,23 @@ namespace muon {
 
 class NativeBf16Gemm {
  public:
+  enum class Engine {
+    kAuto,    // AMX when AmxBf16Usable() and MUON_CPU_AMX is not "0", else oneDNN
+    kAmx,     // libmuon's AMX kernel
+    kOneDnn,  // oneDNN's matmul
+  };
   // Whether this CPU multiplies bf16 natively (oneDNN sees AVX512-BF16 or
   // AMX) and the environment does not turn it off: MUON_CPU_NATIVE_BF16=0
   // keeps the emulated path.
   static bool Available();
-  // nullptr when not Available() or oneDNN cannot start. oneDNN's scratchpad
-  // comes from `source` (operator new when it is empty).
-  static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source = {});
+  // nullptr when not Available(), when `engine` is kAmx and the CPU cannot
+  // run it, or when oneDNN cannot start. Working memory (oneDNN's scratchpad,
+  // the AMX kernel's packed operands) comes from `source` (operator new when
+  // it is empty).
+  static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source = {},
+                                                Engine engine = Engine::kAuto);
+  // "amx" or "onednn": the engine this instance runs.
+  const char* EngineName() const;
   ~NativeBf16Gemm();
 
   // Runs one product of a Newton-Schulz program (count 1) on bf16 buffers
@@ -53,6 +65,7 @@ class NativeBf16Gemm {
   static int64_t SymmetricBlock(const NsGemm& g);
   static Key BlockKey(const NsGemm& g, int64_t rows, int64_t cols, float alpha, float beta);
   absl::StatusOr<Entry*> Find(const NsGemm& g, const Key& key);
+  absl::Status RunAmx(const NsGemm& g, float alpha, float beta, uint16_t* const* buffers);
   // D = alpha op(A) op(B) + beta D for the geometry `key`, at these addresses.
   absl::Status Execute(const NsGemm& g, const Key& key, const uint16_t* a, const uint16_t* b,
                        uint16_t* d);

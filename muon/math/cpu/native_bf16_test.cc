@@ -1,4 +1,4 @@
-// The native bf16 products (oneDNN) against the product each NsGemm describes,
+// The native bf16 products (both engines: the AMX kernel, oneDNN) against the product each NsGemm describes,
 // computed here in double from its column-major definition; and whole
 // Newton-Schulz runs against the double reference and the emulated path.
 #include "muon/math/cpu/native_bf16.h"
@@ -28,6 +28,17 @@ struct Shape {
   int64_t rows, cols;
 };
 
+using Engine = NativeBf16Gemm::Engine;
+
+// Every engine this CPU runs.
+std::vector<Engine> Engines() {
+  std::vector<Engine> engines;
+  for (Engine e : {Engine::kAmx, Engine::kOneDnn}) {
+    if (NativeBf16Gemm::Create({}, e) != nullptr) engines.push_back(e);
+  }
+  return engines;
+}
+
 class NativeProducts : public ::testing::TestWithParam<Shape> {};
 
 // D = alpha op(A) op(B) + beta C from the description, in double.
@@ -55,8 +66,10 @@ TEST_P(NativeProducts, EveryProductOfTheProgramIsExact) {
   MUON_REQUIRE_NATIVE();
   const Shape s = GetParam();
   const NsProgram program = PlanNewtonSchulz(1, s.rows, s.cols);
-  auto gemm = NativeBf16Gemm::Create();
+  for (Engine engine : Engines()) {
+  auto gemm = NativeBf16Gemm::Create({}, engine);
   ASSERT_NE(gemm, nullptr);
+  SCOPED_TRACE(gemm->EngineName());
   std::mt19937 rng(static_cast<uint32_t>(s.rows * 100 + s.cols));
   std::uniform_int_distribution<int> small(-4, 4);
   const float scalars[][2] = {{1.0f, 0.0f}, {0.25f, -0.5f}, {-2.0f, 2.0f}};
@@ -93,6 +106,7 @@ TEST_P(NativeProducts, EveryProductOfTheProgramIsExact) {
       }
     }
   }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, NativeProducts,
@@ -105,9 +119,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NativeProducts,
 // whose poly runs as blocks. Exact as above.
 TEST(NativeBf16, BlockedSymmetricProductsAreExact) {
   MUON_REQUIRE_NATIVE();
-  auto gemm = NativeBf16Gemm::Create();
-  ASSERT_NE(gemm, nullptr);
   const Shape shapes[] = {{800, 1000}, {1100, 1100}, {1000, 800}};
+  for (Engine engine : Engines()) {
+  auto gemm = NativeBf16Gemm::Create({}, engine);
+  ASSERT_NE(gemm, nullptr);
+  SCOPED_TRACE(gemm->EngineName());
   for (const Shape& s : shapes) {
     const NsProgram program = PlanNewtonSchulz(1, s.rows, s.cols);
     std::mt19937 rng(static_cast<uint32_t>(s.rows + s.cols));
@@ -142,6 +158,7 @@ TEST(NativeBf16, BlockedSymmetricProductsAreExact) {
         }
       }
     }
+  }
   }
 }
 
@@ -201,6 +218,18 @@ TEST(NativeBf16, ResultDoesNotDependOnThreads) {
     ::unsetenv("MUON_CPU_THREADS");
     EXPECT_EQ(one, three) << s.rows << "x" << s.cols;
   }
+}
+
+// The AMX kernel wherever the CPU has it, unless MUON_CPU_AMX=0 asks for
+// oneDNN.
+TEST(NativeBf16, EngineChoice) {
+  MUON_REQUIRE_NATIVE();
+  const bool amx = NativeBf16Gemm::Create({}, Engine::kAmx) != nullptr;
+  EXPECT_STREQ(NativeBf16Gemm::Create()->EngineName(), amx ? "amx" : "onednn");
+  EXPECT_STREQ(NativeBf16Gemm::Create({}, Engine::kOneDnn)->EngineName(), "onednn");
+  ::setenv("MUON_CPU_AMX", "0", 1);
+  EXPECT_STREQ(NativeBf16Gemm::Create()->EngineName(), "onednn");
+  ::unsetenv("MUON_CPU_AMX");
 }
 
 TEST(NativeBf16, EnvironmentTurnsItOff) {

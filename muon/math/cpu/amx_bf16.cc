@@ -1,0 +1,403 @@
+#include "muon/math/cpu/amx_bf16.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own
+// _mm512_undefined_epi32() when inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace muon {
+namespace cpu {
+
+#if defined(__x86_64__) && defined(__linux__)
+
+// Only the functions below carry the AMX and AVX-512 instruction sets, and
+// only after AmxBf16Usable() does anything call them.
+#define MUON_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace {
+
+constexpr int64_t kTile = 16;       // tile rows; a tile row is 32 bf16 (64 bytes)
+constexpr int64_t kTileElems = 512;  // bf16 per packed operand tile (1 KiB)
+constexpr int64_t kBlock = 256;      // output block edge, elements
+constexpr int64_t kChunk = 8;        // k tiles (of 32) per pass over a block
+
+int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// The packed sizes: rows and cols padded to 32, k to tiles of 32.
+struct Geometry {
+  int64_t rows_p, cols_p, k_tiles;
+  size_t left_elems, right_elems;
+  int64_t blocks_down, blocks_across;
+};
+
+Geometry GeometryOf(const AmxProduct& p) {
+  Geometry g;
+  g.rows_p = RoundUp(p.rows, 32);
+  g.cols_p = RoundUp(p.cols, 32);
+  g.k_tiles = RoundUp(p.k, 32) / 32;
+  g.left_elems = static_cast<size_t>(g.rows_p / kTile * g.k_tiles * kTileElems);
+  g.right_elems = static_cast<size_t>(g.cols_p / kTile * g.k_tiles * kTileElems);
+  g.blocks_down = (g.rows_p + kBlock - 1) / kBlock;
+  g.blocks_across = (g.cols_p + kBlock - 1) / kBlock;
+  return g;
+}
+
+constexpr size_t kBlockBytes = static_cast<size_t>(kBlock * kBlock) * sizeof(float);
+
+size_t Align64(size_t v) { return (v + 63) / 64 * 64; }
+
+struct Workspace {
+  uint16_t* left;
+  uint16_t* right;
+  float* blocks;  // kBlock x kBlock fp32 per thread, tile by tile
+};
+
+Workspace Carve(const Geometry& g, void* workspace) {
+  auto* base = static_cast<char*>(workspace);
+  Workspace w;
+  w.left = reinterpret_cast<uint16_t*>(base);
+  base += Align64(g.left_elems * sizeof(uint16_t));
+  w.right = reinterpret_cast<uint16_t*>(base);
+  base += Align64(g.right_elems * sizeof(uint16_t));
+  w.blocks = reinterpret_cast<float*>(base);
+  return w;
+}
+
+// The tile configuration: tiles 0-3 the 2 x 2 fp32 accumulators, 4-5 two
+// left tiles, 6-7 two right tiles; every tile 16 rows of 64 bytes. A constant
+// (GCC 12 drops stores into a local configuration that only LDTILECFG reads).
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+MUON_AMX void LoadTileConfig() { _tile_loadconfig(&kTileConfig); }
+
+MUON_AMX void ReleaseTiles() { _tile_release(); }
+
+MUON_AMX inline __mmask32 Mask32(int64_t n) {
+  return n >= 32 ? ~__mmask32{0} : (n <= 0 ? 0 : (__mmask32{1} << n) - 1);
+}
+
+MUON_AMX inline __mmask16 Mask16(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff)
+                 : (n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1));
+}
+
+// A left tile from a row-major matrix: 16 rows (`rows` valid) of 32 k
+// (`k` valid) starting at src; invalid elements zero.
+MUON_AMX void LeftTileFromRows(const uint16_t* src, int64_t ld, int64_t rows, int64_t k,
+                               uint16_t* tile) {
+  const __mmask32 mask = Mask32(k);
+  for (int64_t r = 0; r < kTile; ++r) {
+    const __m512i v = r < rows ? _mm512_maskz_loadu_epi16(mask, src + r * ld) : _mm512_setzero_si512();
+    _mm512_store_si512(tile + r * 32, v);
+  }
+}
+
+// Two right tiles in pair order from a row-major matrix: k rows (`k` valid)
+// of 32 columns (`cols` valid) starting at src, the first 16 columns to
+// `tile`, the next 16 to `next`; tile row q holds rows 2q and 2q + 1
+// interleaved.
+MUON_AMX void RightTilesFromRows(const uint16_t* src, int64_t ld, int64_t k, int64_t cols,
+                                 uint16_t* tile, uint16_t* next) {
+  const __mmask32 mask = Mask32(cols);
+  const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                       8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+  for (int64_t q = 0; q < kTile; ++q) {
+    const __m512i even =
+        2 * q < k ? _mm512_maskz_loadu_epi16(mask, src + 2 * q * ld) : _mm512_setzero_si512();
+    const __m512i odd =
+        2 * q + 1 < k ? _mm512_maskz_loadu_epi16(mask, src + (2 * q + 1) * ld) : _mm512_setzero_si512();
+    _mm512_store_si512(tile + q * 32, _mm512_permutex2var_epi16(even, low, odd));
+    _mm512_store_si512(next + q * 32, _mm512_permutex2var_epi16(even, high, odd));
+  }
+}
+
+// dst = src transposed as a 16 x 16 matrix of 32-bit words. A left tile's
+// word (r, q) is the pair (2q, 2q + 1) of row r; a right tile's word (q, c)
+// the pair of column c: the transposed tile is the other kind.
+MUON_AMX void TransposeWords(const uint16_t* src, uint16_t* dst) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(src + i * 32);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + c], lane l: rows 4i..4i+3 of column 4l + c.
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+    const __m512i w0 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+    _mm512_store_si512(dst + (0 + c) * 32, _mm512_shuffle_i32x4(v0, w0, 0x88));
+    _mm512_store_si512(dst + (8 + c) * 32, _mm512_shuffle_i32x4(v0, w0, 0xDD));
+    _mm512_store_si512(dst + (4 + c) * 32, _mm512_shuffle_i32x4(v1, w1, 0x88));
+    _mm512_store_si512(dst + (12 + c) * 32, _mm512_shuffle_i32x4(v1, w1, 0xDD));
+  }
+}
+
+// Left tiles of the 32 rows from 16-row group `group` (all k tiles):
+// left(i, p) for i in the groups. Row-major left: rows copied; transposed
+// left: the right-tile form of its stored rows, word-transposed.
+MUON_AMX void PackLeftPair(const AmxProduct& p, const Geometry& g, int64_t group, uint16_t* out) {
+  alignas(64) uint16_t scratch[2][kTileElems];
+  const AmxOperand& a = p.left;
+  for (int64_t t = 0; t < g.k_tiles; ++t) {
+    const int64_t p0 = t * 32;
+    uint16_t* tile = out + (group * g.k_tiles + t) * kTileElems;
+    uint16_t* next = tile + g.k_tiles * kTileElems;
+    const int64_t i0 = group * kTile;
+    if (!a.transposed) {
+      LeftTileFromRows(a.data + i0 * a.ld + p0, a.ld, p.rows - i0, p.k - p0, tile);
+      LeftTileFromRows(a.data + (i0 + kTile) * a.ld + p0, a.ld, p.rows - i0 - kTile, p.k - p0,
+                       next);
+    } else {
+      RightTilesFromRows(a.data + p0 * a.ld + i0, a.ld, p.k - p0, p.rows - i0, scratch[0],
+                         scratch[1]);
+      TransposeWords(scratch[0], tile);
+      TransposeWords(scratch[1], next);
+    }
+  }
+}
+
+// Right tiles of the 32 columns from 16-column group `group` (all k tiles).
+MUON_AMX void PackRightPair(const AmxProduct& p, const Geometry& g, int64_t group, uint16_t* out) {
+  alignas(64) uint16_t scratch[kTileElems];
+  const AmxOperand& b = p.right;
+  for (int64_t t = 0; t < g.k_tiles; ++t) {
+    const int64_t p0 = t * 32;
+    uint16_t* tile = out + (group * g.k_tiles + t) * kTileElems;
+    uint16_t* next = tile + g.k_tiles * kTileElems;
+    const int64_t j0 = group * kTile;
+    if (!b.transposed) {
+      RightTilesFromRows(b.data + p0 * b.ld + j0, b.ld, p.k - p0, p.cols - j0, tile, next);
+    } else {
+      LeftTileFromRows(b.data + j0 * b.ld + p0, b.ld, p.cols - j0, p.k - p0, scratch);
+      TransposeWords(scratch, tile);
+      LeftTileFromRows(b.data + (j0 + kTile) * b.ld + p0, b.ld, p.cols - j0 - kTile, p.k - p0,
+                       scratch);
+      TransposeWords(scratch, next);
+    }
+  }
+}
+
+// acc (32 x 32 fp32: four 16 x 16 tiles at acc, acc + 256, acc + across,
+// acc + across + 256) += left groups (2 from `left`) x right groups (2 from
+// `right`) over k tiles [t0, t0 + tiles); starts from zero when `first`.
+MUON_AMX void Kernel(const uint16_t* left, const uint16_t* right, int64_t k_tiles, int64_t t0,
+                     int64_t tiles, bool first, float* acc, int64_t across) {
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, acc, 64);
+    _tile_loadd(1, acc + 256, 64);
+    _tile_loadd(2, acc + across, 64);
+    _tile_loadd(3, acc + across + 256, 64);
+  }
+  const uint16_t* a0 = left + t0 * kTileElems;
+  const uint16_t* a1 = a0 + k_tiles * kTileElems;
+  const uint16_t* b0 = right + t0 * kTileElems;
+  const uint16_t* b1 = b0 + k_tiles * kTileElems;
+  // Software-pipelined: tiles are not renamed, so the next step's loads go
+  // right after the last product reading each register.
+  _tile_loadd(4, a0, 64);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(5, a1, 64);
+  _tile_loadd(7, b1, 64);
+  for (int64_t t = 1; t < tiles; ++t) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(4, a0 + t * kTileElems, 64);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(6, b0 + t * kTileElems, 64);
+    _tile_dpbf16ps(3, 5, 7);
+    _tile_loadd(5, a1 + t * kTileElems, 64);
+    _tile_loadd(7, b1 + t * kTileElems, 64);
+  }
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+  _tile_stored(0, acc, 64);
+  _tile_stored(1, acc + 256, 64);
+  _tile_stored(2, acc + across, 64);
+  _tile_stored(3, acc + across + 256, 64);
+}
+
+// One output block: rows [i0, i0 + rb), cols [j0, j0 + cb) of the padded
+// product, into `acc` (tile (u, v) at acc + (u * kBlock / 16 + v) * 256),
+// then alpha acc + beta c rounded into out (only the part on and above the
+// diagonal when symmetric).
+MUON_AMX void RunBlock(const AmxProduct& p, const Geometry& g, const Workspace& w, int64_t i0,
+                       int64_t j0, float* acc) {
+  const int64_t rb = std::min(kBlock, g.rows_p - i0);
+  const int64_t cb = std::min(kBlock, g.cols_p - j0);
+  const int64_t across = kBlock / kTile * 256;  // floats from tile row u to u + 1
+  const bool diagonal = p.symmetric && i0 == j0;
+  for (int64_t t0 = 0; t0 < g.k_tiles; t0 += kChunk) {
+    const int64_t tiles = std::min(kChunk, g.k_tiles - t0);
+    for (int64_t i = 0; i < rb; i += 32) {
+      const uint16_t* left = w.left + (i0 + i) / kTile * g.k_tiles * kTileElems;
+      for (int64_t j = diagonal ? i : 0; j < cb; j += 32) {
+        const uint16_t* right = w.right + (j0 + j) / kTile * g.k_tiles * kTileElems;
+        Kernel(left, right, g.k_tiles, t0, tiles, t0 == 0,
+               acc + (i / kTile * (kBlock / kTile) + j / kTile) * 256, across);
+      }
+    }
+  }
+  // The epilogue, tile by tile: alpha acc + beta c, rounded, to out; on a
+  // symmetric product also to the mirrored place, through a transposed
+  // 16 x 16 copy (contiguous stores instead of a column walk).
+  const __m512 alpha = _mm512_set1_ps(p.alpha);
+  const __m512 beta = _mm512_set1_ps(p.beta);
+  const bool with_c = p.beta != 0.0f;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  alignas(64) uint16_t rounded[kTile][kTile];
+  alignas(64) uint16_t mirrored[kTile][kTile];
+  for (int64_t i = 0; i < rb; i += kTile) {
+    const int64_t row0 = i0 + i;
+    if (row0 >= p.rows) break;
+    const int64_t row_count = std::min(kTile, p.rows - row0);
+    for (int64_t j = diagonal ? i / 32 * 32 : 0; j < cb; j += kTile) {
+      const int64_t col = j0 + j;
+      if (col >= p.cols) break;
+      const int64_t col_count = std::min(kTile, p.cols - col);
+      const float* tile = acc + (i / kTile * (kBlock / kTile) + j / kTile) * 256;
+      // Columns >= row only where a tile crosses the diagonal.
+      const bool crossing = p.symmetric && col < row0 + kTile;
+      for (int64_t r = 0; r < row_count; ++r) {
+        const int64_t row = row0 + r;
+        __mmask16 mask = Mask16(col_count);
+        if (crossing) {
+          mask &= _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(row - col)));
+        }
+        __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(tile + r * kTile));
+        if (with_c) {
+          const __m256i c16 = _mm256_maskz_loadu_epi16(mask, p.c + row * p.ld_c + col);
+          const __m512 c32 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c16), 16));
+          v = _mm512_fmadd_ps(beta, c32, v);
+        }
+        const __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
+        _mm256_mask_storeu_epi16(p.out + row * p.ld_out + col, mask, out);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(rounded[r]), out);
+      }
+      if (!p.symmetric) continue;
+      if (crossing) {  // the mirror of this tile's part above the diagonal
+        for (int64_t r = 0; r < row_count; ++r) {
+          for (int64_t c = std::max<int64_t>(row0 + r - col + 1, 0); c < col_count; ++c) {
+            p.out[(col + c) * p.ld_out + row0 + r] = rounded[r][c];
+          }
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < kTile; ++r) {
+        for (int64_t c = 0; c < kTile; ++c) mirrored[c][r] = rounded[r][c];
+      }
+      const __mmask16 rows_mask = Mask16(row_count);
+      for (int64_t c = 0; c < col_count; ++c) {
+        _mm256_mask_storeu_epi16(p.out + (col + c) * p.ld_out + row0, rows_mask,
+                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(mirrored[c])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool AmxBf16Usable() {
+  static const bool usable = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
+    const bool amx = (d & (1u << 22)) && (d & (1u << 24));                          // BF16, TILE
+    if (!avx512 || !amx) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;  // AVX512-BF16
+    // The OS must save AVX-512 state (XCR0 bits 5-7 with 1-2).
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6) != 0xe6) return false;
+    // Linux hands the tile state to a process that asks (ARCH_REQ_XCOMP_PERM
+    // for XFEATURE_XTILEDATA).
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return usable;
+}
+
+size_t AmxWorkspaceBytes(const AmxProduct& p, int threads) {
+  const Geometry g = GeometryOf(p);
+  return Align64(g.left_elems * sizeof(uint16_t)) + Align64(g.right_elems * sizeof(uint16_t)) +
+         static_cast<size_t>(std::max(threads, 1)) * kBlockBytes;
+}
+
+void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
+  const Geometry g = GeometryOf(p);
+  const Workspace w = Carve(g, workspace);
+  // Packing in pairs of 16-row (16-column) groups.
+  const int64_t left_pairs = g.rows_p / 32, right_pairs = g.cols_p / 32;
+  // Output blocks, upper ones only when symmetric.
+  const int64_t blocks = g.blocks_down * g.blocks_across;
+#pragma omp parallel num_threads(std::max(threads, 1))
+  {
+    float* acc = w.blocks + static_cast<size_t>(omp_get_thread_num()) * (kBlock * kBlock);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < left_pairs + right_pairs; ++u) {
+      if (u < left_pairs) {
+        PackLeftPair(p, g, 2 * u, w.left);
+      } else {
+        PackRightPair(p, g, 2 * (u - left_pairs), w.right);
+      }
+    }
+    LoadTileConfig();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
+      if (p.symmetric && bj < bi) continue;
+      RunBlock(p, g, w, bi * kBlock, bj * kBlock, acc);
+    }
+    ReleaseTiles();
+  }
+}
+
+#else  // not x86-64 Linux
+
+bool AmxBf16Usable() { return false; }
+size_t AmxWorkspaceBytes(const AmxProduct&, int) { return 0; }
+void AmxMultiply(const AmxProduct&, void*, int) {}
+
+#endif
+
+}  // namespace cpu
+}  // namespace muon

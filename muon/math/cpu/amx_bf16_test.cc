@@ -1,0 +1,148 @@
+// The AMX kernel against products computed here in double from the
+// definition, on small integers (every fp32 sum exact, so the bf16 result has
+// one right answer): every orientation of both operands, uneven edges, k not a
+// multiple of 32, symmetric products across several blocks, results that do
+// not depend on the threads, and nothing written outside the output.
+#include "muon/math/cpu/amx_bf16.h"
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "muon/common/half.h"
+
+namespace muon {
+namespace cpu {
+namespace {
+
+using ew::Bf16BitsToFloat;
+using ew::FloatToBf16Bits;
+
+#define MUON_REQUIRE_AMX() \
+  if (!AmxBf16Usable()) GTEST_SKIP() << "this CPU (or kernel) gives no AMX tiles"
+
+constexpr uint16_t kUntouched = 0x7fc1;  // a NaN pattern the kernel never writes
+constexpr int64_t kPad = 5;             // columns past the output, each row
+
+struct Case {
+  int64_t rows, cols, k;
+  bool left_transposed, right_transposed, symmetric;
+  float alpha, beta;
+};
+
+std::string Name(const Case& c) {
+  return std::to_string(c.rows) + "x" + std::to_string(c.cols) + "x" + std::to_string(c.k) +
+         (c.left_transposed ? " L^T" : " L") + (c.right_transposed ? " R^T" : " R") +
+         (c.symmetric ? " symmetric" : "") + " alpha " + std::to_string(c.alpha) + " beta " +
+         std::to_string(c.beta);
+}
+
+// Runs the case with `threads` and returns the output (rows x (cols + kPad)),
+// after checking it against the double product.
+std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 131 + c.cols * 17 + c.k));
+  std::uniform_int_distribution<int> small(-4, 4);
+  auto bf = [&] { return FloatToBf16Bits(static_cast<float>(small(rng))); };
+  const int64_t ld_left = c.left_transposed ? c.rows + 3 : c.k + 2;
+  const int64_t ld_right = c.right_transposed ? c.k + 1 : c.cols + 6;
+  const int64_t ld = c.cols + kPad;
+  std::vector<uint16_t> left((c.left_transposed ? c.k : c.rows) * ld_left);
+  std::vector<uint16_t> right((c.right_transposed ? c.cols : c.k) * ld_right);
+  std::vector<uint16_t> cin(c.rows * ld), out(c.rows * ld, kUntouched);
+  for (auto& v : left) v = bf();
+  for (auto& v : right) v = bf();
+  for (auto& v : cin) v = bf();
+  auto l_at = [&](int64_t i, int64_t p) -> uint16_t& {
+    return c.left_transposed ? left[p * ld_left + i] : left[i * ld_left + p];
+  };
+  auto r_at = [&](int64_t p, int64_t j) -> uint16_t& {
+    return c.right_transposed ? right[j * ld_right + p] : right[p * ld_right + j];
+  };
+  if (c.symmetric) {  // right = left^T and c symmetric
+    for (int64_t i = 0; i < c.rows; ++i) {
+      for (int64_t p = 0; p < c.k; ++p) r_at(p, i) = l_at(i, p);
+      for (int64_t j = 0; j < i; ++j) cin[i * ld + j] = cin[j * ld + i];
+    }
+  }
+  AmxProduct p;
+  p.rows = c.rows;
+  p.cols = c.cols;
+  p.k = c.k;
+  p.left = {left.data(), ld_left, c.left_transposed};
+  p.right = {right.data(), ld_right, c.right_transposed};
+  p.alpha = c.alpha;
+  p.beta = c.beta;
+  p.c = cin.data();
+  p.ld_c = ld;
+  p.out = out.data();
+  p.ld_out = ld;
+  p.symmetric = c.symmetric;
+  const size_t bytes = AmxWorkspaceBytes(p, threads);
+  void* workspace = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  AmxMultiply(p, workspace, threads);
+  std::free(workspace);
+  for (int64_t i = 0; i < c.rows; ++i) {
+    for (int64_t j = 0; j < c.cols; ++j) {
+      double sum = 0;
+      for (int64_t q = 0; q < c.k; ++q) {
+        sum += static_cast<double>(Bf16BitsToFloat(l_at(i, q))) * Bf16BitsToFloat(r_at(q, j));
+      }
+      // beta 0 reads nothing (BLAS): alpha * 0 may be -0.
+      const double want = c.beta == 0.0f ? c.alpha * sum
+                                          : c.alpha * sum + c.beta * Bf16BitsToFloat(cin[i * ld + j]);
+      EXPECT_EQ(out[i * ld + j], FloatToBf16Bits(static_cast<float>(want)))
+          << Name(c) << " at (" << i << ", " << j << ")";
+      if (::testing::Test::HasFailure()) return out;
+    }
+    for (int64_t j = c.cols; j < ld; ++j) {
+      EXPECT_EQ(out[i * ld + j], kUntouched) << Name(c) << ": wrote past the output at " << i;
+    }
+  }
+  return out;
+}
+
+TEST(AmxBf16, EveryOrientationAndEdge) {
+  MUON_REQUIRE_AMX();
+  const int64_t shapes[][3] = {{1, 1, 1},    {16, 16, 16},  {32, 32, 32},  {33, 47, 65},
+                               {100, 37, 300}, {300, 300, 70}, {257, 513, 129}, {7, 600, 31}};
+  for (const auto& s : shapes) {
+    for (int lt = 0; lt < 2; ++lt) {
+      for (int rt = 0; rt < 2; ++rt) {
+        const Case c{s[0], s[1], s[2], lt == 1, rt == 1, false, lt ? 0.25f : 1.0f,
+                     rt ? -0.5f : 0.0f};
+        RunAndCheck(c, 1 + (lt ^ rt));
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+// Symmetric: blocks on and above the diagonal (up to 3 x 3 blocks of 256),
+// mirrored below, in place of C as the polynomial product runs.
+TEST(AmxBf16, SymmetricProductsAcrossBlocks) {
+  MUON_REQUIRE_AMX();
+  for (int64_t n : {1, 16, 33, 300, 600}) {
+    for (int lt = 0; lt < 2; ++lt) {
+      for (int rt = 0; rt < 2; ++rt) {
+        RunAndCheck(Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, lt ? 2.0f : 0.0f}, 2);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(AmxBf16, ResultDoesNotDependOnThreads) {
+  MUON_REQUIRE_AMX();
+  for (bool symmetric : {false, true}) {
+    const Case c{520, 520, 700, false, true, symmetric, 0.5f, 0.25f};
+    const std::vector<uint16_t> one = RunAndCheck(c, 1);
+    EXPECT_EQ(one, RunAndCheck(c, 2));
+    EXPECT_EQ(one, RunAndCheck(c, 3));
+  }
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace muon
