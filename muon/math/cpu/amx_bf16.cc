@@ -369,7 +369,12 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
   const int64_t left_pairs = g.rows_p / 32, right_pairs = g.cols_p / 32;
   // Output blocks, upper ones only when symmetric.
   const int64_t blocks = g.blocks_down * g.blocks_across;
-#pragma omp parallel num_threads(std::max(threads, 1))
+  const int64_t computed =
+      p.symmetric ? g.blocks_down * (g.blocks_down + 1) / 2 : blocks;
+  // No more threads than blocks: a one-block product (256 wide or less) runs
+  // on the calling thread alone instead of waking a team for nothing.
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, computed)));
+#pragma omp parallel num_threads(team)
   {
     float* acc = w.blocks + static_cast<size_t>(omp_get_thread_num()) * (kBlock * kBlock);
 #pragma omp for schedule(static)
