@@ -8,8 +8,8 @@ and each one's median is reported.
    (muon.Optimizer.orthogonalize, ns_dtype fp32) against numpy doing torch's
    products (X X^T, addmm, addmm on the wide orientation) and torch's own
    fp32 products (the same steps in torch.mm).
-2. Newton-Schulz in bf16: libmuon on native bf16 products (oneDNN, where the
-   CPU has them) and emulated (fp32 products rounded to bf16,
+2. Newton-Schulz in bf16: libmuon on native bf16 products (its AMX kernel, or
+   oneDNN on CPUs with AVX512-BF16 only) and emulated (fp32 products rounded to bf16,
    MUON_CPU_NATIVE_BF16=0) against torch.optim._muon._zeropower_via_newtonschulz.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
