@@ -165,47 +165,33 @@ MUON_AMX void TransposeWords(const uint16_t* src, uint16_t* dst) {
   }
 }
 
-// Left tiles of the 32 rows from 16-row group `group` (all k tiles):
-// left(i, p) for i in the groups. Row-major left: rows copied; transposed
-// left: the right-tile form of its stored rows, word-transposed.
-MUON_AMX void PackLeftPair(const AmxProduct& p, const Geometry& g, int64_t group, uint16_t* out) {
+// The tiles of the 32 rows (left form) or 32 columns (right form) of an
+// operand from 16-group `group`, all k tiles, to `out` (group g's tile t at
+// (g * k_tiles + t) tiles). An operand stored with k contiguous gives left
+// tiles by copying rows, one stored with its other dimension contiguous gives
+// right tiles by interleaving row pairs; the other form is the word transpose.
+// `extent` is the operand's size in the group dimension.
+MUON_AMX void PackPair(const AmxOperand& o, bool k_contiguous, bool left_form, int64_t extent,
+                       int64_t k, int64_t k_tiles, int64_t group, uint16_t* out) {
   alignas(64) uint16_t scratch[2][kTileElems];
-  const AmxOperand& a = p.left;
-  for (int64_t t = 0; t < g.k_tiles; ++t) {
+  const bool direct = k_contiguous == left_form;
+  const int64_t e0 = group * kTile;
+  for (int64_t t = 0; t < k_tiles; ++t) {
     const int64_t p0 = t * 32;
-    uint16_t* tile = out + (group * g.k_tiles + t) * kTileElems;
-    uint16_t* next = tile + g.k_tiles * kTileElems;
-    const int64_t i0 = group * kTile;
-    if (!a.transposed) {
-      LeftTileFromRows(a.data + i0 * a.ld + p0, a.ld, p.rows - i0, p.k - p0, tile);
-      LeftTileFromRows(a.data + (i0 + kTile) * a.ld + p0, a.ld, p.rows - i0 - kTile, p.k - p0,
-                       next);
+    uint16_t* tile = out + (group * k_tiles + t) * kTileElems;
+    uint16_t* next = tile + k_tiles * kTileElems;
+    uint16_t* first = direct ? tile : scratch[0];
+    uint16_t* second = direct ? next : scratch[1];
+    if (k_contiguous) {
+      LeftTileFromRows(o.data + e0 * o.ld + p0, o.ld, extent - e0, k - p0, first);
+      LeftTileFromRows(o.data + (e0 + kTile) * o.ld + p0, o.ld, extent - e0 - kTile, k - p0,
+                       second);
     } else {
-      RightTilesFromRows(a.data + p0 * a.ld + i0, a.ld, p.k - p0, p.rows - i0, scratch[0],
-                         scratch[1]);
+      RightTilesFromRows(o.data + p0 * o.ld + e0, o.ld, k - p0, extent - e0, first, second);
+    }
+    if (!direct) {
       TransposeWords(scratch[0], tile);
       TransposeWords(scratch[1], next);
-    }
-  }
-}
-
-// Right tiles of the 32 columns from 16-column group `group` (all k tiles).
-MUON_AMX void PackRightPair(const AmxProduct& p, const Geometry& g, int64_t group, uint16_t* out) {
-  alignas(64) uint16_t scratch[kTileElems];
-  const AmxOperand& b = p.right;
-  for (int64_t t = 0; t < g.k_tiles; ++t) {
-    const int64_t p0 = t * 32;
-    uint16_t* tile = out + (group * g.k_tiles + t) * kTileElems;
-    uint16_t* next = tile + g.k_tiles * kTileElems;
-    const int64_t j0 = group * kTile;
-    if (!b.transposed) {
-      RightTilesFromRows(b.data + p0 * b.ld + j0, b.ld, p.k - p0, p.cols - j0, tile, next);
-    } else {
-      LeftTileFromRows(b.data + j0 * b.ld + p0, b.ld, p.cols - j0, p.k - p0, scratch);
-      TransposeWords(scratch, tile);
-      LeftTileFromRows(b.data + (j0 + kTile) * b.ld + p0, b.ld, p.cols - j0 - kTile, p.k - p0,
-                       scratch);
-      TransposeWords(scratch, next);
     }
   }
 }
@@ -379,10 +365,13 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
     float* acc = w.blocks + static_cast<size_t>(omp_get_thread_num()) * (kBlock * kBlock);
 #pragma omp for schedule(static)
     for (int64_t u = 0; u < left_pairs + right_pairs; ++u) {
+      // left(i, p) = data[i ld + p] unless transposed; right(p, j) =
+      // data[p ld + j] unless transposed.
       if (u < left_pairs) {
-        PackLeftPair(p, g, 2 * u, w.left);
+        PackPair(p.left, !p.left.transposed, true, p.rows, p.k, g.k_tiles, 2 * u, w.left);
       } else {
-        PackRightPair(p, g, 2 * (u - left_pairs), w.right);
+        PackPair(p.right, p.right.transposed, false, p.cols, p.k, g.k_tiles,
+                 2 * (u - left_pairs), w.right);
       }
     }
     LoadTileConfig();
