@@ -44,6 +44,7 @@
 #include "bench/model_file.h"
 #include "bench/traffic.h"
 #include "muon/sharding/plan.h"
+#include "muon/sharding/testing/job.h"
 
 namespace {
 
@@ -104,21 +105,8 @@ Mesh TpFsdpMesh(int world, int tp) { return {Scheme::kTpFsdp, world, tp}; }
 Mesh DdpMesh(int world) { return {Scheme::kDdp, world, world}; }
 Mesh HsdpMesh(int world, int fsdp) { return {Scheme::kHsdp, world, fsdp}; }
 
-muon::Placement ShardPlacement(int group, int dim, muon::ShardSplit split) {
-  muon::Placement p;
-  p.kind = muon::PlacementKind::kShard;
-  p.group = group;
-  p.dim = dim;
-  p.split = split;
-  return p;
-}
-
-muon::Placement ReplicatePlacement(int group) {
-  muon::Placement p;
-  p.kind = muon::PlacementKind::kReplicate;
-  p.group = group;
-  return p;
-}
+using muon::testjob::Replicate;
+using muon::testjob::Shard;
 
 // The RankDesc every rank would send in the handshake.
 std::vector<muon::RankDesc> MakeRankDescs(const Model& model, const Mesh& mesh) {
@@ -144,20 +132,20 @@ std::vector<muon::RankDesc> MakeRankDescs(const Model& model, const Mesh& mesh) 
       auto& pl = p.layout.placements;
       switch (mesh.scheme) {
         case Scheme::kFsdp:
-          pl.push_back(ShardPlacement(0, 0, muon::ShardSplit::kChunk));
+          pl.push_back(Shard(0, 0, muon::ShardSplit::kChunk));
           break;
         case Scheme::kTpFsdp:
-          pl.push_back(m.tp == TpKind::kReplicate ? ReplicatePlacement(0)
-                                                  : ShardPlacement(0, m.tp == TpKind::kRow ? 1 : 0,
+          pl.push_back(m.tp == TpKind::kReplicate ? Replicate(0)
+                                                  : Shard(0, m.tp == TpKind::kRow ? 1 : 0,
                                                                    muon::ShardSplit::kEven));
-          pl.push_back(ShardPlacement(1, 0, muon::ShardSplit::kChunk));
+          pl.push_back(Shard(1, 0, muon::ShardSplit::kChunk));
           break;
         case Scheme::kDdp:
-          pl.push_back(ReplicatePlacement(0));
+          pl.push_back(Replicate(0));
           break;
         case Scheme::kHsdp:
-          pl.push_back(ReplicatePlacement(1));
-          pl.push_back(ShardPlacement(0, 0, muon::ShardSplit::kChunk));
+          pl.push_back(Replicate(1));
+          pl.push_back(Shard(0, 0, muon::ShardSplit::kChunk));
           break;
       }
       d.params.push_back(std::move(p));

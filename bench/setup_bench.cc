@@ -73,6 +73,7 @@
 #include "muon/sharding/handshake.h"
 #include "muon/sharding/layout.h"
 #include "muon/sharding/plan.h"
+#include "muon/sharding/testing/job.h"
 
 // ---------------------------------------------------------------------------
 // Live heap bytes through operator new, and their peak.
@@ -201,21 +202,8 @@ int EpRankOf(const Matrix& m, const Mesh& mesh, int experts) {
   return m.expert / std::max(1, experts / mesh.inner);
 }
 
-muon::Placement Shard(int group, int dim, muon::ShardSplit split) {
-  muon::Placement p;
-  p.kind = muon::PlacementKind::kShard;
-  p.group = group;
-  p.dim = dim;
-  p.split = split;
-  return p;
-}
-
-muon::Placement Replicate(int group) {
-  muon::Placement p;
-  p.kind = muon::PlacementKind::kReplicate;
-  p.group = group;
-  return p;
-}
+using muon::testjob::Replicate;
+using muon::testjob::Shard;
 
 // What rank r sends in the handshake.
 muon::RankDesc Describe(const Model& model, const Mesh& mesh, int experts, int r) {
