@@ -165,34 +165,44 @@ MUON_AMX void TransposeWords(const uint16_t* src, uint16_t* dst) {
   }
 }
 
-// The tiles of the 32 rows (left form) or 32 columns (right form) of an
-// operand from 16-group `group`, all k tiles, to `out` (group g's tile t at
-// (g * k_tiles + t) tiles). An operand stored with k contiguous gives left
-// tiles by copying rows, one stored with its other dimension contiguous gives
-// right tiles by interleaving row pairs; the other form is the word transpose.
-// `extent` is the operand's size in the group dimension.
-MUON_AMX void PackPair(const AmxOperand& o, bool k_contiguous, bool left_form, int64_t extent,
-                       int64_t k, int64_t k_tiles, int64_t group, uint16_t* out) {
+// One operand to pack: the tiles of its 32-row (left form) or 32-column
+// (right form) pairs of groups, k tile by k tile. An operand stored with k
+// contiguous gives left tiles by copying rows, one stored with its other
+// dimension contiguous gives right tiles by interleaving row pairs; the other
+// form is the word transpose. `extent` is its size in the group dimension.
+struct Packing {
+  AmxOperand o;
+  bool k_contiguous, left_form;
+  int64_t extent, k, k_tiles, pairs;
+  uint16_t* out;  // group g's tile t at (g * k_tiles + t) tiles
+
+  int64_t Units() const { return pairs * k_tiles; }
+};
+
+// Unit u of `pk`: one k tile of one pair of groups. Units run along the
+// stored rows: pair by pair (each pair's k tiles along its rows) when k is
+// contiguous, k tile by k tile (each tile's pairs along its rows) otherwise.
+MUON_AMX void PackUnit(const Packing& pk, int64_t u) {
   alignas(64) uint16_t scratch[2][kTileElems];
-  const bool direct = k_contiguous == left_form;
-  const int64_t e0 = group * kTile;
-  for (int64_t t = 0; t < k_tiles; ++t) {
-    const int64_t p0 = t * 32;
-    uint16_t* tile = out + (group * k_tiles + t) * kTileElems;
-    uint16_t* next = tile + k_tiles * kTileElems;
-    uint16_t* first = direct ? tile : scratch[0];
-    uint16_t* second = direct ? next : scratch[1];
-    if (k_contiguous) {
-      LeftTileFromRows(o.data + e0 * o.ld + p0, o.ld, extent - e0, k - p0, first);
-      LeftTileFromRows(o.data + (e0 + kTile) * o.ld + p0, o.ld, extent - e0 - kTile, k - p0,
-                       second);
-    } else {
-      RightTilesFromRows(o.data + p0 * o.ld + e0, o.ld, k - p0, extent - e0, first, second);
-    }
-    if (!direct) {
-      TransposeWords(scratch[0], tile);
-      TransposeWords(scratch[1], next);
-    }
+  const int64_t pair = pk.k_contiguous ? u / pk.k_tiles : u % pk.pairs;
+  const int64_t t = pk.k_contiguous ? u % pk.k_tiles : u / pk.pairs;
+  const bool direct = pk.k_contiguous == pk.left_form;
+  const AmxOperand& o = pk.o;
+  const int64_t e0 = pair * 32, p0 = t * 32;
+  uint16_t* tile = pk.out + (2 * pair * pk.k_tiles + t) * kTileElems;
+  uint16_t* next = tile + pk.k_tiles * kTileElems;
+  uint16_t* first = direct ? tile : scratch[0];
+  uint16_t* second = direct ? next : scratch[1];
+  if (pk.k_contiguous) {
+    LeftTileFromRows(o.data + e0 * o.ld + p0, o.ld, pk.extent - e0, pk.k - p0, first);
+    LeftTileFromRows(o.data + (e0 + kTile) * o.ld + p0, o.ld, pk.extent - e0 - kTile, pk.k - p0,
+                     second);
+  } else {
+    RightTilesFromRows(o.data + p0 * o.ld + e0, o.ld, pk.k - p0, pk.extent - e0, first, second);
+  }
+  if (!direct) {
+    TransposeWords(scratch[0], tile);
+    TransposeWords(scratch[1], next);
   }
 }
 
@@ -263,58 +273,73 @@ MUON_AMX void RunBlock(const AmxProduct& p, const Geometry& g, const Workspace& 
       }
     }
   }
-  // The epilogue, tile by tile: alpha acc + beta c, rounded, to out; on a
-  // symmetric product also to the mirrored place, through a transposed
-  // 16 x 16 copy (contiguous stores instead of a column walk).
+  // The epilogue, row by row: alpha acc + beta c, rounded, to out, 32
+  // columns (one 64-byte line) per store; on the diagonal only columns >= row.
   const __m512 alpha = _mm512_set1_ps(p.alpha);
   const __m512 beta = _mm512_set1_ps(p.beta);
   const bool with_c = p.beta != 0.0f;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  alignas(64) uint16_t rounded[kTile][kTile];
-  alignas(64) uint16_t mirrored[kTile][kTile];
-  for (int64_t i = 0; i < rb; i += kTile) {
-    const int64_t row0 = i0 + i;
-    if (row0 >= p.rows) break;
-    const int64_t row_count = std::min(kTile, p.rows - row0);
-    for (int64_t j = diagonal ? i / 32 * 32 : 0; j < cb; j += kTile) {
+  const __m512i lane_high = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
+  for (int64_t i = 0; i < std::min(rb, p.rows - i0); ++i) {
+    const int64_t row = i0 + i;
+    const float* acc_row = acc + (i / kTile * (kBlock / kTile)) * 256 + i % kTile * kTile;
+    for (int64_t j = diagonal ? i / 32 * 32 : 0; j < std::min(cb, p.cols - j0); j += 32) {
       const int64_t col = j0 + j;
-      if (col >= p.cols) break;
-      const int64_t col_count = std::min(kTile, p.cols - col);
-      const float* tile = acc + (i / kTile * (kBlock / kTile) + j / kTile) * 256;
-      // Columns >= row only where a tile crosses the diagonal.
-      const bool crossing = p.symmetric && col < row0 + kTile;
-      for (int64_t r = 0; r < row_count; ++r) {
-        const int64_t row = row0 + r;
-        __mmask16 mask = Mask16(col_count);
-        if (crossing) {
-          mask &= _mm512_cmpge_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(row - col)));
-        }
-        __m512 v = _mm512_mul_ps(alpha, _mm512_load_ps(tile + r * kTile));
-        if (with_c) {
-          const __m256i c16 = _mm256_maskz_loadu_epi16(mask, p.c + row * p.ld_c + col);
-          const __m512 c32 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(c16), 16));
-          v = _mm512_fmadd_ps(beta, c32, v);
-        }
-        const __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
-        _mm256_mask_storeu_epi16(p.out + row * p.ld_out + col, mask, out);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(rounded[r]), out);
+      __mmask32 mask = Mask32(p.cols - col);
+      if (diagonal && col < row + 1) {  // the 32 columns reach the diagonal
+        const __m512i from = _mm512_set1_epi32(static_cast<int>(row - col));
+        const __mmask32 upper = static_cast<__mmask32>(_mm512_cmpge_epi32_mask(lane, from)) |
+                                static_cast<__mmask32>(_mm512_cmpge_epi32_mask(lane_high, from))
+                                    << 16;
+        mask &= upper;
       }
-      if (!p.symmetric) continue;
-      if (crossing) {  // the mirror of this tile's part above the diagonal
+      const float* tile = acc_row + j / kTile * 256;  // the next tile's row 256 floats on
+      __m512 lo = _mm512_mul_ps(alpha, _mm512_load_ps(tile));
+      __m512 hi = _mm512_mul_ps(alpha, _mm512_load_ps(tile + 256));
+      if (with_c) {
+        const __m512i c16 = _mm512_maskz_loadu_epi16(mask, p.c + row * p.ld_c + col);
+        const __m512 c_lo = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(c16)), 16));
+        const __m512 c_hi = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(c16, 1)), 16));
+        lo = _mm512_fmadd_ps(beta, c_lo, lo);
+        hi = _mm512_fmadd_ps(beta, c_hi, hi);
+      }
+      const __m512i both = _mm512_inserti64x4(
+          _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(lo)), (__m256i)_mm512_cvtneps_pbh(hi), 1);
+      _mm512_mask_storeu_epi16(p.out + row * p.ld_out + col, mask, both);
+    }
+  }
+}
+
+// The mirror of a symmetric product's block (i0, j0), once its part on and
+// above the diagonal is in out: out(j, i) = out(i, j) for j > i, through
+// transposed 32 x 16 copies (each mirrored row one 64-byte store).
+MUON_AMX void MirrorBlock(const AmxProduct& p, int64_t i0, int64_t j0) {
+  alignas(64) uint16_t mirrored[kTile][32];
+  const int64_t rows = std::min(kBlock, p.rows - i0), cols = std::min(kBlock, p.cols - j0);
+  const int64_t ld = p.ld_out;
+  for (int64_t i = 0; i < rows; i += 32) {
+    const int64_t row0 = i0 + i, row_count = std::min<int64_t>(32, rows - i);
+    for (int64_t j = 0; j < cols; j += kTile) {
+      const int64_t col0 = j0 + j, col_count = std::min(kTile, cols - j);
+      if (col0 + col_count <= row0 + 1) continue;  // nothing above the diagonal
+      if (col0 < row0 + row_count) {  // crosses the diagonal: element by element
         for (int64_t r = 0; r < row_count; ++r) {
-          for (int64_t c = std::max<int64_t>(row0 + r - col + 1, 0); c < col_count; ++c) {
-            p.out[(col + c) * p.ld_out + row0 + r] = rounded[r][c];
+          for (int64_t c = std::max<int64_t>(row0 + r + 1 - col0, 0); c < col_count; ++c) {
+            p.out[(col0 + c) * ld + row0 + r] = p.out[(row0 + r) * ld + col0 + c];
           }
         }
         continue;
       }
-      for (int64_t r = 0; r < kTile; ++r) {
-        for (int64_t c = 0; c < kTile; ++c) mirrored[c][r] = rounded[r][c];
+      for (int64_t r = 0; r < row_count; ++r) {
+        const uint16_t* src = p.out + (row0 + r) * ld + col0;
+        for (int64_t c = 0; c < kTile; ++c) mirrored[c][r] = src[c < col_count ? c : 0];
       }
-      const __mmask16 rows_mask = Mask16(row_count);
+      const __mmask32 rows_mask = Mask32(row_count);
       for (int64_t c = 0; c < col_count; ++c) {
-        _mm256_mask_storeu_epi16(p.out + (col + c) * p.ld_out + row0, rows_mask,
-                                 _mm256_load_si256(reinterpret_cast<const __m256i*>(mirrored[c])));
+        _mm512_mask_storeu_epi16(p.out + (col0 + c) * ld + row0, rows_mask,
+                                 _mm512_load_si512(mirrored[c]));
       }
     }
   }
@@ -351,8 +376,12 @@ size_t AmxWorkspaceBytes(const AmxProduct& p, int threads) {
 void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
   const Geometry g = GeometryOf(p);
   const Workspace w = Carve(g, workspace);
-  // Packing in pairs of 16-row (16-column) groups.
-  const int64_t left_pairs = g.rows_p / 32, right_pairs = g.cols_p / 32;
+  // left(i, p) = data[i ld + p] unless transposed; right(p, j) =
+  // data[p ld + j] unless transposed.
+  const Packing left{p.left, !p.left.transposed, true, p.rows, p.k, g.k_tiles, g.rows_p / 32,
+                     w.left};
+  const Packing right{p.right, p.right.transposed, false, p.cols, p.k, g.k_tiles, g.cols_p / 32,
+                      w.right};
   // Output blocks, upper ones only when symmetric.
   const int64_t blocks = g.blocks_down * g.blocks_across;
   const int64_t computed =
@@ -364,14 +393,11 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
   {
     float* acc = w.blocks + static_cast<size_t>(omp_get_thread_num()) * (kBlock * kBlock);
 #pragma omp for schedule(static)
-    for (int64_t u = 0; u < left_pairs + right_pairs; ++u) {
-      // left(i, p) = data[i ld + p] unless transposed; right(p, j) =
-      // data[p ld + j] unless transposed.
-      if (u < left_pairs) {
-        PackPair(p.left, !p.left.transposed, true, p.rows, p.k, g.k_tiles, 2 * u, w.left);
+    for (int64_t u = 0; u < left.Units() + right.Units(); ++u) {
+      if (u < left.Units()) {
+        PackUnit(left, u);
       } else {
-        PackPair(p.right, p.right.transposed, false, p.cols, p.k, g.k_tiles,
-                 2 * (u - left_pairs), w.right);
+        PackUnit(right, u - left.Units());
       }
     }
     LoadTileConfig();
@@ -380,6 +406,7 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
       const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
       if (p.symmetric && bj < bi) continue;
       RunBlock(p, g, w, bi * kBlock, bj * kBlock, acc);
+      if (p.symmetric) MirrorBlock(p, bi * kBlock, bj * kBlock);
     }
     ReleaseTiles();
   }

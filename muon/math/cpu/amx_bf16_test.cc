@@ -5,6 +5,7 @@
 // not depend on the threads, and nothing written outside the output.
 #include "muon/math/cpu/amx_bf16.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -30,12 +31,13 @@ struct Case {
   int64_t rows, cols, k;
   bool left_transposed, right_transposed, symmetric;
   float alpha, beta;
+  bool in_place = false;  // c is out itself (holding c's values)
 };
 
 std::string Name(const Case& c) {
   return std::to_string(c.rows) + "x" + std::to_string(c.cols) + "x" + std::to_string(c.k) +
          (c.left_transposed ? " L^T" : " L") + (c.right_transposed ? " R^T" : " R") +
-         (c.symmetric ? " symmetric" : "") + " alpha " + std::to_string(c.alpha) + " beta " +
+         (c.symmetric ? " symmetric" : "") + (c.in_place ? " in place" : "") + " alpha " + std::to_string(c.alpha) + " beta " +
          std::to_string(c.beta);
 }
 
@@ -66,6 +68,11 @@ std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
       for (int64_t j = 0; j < i; ++j) cin[i * ld + j] = cin[j * ld + i];
     }
   }
+  if (c.in_place) {
+    for (int64_t i = 0; i < c.rows; ++i) {
+      std::copy(cin.begin() + i * ld, cin.begin() + i * ld + c.cols, out.begin() + i * ld);
+    }
+  }
   AmxProduct p;
   p.rows = c.rows;
   p.cols = c.cols;
@@ -74,7 +81,7 @@ std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
   p.right = {right.data(), ld_right, c.right_transposed};
   p.alpha = c.alpha;
   p.beta = c.beta;
-  p.c = cin.data();
+  p.c = c.in_place ? out.data() : cin.data();
   p.ld_c = ld;
   p.out = out.data();
   p.ld_out = ld;
@@ -114,19 +121,28 @@ TEST(AmxBf16, EveryOrientationAndEdge) {
                      rt ? -0.5f : 0.0f};
         RunAndCheck(c, 1 + (lt ^ rt));
         if (HasFailure()) return;
+        if (c.beta != 0.0f) {
+          Case in_place = c;
+          in_place.in_place = true;
+          RunAndCheck(in_place, 2);
+          if (HasFailure()) return;
+        }
       }
     }
   }
 }
 
 // Symmetric: blocks on and above the diagonal (up to 3 x 3 blocks of 256),
-// mirrored below, in place of C as the polynomial product runs.
+// mirrored below; with C apart from out and with C in out itself.
 TEST(AmxBf16, SymmetricProductsAcrossBlocks) {
   MUON_REQUIRE_AMX();
   for (int64_t n : {1, 16, 33, 300, 600}) {
     for (int lt = 0; lt < 2; ++lt) {
       for (int rt = 0; rt < 2; ++rt) {
         RunAndCheck(Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, lt ? 2.0f : 0.0f}, 2);
+        if (HasFailure()) return;
+        // C read in place: out starts as C and ends as the product.
+        RunAndCheck(Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, 2.0f, true}, 2);
         if (HasFailure()) return;
       }
     }
