@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/cpu/cpu_kernels.h"
 
 namespace muon {
 
@@ -129,10 +130,7 @@ void RunCopiesOnHost(const std::vector<CopyOp>& ops) {
       std::memcpy(op.dst, op.src, static_cast<size_t>(op.n) * SizeOf(op.src_type));
       continue;
     }
-    for (int64_t i = 0; i < op.n; ++i) {
-      const float v = RoundTo(op.via, LoadAsFloat(op.src_type, op.src, i));
-      StoreFromFloat(op.dst_type, op.dst, i, v);
-    }
+    cpu::Convert(op.src_type, op.src, op.via, op.dst_type, op.dst, op.n);
   }
 }
 

@@ -121,11 +121,13 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   if (config.dtype != NsDtype::kBF16 || !NativeBf16() || rows == 0 || cols == 0) {
     return absl::OkStatus();
   }
-  // The wide program (a tall matrix runs transposed) and every iteration's scalars.
-  const NsProgram wide = PlanNewtonSchulz(1, std::min(rows, cols), std::max(rows, cols));
+  // The program that runs (a tall matrix transposed to the wide program where
+  // the engine prefers it) and every iteration's scalars.
+  const bool transpose = rows > cols && native_bf16_->PrefersWide();
+  const NsProgram runs = transpose ? PlanNewtonSchulz(1, cols, rows) : PlanNewtonSchulz(1, rows, cols);
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : wide.iteration) {
+    for (const NsGemm& g : runs.iteration) {
       MUON_RETURN_IF_ERROR(
           native_bf16_->Prepare(g, NsScalarValue(g.alpha, abc), NsScalarValue(g.beta, abc)));
     }
@@ -200,26 +202,28 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   auto* ws = reinterpret_cast<uint16_t*>(work_);
   uint16_t* buffers[4] = {ws, ws + elems, ws + 2 * elems, ws + 2 * elems + gram};
   Normalize(config, u, elems);  // exact in bf16 from here on
-  // A tall matrix runs as its transpose, the wide program: oneDNN multiplies
-  // the wide layout's operands 2x faster than the tall one's, which would
-  // read X transposed in the gram product; the transposes cost one pass.
+  // With oneDNN a tall matrix runs as its transpose, the wide program: oneDNN
+  // multiplies the wide layout's operands 2x faster than the tall one's,
+  // which would read X transposed in the gram product; the transposes cost
+  // one pass. The AMX kernel packs either layout as fast: no transposes.
   const int64_t m = program.m, n = program.n;
-  const NsProgram& wide = program.tall ? PlanNewtonSchulz(1, m, n) : program;
-  if (program.tall) {
+  const bool transpose = program.tall && native_bf16_->PrefersWide();
+  const NsProgram& runs = transpose ? PlanNewtonSchulz(1, m, n) : program;
+  if (transpose) {
     cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
   } else {
     cpu::ToBf16(u, elems, buffers[0]);
   }
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : wide.iteration) {
+    for (const NsGemm& g : runs.iteration) {
       MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
                                              NsScalarValue(g.beta, abc), buffers));
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   const uint16_t* x = buffers[static_cast<int>(NsBuffer::kX)];
-  if (program.tall) {
+  if (transpose) {
     cpu::TransposeFromBf16(x, m, n, u);
   } else {
     cpu::FromBf16(x, elems, u);

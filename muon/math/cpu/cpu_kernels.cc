@@ -102,7 +102,40 @@ MUON_INLINE void ApplyUpdate(const ApplyArgs& a, float decay, float alpha) {
   }
 }
 
+template <int S, int V, int D>
+MUON_INLINE void ConvertLoop(const void* src, void* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) Store<D>(dst, i, RoundTo<V>(Load<S>(src, i)));
+}
+
+template <int S, int V>
+MUON_INLINE void ConvertTo(const void* src, int dst_type, void* dst, int64_t n) {
+  switch (dst_type) {
+    case kBF16: return ConvertLoop<S, V, kBF16>(src, dst, n);
+    case kF16: return ConvertLoop<S, V, kF16>(src, dst, n);
+    default: return ConvertLoop<S, V, kF32>(src, dst, n);
+  }
+}
+
+template <int S>
+MUON_INLINE void ConvertVia(const void* src, int via, int dst_type, void* dst, int64_t n) {
+  switch (via) {
+    case kBF16: return ConvertTo<S, kBF16>(src, dst_type, dst, n);
+    case kF16: return ConvertTo<S, kF16>(src, dst_type, dst, n);
+    default: return ConvertTo<S, kF32>(src, dst_type, dst, n);
+  }
+}
+
 }  // namespace
+
+MUON_CLONES void Convert(DType src_type, const void* src, DType via, DType dst_type, void* dst,
+                         int64_t n) {
+  const int v = static_cast<int>(via), d = static_cast<int>(dst_type);
+  switch (static_cast<int>(src_type)) {
+    case kBF16: return ConvertVia<kBF16>(src, v, d, dst, n);
+    case kF16: return ConvertVia<kF16>(src, v, d, dst, n);
+    default: return ConvertVia<kF32>(src, v, d, dst, n);
+  }
+}
 
 MUON_CLONES void RoundToBf16(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = RoundTo<kBF16>(p[i]);

@@ -39,6 +39,10 @@ void MirrorUpper(float* d, int64_t m, int64_t ld);
 void TransposeBlockBf16(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols,
                         uint16_t* dst, int64_t ld_dst);
 
+// dst[i] = src[i] rounded to `via`, then stored as `dst_type` (ew::Load,
+// ew::RoundTo, ew::Store for each element): the host's copy programs.
+void Convert(DType src_type, const void* src, DType via, DType dst_type, void* dst, int64_t n);
+
 // One tensor of the momentum step (ew::MomentumElement for each element);
 // returns the number of non-finite gradient elements.
 int64_t Momentum(const MomentumArgs& a, float w_buf, float w_out, bool nesterov);

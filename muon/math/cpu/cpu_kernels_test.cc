@@ -229,5 +229,35 @@ TEST(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
   }
 }
 
+TEST(CpuKernels, ConvertEveryDtypeCombinationMatchesTheElementFunctions) {
+  for (int64_t n : {1, 9, 16, 37, 200}) {
+    for (int s = 0; s < 3; ++s) {
+      for (int v = 0; v < 3; ++v) {
+        for (int d = 0; d < 3; ++d) {
+          const auto src = Stored(s, Mixed(n, 5));
+          std::vector<uint8_t> dst(n * 4, 0xab), want(n * 4, 0xab);
+          for (int64_t i = 0; i < n; ++i) {
+            ew::Store(d, want.data(), i, ew::RoundTo(v, ew::Load(s, src.data(), i)));
+          }
+          cpu::Convert(D(s), src.data(), D(v), D(d), dst.data(), n);
+          ASSERT_EQ(dst, want) << "n " << n << " types " << s << v << d;
+        }
+      }
+    }
+  }
+  // Every bf16 rounding boundary, fp32 to bf16 and fp32 via bf16.
+  const std::vector<float> in = Boundaries();
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> bits(in.size());
+  cpu::Convert(DType::kF32, in.data(), DType::kF32, DType::kBF16, bits.data(), n);
+  std::vector<float> via(in.size());
+  cpu::Convert(DType::kF32, in.data(), DType::kBF16, DType::kF32, via.data(), n);
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(bits[i], ReferenceBf16(in[i])) << std::hex << ToBits(in[i]);
+    ASSERT_EQ(ToBits(via[i]), static_cast<uint32_t>(ReferenceBf16(in[i])) << 16)
+        << std::hex << ToBits(in[i]);
+  }
+}
+
 }  // namespace
 }  // namespace muon

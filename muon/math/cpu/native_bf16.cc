@@ -219,6 +219,7 @@ NativeBf16Gemm::NativeBf16Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 NativeBf16Gemm::~NativeBf16Gemm() = default;
 
 const char* NativeBf16Gemm::EngineName() const { return impl_->amx ? "amx" : "onednn"; }
+bool NativeBf16Gemm::PrefersWide() const { return !impl_->amx; }
 
 namespace {
 

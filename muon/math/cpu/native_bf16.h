@@ -41,6 +41,9 @@ class NativeBf16Gemm {
                                                 Engine engine = Engine::kAuto);
   // "amx" or "onednn": the engine this instance runs.
   const char* EngineName() const;
+  // Whether the wide program (a tall matrix transposed first) runs faster
+  // than the tall one: oneDNN's yes, the AMX kernel's no.
+  bool PrefersWide() const;
   ~NativeBf16Gemm();
 
   // Runs one product of a Newton-Schulz program (count 1) on bf16 buffers
