@@ -313,16 +313,19 @@ MUON_AMX void RunBlock(const AmxProduct& p, const Geometry& g, const Workspace& 
 }
 
 // The mirror of a symmetric product's block (i0, j0), once its part on and
-// above the diagonal is in out: out(j, i) = out(i, j) for j > i, through
-// transposed 32 x 16 copies (each mirrored row one 64-byte store).
+// above the diagonal is in out: out(j, i) = out(i, j) for j > i. A 32 x 32
+// piece above the diagonal moves as two right tiles of its rows (row pairs
+// interleaved), word-transposed: each tile row is then one mirrored row of 32
+// elements, one 64-byte store. Pieces on the diagonal move element by element.
 MUON_AMX void MirrorBlock(const AmxProduct& p, int64_t i0, int64_t j0) {
-  alignas(64) uint16_t mirrored[kTile][32];
+  alignas(64) uint16_t pairs[2][kTileElems];
+  alignas(64) uint16_t mirrored[kTileElems];
   const int64_t rows = std::min(kBlock, p.rows - i0), cols = std::min(kBlock, p.cols - j0);
   const int64_t ld = p.ld_out;
   for (int64_t i = 0; i < rows; i += 32) {
     const int64_t row0 = i0 + i, row_count = std::min<int64_t>(32, rows - i);
-    for (int64_t j = 0; j < cols; j += kTile) {
-      const int64_t col0 = j0 + j, col_count = std::min(kTile, cols - j);
+    for (int64_t j = 0; j < cols; j += 32) {
+      const int64_t col0 = j0 + j, col_count = std::min<int64_t>(32, cols - j);
       if (col0 + col_count <= row0 + 1) continue;  // nothing above the diagonal
       if (col0 < row0 + row_count) {  // crosses the diagonal: element by element
         for (int64_t r = 0; r < row_count; ++r) {
@@ -332,14 +335,14 @@ MUON_AMX void MirrorBlock(const AmxProduct& p, int64_t i0, int64_t j0) {
         }
         continue;
       }
-      for (int64_t r = 0; r < row_count; ++r) {
-        const uint16_t* src = p.out + (row0 + r) * ld + col0;
-        for (int64_t c = 0; c < kTile; ++c) mirrored[c][r] = src[c < col_count ? c : 0];
-      }
+      RightTilesFromRows(p.out + row0 * ld + col0, ld, row_count, col_count, pairs[0], pairs[1]);
       const __mmask32 rows_mask = Mask32(row_count);
-      for (int64_t c = 0; c < col_count; ++c) {
-        _mm512_mask_storeu_epi16(p.out + (col0 + c) * ld + row0, rows_mask,
-                                 _mm512_load_si512(mirrored[c]));
+      for (int half = 0; half < 2; ++half) {
+        TransposeWords(pairs[half], mirrored);
+        for (int64_t c = 0; c < std::min<int64_t>(kTile, col_count - half * kTile); ++c) {
+          _mm512_mask_storeu_epi16(p.out + (col0 + half * kTile + c) * ld + row0, rows_mask,
+                                   _mm512_load_si512(mirrored + c * 32));
+        }
       }
     }
   }
