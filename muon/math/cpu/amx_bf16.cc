@@ -100,11 +100,6 @@ MUON_AMX inline __mmask32 Mask32(int64_t n) {
   return n >= 32 ? ~__mmask32{0} : (n <= 0 ? 0 : (__mmask32{1} << n) - 1);
 }
 
-MUON_AMX inline __mmask16 Mask16(int64_t n) {
-  return n >= 16 ? static_cast<__mmask16>(0xffff)
-                 : (n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1));
-}
-
 // A left tile from a row-major matrix: 16 rows (`rows` valid) of 32 k
 // (`k` valid) starting at src; invalid elements zero.
 MUON_AMX void LeftTileFromRows(const uint16_t* src, int64_t ld, int64_t rows, int64_t k,
