@@ -186,13 +186,18 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
 
 // X <- X / max(||X||_F, eps), in the compute dtype's precision.
 void CpuBackend::Normalize(const NsConfig& config, float* x, int64_t elems) {
+  const float norm = NormalizingDivisor(config, x, elems);
+  cpu::Divide(x, elems, norm, config.dtype == NsDtype::kBF16);
+}
+
+float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t elems) {
   const bool bf16 = config.dtype == NsDtype::kBF16;
   if (bf16) cpu::RoundToBf16(x, elems);
   float norm = static_cast<float>(std::sqrt(cpu::SumSquares(x, elems)));
   if (bf16) norm = RoundToBf16(norm);
   norm = std::max(norm, static_cast<float>(config.eps));
   if (bf16) norm = RoundToBf16(norm);
-  cpu::Divide(x, elems, norm, bf16);
+  return norm;
 }
 
 absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
@@ -201,7 +206,9 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   // bf16 x, x_next, gram, poly: half the floats of the workspace's layout.
   auto* ws = reinterpret_cast<uint16_t*>(work_);
   uint16_t* buffers[4] = {ws, ws + elems, ws + 2 * elems, ws + 2 * elems + gram};
-  Normalize(config, u, elems);  // exact in bf16 from here on
+  // x = u / norm in bf16: exact in bf16 from here on (u itself is not
+  // divided: its memory takes the result at the end).
+  const float norm = NormalizingDivisor(config, u, elems);
   // With oneDNN a tall matrix runs as its transpose, the wide program: oneDNN
   // multiplies the wide layout's operands 2x faster than the tall one's,
   // which would read X transposed in the gram product; the transposes cost
@@ -210,9 +217,10 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   const bool transpose = program.tall && native_bf16_->PrefersWide();
   const NsProgram& runs = transpose ? PlanNewtonSchulz(1, m, n) : program;
   if (transpose) {
+    cpu::Divide(u, elems, norm, true);
     cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
   } else {
-    cpu::ToBf16(u, elems, buffers[0]);
+    cpu::DivideToBf16(u, elems, norm, buffers[0]);
   }
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);

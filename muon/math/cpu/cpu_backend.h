@@ -48,6 +48,9 @@ class CpuBackend final : public MathBackend {
 
  private:
   static void Normalize(const NsConfig& config, float* x, int64_t elems);
+  // What Normalize divides by (x rounded to bf16 in place first when the
+  // dtype is bf16).
+  static float NormalizingDivisor(const NsConfig& config, float* x, int64_t elems);
   absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
                                        float* u);
   // One matrix through the program (muon/math/ns_program.h) in place.

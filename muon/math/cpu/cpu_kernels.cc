@@ -161,6 +161,10 @@ MUON_CLONES void Divide(float* p, int64_t n, float d, bool bf16) {
   }
 }
 
+MUON_CLONES void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) Store<kBF16>(dst, i, src[i] / d);
+}
+
 MUON_CLONES void ToBf16(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = ew::FloatToBf16Bits(src[i]);
 }

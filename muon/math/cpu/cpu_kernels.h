@@ -22,6 +22,8 @@ void RoundToBf16(float* p, int64_t n);
 double SumSquares(const float* p, int64_t n);
 // p[i] <- p[i] / d, then rounded to bf16 when `bf16`.
 void Divide(float* p, int64_t n, float d, bool bf16);
+// dst[i] = bf16 bits of src[i] / d (Divide with bf16, then ToBf16, in one pass).
+void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst);
 // bf16 bits of p[i] (which must be bf16 values already, or are rounded).
 void ToBf16(const float* src, int64_t n, uint16_t* dst);
 void FromBf16(const uint16_t* src, int64_t n, float* dst);

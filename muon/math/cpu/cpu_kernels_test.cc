@@ -72,7 +72,7 @@ TEST(CpuKernels, Bf16RoundingOnEveryBoundary) {
   }
 }
 
-TEST(CpuKernels, DivideRoundsAsScalar) {
+TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
   std::mt19937 rng(5);
   std::normal_distribution<float> d(0.f, 3.f);
   for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 1000}) {
@@ -86,6 +86,9 @@ TEST(CpuKernels, DivideRoundsAsScalar) {
         ASSERT_EQ(ToBits(got[i]), ToBits(bf16 ? ew::Bf16BitsToFloat(ReferenceBf16(q)) : q));
       }
     }
+    std::vector<uint16_t> bits(n);
+    cpu::DivideToBf16(x.data(), n, 1.7f, bits.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], ReferenceBf16(x[i] / 1.7f));
   }
 }
 
