@@ -533,7 +533,7 @@ bool SetupCost(const Model& model, const std::vector<int>& fsdp_sizes) {
     const auto t2 = std::chrono::steady_clock::now();
     int64_t runs = 0;
     for (const muon::PlanParam& pp : plan->params) {
-      for (const muon::Holder& h : pp.holders) runs += muon::RunCount(h.piece.blocks);
+      for (const muon::Holder& h : pp.holders) runs += muon::RunCount(pp.Blocks(h));
     }
     std::printf("| %s | %d | %s | %lld | %.2f | %.2f |\n", model.name.c_str(), mesh.world,
                 mesh.Name().c_str(), static_cast<long long>(runs),

@@ -449,7 +449,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
 
   for (const muon::PlanParam& pp : plan->params) {
     f->pieces += static_cast<int64_t>(pp.holders.size());
-    for (const muon::Holder& h : pp.holders) f->runs += muon::RunCount(h.piece.blocks);
+    for (const muon::Holder& h : pp.holders) f->runs += muon::RunCount(pp.Blocks(h));
   }
   std::vector<double> load(world, 0);
   double total = 0;

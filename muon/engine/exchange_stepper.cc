@@ -20,7 +20,8 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   s->tables_ = BuildRoundTables(plan, me, world.size(), ns_wire);
   // The job-wide pieces (every rank's blocks) are not needed any more.
   for (PlanParam& pp : plan.params) {
-    for (Holder& h : pp.holders) std::vector<muon::RunBlock>().swap(h.piece.blocks);
+    for (Holder& h : pp.holders) h.first_block = h.num_blocks = 0;
+    std::vector<muon::RunBlock>().swap(pp.blocks);
   }
   s->stats_.matrices_total = static_cast<int64_t>(plan.units.size());
   for (const Unit& u : plan.units) s->stats_.matrices_owned += u.owner == me;

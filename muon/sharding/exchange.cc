@@ -125,7 +125,7 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     const PlanParam& pp = plan.params[u.param];
     if (cursors_of != u.param) {
       cursors.clear();
-      for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.blocks);
+      for (const Holder& h : pp.holders) cursors.emplace_back(pp.Blocks(h));
       cursors_of = u.param;
     }
     const int my_holder = mine[u.param];

@@ -208,7 +208,7 @@ std::string Describe(const Plan& p, int me, int world) {
                                p.zero2_matrices, "\n");
   for (const PlanParam& pp : p.params) {
     absl::StrAppend(&s, pp.name, " local ", pp.local, " holder ", pp.local_holder, " holders");
-    for (const Holder& h : pp.holders) absl::StrAppend(&s, " ", h.rank, ":", h.piece.canonical);
+    for (const Holder& h : pp.holders) absl::StrAppend(&s, " ", h.rank, ":", h.canonical);
     absl::StrAppend(&s, "\n");
   }
   for (const Unit& u : p.units) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace muon {
 
@@ -65,11 +66,11 @@ struct RunBlock {
 };
 
 // The runs of `blocks`, one by one, in order.
-std::vector<Run> ExpandBlocks(const std::vector<RunBlock>& blocks);
+std::vector<Run> ExpandBlocks(absl::Span<const RunBlock> blocks);
 // Runs grouped into blocks (consecutive runs of one length at one pitch).
 std::vector<RunBlock> ToBlocks(const std::vector<Run>& runs);
 // How many runs `blocks` stand for.
-int64_t RunCount(const std::vector<RunBlock>& blocks);
+int64_t RunCount(absl::Span<const RunBlock> blocks);
 
 struct Piece {
   std::vector<Run> runs;         // in local storage order
@@ -153,17 +154,17 @@ class RunCursor {
 // RunCursor over blocks (a piece's Piece::blocks): the same answers as a
 // RunCursor over ExpandBlocks(blocks), at a cost per call that grows with the
 // runs it returns, not the runs it passes: a seek jumps over a block's runs
-// by arithmetic. Keeps a pointer to `blocks`.
+// by arithmetic. Keeps a view of `blocks` (not a copy).
 class BlockCursor {
  public:
-  explicit BlockCursor(const std::vector<RunBlock>& blocks);
+  explicit BlockCursor(absl::Span<const RunBlock> blocks);
   std::vector<LocatedRun> Intersect(int64_t begin, int64_t end);
   bool Meets(int64_t begin, int64_t end);
 
  private:
   void Seek(int64_t begin);
 
-  const std::vector<RunBlock>* blocks_;
+  absl::Span<const RunBlock> blocks_;
   bool sorted_ = true;       // increasing global offsets, disjoint
   std::vector<Run> expanded_;  // when not sorted: the runs, searched in full
   int64_t last_begin_ = 0;
@@ -184,6 +185,16 @@ absl::Status CheckTiling(const std::vector<const Piece*>& pieces, int64_t numel,
 // where a few blocks of one pitch tile a whole period (the column pieces of
 // a band of rows), checks one period and jumps over the rest of the band.
 absl::Status CheckTilingBlocks(const std::vector<const Piece*>& pieces, int64_t numel,
+                               const std::string& who);
+
+// One piece's blocks and canonical flag, wherever they are stored (a Piece,
+// or the plan's flat arrays of every holder's blocks).
+struct PieceBlocks {
+  absl::Span<const RunBlock> blocks;
+  bool canonical = true;
+};
+// CheckTilingBlocks over pieces given as PieceBlocks: the same check and errors.
+absl::Status CheckTilingBlocks(const std::vector<PieceBlocks>& pieces, int64_t numel,
                                const std::string& who);
 
 }  // namespace muon

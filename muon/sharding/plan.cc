@@ -234,6 +234,23 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       param_of[t].push_back(d.custom_owner >= 0 || d.zero2 ? -1 : index.at(d.name));
     }
   }
+  // Each parameter's holders, counted first so that its arrays are made at
+  // their size: one Holder, and (from boxes, the usual case) one block per
+  // holder.
+  {
+    std::vector<int64_t> uses(tables.size(), 0);  // ranks with each table
+    for (int t : table_of) ++uses[t];
+    std::vector<int64_t> holders(plan.params.size(), 0);
+    for (size_t t = 0; t < tables.size(); ++t) {
+      for (int slot : param_of[t]) {
+        if (slot >= 0) holders[slot] += uses[t];
+      }
+    }
+    for (size_t p = 0; p < plan.params.size(); ++p) {
+      plan.params[p].holders.reserve(static_cast<size_t>(holders[p]));
+      plan.params[p].blocks.reserve(static_cast<size_t>(holders[p]));
+    }
+  }
   for (size_t k = 0; k < ranks.size(); ++k) {
     const Desc& r = ranks[k];
     std::vector<int> sizes, coords;
@@ -249,20 +266,33 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       PlanParam& pp = plan.params[slots[i]];
       auto piece = HolderPiece(d, r.world_rank, sizes, coords, options.pieces_row_by_row);
       if (!piece.ok()) return piece.status();
-      if (options.pieces_row_by_row) {
-        piece->blocks = ToBlocks(piece->runs);
-        std::vector<Run>().swap(piece->runs);
-      }
+      if (options.pieces_row_by_row) piece->blocks = ToBlocks(piece->runs);
       if (r.world_rank == my_rank) {
         pp.local = static_cast<int>(i);
         pp.local_holder = static_cast<int>(pp.holders.size());
       }
-      pp.holders.push_back({r.world_rank, std::move(piece).value()});
+      Holder h;
+      h.rank = r.world_rank;
+      h.canonical = piece->canonical;
+      if (!pp.holders.empty() && pp.Shape(pp.holders.back()) == piece->shape) {
+        h.shape_at = pp.holders.back().shape_at;
+      } else {
+        h.shape_at = static_cast<int64_t>(pp.shapes.size());
+        pp.shapes.push_back(static_cast<int64_t>(piece->shape.size()));
+        pp.shapes.insert(pp.shapes.end(), piece->shape.begin(), piece->shape.end());
+      }
+      h.first_block = static_cast<int64_t>(pp.blocks.size());
+      h.num_blocks = static_cast<int64_t>(piece->blocks.size());
+      pp.holders.push_back(h);
+      pp.blocks.insert(pp.blocks.end(), piece->blocks.begin(), piece->blocks.end());
     }
   }
   for (PlanParam& pp : plan.params) {
-    std::vector<const Piece*> pieces;
-    for (const Holder& h : pp.holders) pieces.push_back(&h.piece);
+    pp.blocks.shrink_to_fit();  // more than one block per holder (batches, flat ranges)
+    pp.shapes.shrink_to_fit();
+    std::vector<PieceBlocks> pieces;
+    pieces.reserve(pp.holders.size());
+    for (const Holder& h : pp.holders) pieces.push_back({pp.Blocks(h), h.canonical});
     std::vector<int> who;
     for (const Holder& h : pp.holders) who.push_back(h.rank);
     auto tiled = CheckTilingBlocks(pieces, pp.batch * pp.rows * pp.cols,
@@ -279,7 +309,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     // The matrices in order: each holder's blocks are walked once.
     std::vector<BlockCursor> cursors;
     cursors.reserve(pp.holders.size());
-    for (const Holder& h : pp.holders) cursors.emplace_back(h.piece.blocks);
+    for (const Holder& h : pp.holders) cursors.emplace_back(pp.Blocks(h));
     for (int64_t k = 0; k < pp.batch; ++k) {
       Unit u;
       u.param = static_cast<int>(pi);
@@ -287,11 +317,10 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps);
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
       for (size_t h = 0; h < pp.holders.size(); ++h) {
-        const Piece& piece = pp.holders[h].piece;
         const bool meets = cursors[h].Meets(k * per, (k + 1) * per);
         if (!meets && per > 0) continue;
         u.receivers.push_back(static_cast<int>(h));
-        if (piece.canonical) u.senders.push_back(static_cast<int>(h));
+        if (pp.holders[h].canonical) u.senders.push_back(static_cast<int>(h));
         info.holders.push_back(pp.holders[h].rank);
       }
       plan.units.push_back(std::move(u));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "muon/sharding/assignment.h"
 #include "muon/sharding/layout.h"
 
@@ -60,9 +61,18 @@ struct PlanOptions {
   bool pieces_row_by_row = false;
 };
 
+// A rank holding a piece of a parameter. Its piece (what ComputePieceBlocks
+// gives: the runs as blocks, and the local shape) lies in its parameter's
+// flat arrays (PlanParam::Blocks, PlanParam::Shape): a job holds millions
+// of pieces, most of them one block, and two small heap vectors each would
+// cost more than the blocks themselves.
 struct Holder {
   int rank = 0;
-  Piece piece;  // its runs as blocks (Piece::blocks; Piece::runs is empty)
+  // True when every Replicate placement puts it at group rank 0 (Piece::canonical).
+  bool canonical = true;
+  int64_t shape_at = 0;     // its shape: PlanParam::shapes[shape_at] dims, then the dims
+  int64_t first_block = 0;  // its blocks: PlanParam::blocks[first_block, first_block + num_blocks)
+  int64_t num_blocks = 0;
 };
 
 struct PlanParam {
@@ -70,8 +80,23 @@ struct PlanParam {
   uint8_t state_dtype = 0;
   int64_t batch = 1, rows = 0, cols = 0;
   std::vector<Holder> holders;  // ascending rank
+  std::vector<RunBlock> blocks;  // every holder's blocks, holder after holder
+  // The holders' shapes, each as its number of dims then the dims; holders
+  // in a row with the same shape share one.
+  std::vector<int64_t> shapes;
   int local = -1;               // index among this rank's registered params, or -1
   int local_holder = -1;        // this rank's entry in holders, or -1
+
+  // A holder's piece: its runs as blocks, in local storage order, and its
+  // local tensor's shape (1-D after a FlatRange).
+  absl::Span<const RunBlock> Blocks(const Holder& h) const {
+    return absl::MakeConstSpan(blocks).subspan(static_cast<size_t>(h.first_block),
+                                               static_cast<size_t>(h.num_blocks));
+  }
+  absl::Span<const int64_t> Shape(const Holder& h) const {
+    return absl::MakeConstSpan(shapes).subspan(static_cast<size_t>(h.shape_at) + 1,
+                                               static_cast<size_t>(shapes[h.shape_at]));
+  }
 };
 
 struct Unit {

@@ -54,7 +54,7 @@ TEST(Plan, TensorParallelRowsOneUnitOwnedByAHolder) {
   ASSERT_EQ(w.holders.size(), 2u);
   EXPECT_EQ(w.holders[0].rank, 0);
   EXPECT_EQ(w.holders[1].rank, 1);
-  EXPECT_EQ(w.holders[1].piece.blocks.front().offset, 16);  // rows 4.. of 8 x 4
+  EXPECT_EQ(w.Blocks(w.holders[1]).front().offset, 16);  // rows 4.. of 8 x 4
   EXPECT_EQ(w.local, 0);
   EXPECT_EQ(p1.params[0].local_holder, 1);
   ASSERT_EQ(p0.units.size(), 1u);
@@ -235,6 +235,60 @@ std::vector<RankDesc> PipelineJob(bool expert_parallel, int inner, int stages, i
   return ranks;
 }
 
+// Every holder's piece, kept in its parameter's flat arrays, is the piece
+// ComputePieceBlocks gives that holder: boxes (one block each), replicas
+// (not canonical), flat ranges of column halves (several blocks, 1-D, one
+// of them empty).
+TEST(Plan, HoldersKeepTheirPiecesInTheFlatArrays) {
+  const int world = 4;
+  // Ranks 0 and 2 split the left half's 30 elements, 1 and 3 the right half's.
+  const int64_t start[] = {0, 0, 12, 30}, length[] = {12, 30, 18, 0};
+  std::vector<RankDesc> ranks;
+  for (int r = 0; r < world; ++r) {
+    const std::vector<int> pair = {r / 2 * 2, r / 2 * 2 + 1}, cross = {r % 2, r % 2 + 2};
+    ranks.push_back(DescribeRank(
+        r, world, {pair, cross},
+        {{"box", {8, 12}, {Shard(0, 1)}},
+         {"copies", {8, 6}, {Shard(1, 0), Replicate(2)}},
+         {"flat", {6, 10}, {Shard(1, 1), Flat(2, start[r], length[r])}}}));
+  }
+  const Plan p = MustBuild(ranks, 1);
+  ASSERT_EQ(p.params.size(), 3u);
+  int64_t blocks = 0;
+  for (const PlanParam& pp : p.params) {
+    SCOPED_TRACE(pp.name);
+    ASSERT_EQ(pp.holders.size(), 4u);
+    for (const Holder& h : pp.holders) {
+      const RankDesc& r = ranks[h.rank];
+      std::vector<int> sizes, coords;
+      for (const auto& g : r.groups) {
+        sizes.push_back(static_cast<int>(g.size()));
+        coords.push_back(static_cast<int>(std::find(g.begin(), g.end(), h.rank) - g.begin()));
+      }
+      const RankParamDesc* d = nullptr;
+      for (const RankParamDesc& q : r.params) {
+        if (q.name == pp.name) d = &q;
+      }
+      ASSERT_NE(d, nullptr);
+      const absl::StatusOr<Piece> want = ComputePieceBlocks(d->layout, sizes, coords, "");
+      ASSERT_TRUE(want.ok()) << want.status();
+      EXPECT_EQ(std::vector<RunBlock>(pp.Blocks(h).begin(), pp.Blocks(h).end()), want->blocks);
+      EXPECT_EQ(std::vector<int64_t>(pp.Shape(h).begin(), pp.Shape(h).end()), want->shape);
+      EXPECT_EQ(h.canonical, want->canonical);
+      blocks += h.num_blocks;
+    }
+  }
+  EXPECT_FALSE(p.params[1].holders[2].canonical);  // "copies": ranks 2, 3 are the replicas
+  const PlanParam& flat = p.params[2];
+  EXPECT_EQ(flat.holders[3].num_blocks, 0);  // rank 3 holds nothing
+  EXPECT_EQ(flat.holders[0].num_blocks, 2);  // rows 0, 1 of its half, then 2 of row 2
+  EXPECT_EQ(flat.Shape(flat.holders[2]).size(), 1u);
+  EXPECT_EQ(flat.Shape(flat.holders[2]).front(), 18);
+  // The arrays hold the holders' blocks and nothing else.
+  EXPECT_EQ(blocks, static_cast<int64_t>(p.params[0].blocks.size() + p.params[1].blocks.size() +
+                                         p.params[2].blocks.size()));
+}
+
 // Pieces from boxes give the plan that pieces row by row gave: the same
 // holders and runs, units, owners, rounds and digest, on every rank.
 TEST(Plan, BoxedPiecesGiveTheRowByRowPlan) {
@@ -265,10 +319,9 @@ TEST(Plan, BoxedPiecesGiveTheRowByRowPlan) {
         for (size_t h = 0; h < a.params[p].holders.size(); ++h) {
           const Holder &x = a.params[p].holders[h], &y = b.params[p].holders[h];
           EXPECT_EQ(x.rank, y.rank);
-          EXPECT_EQ(ExpandBlocks(x.piece.blocks), ExpandBlocks(y.piece.blocks));
-          EXPECT_TRUE(x.piece.runs.empty() && y.piece.runs.empty());
-          EXPECT_EQ(x.piece.shape, y.piece.shape);
-          EXPECT_EQ(x.piece.canonical, y.piece.canonical);
+          EXPECT_EQ(ExpandBlocks(a.params[p].Blocks(x)), ExpandBlocks(b.params[p].Blocks(y)));
+          EXPECT_EQ(a.params[p].Shape(x), b.params[p].Shape(y));
+          EXPECT_EQ(x.canonical, y.canonical);
         }
       }
       ASSERT_EQ(a.units.size(), b.units.size());

@@ -10,7 +10,7 @@
 
 namespace muon {
 
-std::vector<Run> ExpandBlocks(const std::vector<RunBlock>& blocks) {
+std::vector<Run> ExpandBlocks(absl::Span<const RunBlock> blocks) {
   std::vector<Run> out;
   out.reserve(static_cast<size_t>(RunCount(blocks)));
   for (const RunBlock& b : blocks) {
@@ -41,13 +41,13 @@ std::vector<RunBlock> ToBlocks(const std::vector<Run>& runs) {
   return out;
 }
 
-int64_t RunCount(const std::vector<RunBlock>& blocks) {
+int64_t RunCount(absl::Span<const RunBlock> blocks) {
   int64_t n = 0;
   for (const RunBlock& b : blocks) n += b.count;
   return n;
 }
 
-BlockCursor::BlockCursor(const std::vector<RunBlock>& blocks) : blocks_(&blocks) {
+BlockCursor::BlockCursor(absl::Span<const RunBlock> blocks) : blocks_(blocks) {
   int64_t end = 0;  // of the previous block's last run
   for (size_t i = 0; i < blocks.size() && sorted_; ++i) {
     const RunBlock& b = blocks[i];
@@ -65,7 +65,7 @@ void BlockCursor::Seek(int64_t begin) {
     local_ = 0;
   }
   last_begin_ = begin;
-  const std::vector<RunBlock>& blocks = *blocks_;
+  const absl::Span<const RunBlock> blocks = blocks_;
   while (block_ < blocks.size()) {
     const RunBlock& b = blocks[block_];
     if (b.offset + (b.count - 1) * b.pitch + b.length <= begin) {
@@ -91,8 +91,8 @@ std::vector<LocatedRun> BlockCursor::Intersect(int64_t begin, int64_t end) {
   std::vector<LocatedRun> out;
   int64_t local = local_;
   int64_t i = run_;
-  for (size_t k = block_; k < blocks_->size(); ++k, i = 0) {
-    const RunBlock& b = (*blocks_)[k];
+  for (size_t k = block_; k < blocks_.size(); ++k, i = 0) {
+    const RunBlock& b = blocks_[k];
     for (; i < b.count; ++i) {
       const int64_t offset = b.offset + i * b.pitch;
       if (offset >= end) return out;
@@ -113,8 +113,7 @@ bool BlockCursor::Meets(int64_t begin, int64_t end) {
     return false;
   }
   Seek(begin);
-  return block_ < blocks_->size() &&
-         (*blocks_)[block_].offset + run_ * (*blocks_)[block_].pitch < end;
+  return block_ < blocks_.size() && blocks_[block_].offset + run_ * blocks_[block_].pitch < end;
 }
 
 namespace {
@@ -135,10 +134,18 @@ absl::Status GapError(const std::string& who, int64_t at, int64_t offset) {
 
 absl::Status CheckTilingBlocks(const std::vector<const Piece*>& pieces, int64_t numel,
                                const std::string& who) {
+  std::vector<PieceBlocks> views;
+  views.reserve(pieces.size());
+  for (const Piece* p : pieces) views.push_back({p->blocks, p->canonical});
+  return CheckTilingBlocks(views, numel, who);
+}
+
+absl::Status CheckTilingBlocks(const std::vector<PieceBlocks>& pieces, int64_t numel,
+                               const std::string& who) {
   // Every run inside the tensor (the first one outside, in piece order).
   std::vector<const RunBlock*> canon;
-  for (const Piece* p : pieces) {
-    for (const RunBlock& b : p->blocks) {
+  for (const PieceBlocks& p : pieces) {
+    for (const RunBlock& b : p.blocks) {
       int64_t bad = -1;  // the first run outside, if any
       if (b.offset < 0 || b.offset + b.length > numel) {
         bad = 0;
@@ -152,7 +159,7 @@ absl::Status CheckTilingBlocks(const std::vector<const Piece*>& pieces, int64_t 
             absl::StrCat(who, ": a piece covers elements [", offset, ", ", offset + b.length,
                          ") outside the ", numel, " of the tensor"));
       }
-      if (p->canonical && b.count > 0) canon.push_back(&b);
+      if (p.canonical && b.count > 0) canon.push_back(&b);
     }
   }
   // The canonical runs in increasing offset, by a merge of the blocks: the
