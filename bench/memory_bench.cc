@@ -3,10 +3,12 @@
 // first step, which allocates everything the steps use): the first `layers`
 // decoder layers' seven matrices, float32 and bfloat16 parameters, with the
 // per-parameter update buffers and with update_in_grad. Newton-Schulz runs
-// 0 iterations (its workspace is reserved all the same): the figures are
-// memory, not time.
+// `ns_steps` iterations, 0 by default: its own workspace is reserved all the
+// same and the figures are memory, not time; with iterations the native bf16
+// products' working memory (the AMX kernel's packed operands, oneDNN's
+// scratchpad), reserved before the first product, is counted too.
 //
-//   bazel run -c opt //bench:memory_bench [-- max_layers]   (default 2)
+//   bazel run -c opt //bench:memory_bench [-- max_layers [ns_steps]]   (2, 0)
 #include <dlpack/dlpack.h>
 
 #include <cstdio>
@@ -52,10 +54,10 @@ bool Check(muon_status_t s, const char* what) {
 }
 
 // Registers `layers` layers, steps once, prints one row; false on failure.
-bool Measure(int layers, DLDataType type, int update_in_grad) {
+bool Measure(int layers, DLDataType type, int update_in_grad, int ns_steps) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
-  o.ns_steps = 0;
+  o.ns_steps = ns_steps;
   o.update_in_grad = update_in_grad;
   muon_optimizer_t* opt = nullptr;
   if (!Check(muon_create(&o, &opt), "muon_create")) return false;
@@ -100,15 +102,16 @@ bool Measure(int layers, DLDataType type, int update_in_grad) {
 
 int main(int argc, char** argv) {
   const int max_layers = argc > 1 ? std::atoi(argv[1]) : 2;
+  const int ns_steps = argc > 2 ? std::atoi(argv[2]) : 0;
   std::printf("Llama-3 8B decoder matrices on the CPU device, one process, default options "
-              "(round_bytes 256 MiB)\n\n");
+              "(round_bytes 256 MiB), Newton-Schulz %d iterations\n\n", ns_steps);
   std::printf("| layers | params | update | matrix elements (M) | optimizer memory (GiB) | "
               "momentum B/elem | update buffer B/elem | working set B/elem | working set "
               "(MiB) | bytes per param |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int layers = 1; layers <= max_layers; layers *= 2) {
     for (DLDataType type : {DLDataType{kDLFloat, 32, 1}, DLDataType{kDLBfloat, 16, 1}}) {
       for (int in_grad : {0, 1}) {
-        if (!Measure(layers, type, in_grad)) return 1;
+        if (!Measure(layers, type, in_grad, ns_steps)) return 1;
       }
     }
   }

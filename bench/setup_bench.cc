@@ -13,8 +13,8 @@
 //
 //   handshake MiB   bytes this rank receives in the handshake's collectives:
 //                   group members (4 B per member of each group), the
-//                   32-byte headers of every rank, every rank's own part,
-//                   the shared parts and member lists it does not hold, the
+//                   40-byte headers of every rank, every rank's own part,
+//                   the shared parts (compressed) and member lists it does not hold, the
 //                   verdicts (16 B per rank); beside it, what the handshake
 //                   that gathered every message whole received (message
 //                   sizes, 8 B per rank, and every message padded to the
@@ -401,7 +401,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   }
   std::string send;
   for (const std::vector<size_t>& to : dir.Sent(me)) {
-    for (size_t part : to) send += bytes[part];
+    for (size_t part : to) send += dir.Compressed(part, me) ? parts[me].shared_wire : bytes[part];
   }
   f->sent_bytes = static_cast<int64_t>(send.size() + parts[me].own.size() * world);
   std::string().swap(send);
@@ -409,11 +409,17 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   for (size_t part = 0; part < dir.parts(); ++part) {
     const int from = dir.Sender(part, me);
     if (from < 0) continue;
-    // The sender holds it as its shared part or as one of its member lists.
-    for (const auto& [p, local] : dir.Held(from)) {
-      if (p == part) bytes[part] = local == 0 ? parts[from].shared : parts[from].groups[local - 1];
+    // The sender's shared part arrives compressed, a member list as it is.
+    if (dir.Compressed(part, from)) {
+      if (!muon::ExpandPart(parts[from].shared_wire, dir.key(part), &bytes[part])) {
+        return Fail(f, "rank " + std::to_string(from) + "'s table did not expand");
+      }
+    } else {
+      for (const auto& [p, local] : dir.Held(from)) {
+        if (p == part) bytes[part] = parts[from].groups[local - 1];
+      }
     }
-    parts_received += static_cast<int64_t>(dir.key(part).size);
+    parts_received += static_cast<int64_t>(dir.WireSize(part, from));
   }
   f->handshake_bytes = 4 * group_members +
                        static_cast<int64_t>(sizeof(muon::HandshakeHeader)) * world +

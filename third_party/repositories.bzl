@@ -106,6 +106,16 @@ def muon_dependencies():
         build_file = Label("//third_party/openblas:openblas.BUILD"),
         package_hint = "libopenblas-dev",
     )
+    # The handshake's compressed parameter tables.
+    _maybe(
+        system_library,
+        name = "zlib",
+        headers = ["zlib.h", "zconf.h"],
+        include_dirs = ["/usr/include"],
+        lib_patterns = ["libz.so"],
+        build_file = Label("//third_party/zlib:zlib.BUILD"),
+        package_hint = "zlib1g-dev",
+    )
     # Native bf16 matrix products of the CPU backend (oneDNN 2.x's C API).
     _maybe(
         system_library,

@@ -14,6 +14,7 @@ PACKAGES=(
   libopenblas-dev      # CBLAS for the CPU backend
   libdnnl-dev          # oneDNN: native bf16 products of the CPU backend (AMX, AVX512-BF16)
   libdlpack-dev        # DLPack's header (DLTensor in the C ABI)
+  zlib1g-dev           # zlib: the handshake compresses parameter tables
   libopenmpi-dev openmpi-bin  # the MPI adapter (libmuon_mpi.so) and its mpirun test
   python3 python3-venv # the Python package; its tests' torch comes from PyPI (.venv)
   clang-14 libclang-rt-14-dev  # the libFuzzer targets of fuzz/ (tools/fuzz.sh)

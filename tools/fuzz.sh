@@ -73,7 +73,7 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cord_internal -labsl
   -labsl_raw_hash_set -labsl_hash -labsl_city -labsl_low_level_hash)
 # oneDNN for native bf16 products; libgomp for the OpenMP thread count
 # (cpu_threads.cc, compiled with -fopenmp=libgomp as GCC's -fopenmp would).
-LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldnnl -lgomp -ldl -lpthread)
+LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldnnl -lz -lgomp -ldl -lpthread)
 
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 CXXFLAGS=(-std=c++17 -O1 -g "${SAN[@]}" -fsanitize=fuzzer-no-link -I. -DMUON_FUZZING

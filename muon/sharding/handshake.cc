@@ -5,6 +5,8 @@
 #include <cstring>
 #include <memory>
 
+#include <zlib.h>
+
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/sharding/host_gather.h"
@@ -233,7 +235,32 @@ HandshakeParts SplitHandshake(const std::string& fingerprint, const RankDesc& me
   parts.own = own.Take();
   parts.header.shared = KeyOf(parts.shared);
   parts.header.own_size = parts.own.size();
+  parts.shared_wire = CompressPart(parts.shared);
+  parts.header.shared_wire_size = parts.shared_wire.size();
   return parts;
+}
+
+std::string CompressPart(const std::string& part) {
+  uLongf size = compressBound(static_cast<uLong>(part.size()));
+  std::string wire(size, '\0');
+  if (compress2(reinterpret_cast<Bytef*>(&wire[0]), &size,
+                reinterpret_cast<const Bytef*>(part.data()), static_cast<uLong>(part.size()),
+                Z_BEST_SPEED) != Z_OK) {
+    return std::string();  // only without memory; then a receiver's ExpandPart fails
+  }
+  wire.resize(size);
+  return wire;
+}
+
+bool ExpandPart(const std::string& wire, const HandshakeKey& key, std::string* part) {
+  // A size no allocation could hold is not a part (headers come from the wire).
+  if (key.size > (uint64_t{1} << 40)) return false;
+  part->assign(static_cast<size_t>(key.size), '\0');
+  uLongf size = static_cast<uLongf>(key.size);
+  const int rc = uncompress(reinterpret_cast<Bytef*>(part->empty() ? nullptr : &(*part)[0]), &size,
+                            reinterpret_cast<const Bytef*>(wire.data()),
+                            static_cast<uLong>(wire.size()));
+  return rc == Z_OK && size == key.size && KeyOf(*part) == key;
 }
 
 HandshakeDirectory::HandshakeDirectory(const std::vector<HandshakeHeader>& headers,
@@ -280,8 +307,10 @@ HandshakeDirectory::HandshakeDirectory(const std::vector<HandshakeHeader>& heade
     return static_cast<size_t>(std::lower_bound(keys_.begin(), keys_.end(), k) - keys_.begin());
   };
   shared_.resize(n);
+  shared_wire_.resize(n);
   for (int r = 0; r < n; ++r) {
     shared_[r] = index(headers[r].shared);
+    shared_wire_[r] = headers[r].shared_wire_size;
     for (const HandshakeKey& k : group_keys[r]) own_[r].groups.push_back(index(k));
   }
 }
@@ -447,7 +476,7 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   std::vector<std::string>().swap(owns);
 
   // 3. The distinct shared parts and member lists this rank does not hold,
-  // each from one of its holders.
+  // each from one of its holders (a shared part compressed).
   std::vector<std::string> bytes(dir.parts());
   for (const auto& [part, local] : dir.Held(self)) {
     bytes[part] = local == 0 ? mine.shared : mine.groups[local - 1];
@@ -456,7 +485,7 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   const std::vector<std::vector<size_t>> sent = dir.Sent(self);
   for (int j = 0; j < n; ++j) {
     send_offsets[j] = send.size();
-    for (size_t part : sent[j]) send += bytes[part];
+    for (size_t part : sent[j]) send += dir.Compressed(part, self) ? mine.shared_wire : bytes[part];
     send_bytes[j] = send.size() - send_offsets[j];
   }
   std::vector<std::vector<size_t>> from(n);
@@ -468,7 +497,7 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   for (int j = 0; j < n; ++j) {
     recv_offsets[j] = total;
     recv_bytes[j] = 0;
-    for (size_t part : from[j]) recv_bytes[j] += dir.key(part).size;
+    for (size_t part : from[j]) recv_bytes[j] += dir.WireSize(part, j);
     total += recv_bytes[j];
   }
   recv.resize(total);
@@ -476,11 +505,21 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
                                      send.size(), &recv[0], recv_bytes, recv_offsets, total,
                                      stream, op));
   std::string().swap(send);
+  // A part that does not expand to its key fails the setup on this rank
+  // after the verdicts (every rank still joins them).
+  absl::Status received;
   for (int j = 0; j < n; ++j) {
     size_t at = recv_offsets[j];
     for (size_t part : from[j]) {
-      bytes[part] = recv.substr(at, dir.key(part).size);
-      at += dir.key(part).size;
+      const size_t size = static_cast<size_t>(dir.WireSize(part, j));
+      if (!dir.Compressed(part, j)) {
+        bytes[part] = recv.substr(at, size);
+      } else if (!ExpandPart(recv.substr(at, size), dir.key(part), &bytes[part]) &&
+                 received.ok()) {
+        received = absl::InternalError(absl::StrCat(
+            "setup: the parameter table rank ", j, " sent does not expand to its digest"));
+      }
+      at += size;
     }
   }
   std::string().swap(recv);
@@ -490,6 +529,7 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   Plan plan;
   absl::Status built = [&]() -> absl::Status {
     if (!local_error.ok()) return local_error;
+    MUON_RETURN_IF_ERROR(received);
     MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
                           dir.AssembleShared(bytes, fingerprint, self));
     std::vector<std::string>().swap(bytes);

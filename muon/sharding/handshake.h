@@ -5,7 +5,7 @@
 //
 // Collectives, in this order, on every rank:
 //   GatherGroupMembers: one all_gather per group (each member's world rank);
-//   AgreePlan:          on the world, an all_gather of 32-byte headers, an
+//   AgreePlan:          on the world, an all_gather of 40-byte headers, an
 //                       all_to_all_v of the own parts, an all_to_all_v of the
 //                       shared parts, and an all_gather of the verdicts
 //                       (plan digest, or failed).
@@ -21,7 +21,7 @@
 // Each rank receives every distinct shared part and member list once, from
 // one of the ranks that hold it (spread over them: a receiver j gets a part
 // from the holder at j mod the number of holders; none when it holds the
-// part itself), and puts every rank's description back together exactly as
+// part itself; a shared part compressed, CompressPart), and puts every rank's description back together exactly as
 // SerializeRankDesc / ParseRankDesc would carry it; BuildPlan then runs on
 // the same data, with the same results and errors, as when every message is
 // gathered whole. Each all_gather and all_to_all_v moves host values through
@@ -72,15 +72,27 @@ HandshakeKey KeyOf(const std::string& part);
 struct HandshakeHeader {
   HandshakeKey shared;
   uint64_t own_size = 0;
+  uint64_t shared_wire_size = 0;  // the shared part's size as this rank sends it
 };
 
 struct HandshakeParts {
   std::string shared;               // fingerprint, parameter table without ranges
+  std::string shared_wire;          // `shared` as it travels (CompressPart)
   std::string own;                  // world rank, group keys, FlatRange ranges
   std::vector<std::string> groups;  // each group's member list
   HandshakeHeader header;
 };
 HandshakeParts SplitHandshake(const std::string& fingerprint, const RankDesc& me);
+
+// A shared part as it travels: zlib's fastest level. A parameter table is
+// mostly names and shapes that repeat (DeepSeek-V3's 1,024 expert-rank
+// tables: 9.0 MiB, 0.64 MiB compressed). Each holder sends its own
+// compression and announces its size in its header, so ranks whose zlib
+// builds compress differently still agree on every size.
+std::string CompressPart(const std::string& part);
+// Expands `wire` into *part and checks it against `key` (size and digests);
+// false if it does not expand or does not match.
+bool ExpandPart(const std::string& wire, const HandshakeKey& key, std::string* part);
 
 // Every rank's keys (from the headers and the own parts, the same on every
 // rank), the distinct parts and who holds them, and who sends which to whom.
@@ -97,6 +109,12 @@ class HandshakeDirectory {
   // The rank that sends `part` to `receiver`, or -1 when the receiver holds
   // it.
   int Sender(size_t part, int receiver) const;
+  // Whether `sender` sends `part` compressed (it is the sender's shared
+  // part: its shared_wire), and the bytes it sends for it.
+  bool Compressed(size_t part, int sender) const { return part == shared_[sender]; }
+  uint64_t WireSize(size_t part, int sender) const {
+    return Compressed(part, sender) ? shared_wire_[sender] : keys_[part].size;
+  }
   // The parts `sender` sends each rank (indexed by receiver), each list in
   // ascending order.
   std::vector<std::vector<size_t>> Sent(int sender) const;
@@ -128,6 +146,7 @@ class HandshakeDirectory {
     std::vector<std::pair<int64_t, int64_t>> ranges;
   };
   std::vector<size_t> shared_;  // per rank: its shared part's index
+  std::vector<uint64_t> shared_wire_;  // per rank: its shared part's size as it sends it
   std::vector<Own> own_;
   std::vector<HandshakeKey> keys_;
   std::vector<std::vector<int>> holders_;  // per part, ascending

@@ -161,8 +161,16 @@ absl::StatusOr<Plan> Compact(const std::vector<RankDesc>& job,
     const int s = dir.Sender(part, me);
     if (s < 0) continue;
     EXPECT_FALSE(held[s][part].empty() && dir.key(part).size > 0) << "part " << part;
-    bytes[part] = held[s][part];
-    got += static_cast<int64_t>(bytes[part].size());
+    // What s sends: its shared part compressed, a member list as it is.
+    const std::string& wire = dir.Compressed(part, s) ? parts[s].shared_wire : held[s][part];
+    EXPECT_EQ(wire.size(), dir.WireSize(part, s)) << "part " << part;
+    if (dir.Compressed(part, s)) {
+      EXPECT_TRUE(ExpandPart(wire, dir.key(part), &bytes[part])) << "part " << part;
+      EXPECT_EQ(bytes[part], held[s][part]) << "part " << part;
+    } else {
+      bytes[part] = wire;
+    }
+    got += static_cast<int64_t>(wire.size());
   }
   if (received != nullptr) *received = got;
   // Assemble and AssembleShared give the same descriptions or the same
@@ -371,6 +379,30 @@ TEST(CompactHandshake, SharedTablesWithZeroTwoAndCustomOwners) {
   EXPECT_NE(std::string(st.message()).find("which did not register it"), std::string::npos) << st;
 }
 
+// A compressed part expands only to the part its key names.
+TEST(CompactHandshake, CompressedPartsExpandOnlyToTheirKey) {
+  const Mesh m{2, 4, 8};
+  const auto job = MeshJob(m, false);
+  const HandshakeParts p = SplitHandshake("same options", job[0]);
+  std::string out;
+  ASSERT_TRUE(ExpandPart(p.shared_wire, p.header.shared, &out));
+  EXPECT_EQ(out, p.shared);
+  EXPECT_TRUE(ExpandPart(CompressPart(""), KeyOf(""), &out));
+  EXPECT_EQ(out, "");
+  // Truncated, one byte changed, or checked against another part's key.
+  EXPECT_FALSE(ExpandPart(p.shared_wire.substr(0, p.shared_wire.size() / 2), p.header.shared, &out));
+  std::string spoiled = p.shared_wire;
+  spoiled[spoiled.size() / 2] ^= 0x10;
+  EXPECT_FALSE(ExpandPart(spoiled, p.header.shared, &out));
+  const HandshakeParts other = SplitHandshake("same options", job[m.Rank(0, 1, 0)]);
+  ASSERT_NE(other.shared, p.shared);
+  EXPECT_FALSE(ExpandPart(other.shared_wire, p.header.shared, &out));
+  HandshakeKey longer = p.header.shared;
+  longer.size += 1;
+  EXPECT_FALSE(ExpandPart(p.shared_wire, longer, &out));
+  EXPECT_FALSE(ExpandPart("not zlib", p.header.shared, &out));
+}
+
 TEST(CompactHandshake, SharedPartsCrossOncePerReceiver) {
   // 4 stages of 2 x 8: rank 0 receives the other 3 stages' tables once each
   // and the member lists it does not hold, not 63 whole messages.
@@ -379,11 +411,17 @@ TEST(CompactHandshake, SharedPartsCrossOncePerReceiver) {
   const std::vector<std::string> fps(job.size(), "same options");
   int64_t received = 0;
   ASSERT_TRUE(Compact(job, fps, 0, PlanOptions(), &received).ok());
-  const int64_t table = static_cast<int64_t>(SplitHandshake(fps[0], job[0]).shared.size());
+  // The other 3 stages' tables, compressed (each stage's ranks send the same).
+  int64_t tables = 0;
+  for (int stage = 1; stage < 4; ++stage) {
+    const HandshakeParts p = SplitHandshake(fps[0], job[m.Rank(0, stage, 0)]);
+    EXPECT_LT(p.shared_wire.size(), p.shared.size());
+    tables += static_cast<int64_t>(p.shared_wire.size());
+  }
   const int64_t own = static_cast<int64_t>(SplitHandshake(fps[0], job[0]).own.size());
   // Distinct member lists: 32 TP pairs and 8 FSDP groups of 8, less rank 0's 2.
   const int64_t lists = 31 * (4 + 2 * 4) + 7 * (4 + 8 * 4);
-  EXPECT_EQ(received, 64 * (static_cast<int64_t>(sizeof(HandshakeHeader)) + own) + 3 * table + lists);
+  EXPECT_EQ(received, 64 * (static_cast<int64_t>(sizeof(HandshakeHeader)) + own) + tables + lists);
   int64_t whole = 0;
   for (const RankDesc& d : job) {
     whole = std::max<int64_t>(whole, SerializeRankDesc(d).size() + 4 + fps[0].size());
