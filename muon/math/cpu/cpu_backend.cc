@@ -145,8 +145,10 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     float* u = batch.data + k * program.x_elems;
     if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));
-    } else {
+    } else if (config.dtype == NsDtype::kBF16) {
       OrthogonalizeOne(config, program, u);
+    } else {
+      OrthogonalizeFp32(config, program, u);
     }
   }
   return absl::OkStatus();
@@ -237,6 +239,49 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
     cpu::FromBf16(x, elems, u);
   }
   return absl::OkStatus();
+}
+
+void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u) {
+  const int64_t elems = program.x_elems;
+  const int m = static_cast<int>(program.m), n = static_cast<int>(program.n);
+  float* gram = work_ + elems;
+  float* poly = gram + program.gram_elems;
+  // X alternates between u and the workspace; starting in the workspace when
+  // the iterations are odd leaves the result in u.
+  float* x = u;
+  float* x_next = work_;
+  const float norm = NormalizingDivisor(config, u, elems);
+  if (config.steps % 2 == 1) {
+    cpu::DivideInto(u, elems, norm, work_);
+    std::swap(x, x_next);
+  } else {
+    cpu::Divide(u, elems, norm, false);
+  }
+  // As stored, X is W^T (n x m, leading dimension n) when wide, W (m x n,
+  // leading dimension m) when tall, in CBLAS's column-major terms.
+  const int ld_x = program.tall ? m : n;
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
+                c = static_cast<float>(abc[2]);
+    // gram = W W^T (upper, then mirrored: the next product reads it whole).
+    cblas_ssyrk(CblasColMajor, CblasUpper, program.tall ? CblasNoTrans : CblasTrans, m, n, 1.0f,
+                x, ld_x, 0.0f, gram, m);
+    cpu::MirrorUpper(gram, m, m);
+    // poly = c gram gram^T + b gram + a I (upper).
+    cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, m, m, c, gram, m, 0.0f, poly, m);
+    cpu::FoldPolynomial(poly, gram, m, a, b);
+    // W' = poly W (W'^T = W^T poly), poly read as the symmetric matrix its
+    // upper triangle is.
+    if (program.tall) {
+      cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, m, n, 1.0f, poly, m, x, m, 0.0f, x_next,
+                  m);
+    } else {
+      cblas_ssymm(CblasColMajor, CblasRight, CblasUpper, n, m, 1.0f, poly, m, x, n, 0.0f, x_next,
+                  n);
+    }
+    std::swap(x, x_next);
+  }
 }
 
 void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {

@@ -53,8 +53,14 @@ class CpuBackend final : public MathBackend {
   static float NormalizingDivisor(const NsConfig& config, float* x, int64_t elems);
   absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
                                        float* u);
-  // One matrix through the program (muon/math/ns_program.h) in place.
+  // One matrix through the program (muon/math/ns_program.h) in place: fp32
+  // products rounded to bf16 after each (the emulated bf16).
   void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
+  // The same in fp32, each product as CBLAS runs it fastest: one triangle of
+  // the symmetric ones (SYRK), the polynomial with b * gram and a * I folded
+  // in so that the update is one product (SYMM) without copies, and the last
+  // iteration's result written into u itself.
+  void OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u);
   void ReleaseWork();
   // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
   // rounded to bf16 when `bf16`.

@@ -161,6 +161,10 @@ MUON_CLONES void Divide(float* p, int64_t n, float d, bool bf16) {
   }
 }
 
+MUON_CLONES void DivideInto(const float* src, int64_t n, float d, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i] / d;
+}
+
 MUON_CLONES void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) Store<kBF16>(dst, i, src[i] / d);
 }
@@ -205,6 +209,15 @@ MUON_CLONES void MirrorUpper(float* d, int64_t m, int64_t ld) {
         for (int64_t i = std::max(i0, j + 1); i < i1; ++i) d[j * ld + i] = d[i * ld + j];
       }
     }
+  }
+}
+
+MUON_CLONES void FoldPolynomial(float* poly, const float* gram, int64_t m, float a, float b) {
+  for (int64_t j = 0; j < m; ++j) {
+    float* p = poly + j * m;
+    const float* g = gram + j * m;
+    for (int64_t i = 0; i <= j; ++i) p[i] = p[i] + b * g[i];
+    p[j] = p[j] + a;
   }
 }
 

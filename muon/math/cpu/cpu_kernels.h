@@ -22,6 +22,8 @@ void RoundToBf16(float* p, int64_t n);
 double SumSquares(const float* p, int64_t n);
 // p[i] <- p[i] / d, then rounded to bf16 when `bf16`.
 void Divide(float* p, int64_t n, float d, bool bf16);
+// dst[i] = src[i] / d (fp32; src and dst do not overlap).
+void DivideInto(const float* src, int64_t n, float d, float* dst);
 // dst[i] = bf16 bits of src[i] / d (Divide with bf16, then ToBf16, in one pass).
 void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst);
 // bf16 bits of p[i] (which must be bf16 values already, or are rounded).
@@ -34,6 +36,11 @@ void TransposeFromBf16(const uint16_t* src, int64_t rows, int64_t cols, float* d
 // Column-major m x m (leading dimension ld): the strict lower triangle <- the
 // upper one transposed (d(i, j) = d(j, i) for i > j), tile by tile.
 void MirrorUpper(float* d, int64_t m, int64_t ld);
+// Column-major m x m, leading dimension m, upper triangle only (i <= j):
+// poly(i, j) <- (poly(i, j) + b * gram(i, j)) + a when i == j: the fp32
+// Newton-Schulz folds the polynomial's b * gram and the update's a * X into
+// one matrix (poly then multiplies X alone).
+void FoldPolynomial(float* poly, const float* gram, int64_t m, float a, float b);
 // Column-major bf16: dst (cols x rows, leading dimension ld_dst) = src (rows x
 // cols, leading dimension ld_src) transposed, tile by tile; src and dst must
 // not overlap. Mirrors one computed block of a symmetric product into its

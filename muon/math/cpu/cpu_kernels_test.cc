@@ -86,6 +86,9 @@ TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
         ASSERT_EQ(ToBits(got[i]), ToBits(bf16 ? ew::Bf16BitsToFloat(ReferenceBf16(q)) : q));
       }
     }
+    std::vector<float> into(n);
+    cpu::DivideInto(x.data(), n, 1.7f, into.data());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ToBits(into[i]), ToBits(x[i] / 1.7f));
     std::vector<uint16_t> bits(n);
     cpu::DivideToBf16(x.data(), n, 1.7f, bits.data());
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], ReferenceBf16(x[i] / 1.7f));
@@ -129,6 +132,27 @@ TEST(CpuKernels, TransposesMoveEveryElement) {
     std::vector<float> back(rows * cols);
     cpu::TransposeFromBf16(t.data(), cols, rows, back.data());
     EXPECT_EQ(back, src);  // small integers: exact in bf16
+  }
+}
+
+TEST(CpuKernels, FoldPolynomialChangesTheUpperTriangleOnly) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.f, 2.f);
+  for (int64_t m : {1, 2, 7, 33}) {
+    std::vector<float> poly(m * m), gram(m * m);
+    for (float& v : poly) v = d(rng);
+    for (float& v : gram) v = d(rng);
+    std::vector<float> got = poly;
+    cpu::FoldPolynomial(got.data(), gram.data(), m, 3.4445f, -4.775f);
+    for (int64_t j = 0; j < m; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t at = j * m + i;
+        float want = poly[at];
+        if (i <= j) want = poly[at] + -4.775f * gram[at];
+        if (i == j) want = want + 3.4445f;
+        ASSERT_EQ(ToBits(got[at]), ToBits(want)) << m << " at " << i << ", " << j;
+      }
+    }
   }
 }
 
