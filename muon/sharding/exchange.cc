@@ -256,11 +256,34 @@ std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
   return ops;
 }
 
+// A world of one rank: each pack op and the unpack op that reads the same
+// wire bytes become one copy from the source to the destination, rounded to
+// the wire dtype on the way (what the two did through the send buffer).
+// Empty when the two lists do not pair up op by op.
+std::vector<CopyOp> Direct(const std::vector<CopyOp>& pack, const std::vector<CopyOp>& unpack) {
+  std::vector<CopyOp> direct;
+  if (pack.size() != unpack.size()) return direct;
+  for (size_t i = 0; i < pack.size(); ++i) {
+    const CopyOp& p = pack[i];
+    const CopyOp& u = unpack[i];
+    if (p.dst != u.src || p.n != u.n || p.dst_type != u.src_type) return {};
+    direct.push_back({p.src, u.dst, p.n, p.src_type, u.dst_type, p.dst_type});
+  }
+  return direct;
+}
+
 absl::StatusOr<BoundExchange::Direction> BindDirection(
-    Device& device, std::vector<CopyOp> pack, std::vector<CopyOp> unpack,
+    Device& device, std::vector<CopyOp> pack, std::vector<CopyOp> unpack, bool single_rank,
     std::vector<size_t> sb, std::vector<size_t> so, std::vector<size_t> rb,
     std::vector<size_t> ro, std::string label) {
   BoundExchange::Direction d;
+  if (single_rank) {
+    std::vector<CopyOp> direct = Direct(pack, unpack);
+    if (!direct.empty()) {
+      pack = std::move(direct);
+      unpack.clear();
+    }
+  }
   absl::StatusOr<std::unique_ptr<CopyProgram>> p = device.Prepare(pack);
   if (!p.ok()) return p.status();
   d.pack = std::move(*p);
@@ -281,8 +304,9 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
                                            const std::vector<LocalBuffer>& updates, float* slots,
                                            unsigned char* send, unsigned char* recv,
                                            bool single_rank, size_t scatter_trailer) {
-  // A world of one rank exchanges with itself: the unpack reads the packed
-  // bytes where they are, and no collective is called.
+  // A world of one rank exchanges with itself: no collective is called, and
+  // each piece is copied once, straight to where the unpack would put it
+  // (Direct), or else the unpack reads the packed bytes where they are.
   const unsigned char* incoming = single_rank ? send : recv;
   auto update_of = [&](const LocalSpan& s) { return updates[s.param]; };
   auto slot_of = [&](const SlotSpan&) { return LocalBuffer{slots, DType::kF32}; };
@@ -294,7 +318,7 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
   if (single_rank) ro = so;
   absl::StatusOr<BoundExchange::Direction> d = BindDirection(
       device, PackOps(t.gather_send, so, send, update_of),
-      UnpackOps(t.gather_recv, ro, incoming, slot_of), sb, so, rb, ro,
+      UnpackOps(t.gather_recv, ro, incoming, slot_of), single_rank, sb, so, rb, ro,
       absl::StrCat("gathering ", t.label));
   if (!d.ok()) return d.status();
   b.gather = std::move(*d);
@@ -315,7 +339,8 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
     }
   }
   d = BindDirection(device, PackOps(t.scatter_send, so, send, slot_of),
-                    UnpackOps(t.scatter_recv, ro, incoming, update_of), sb, so, rb, ro,
+                    UnpackOps(t.scatter_recv, ro, incoming, update_of), single_rank, sb, so, rb,
+                    ro,
                     absl::StrCat("scattering ", t.label));
   if (!d.ok()) return d.status();
   b.scatter = std::move(*d);

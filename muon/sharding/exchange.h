@@ -79,7 +79,7 @@ struct BoundExchange {
     std::vector<size_t> send_trailers, recv_trailers;
   };
   Direction gather, scatter;
-  bool single_rank = false;  // a world of one: no collective, unpack from send
+  bool single_rank = false;  // a world of one: no collective, pieces copied directly
 };
 
 // `updates[p]` is where this rank's param p's update lives (its fp32 update

@@ -169,7 +169,7 @@ TEST(BoundExchange, SpansStartAlignedOnTheWire) {
   auto* recv = reinterpret_cast<unsigned char*>(recv_words.data());
   absl::StatusOr<BoundExchange> bound =
       BindExchange(table, *device, {{ua.data(), DType::kBF16}, {ub.data(), DType::kBF16}},
-                   slots.data(), send, recv, /*single_rank=*/true);
+                   slots.data(), send, recv, /*single_rank=*/false);  // through the wire
   ASSERT_TRUE(bound.ok()) << bound.status();
   ASSERT_EQ(bound->gather.send_bytes.size(), 1u);
   EXPECT_EQ(bound->gather.send_bytes[0], 24u);
@@ -186,6 +186,39 @@ TEST(BoundExchange, SpansStartAlignedOnTheWire) {
   ASSERT_TRUE(RunExchange(*bound, bound->scatter, **self, *device, send, recv, nullptr).ok());
   EXPECT_EQ(ua[2], FloatToBf16Bits(6.0f));
   EXPECT_EQ(ub[3], FloatToBf16Bits(14.0f));
+}
+
+// A world of one copies each piece once, straight between the update storage
+// and the slots, rounded to the wire's dtype on the way; the send buffer is
+// not touched.
+TEST(BoundExchange, ASingleRankCopiesStraightAndRoundsToTheWire) {
+  ParamSpec a{"a", {2, 3}, {}};  // float32 state: a float32 gather wire, bf16 scatter wire
+  const auto t = Tables(1, {a}, 0, DType::kBF16);
+  const RoundTable& table = t[0][0];
+  std::shared_ptr<Device> device = MakeHostDevice();
+  // 1 + 2^-9 is no bf16 value: it crosses the float32 gather wire whole.
+  std::vector<float> ua = {1.0f + 1.0f / 512, 2.0f, -3.0f, 4.0f, 5.0f, 6.0f};
+  std::vector<float> slots(table.slot_floats, -1.0f);
+  const size_t bytes = MaxExchangeBytes(t[0]);
+  std::vector<unsigned char> send(bytes, 0xAB), recv(bytes, 0xCD);
+  absl::StatusOr<BoundExchange> bound =
+      BindExchange(table, *device, {{ua.data(), DType::kF32}}, slots.data(), send.data(),
+                   recv.data(), /*single_rank=*/true);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  auto self = Comm::Create(SelfCommTable(), "self");
+  ASSERT_TRUE(self.ok());
+  ASSERT_TRUE(RunExchange(*bound, bound->gather, **self, *device, send.data(), recv.data(),
+                          nullptr).ok());
+  EXPECT_EQ(slots, ua);
+  for (float& x : slots) x = x / 7.0f;  // no bf16 values: the scatter rounds them
+  ASSERT_TRUE(RunExchange(*bound, bound->scatter, **self, *device, send.data(), recv.data(),
+                          nullptr).ok());
+  for (size_t i = 0; i < ua.size(); ++i) {
+    EXPECT_NE(ua[i], slots[i]) << i;
+    EXPECT_EQ(ua[i], Bf16BitsToFloat(FloatToBf16Bits(slots[i]))) << i;
+  }
+  EXPECT_EQ(send, std::vector<unsigned char>(bytes, 0xAB));
+  EXPECT_EQ(recv, std::vector<unsigned char>(bytes, 0xCD));
 }
 
 }  // namespace

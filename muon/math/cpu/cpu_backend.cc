@@ -195,7 +195,12 @@ void CpuBackend::Normalize(const NsConfig& config, float* x, int64_t elems) {
 float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t elems) {
   const bool bf16 = config.dtype == NsDtype::kBF16;
   if (bf16) cpu::RoundToBf16(x, elems);
-  float norm = static_cast<float>(std::sqrt(cpu::SumSquares(x, elems)));
+  return DivisorOfSum(config, cpu::SumSquares(x, elems));
+}
+
+float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
+  const bool bf16 = config.dtype == NsDtype::kBF16;
+  float norm = static_cast<float>(std::sqrt(sum_of_squares));
   if (bf16) norm = RoundToBf16(norm);
   norm = std::max(norm, static_cast<float>(config.eps));
   if (bf16) norm = RoundToBf16(norm);
@@ -210,7 +215,6 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   uint16_t* buffers[4] = {ws, ws + elems, ws + 2 * elems, ws + 2 * elems + gram};
   // x = u / norm in bf16: exact in bf16 from here on (u itself is not
   // divided: its memory takes the result at the end).
-  const float norm = NormalizingDivisor(config, u, elems);
   // With oneDNN a tall matrix runs as its transpose, the wide program: oneDNN
   // multiplies the wide layout's operands 2x faster than the tall one's,
   // which would read X transposed in the gram product; the transposes cost
@@ -219,9 +223,11 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   const bool transpose = program.tall && native_bf16_->PrefersWide();
   const NsProgram& runs = transpose ? PlanNewtonSchulz(1, m, n) : program;
   if (transpose) {
-    cpu::Divide(u, elems, norm, true);
+    cpu::Divide(u, elems, NormalizingDivisor(config, u, elems), true);
     cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
   } else {
+    // u read twice, rounded to bf16 on the fly (not written back).
+    const float norm = DivisorOfSum(config, cpu::SumSquaresAsBf16(u, elems));
     cpu::DivideToBf16(u, elems, norm, buffers[0]);
   }
   for (int it = 0; it < config.steps; ++it) {

@@ -51,6 +51,8 @@ class CpuBackend final : public MathBackend {
   // What Normalize divides by (x rounded to bf16 in place first when the
   // dtype is bf16).
   static float NormalizingDivisor(const NsConfig& config, float* x, int64_t elems);
+  // The same from the sum of x's squares (of x rounded to bf16 when bf16).
+  static float DivisorOfSum(const NsConfig& config, double sum_of_squares);
   absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
                                        float* u);
   // One matrix through the program (muon/math/ns_program.h) in place: fp32

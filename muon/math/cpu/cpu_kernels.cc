@@ -43,7 +43,29 @@ MUON_INLINE float RoundTo(float f) {
   if constexpr (T == kF16) return ew::F16BitsToFloat(ew::FloatToF16Bits(f));
 }
 
-template <int G, int B, int O, bool kNesterov>
+// Stores f rounded to T and returns the stored value: one conversion where
+// RoundTo then Store would make two (rounding is idempotent, NaNs included).
+template <int T>
+MUON_INLINE float StoreRounded(void* base, int64_t i, float f) {
+  if constexpr (T == kF32) {
+    static_cast<float*>(base)[i] = f;
+    return f;
+  } else {
+    const uint16_t bits = T == kBF16 ? ew::FloatToBf16Bits(f) : ew::FloatToF16Bits(f);
+    static_cast<uint16_t*>(base)[i] = bits;
+    return T == kBF16 ? ew::Bf16BitsToFloat(bits) : ew::F16BitsToFloat(bits);
+  }
+}
+
+// ew::TorchLerp with its branch (on the loop's fixed weight) chosen outside
+// the loop.
+template <bool kSmallWeight>
+MUON_INLINE float Lerp(float self, float end, float w) {
+  return kSmallWeight ? self + w * (end - self) : end - (end - self) * (1.0f - w);
+}
+inline bool SmallWeight(float w) { return w < 0.5f && w > -0.5f; }
+
+template <int G, int B, int O, bool kNesterov, bool kSmallBuf, bool kSmallOut>
 MUON_INLINE int64_t MomentumLoop(const MomentumArgs& a, float w_buf, float w_out) {
   const void* grad = a.grad;
   void* buf = a.buf;
@@ -52,9 +74,14 @@ MUON_INLINE int64_t MomentumLoop(const MomentumArgs& a, float w_buf, float w_out
   for (int64_t i = 0; i < a.n; ++i) {  // ew::MomentumElement with its types fixed
     const float g = Load<G>(grad, i);
     nonfinite += ew::IsFinite(g) ? 0 : 1;
-    const float b = RoundTo<B>(ew::TorchLerp(Load<B>(buf, i), g, w_buf));
-    Store<B>(buf, i, b);
-    Store<O>(out, i, kNesterov ? RoundTo<B>(ew::TorchLerp(g, b, w_out)) : b);
+    const float b = StoreRounded<B>(buf, i, Lerp<kSmallBuf>(Load<B>(buf, i), g, w_buf));
+    if constexpr (!kNesterov) {
+      Store<O>(out, i, b);
+    } else if constexpr (O == B) {
+      StoreRounded<B>(out, i, Lerp<kSmallOut>(g, b, w_out));
+    } else {
+      Store<O>(out, i, RoundTo<B>(Lerp<kSmallOut>(g, b, w_out)));
+    }
   }
   return nonfinite;
 }
@@ -62,8 +89,17 @@ MUON_INLINE int64_t MomentumLoop(const MomentumArgs& a, float w_buf, float w_out
 template <int G, int B, int O>
 MUON_INLINE int64_t MomentumNesterov(const MomentumArgs& a, float w_buf, float w_out,
                                      bool nesterov) {
-  return nesterov ? MomentumLoop<G, B, O, true>(a, w_buf, w_out)
-                  : MomentumLoop<G, B, O, false>(a, w_buf, w_out);
+  const bool small_buf = SmallWeight(w_buf), small_out = SmallWeight(w_out);
+  if (!nesterov) {
+    return small_buf ? MomentumLoop<G, B, O, false, true, true>(a, w_buf, w_out)
+                     : MomentumLoop<G, B, O, false, false, true>(a, w_buf, w_out);
+  }
+  if (small_buf) {
+    return small_out ? MomentumLoop<G, B, O, true, true, true>(a, w_buf, w_out)
+                     : MomentumLoop<G, B, O, true, true, false>(a, w_buf, w_out);
+  }
+  return small_out ? MomentumLoop<G, B, O, true, false, true>(a, w_buf, w_out)
+                   : MomentumLoop<G, B, O, true, false, false>(a, w_buf, w_out);
 }
 
 template <int G, int B>
@@ -141,16 +177,36 @@ MUON_CLONES void RoundToBf16(float* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) p[i] = RoundTo<kBF16>(p[i]);
 }
 
-MUON_CLONES double SumSquares(const float* p, int64_t n) {
+namespace {
+
+// Eight running sums over i mod 8 of f(p[i])^2, then added in order.
+template <typename F>
+MUON_INLINE double SumSquaresOf(const float* p, int64_t n, F f) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(p[i + k]) * p[i + k];
+    for (int k = 0; k < 8; ++k) {
+      const double v = f(p[i + k]);
+      acc[k] += v * v;
+    }
   }
-  for (int k = 0; i < n; ++i, ++k) acc[k] += static_cast<double>(p[i]) * p[i];
+  for (int k = 0; i < n; ++i, ++k) {
+    const double v = f(p[i]);
+    acc[k] += v * v;
+  }
   double sum = 0.0;
   for (double a : acc) sum += a;
   return sum;
+}
+
+}  // namespace
+
+MUON_CLONES double SumSquares(const float* p, int64_t n) {
+  return SumSquaresOf(p, n, [](float v) { return v; });
+}
+
+MUON_CLONES double SumSquaresAsBf16(const float* p, int64_t n) {
+  return SumSquaresOf(p, n, [](float v) { return RoundTo<kBF16>(v); });
 }
 
 MUON_CLONES void Divide(float* p, int64_t n, float d, bool bf16) {
@@ -166,7 +222,7 @@ MUON_CLONES void DivideInto(const float* src, int64_t n, float d, float* dst) {
 }
 
 MUON_CLONES void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst) {
-  for (int64_t i = 0; i < n; ++i) Store<kBF16>(dst, i, src[i] / d);
+  for (int64_t i = 0; i < n; ++i) Store<kBF16>(dst, i, RoundTo<kBF16>(src[i]) / d);
 }
 
 MUON_CLONES void ToBf16(const float* src, int64_t n, uint16_t* dst) {

@@ -24,7 +24,11 @@ double SumSquares(const float* p, int64_t n);
 void Divide(float* p, int64_t n, float d, bool bf16);
 // dst[i] = src[i] / d (fp32; src and dst do not overlap).
 void DivideInto(const float* src, int64_t n, float d, float* dst);
-// dst[i] = bf16 bits of src[i] / d (Divide with bf16, then ToBf16, in one pass).
+// SumSquares of p[i] rounded to bf16 (RoundToBf16, then SumSquares, without
+// writing p).
+double SumSquaresAsBf16(const float* p, int64_t n);
+// dst[i] = bf16 bits of (src[i] rounded to bf16) / d: RoundToBf16, Divide
+// with bf16 and ToBf16 in one pass, src unchanged.
 void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst);
 // bf16 bits of p[i] (which must be bf16 values already, or are rounded).
 void ToBf16(const float* src, int64_t n, uint16_t* dst);

@@ -91,7 +91,9 @@ TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ToBits(into[i]), ToBits(x[i] / 1.7f));
     std::vector<uint16_t> bits(n);
     cpu::DivideToBf16(x.data(), n, 1.7f, bits.data());
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], ReferenceBf16(x[i] / 1.7f));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits[i], ReferenceBf16(ew::Bf16BitsToFloat(ReferenceBf16(x[i])) / 1.7f));
+    }
   }
 }
 
@@ -116,6 +118,14 @@ TEST(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
   double want = 0;
   for (double a : acc) want += a;
   EXPECT_EQ(cpu::SumSquares(x.data(), 20), want);
+  // SumSquaresAsBf16: the same order over the values rounded to bf16, x
+  // itself unchanged.
+  const std::vector<float> before = x;
+  std::vector<float> rounded = x;
+  for (float& v : rounded) v = ew::Bf16BitsToFloat(ReferenceBf16(v));
+  ASSERT_NE(rounded, x);
+  EXPECT_EQ(cpu::SumSquaresAsBf16(x.data(), 20), cpu::SumSquares(rounded.data(), 20));
+  EXPECT_EQ(x, before);
 }
 
 TEST(CpuKernels, TransposesMoveEveryElement) {
@@ -201,30 +211,37 @@ std::vector<uint8_t> Stored(int type, const std::vector<float>& v) {
 DType D(int t) { return static_cast<DType>(t); }
 
 TEST(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
-  for (int64_t n : {1, 9, 16, 37, 200}) {
-    for (int g = 0; g < 3; ++g) {
-      for (int b = 0; b < 3; ++b) {
-        for (int o = 0; o < 3; ++o) {
-          for (bool nesterov : {false, true}) {
-            auto grad = Stored(g, Mixed(n, 1)), buf = Stored(b, Mixed(n, 2));
-            auto want_buf = buf;
-            std::vector<uint8_t> out(n * 4), want_out(n * 4);
-            int64_t want_nonfinite = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              const float gv = ew::Load(g, grad.data(), i);
-              want_nonfinite += ew::IsFinite(gv) ? 0 : 1;
-              float bv = ew::Load(b, want_buf.data(), i);
-              const float ov = ew::MomentumElement(b, gv, &bv, 0.05f, 0.95f, nesterov);
-              ew::Store(b, want_buf.data(), i, bv);
-              ew::Store(o, want_out.data(), i, ov);
+  // Weights (1 - momentum, momentum) on either side of torch's lerp switch at
+  // 0.5, and at it.
+  const std::pair<float, float> weights[] = {{0.05f, 0.95f}, {0.7f, 0.3f}, {0.5f, 0.5f},
+                                             {0.2f, 0.2f}, {0.9f, 0.9f}};
+  for (auto [w_buf, w_out] : weights) {
+    for (int64_t n : {1, 9, 16, 37, 200}) {
+      for (int g = 0; g < 3; ++g) {
+        for (int b = 0; b < 3; ++b) {
+          for (int o = 0; o < 3; ++o) {
+            for (bool nesterov : {false, true}) {
+              auto grad = Stored(g, Mixed(n, 1)), buf = Stored(b, Mixed(n, 2));
+              auto want_buf = buf;
+              std::vector<uint8_t> out(n * 4), want_out(n * 4);
+              int64_t want_nonfinite = 0;
+              for (int64_t i = 0; i < n; ++i) {
+                const float gv = ew::Load(g, grad.data(), i);
+                want_nonfinite += ew::IsFinite(gv) ? 0 : 1;
+                float bv = ew::Load(b, want_buf.data(), i);
+                const float ov = ew::MomentumElement(b, gv, &bv, w_buf, w_out, nesterov);
+                ew::Store(b, want_buf.data(), i, bv);
+                ew::Store(o, want_out.data(), i, ov);
+              }
+              const MomentumArgs a{D(g), grad.data(), D(b), buf.data(), n, out.data(), D(o)};
+              EXPECT_EQ(cpu::Momentum(a, w_buf, w_out, nesterov), want_nonfinite);
+              const std::string what = "n " + std::to_string(n) + " types " + std::to_string(g) +
+                                       std::to_string(b) + std::to_string(o) +
+                                       (nesterov ? " nesterov" : "") + " weights " +
+                                       std::to_string(w_buf) + ", " + std::to_string(w_out);
+              ASSERT_EQ(buf, want_buf) << what;
+              ASSERT_EQ(out, want_out) << what;
             }
-            const MomentumArgs a{D(g), grad.data(), D(b), buf.data(), n, out.data(), D(o)};
-            EXPECT_EQ(cpu::Momentum(a, 0.05f, 0.95f, nesterov), want_nonfinite);
-            const std::string what = "n " + std::to_string(n) + " types " + std::to_string(g) +
-                                     std::to_string(b) + std::to_string(o) +
-                                     (nesterov ? " nesterov" : "");
-            ASSERT_EQ(buf, want_buf) << what;
-            ASSERT_EQ(out, want_out) << what;
           }
         }
       }
