@@ -17,6 +17,7 @@ _ABSL_TARGETS = {
     "absl/container:flat_hash_map": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
     "absl/container:flat_hash_set": ["absl_raw_hash_set", "absl_hash", "absl_city", "absl_low_level_hash"],
     "absl/container:inlined_vector": [],
+    "absl/functional:function_ref": [],
     "absl/hash:hash": ["absl_hash", "absl_city", "absl_low_level_hash"],
     "absl/status:status": ["absl_status", "absl_strings", "absl_cord"],
     "absl/status:statusor": ["absl_statusor", "absl_status", "absl_strings"],

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "muon/math/cpu/cpu_backend.h"
 #include "muon/math/cpu/cpu_kernels.h"
+#include "muon/math/cpu/cpu_threads.h"
+#include "muon/math/cpu/parallel.h"
 
 namespace muon {
 
@@ -122,30 +124,48 @@ MemorySource MemorySourceOf(Device* device) {
   return m;
 }
 
-void RunCopiesOnHost(const std::vector<CopyOp>& ops) {
-  for (const CopyOp& op : ops) {
-    const bool same = op.src_type == op.dst_type;
-    const bool exact = same && (op.via == DType::kF32 || op.via == op.src_type);
-    if (exact) {
-      std::memcpy(op.dst, op.src, static_cast<size_t>(op.n) * SizeOf(op.src_type));
-      continue;
-    }
-    cpu::Convert(op.src_type, op.src, op.via, op.dst_type, op.dst, op.n);
+namespace {
+
+// Elements [begin, end) of one copy.
+void RunCopy(const CopyOp& op, int64_t begin, int64_t end) {
+  const size_t src_size = SizeOf(op.src_type), dst_size = SizeOf(op.dst_type);
+  const void* src = static_cast<const unsigned char*>(op.src) + begin * static_cast<int64_t>(src_size);
+  void* dst = static_cast<unsigned char*>(op.dst) + begin * static_cast<int64_t>(dst_size);
+  const bool same = op.src_type == op.dst_type;
+  const bool exact = same && (op.via == DType::kF32 || op.via == op.src_type);
+  if (exact) {
+    std::memcpy(dst, src, static_cast<size_t>(end - begin) * src_size);
+  } else {
+    cpu::Convert(op.src_type, src, op.via, op.dst_type, dst, end - begin);
   }
+}
+
+}  // namespace
+
+void RunCopiesOnHost(const std::vector<CopyOp>& ops) {
+  for (const CopyOp& op : ops) RunCopy(op, 0, op.n);
 }
 
 namespace {
 
+// The copies and their chunks (made once): a program runs on the rank's
+// threads.
 class HostProgram final : public CopyProgram {
  public:
   explicit HostProgram(std::vector<CopyOp> ops) : ops_(std::move(ops)) {
     for (const CopyOp& op : ops_) elements_ += op.n;
+    cpu::SplitIntoChunks(ops_.size(), [&](size_t i) { return ops_[i].n; }, &chunks_);
   }
   int64_t elements() const override { return elements_; }
-  const std::vector<CopyOp>& ops() const { return ops_; }
+  void Run() const {
+    cpu::RunChunks(chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
+      RunCopy(ops_[c.item], c.begin, c.end);
+    });
+  }
 
  private:
   std::vector<CopyOp> ops_;
+  std::vector<cpu::Chunk> chunks_;
   int64_t elements_ = 0;
 };
 
@@ -184,7 +204,7 @@ class HostDevice final : public Device {
     return std::unique_ptr<CopyProgram>(new HostProgram(ops));
   }
   absl::Status Run(const CopyProgram& program) override {
-    RunCopiesOnHost(static_cast<const HostProgram&>(program).ops());
+    static_cast<const HostProgram&>(program).Run();
     return absl::OkStatus();
   }
 

@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -26,24 +27,49 @@ absl::Status Guarded(const char* what, Fn&& fn) {
   return absl::OkStatus();
 }
 
+// Element i of a tensor of `dtype` at base (null stays null).
+const void* At(const void* base, DType dtype, int64_t i) {
+  if (base == nullptr) return nullptr;
+  return static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(SizeOf(dtype));
+}
+void* At(void* base, DType dtype, int64_t i) {
+  return const_cast<void*>(At(static_cast<const void*>(base), dtype, i));
+}
+
 }  // namespace
 
 absl::Status CpuBackend::Momentum(const MomentumStep& step,
                                   absl::Span<const MomentumArgs> tensors) {
   const float w_buf = ew::MomentumWeightOfBuf(step.scalars->momentum);
   const float w_out = ew::MomentumWeightOfOut(step.scalars->momentum);
-  int64_t nonfinite = 0;
-  for (const MomentumArgs& a : tensors) nonfinite += cpu::Momentum(a, w_buf, w_out, step.nesterov);
-  if (step.nonfinite != nullptr) *step.nonfinite += nonfinite;
+  std::atomic<int64_t> nonfinite{0};
+  cpu::SplitIntoChunks(tensors.size(), [&](size_t i) { return tensors[i].n; }, &chunks_);
+  cpu::RunChunks(chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
+    const MomentumArgs& t = tensors[c.item];
+    MomentumArgs a = t;
+    a.grad = At(t.grad, t.grad_dtype, c.begin);
+    a.buf = At(t.buf, t.buf_dtype, c.begin);
+    a.out = At(t.out, t.out_dtype, c.begin);
+    a.n = c.end - c.begin;
+    const int64_t bad = cpu::Momentum(a, w_buf, w_out, step.nesterov);
+    if (bad != 0) nonfinite.fetch_add(bad, std::memory_order_relaxed);
+  });
+  if (step.nonfinite != nullptr) *step.nonfinite += nonfinite.load();
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) {
   if (step.gate != nullptr && *step.gate != 0) return absl::OkStatus();  // the job said no
   const float decay = ew::DecayFactor(step.scalars->lr, step.scalars->weight_decay);
-  for (const ApplyArgs& a : tensors) {
-    cpu::Apply(a, decay, ew::UpdateAlpha(step.scalars->lr, a.lr_ratio));
-  }
+  cpu::SplitIntoChunks(tensors.size(), [&](size_t i) { return tensors[i].n; }, &chunks_);
+  cpu::RunChunks(chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
+    const ApplyArgs& t = tensors[c.item];
+    ApplyArgs a = t;
+    a.param = At(t.param, t.param_dtype, c.begin);
+    a.update = At(t.update, t.update_dtype, c.begin);
+    a.n = c.end - c.begin;
+    cpu::Apply(a, decay, ew::UpdateAlpha(step.scalars->lr, t.lr_ratio));
+  });
   return absl::OkStatus();
 }
 
@@ -222,13 +248,20 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   const int64_t m = program.m, n = program.n;
   const bool transpose = program.tall && native_bf16_->PrefersWide();
   const NsProgram& runs = transpose ? PlanNewtonSchulz(1, m, n) : program;
+  // The element-wise passes over the whole matrix on the rank's threads
+  // (the sum of squares stays on one: its order is fixed).
+  const int threads = cpu::ThreadsPerRankHere();
+  cpu::SplitIntoChunks(1, [&](size_t) { return elems; }, &ns_chunks_);
   if (transpose) {
     cpu::Divide(u, elems, NormalizingDivisor(config, u, elems), true);
     cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
   } else {
     // u read twice, rounded to bf16 on the fly (not written back).
     const float norm = DivisorOfSum(config, cpu::SumSquaresAsBf16(u, elems));
-    cpu::DivideToBf16(u, elems, norm, buffers[0]);
+    uint16_t* x0 = buffers[0];
+    cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
+      cpu::DivideToBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
+    });
   }
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
@@ -242,7 +275,9 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   if (transpose) {
     cpu::TransposeFromBf16(x, m, n, u);
   } else {
-    cpu::FromBf16(x, elems, u);
+    cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
+      cpu::FromBf16(x + c.begin, c.end - c.begin, u + c.begin);
+    });
   }
   return absl::OkStatus();
 }

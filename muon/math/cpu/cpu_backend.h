@@ -14,6 +14,7 @@
 #include "muon/math/backend.h"
 #include "muon/math/cpu/cpu_threads.h"
 #include "muon/math/cpu/native_bf16.h"
+#include "muon/math/cpu/parallel.h"
 #include "muon/math/elementwise.h"
 #include "muon/math/ns_program.h"
 
@@ -79,6 +80,9 @@ class CpuBackend final : public MathBackend {
   std::unique_ptr<NativeBf16Gemm> native_bf16_;
   float* work_ = nullptr;
   size_t work_floats_ = 0;
+  // Element-wise work split for the rank's threads (kept: no allocation per
+  // step): Momentum's and Apply's, and Orthogonalize's.
+  std::vector<cpu::Chunk> chunks_, ns_chunks_;
 };
 
 // torch's lerp (muon/math/elementwise.h).

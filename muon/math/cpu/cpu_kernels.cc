@@ -140,7 +140,13 @@ MUON_INLINE void ApplyUpdate(const ApplyArgs& a, float decay, float alpha) {
 
 template <int S, int V, int D>
 MUON_INLINE void ConvertLoop(const void* src, void* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) Store<D>(dst, i, RoundTo<V>(Load<S>(src, i)));
+  // Rounding to `via` changes nothing when the source has that dtype, and
+  // the store makes it when the destination has it (rounding is idempotent).
+  constexpr bool kRound = V != S && V != D;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = Load<S>(src, i);
+    Store<D>(dst, i, kRound ? RoundTo<V>(v) : v);
+  }
 }
 
 template <int S, int V>
