@@ -23,7 +23,7 @@ struct Chunk {
 // Chunks of at most kChunkElements; below kParallelElements in all a list
 // runs on the calling thread alone (a team's wake-up would cost more).
 constexpr int64_t kChunkElements = int64_t{1} << 16;
-constexpr int64_t kParallelElements = int64_t{1} << 18;
+constexpr int64_t kParallelElements = int64_t{1} << 20;
 
 // *chunks = the chunks of `count` ranges of size_of(i) elements, in order
 // (the vector keeps its capacity: no allocation once it has grown).

@@ -1,6 +1,10 @@
 #include "muon/math/cpu/parallel.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -36,19 +40,28 @@ TEST(Parallel, ChunksCoverEveryElementOnceInOrder) {
 }
 
 TEST(Parallel, EveryChunkRunsOnceWhateverTheThreads) {
-  const int64_t n = 5 * kChunkElements + 3;  // above kParallelElements
+  const int64_t n = kParallelElements + 3;  // in several chunks, run by a team
   for (int threads : {1, 2, 3, 8}) {
     std::vector<Chunk> chunks;
     SplitIntoChunks(2, [&](size_t i) { return i == 0 ? n : int64_t{9}; }, &chunks);
     std::vector<std::atomic<int>> seen(static_cast<size_t>(n) + 9);
     std::atomic<int64_t> calls{0};
+    std::mutex mu;
+    std::set<std::thread::id> ran_on;
     RunChunks(chunks, threads, [&](const Chunk& c) {
       calls.fetch_add(1);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ran_on.insert(std::this_thread::get_id());
+      }
       for (int64_t e = c.begin; e < c.end; ++e) {
         seen[static_cast<size_t>(c.item == 0 ? e : n + e)].fetch_add(1);
       }
     });
     EXPECT_EQ(calls.load(), static_cast<int64_t>(chunks.size()));
+    // A team of min(threads, chunks) threads, each with its static share.
+    EXPECT_EQ(ran_on.size(), static_cast<size_t>(std::min<int64_t>(threads, chunks.size())))
+        << threads << " threads";
     for (size_t e = 0; e < seen.size(); ++e) ASSERT_EQ(seen[e].load(), 1) << e << ", " << threads;
   }
 }
