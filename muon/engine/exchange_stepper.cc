@@ -34,10 +34,14 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   int64_t most_slots = 0;
   for (const RoundTable& t : s->tables_) most_slots = std::max(most_slots, t.slot_floats);
   const std::shared_ptr<Device>& device = ctx.device;
+  // The owned matrices in the dtype the backend orthogonalizes with the least
+  // work (bf16 for the CPU's AMX products: no rounding and widening passes).
+  s->slot_dtype_ = device->math().SlotDtype(options.ns);
   for (int k = 0; k <= lookahead; ++k) {
-    MUON_ASSIGN_OR_RETURN(DeviceBuffer b,
-                          DeviceBuffer::Make(device, static_cast<size_t>(most_slots) * sizeof(float),
-                                             "the working buffer of owned matrices"));
+    MUON_ASSIGN_OR_RETURN(
+        DeviceBuffer b,
+        DeviceBuffer::Make(device, static_cast<size_t>(most_slots) * SizeOf(s->slot_dtype_),
+                           "the working buffer of owned matrices"));
     s->slots_.push_back(std::move(b));
   }
   s->carry_ = carry_verdicts && rounds > 0 && world.size() > 1;
@@ -58,7 +62,8 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
     MUON_ASSIGN_OR_RETURN(
         BoundExchange b,
         BindExchange(s->tables_[r], *ctx.device, *ctx.updates,
-                     s->slots_[r % s->slots_.size()].as<float>(), s->send_.as<unsigned char>(),
+                     LocalBuffer{s->slots_[r % s->slots_.size()].data(), s->slot_dtype_},
+                     s->send_.as<unsigned char>(),
                      s->recv_.as<unsigned char>(), world.size() == 1,
                      s->carry_ && r == rounds - 1 ? kVerdictBytes : 0));
     s->bound_.push_back(std::move(b));
@@ -87,10 +92,11 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
   Device& device = *ctx_.device;
   Device* lane = lane_.device;
   if (lane != nullptr) MUON_RETURN_IF_ERROR(device.AwaitSignal(*lane, round));  // gathered
-  float* slots = slots_[round % slots_.size()].as<float>();
+  auto* slots = slots_[round % slots_.size()].as<unsigned char>();
+  const int64_t size = static_cast<int64_t>(SizeOf(slot_dtype_));
   for (const ShapeBatch& b : tables_[round].batches) {
     MUON_RETURN_IF_ERROR(ctx_.device->math().Orthogonalize(
-        ctx_.options->ns, {slots + b.offset, b.count, b.rows, b.cols}));
+        ctx_.options->ns, {slots + b.offset * size, b.count, b.rows, b.cols, slot_dtype_}));
   }
   return lane != nullptr ? device.Signal(1 + round) : absl::OkStatus();
 }

@@ -76,6 +76,7 @@ class ExchangeStepper : public Stepper {
   // prefetch + 1 working buffers of owned matrices (round r uses r % size),
   // the exchange's send and receive buffers, and each round's bound exchange.
   std::vector<DeviceBuffer> slots_;
+  DType slot_dtype_ = DType::kF32;  // the backend's SlotDtype
   DeviceBuffer send_, recv_;
   std::vector<BoundExchange> bound_;
   // On GPUs with more than one rank: the device's communication lane, where

@@ -17,12 +17,13 @@
 namespace muon {
 
 // A run of `count` row-major matrices of rows x cols, one after the other, as
-// fp32 values.
+// values of `dtype`: fp32, or bf16 for a backend whose SlotDtype says so.
 struct MatrixBatch {
-  float* data = nullptr;
+  void* data = nullptr;
   int64_t count = 0;
   int64_t rows = 0;
   int64_t cols = 0;
+  DType dtype = DType::kF32;
 };
 
 // The hyper-parameters the element-wise kernels read at the time they run,
@@ -109,8 +110,17 @@ class MathBackend {
     return StoreBytes(dst, &value, sizeof value);
   }
 
-  // Orthogonalizes every matrix of `batch` in place with `config`.
+  // Orthogonalizes every matrix of `batch` in place with `config`. Every
+  // backend takes fp32 batches; bf16 ones only where SlotDtype says so.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;
+  // The dtype Orthogonalize takes its matrices in with the least work for
+  // `config`: kBF16 where bf16 Newton-Schulz multiplies bf16 natively and
+  // would only round fp32 input to bf16 first and widen its bf16 result
+  // (the CPU's AMX kernel), else kF32. The results are the same either way.
+  virtual DType SlotDtype(const NsConfig& config) {
+    (void)config;
+    return DType::kF32;
+  }
 
   // Grows the workspace for a batch of `count` rows x cols matrices, so that
   // later Orthogonalize calls up to that size allocate nothing.

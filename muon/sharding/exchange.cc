@@ -301,7 +301,8 @@ absl::StatusOr<BoundExchange::Direction> BindDirection(
 }  // namespace
 
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
-                                           const std::vector<LocalBuffer>& updates, float* slots,
+                                           const std::vector<LocalBuffer>& updates,
+                                           LocalBuffer slots,
                                            unsigned char* send, unsigned char* recv,
                                            bool single_rank, size_t scatter_trailer) {
   // A world of one rank exchanges with itself: no collective is called, and
@@ -309,7 +310,7 @@ absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
   // (Direct), or else the unpack reads the packed bytes where they are.
   const unsigned char* incoming = single_rank ? send : recv;
   auto update_of = [&](const LocalSpan& s) { return updates[s.param]; };
-  auto slot_of = [&](const SlotSpan&) { return LocalBuffer{slots, DType::kF32}; };
+  auto slot_of = [&](const SlotSpan&) { return slots; };
   BoundExchange b;
   b.single_rank = single_rank;
   std::vector<size_t> sb, so, rb, ro;

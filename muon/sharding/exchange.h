@@ -84,13 +84,16 @@ struct BoundExchange {
 
 // `updates[p]` is where this rank's param p's update lives (its fp32 update
 // buffer, or with update_in_grad its gradient's own memory); `slots` the
-// round's working buffer of owned matrices; `send`/`recv` hold
+// round's working buffer of owned matrices (elements of its dtype, fp32 or
+// the backend's SlotDtype; the tables' slot offsets count elements);
+// `send`/`recv` hold
 // MaxExchangeBytes(tables) bytes. All are memory of `device`.
 // `scatter_trailer` > 0: the scatter direction also carries that many bytes
 // from every rank to every rank (itself included), after each peer's pieces;
 // send and recv then hold MaxExchangeBytes(tables) + size * scatter_trailer.
 absl::StatusOr<BoundExchange> BindExchange(const RoundTable& t, Device& device,
-                                           const std::vector<LocalBuffer>& updates, float* slots,
+                                           const std::vector<LocalBuffer>& updates,
+                                           LocalBuffer slots,
                                            unsigned char* send, unsigned char* recv,
                                            bool single_rank, size_t scatter_trailer = 0);
 

@@ -122,9 +122,8 @@ TEST(BoundExchange, OneRankMovesAndConvertsThroughItsBuffers) {
   const size_t bytes = MaxExchangeBytes(t[0]);
   std::vector<unsigned char> send(bytes), recv(bytes);
   absl::StatusOr<BoundExchange> bound =
-      BindExchange(table, *device, {{a.data(), DType::kF32}, {b.data(), DType::kF32}}, slots.data(),
-                   send.data(), recv.data(),
-                   /*single_rank=*/true);
+      BindExchange(table, *device, {{a.data(), DType::kF32}, {b.data(), DType::kF32}},
+                   {slots.data(), DType::kF32}, send.data(), recv.data(), /*single_rank=*/true);
   ASSERT_TRUE(bound.ok()) << bound.status();
   auto self = Comm::Create(SelfCommTable(), "self");
   ASSERT_TRUE(self.ok());
@@ -169,7 +168,8 @@ TEST(BoundExchange, SpansStartAlignedOnTheWire) {
   auto* recv = reinterpret_cast<unsigned char*>(recv_words.data());
   absl::StatusOr<BoundExchange> bound =
       BindExchange(table, *device, {{ua.data(), DType::kBF16}, {ub.data(), DType::kBF16}},
-                   slots.data(), send, recv, /*single_rank=*/false);  // through the wire
+                   {slots.data(), DType::kF32}, send, recv,
+                   /*single_rank=*/false);  // through the wire
   ASSERT_TRUE(bound.ok()) << bound.status();
   ASSERT_EQ(bound->gather.send_bytes.size(), 1u);
   EXPECT_EQ(bound->gather.send_bytes[0], 24u);
@@ -202,8 +202,8 @@ TEST(BoundExchange, ASingleRankCopiesStraightAndRoundsToTheWire) {
   const size_t bytes = MaxExchangeBytes(t[0]);
   std::vector<unsigned char> send(bytes, 0xAB), recv(bytes, 0xCD);
   absl::StatusOr<BoundExchange> bound =
-      BindExchange(table, *device, {{ua.data(), DType::kF32}}, slots.data(), send.data(),
-                   recv.data(), /*single_rank=*/true);
+      BindExchange(table, *device, {{ua.data(), DType::kF32}}, {slots.data(), DType::kF32},
+                   send.data(), recv.data(), /*single_rank=*/true);
   ASSERT_TRUE(bound.ok()) << bound.status();
   auto self = Comm::Create(SelfCommTable(), "self");
   ASSERT_TRUE(self.ok());
@@ -219,6 +219,35 @@ TEST(BoundExchange, ASingleRankCopiesStraightAndRoundsToTheWire) {
   }
   EXPECT_EQ(send, std::vector<unsigned char>(bytes, 0xAB));
   EXPECT_EQ(recv, std::vector<unsigned char>(bytes, 0xCD));
+}
+
+// Slots of bf16 (a backend whose SlotDtype is bf16): the gather rounds the
+// fp32 pieces into them, the scatter widens them back; in a world of one and
+// through the wire alike.
+TEST(BoundExchange, Bf16SlotsRoundOnTheWayIn) {
+  ParamSpec a{"a", {2, 3}, {}};  // float32 state: a float32 gather wire, bf16 scatter wire
+  const auto t = Tables(1, {a}, 0, DType::kBF16);
+  const RoundTable& table = t[0][0];
+  std::shared_ptr<Device> device = MakeHostDevice();
+  for (bool single : {true, false}) {
+    std::vector<float> ua = {1.0f + 1.0f / 512, 2.0f, -3.0f, 1.0f / 3, 5.0f, 6.0f};
+    std::vector<uint16_t> slots(table.slot_floats, 0xFFFF);
+    const size_t bytes = MaxExchangeBytes(t[0]);
+    std::vector<unsigned char> send(bytes), recv(bytes);
+    absl::StatusOr<BoundExchange> bound =
+        BindExchange(table, *device, {{ua.data(), DType::kF32}}, {slots.data(), DType::kBF16},
+                     send.data(), recv.data(), single);
+    ASSERT_TRUE(bound.ok()) << bound.status();
+    auto self = Comm::Create(SelfCommTable(), "self");
+    ASSERT_TRUE(self.ok());
+    ASSERT_TRUE(RunExchange(*bound, bound->gather, **self, *device, send.data(), recv.data(),
+                            nullptr).ok());
+    for (size_t i = 0; i < ua.size(); ++i) EXPECT_EQ(slots[i], FloatToBf16Bits(ua[i])) << i;
+    for (uint16_t& v : slots) v = FloatToBf16Bits(Bf16BitsToFloat(v) * 0.5f);
+    ASSERT_TRUE(RunExchange(*bound, bound->scatter, **self, *device, send.data(), recv.data(),
+                            nullptr).ok());
+    for (size_t i = 0; i < ua.size(); ++i) EXPECT_EQ(ua[i], Bf16BitsToFloat(slots[i])) << i;
+  }
 }
 
 }  // namespace

@@ -111,7 +111,7 @@ class StrictMath final : public MathBackend {
   }
 
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
-    const size_t bytes = static_cast<size_t>(batch.count * batch.rows * batch.cols) * 4;
+    const size_t bytes = static_cast<size_t>(batch.count * batch.rows * batch.cols) * SizeOf(batch.dtype);
     absl::Status st = rt_->CheckDeviceMemory(batch.data, bytes, "Newton-Schulz: the matrices");
     if (!st.ok()) return st;
     return Run([this, config, batch] { return cpu_.Orthogonalize(config, batch); });

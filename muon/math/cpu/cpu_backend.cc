@@ -166,9 +166,19 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
   MUON_RETURN_IF_ERROR(Reserve(config, batch.count, batch.rows, batch.cols));
   // One matrix at a time (BLAS threads within each product).
   const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
+  if (batch.dtype == DType::kBF16) {
+    if (SlotDtype(config) != DType::kBF16) {
+      return absl::InternalError("bf16 matrices given to a CPU backend that takes fp32 ones");
+    }
+    for (int64_t k = 0; k < batch.count; ++k) {
+      MUON_RETURN_IF_ERROR(OrthogonalizeBf16(
+          config, program, static_cast<uint16_t*>(batch.data) + k * program.x_elems));
+    }
+    return absl::OkStatus();
+  }
   const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
   for (int64_t k = 0; k < batch.count; ++k) {
-    float* u = batch.data + k * program.x_elems;
+    float* u = static_cast<float*>(batch.data) + k * program.x_elems;
     if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));
     } else if (config.dtype == NsDtype::kBF16) {
@@ -263,14 +273,7 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
       cpu::DivideToBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
     });
   }
-  for (int it = 0; it < config.steps; ++it) {
-    const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : runs.iteration) {
-      MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
-                                             NsScalarValue(g.beta, abc), buffers));
-    }
-    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
-  }
+  MUON_RETURN_IF_ERROR(RunNativeIterations(config, runs, buffers));
   const uint16_t* x = buffers[static_cast<int>(NsBuffer::kX)];
   if (transpose) {
     cpu::TransposeFromBf16(x, m, n, u);
@@ -280,6 +283,43 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
     });
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsProgram& program,
+                                             uint16_t** buffers) {
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    for (const NsGemm& g : program.iteration) {
+      MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
+                                             NsScalarValue(g.beta, abc), buffers));
+    }
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
+  }
+  return absl::OkStatus();
+}
+
+DType CpuBackend::SlotDtype(const NsConfig& config) {
+  return config.dtype == NsDtype::kBF16 && NativeBf16() && !native_bf16_->PrefersWide()
+             ? DType::kBF16
+             : DType::kF32;
+}
+
+absl::Status CpuBackend::OrthogonalizeBf16(const NsConfig& config, const NsProgram& program,
+                                           uint16_t* u) {
+  const int64_t elems = program.x_elems, gram = program.gram_elems;
+  auto* ws = reinterpret_cast<uint16_t*>(work_);
+  // X alternates between u and the workspace; starting in the workspace when
+  // the iterations are odd leaves the result in u (no copy either way).
+  const bool odd = config.steps % 2 == 1;
+  uint16_t* buffers[4] = {odd ? ws : u, odd ? u : ws, ws + 2 * elems, ws + 2 * elems + gram};
+  // u holds bf16 values: what the fp32 path rounds to first.
+  const float norm = DivisorOfSum(config, cpu::SumSquaresBf16(u, elems));
+  uint16_t* x0 = buffers[static_cast<int>(NsBuffer::kX)];
+  cpu::SplitIntoChunks(1, [&](size_t) { return elems; }, &ns_chunks_);
+  cpu::RunChunks(ns_chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
+    cpu::DivideBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
+  });
+  return RunNativeIterations(config, program, buffers);
 }
 
 void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u) {

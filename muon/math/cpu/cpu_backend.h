@@ -39,6 +39,9 @@ class CpuBackend final : public MathBackend {
   // The CPU orthogonalizes one matrix at a time: the count does not matter.
   // With native bf16 products, their primitives for this shape are built too.
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows, int64_t cols) override;
+  // kBF16 for bf16 Newton-Schulz on the AMX kernel (it reads bf16 matrices
+  // as they are, and writes its bf16 result into them), else kF32.
+  DType SlotDtype(const NsConfig& config) override;
 
   // The bf16 products run natively (muon/math/cpu/native_bf16.h) where the CPU
   // can (probed on first use), else emulated; `allow` false keeps them
@@ -56,6 +59,11 @@ class CpuBackend final : public MathBackend {
   static float DivisorOfSum(const NsConfig& config, double sum_of_squares);
   absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
                                        float* u);
+  // The same on a bf16 matrix, in place (the SlotDtype kBF16 path).
+  absl::Status OrthogonalizeBf16(const NsConfig& config, const NsProgram& program, uint16_t* u);
+  // The program's iterations on the native products, X and X' swapping.
+  absl::Status RunNativeIterations(const NsConfig& config, const NsProgram& program,
+                                   uint16_t** buffers);
   // One matrix through the program (muon/math/ns_program.h) in place: fp32
   // products rounded to bf16 after each (the emulated bf16).
   void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);

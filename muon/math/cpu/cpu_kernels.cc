@@ -185,10 +185,9 @@ MUON_CLONES void RoundToBf16(float* p, int64_t n) {
 
 namespace {
 
-// Eight running sums over i mod 8 of f(p[i])^2, then added in order.
+// acc[k] += f(p[i])^2 for the elements i (from 0) with i mod 8 == k, in order.
 template <typename F>
-MUON_INLINE double SumSquaresOf(const float* p, int64_t n, F f) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+MUON_INLINE void AddSquares(const float* p, int64_t n, F f, double* acc) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     for (int k = 0; k < 8; ++k) {
@@ -200,6 +199,13 @@ MUON_INLINE double SumSquaresOf(const float* p, int64_t n, F f) {
     const double v = f(p[i]);
     acc[k] += v * v;
   }
+}
+
+// Eight running sums over i mod 8 of f(p[i])^2, then added in order.
+template <typename F>
+MUON_INLINE double SumSquaresOf(const float* p, int64_t n, F f) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  AddSquares(p, n, f, acc);
   double sum = 0.0;
   for (double a : acc) sum += a;
   return sum;
@@ -213,6 +219,26 @@ MUON_CLONES double SumSquares(const float* p, int64_t n) {
 
 MUON_CLONES double SumSquaresAsBf16(const float* p, int64_t n) {
   return SumSquaresOf(p, n, [](float v) { return RoundTo<kBF16>(v); });
+}
+
+MUON_CLONES double SumSquaresBf16(const uint16_t* p, int64_t n) {
+  // Widened a block at a time (the fp32 loop vectorizes well; a block is a
+  // multiple of 8, so every element keeps its running sum).
+  constexpr int64_t kBlock = 2048;
+  alignas(64) float wide[kBlock];
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    for (int64_t k = 0; k < len; ++k) wide[k] = ew::Bf16BitsToFloat(p[i + k]);
+    AddSquares(wide, len, [](float v) { return v; }, acc);
+  }
+  double sum = 0.0;
+  for (double a : acc) sum += a;
+  return sum;
+}
+
+MUON_CLONES void DivideBf16(const uint16_t* src, int64_t n, float d, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) Store<kBF16>(dst, i, Load<kBF16>(src, i) / d);
 }
 
 MUON_CLONES void Divide(float* p, int64_t n, float d, bool bf16) {

@@ -27,6 +27,10 @@ void DivideInto(const float* src, int64_t n, float d, float* dst);
 // SumSquares of p[i] rounded to bf16 (RoundToBf16, then SumSquares, without
 // writing p).
 double SumSquaresAsBf16(const float* p, int64_t n);
+// SumSquares of bf16 values (the same sum as SumSquares of them widened).
+double SumSquaresBf16(const uint16_t* p, int64_t n);
+// dst[i] = bf16 bits of src[i] / d, both bf16 (dst may be src).
+void DivideBf16(const uint16_t* src, int64_t n, float d, uint16_t* dst);
 // dst[i] = bf16 bits of (src[i] rounded to bf16) / d: RoundToBf16, Divide
 // with bf16 and ToBf16 in one pass, src unchanged.
 void DivideToBf16(const float* src, int64_t n, float d, uint16_t* dst);

@@ -89,6 +89,15 @@ TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
     std::vector<float> into(n);
     cpu::DivideInto(x.data(), n, 1.7f, into.data());
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(ToBits(into[i]), ToBits(x[i] / 1.7f));
+    // DivideBf16: bf16 in, bf16 out, in place too.
+    std::vector<uint16_t> in(n), out(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = ReferenceBf16(x[i]);
+    cpu::DivideBf16(in.data(), n, 1.7f, out.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(out[i], ReferenceBf16(ew::Bf16BitsToFloat(in[i]) / 1.7f));
+    }
+    cpu::DivideBf16(in.data(), n, 1.7f, in.data());
+    ASSERT_EQ(in, out);
     std::vector<uint16_t> bits(n);
     cpu::DivideToBf16(x.data(), n, 1.7f, bits.data());
     for (int64_t i = 0; i < n; ++i) {
@@ -126,6 +135,10 @@ TEST(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
   ASSERT_NE(rounded, x);
   EXPECT_EQ(cpu::SumSquaresAsBf16(x.data(), 20), cpu::SumSquares(rounded.data(), 20));
   EXPECT_EQ(x, before);
+  // SumSquaresBf16: the same over the bf16 values themselves.
+  std::vector<uint16_t> bits(20);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = ReferenceBf16(x[i]);
+  EXPECT_EQ(cpu::SumSquaresBf16(bits.data(), 20), cpu::SumSquares(rounded.data(), 20));
 }
 
 TEST(CpuKernels, TransposesMoveEveryElement) {

@@ -204,6 +204,41 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
   }
 }
 
+// Where the backend takes bf16 matrices (SlotDtype: the AMX kernel), a bf16
+// batch gives bit for bit the fp32 batch's result: odd and even iteration
+// counts (the result lands in the matrix's own memory either way), wide and
+// tall, several matrices in one batch.
+TEST(NativeBf16, Bf16BatchesEqualFp32Batches) {
+  MUON_REQUIRE_NATIVE();
+  CpuBackend probe;
+  if (probe.SlotDtype(NsConfig()) != DType::kBF16) GTEST_SKIP() << "this backend takes fp32 only";
+  NsConfig fp32_config;
+  fp32_config.dtype = NsDtype::kFP32;
+  EXPECT_EQ(probe.SlotDtype(fp32_config), DType::kF32);
+  const Shape shapes[] = {{96, 160}, {160, 96}, {33, 65}, {300, 7}};
+  for (const Shape& s : shapes) {
+    for (int steps : {5, 4, 1, 0}) {
+      NsConfig cfg;
+      cfg.steps = steps;
+      std::vector<float> u = Random(2 * s.rows * s.cols, 13);
+      std::vector<uint16_t> bits(u.size());
+      for (size_t i = 0; i < u.size(); ++i) bits[i] = FloatToBf16Bits(u[i]);
+      CpuBackend a, b;
+      ASSERT_TRUE(a.Orthogonalize(cfg, {u.data(), 2, s.rows, s.cols}).ok());
+      ASSERT_TRUE(b.Orthogonalize(cfg, {bits.data(), 2, s.rows, s.cols, DType::kBF16}).ok());
+      for (size_t i = 0; i < u.size(); ++i) {
+        ASSERT_EQ(ew::Bits(u[i]), ew::Bits(Bf16BitsToFloat(bits[i])))
+            << s.rows << "x" << s.cols << ", " << steps << " iterations, at " << i;
+      }
+    }
+  }
+  // A backend that takes fp32 only refuses bf16.
+  CpuBackend emulated;
+  emulated.AllowNativeBf16(false);
+  std::vector<uint16_t> bits(16 * 16);
+  EXPECT_FALSE(emulated.Orthogonalize(NsConfig(), {bits.data(), 1, 16, 16, DType::kBF16}).ok());
+}
+
 // In-process ranks run with fewer threads each than one process: the result
 // must not depend on the thread count (bit for bit).
 TEST(NativeBf16, ResultDoesNotDependOnThreads) {

@@ -281,6 +281,10 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
 
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
+  if (batch.dtype != DType::kF32) {
+    return absl::InternalError("the CUDA backend orthogonalizes fp32 batches only");
+  }
+  float* const data = static_cast<float*>(batch.data);
   if (batch.count > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", batch.count, " matrices exceeds cuBLASLt's batch count"));
@@ -297,7 +301,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
 
   // X <- U / max(||U||, eps), no transpose: the program reads either
   // orientation as stored.
-  MUON_CUDA(cuda::LaunchPrepare(batch.data, batch.count, p.x_elems, x_type,
+  MUON_CUDA(cuda::LaunchPrepare(data, batch.count, p.x_elems, x_type,
                                 static_cast<float>(config.eps),
                                 static_cast<float*>(impl_->partials.ptr), buffers[0], s),
             "Newton-Schulz input kernels");
@@ -318,7 +322,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
-  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, batch.data, s),
+  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, s),
             "Newton-Schulz output kernel");
   return absl::OkStatus();
 }
