@@ -45,7 +45,11 @@
 // printed, never checked against times: this is a benchmark, not a test.
 //
 //   bazel run -c opt //bench:setup_bench -- [--model=NAME] [--ranks=1024,4096]
-//       [--limit=SECONDS] [--models=DIR] [--row-by-row]
+//       [--limit=SECONDS] [--models=DIR] [--row-by-row] [--per-stage]
+//
+// --per-stage also prints, for each pipeline stage, its matrices per rank,
+// its NS max÷mean and its largest matrix's NS work over the stage's mean per
+// rank (no assignment can bring max÷mean below that).
 //
 // --row-by-row computes the plan's pieces as before boxes
 // (PlanOptions::pieces_row_by_row): the same plan, the old cost.
@@ -351,6 +355,7 @@ void Fail(Figures* f, const std::string& what) {
 // Writes a byte to `ready` once the inputs are made (the time limit starts
 // then), and fills *f.
 bool g_row_by_row = false;  // --row-by-row: pieces as before boxes
+bool g_per_stage = false;   // --per-stage: each stage's balance
 
 void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   const int world = mesh.world, me = 0;
@@ -469,6 +474,22 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
     stage_max[mesh.Stage(r)] = std::max(stage_max[mesh.Stage(r)], load[r]);
     stage_total[mesh.Stage(r)] += load[r];
   }
+  if (g_per_stage) {
+    std::vector<int64_t> stage_units(mesh.stages, 0);
+    std::vector<double> stage_largest(mesh.stages, 0);
+    for (const muon::Unit& u : plan->units) {
+      const int s = mesh.Stage(u.owner);
+      ++stage_units[s];
+      stage_largest[s] = std::max(stage_largest[s], static_cast<double>(u.flops));
+    }
+    for (int s = 0; s < mesh.stages; ++s) {
+      if (stage_total[s] <= 0) continue;
+      const double mean = stage_total[s] * mesh.stages / world;
+      std::fprintf(stderr, "  stage %d: %.1f matrices per rank, NS max÷mean %.3f, largest ÷ mean %.3f\n",
+                   s, static_cast<double>(stage_units[s]) * mesh.stages / world, stage_max[s] / mean,
+                   stage_largest[s] / mean);
+    }
+  }
   for (int s = 0; s < mesh.stages; ++s) {
     if (stage_total[s] > 0) {
       f->ns_stage_max_over_mean = std::max(
@@ -563,6 +584,8 @@ int main(int argc, char** argv) {
       dir = a.substr(9);
     } else if (a.rfind("--model=", 0) == 0) {
       only = a.substr(8);
+    } else if (a == "--per-stage") {
+      g_per_stage = true;
     } else if (a == "--row-by-row") {
       g_row_by_row = true;
     } else if (a.rfind("--limit=", 0) == 0) {
@@ -577,7 +600,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--models=DIR] [--model=NAME] [--ranks=N,N,...] [--limit=SECONDS] "
-                   "[--row-by-row]\n",
+                   "[--row-by-row] [--per-stage]\n",
                    argv[0]);
       return 2;
     }
