@@ -55,7 +55,8 @@ bool AmxBf16Usable();
 // The working memory AmxMultiply needs for `p` with `threads` threads.
 size_t AmxWorkspaceBytes(const AmxProduct& p, int threads);
 
-// Runs `p` with `threads` OpenMP threads and `workspace` (at least
+// Runs `p` with up to `threads` OpenMP threads (no more than output blocks;
+// one for products of at most 2^26 multiply-adds) and `workspace` (at least
 // AmxWorkspaceBytes(p, threads) bytes, 64-byte aligned). Requires
 // AmxBf16Usable(); all sizes positive.
 void AmxMultiply(const AmxProduct& p, void* workspace, int threads);
