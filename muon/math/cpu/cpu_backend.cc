@@ -258,8 +258,8 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
   const int64_t m = program.m, n = program.n;
   const bool transpose = program.tall && native_bf16_->PrefersWide();
   const NsProgram& runs = transpose ? PlanNewtonSchulz(1, m, n) : program;
-  // The element-wise passes over the whole matrix on the rank's threads
-  // (the sum of squares stays on one: its order is fixed).
+  // The element-wise passes and the sum of squares over the whole matrix on
+  // the rank's threads, chunk by chunk.
   const int threads = cpu::ThreadsPerRankHere();
   cpu::SplitIntoChunks(1, [&](size_t) { return elems; }, &ns_chunks_);
   if (transpose) {
@@ -267,7 +267,9 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
     cpu::TransposeToBf16(u, n, m, buffers[0]);  // u: n x m row-major, x: m x n
   } else {
     // u read twice, rounded to bf16 on the fly (not written back).
-    const float norm = DivisorOfSum(config, cpu::SumSquaresAsBf16(u, elems));
+    const float norm = DivisorOfSum(config, ChunkedSumOfSquares(threads, [&](const cpu::Chunk& c) {
+                                      return cpu::SumSquaresAsBf16(u + c.begin, c.end - c.begin);
+                                    }));
     uint16_t* x0 = buffers[0];
     cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
       cpu::DivideToBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
@@ -283,6 +285,17 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
     });
   }
   return absl::OkStatus();
+}
+
+double CpuBackend::ChunkedSumOfSquares(int threads,
+                                       absl::FunctionRef<double(const cpu::Chunk&)> sum) {
+  partial_sums_.assign(ns_chunks_.size(), 0.0);
+  cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
+    partial_sums_[static_cast<size_t>(c.begin / cpu::kChunkElements)] = sum(c);
+  });
+  double total = 0.0;
+  for (double s : partial_sums_) total += s;
+  return total;
 }
 
 absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsProgram& program,
@@ -313,10 +326,13 @@ absl::Status CpuBackend::OrthogonalizeBf16(const NsConfig& config, const NsProgr
   const bool odd = config.steps % 2 == 1;
   uint16_t* buffers[4] = {odd ? ws : u, odd ? u : ws, ws + 2 * elems, ws + 2 * elems + gram};
   // u holds bf16 values: what the fp32 path rounds to first.
-  const float norm = DivisorOfSum(config, cpu::SumSquaresBf16(u, elems));
-  uint16_t* x0 = buffers[static_cast<int>(NsBuffer::kX)];
+  const int threads = cpu::ThreadsPerRankHere();
   cpu::SplitIntoChunks(1, [&](size_t) { return elems; }, &ns_chunks_);
-  cpu::RunChunks(ns_chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
+  const float norm = DivisorOfSum(config, ChunkedSumOfSquares(threads, [&](const cpu::Chunk& c) {
+                                    return cpu::SumSquaresBf16(u + c.begin, c.end - c.begin);
+                                  }));
+  uint16_t* x0 = buffers[static_cast<int>(NsBuffer::kX)];
+  cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
     cpu::DivideBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
   });
   return RunNativeIterations(config, program, buffers);

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "muon/math/backend.h"
 #include "muon/math/cpu/cpu_threads.h"
 #include "muon/math/cpu/native_bf16.h"
@@ -61,6 +62,11 @@ class CpuBackend final : public MathBackend {
                                        float* u);
   // The same on a bf16 matrix, in place (the SlotDtype kBF16 path).
   absl::Status OrthogonalizeBf16(const NsConfig& config, const NsProgram& program, uint16_t* u);
+  // The sum of squares of the matrix ns_chunks_ splits (one range): each
+  // chunk's `sum` on the rank's threads, the chunks' sums added in order, so
+  // the result does not depend on the threads (a matrix of one chunk, 64 Ki
+  // elements or fewer, is cpu::SumSquares's order exactly).
+  double ChunkedSumOfSquares(int threads, absl::FunctionRef<double(const cpu::Chunk&)> sum);
   // The program's iterations on the native products, X and X' swapping.
   absl::Status RunNativeIterations(const NsConfig& config, const NsProgram& program,
                                    uint16_t** buffers);
@@ -91,6 +97,7 @@ class CpuBackend final : public MathBackend {
   // Element-wise work split for the rank's threads (kept: no allocation per
   // step): Momentum's and Apply's, and Orthogonalize's.
   std::vector<cpu::Chunk> chunks_, ns_chunks_;
+  std::vector<double> partial_sums_;  // ChunkedSumOfSquares's, one per chunk
 };
 
 // torch's lerp (muon/math/elementwise.h).
