@@ -19,6 +19,15 @@ enum class DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 // Bytes per element.
 inline size_t SizeOf(DType t) { return t == DType::kF32 ? 4 : 2; }
 
+// Element i of a buffer of `t` elements at `base` (null stays null).
+inline const void* ElementAt(const void* base, DType t, int64_t i) {
+  if (base == nullptr) return nullptr;
+  return static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(SizeOf(t));
+}
+inline void* ElementAt(void* base, DType t, int64_t i) {
+  return const_cast<void*>(ElementAt(static_cast<const void*>(base), t, i));
+}
+
 // "float32", "bfloat16", "float16".
 const char* DTypeName(DType t);
 

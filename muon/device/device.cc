@@ -128,13 +128,12 @@ namespace {
 
 // Elements [begin, end) of one copy.
 void RunCopy(const CopyOp& op, int64_t begin, int64_t end) {
-  const size_t src_size = SizeOf(op.src_type), dst_size = SizeOf(op.dst_type);
-  const void* src = static_cast<const unsigned char*>(op.src) + begin * static_cast<int64_t>(src_size);
-  void* dst = static_cast<unsigned char*>(op.dst) + begin * static_cast<int64_t>(dst_size);
+  const void* src = ElementAt(op.src, op.src_type, begin);
+  void* dst = ElementAt(op.dst, op.dst_type, begin);
   const bool same = op.src_type == op.dst_type;
   const bool exact = same && (op.via == DType::kF32 || op.via == op.src_type);
   if (exact) {
-    std::memcpy(dst, src, static_cast<size_t>(end - begin) * src_size);
+    std::memcpy(dst, src, static_cast<size_t>(end - begin) * SizeOf(op.src_type));
   } else {
     cpu::Convert(op.src_type, src, op.via, op.dst_type, dst, end - begin);
   }

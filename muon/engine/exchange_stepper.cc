@@ -92,11 +92,11 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
   Device& device = *ctx_.device;
   Device* lane = lane_.device;
   if (lane != nullptr) MUON_RETURN_IF_ERROR(device.AwaitSignal(*lane, round));  // gathered
-  auto* slots = slots_[round % slots_.size()].as<unsigned char>();
-  const int64_t size = static_cast<int64_t>(SizeOf(slot_dtype_));
+  void* slots = slots_[round % slots_.size()].data();
   for (const ShapeBatch& b : tables_[round].batches) {
     MUON_RETURN_IF_ERROR(ctx_.device->math().Orthogonalize(
-        ctx_.options->ns, {slots + b.offset * size, b.count, b.rows, b.cols, slot_dtype_}));
+        ctx_.options->ns,
+        {ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols, slot_dtype_}));
   }
   return lane != nullptr ? device.Signal(1 + round) : absl::OkStatus();
 }

@@ -231,8 +231,7 @@ std::vector<CopyOp> PackOps(const std::vector<std::vector<SpanT>>& per_peer,
     unsigned char* at = send + offsets[p];
     for (const SpanT& s : per_peer[p]) {
       const LocalBuffer b = base(s);
-      ops.push_back({static_cast<const unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), at,
-                     s.length, b.dtype, s.wire, DType::kF32});
+      ops.push_back({ElementAt(b.data, b.dtype, s.pos), at, s.length, b.dtype, s.wire, DType::kF32});
       at += WireBytes(s);
     }
   }
@@ -248,8 +247,7 @@ std::vector<CopyOp> UnpackOps(const std::vector<std::vector<SpanT>>& per_peer,
     const unsigned char* at = recv + offsets[p];
     for (const SpanT& s : per_peer[p]) {
       const LocalBuffer b = base(s);
-      ops.push_back({at, static_cast<unsigned char*>(b.data) + s.pos * SizeOf(b.dtype), s.length,
-                     s.wire, b.dtype, DType::kF32});
+      ops.push_back({at, ElementAt(b.data, b.dtype, s.pos), s.length, s.wire, b.dtype, DType::kF32});
       at += WireBytes(s);
     }
   }

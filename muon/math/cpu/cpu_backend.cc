@@ -27,15 +27,6 @@ absl::Status Guarded(const char* what, Fn&& fn) {
   return absl::OkStatus();
 }
 
-// Element i of a tensor of `dtype` at base (null stays null).
-const void* At(const void* base, DType dtype, int64_t i) {
-  if (base == nullptr) return nullptr;
-  return static_cast<const unsigned char*>(base) + i * static_cast<int64_t>(SizeOf(dtype));
-}
-void* At(void* base, DType dtype, int64_t i) {
-  return const_cast<void*>(At(static_cast<const void*>(base), dtype, i));
-}
-
 }  // namespace
 
 absl::Status CpuBackend::Momentum(const MomentumStep& step,
@@ -47,9 +38,9 @@ absl::Status CpuBackend::Momentum(const MomentumStep& step,
   cpu::RunChunks(chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
     const MomentumArgs& t = tensors[c.item];
     MomentumArgs a = t;
-    a.grad = At(t.grad, t.grad_dtype, c.begin);
-    a.buf = At(t.buf, t.buf_dtype, c.begin);
-    a.out = At(t.out, t.out_dtype, c.begin);
+    a.grad = ElementAt(t.grad, t.grad_dtype, c.begin);
+    a.buf = ElementAt(t.buf, t.buf_dtype, c.begin);
+    a.out = ElementAt(t.out, t.out_dtype, c.begin);
     a.n = c.end - c.begin;
     const int64_t bad = cpu::Momentum(a, w_buf, w_out, step.nesterov);
     if (bad != 0) nonfinite.fetch_add(bad, std::memory_order_relaxed);
@@ -65,8 +56,8 @@ absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs
   cpu::RunChunks(chunks_, cpu::ThreadsPerRankHere(), [&](const cpu::Chunk& c) {
     const ApplyArgs& t = tensors[c.item];
     ApplyArgs a = t;
-    a.param = At(t.param, t.param_dtype, c.begin);
-    a.update = At(t.update, t.update_dtype, c.begin);
+    a.param = ElementAt(t.param, t.param_dtype, c.begin);
+    a.update = ElementAt(t.update, t.update_dtype, c.begin);
     a.n = c.end - c.begin;
     cpu::Apply(a, decay, ew::UpdateAlpha(step.scalars->lr, t.lr_ratio));
   });

@@ -201,14 +201,19 @@ MUON_INLINE void AddSquares(const float* p, int64_t n, F f, double* acc) {
   }
 }
 
+// The eight running sums, added in order.
+MUON_INLINE double SumOfLanes(const double* acc) {
+  double sum = 0.0;
+  for (int k = 0; k < 8; ++k) sum += acc[k];
+  return sum;
+}
+
 // Eight running sums over i mod 8 of f(p[i])^2, then added in order.
 template <typename F>
 MUON_INLINE double SumSquaresOf(const float* p, int64_t n, F f) {
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   AddSquares(p, n, f, acc);
-  double sum = 0.0;
-  for (double a : acc) sum += a;
-  return sum;
+  return SumOfLanes(acc);
 }
 
 }  // namespace
@@ -232,9 +237,7 @@ MUON_CLONES double SumSquaresBf16(const uint16_t* p, int64_t n) {
     for (int64_t k = 0; k < len; ++k) wide[k] = ew::Bf16BitsToFloat(p[i + k]);
     AddSquares(wide, len, [](float v) { return v; }, acc);
   }
-  double sum = 0.0;
-  for (double a : acc) sum += a;
-  return sum;
+  return SumOfLanes(acc);
 }
 
 MUON_CLONES void DivideBf16(const uint16_t* src, int64_t n, float d, uint16_t* dst) {
