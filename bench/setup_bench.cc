@@ -46,6 +46,7 @@
 //
 //   bazel run -c opt //bench:setup_bench -- [--model=NAME] [--ranks=1024,4096]
 //       [--limit=SECONDS] [--models=DIR] [--row-by-row] [--per-stage]
+//       [--assignment=spread]
 //
 // --per-stage also prints, for each pipeline stage, its matrices per rank,
 // its NS max÷mean and its largest matrix's NS work over the stage's mean per
@@ -53,6 +54,11 @@
 //
 // --row-by-row computes the plan's pieces as before boxes
 // (PlanOptions::pieces_row_by_row): the same plan, the old cost.
+//
+// --assignment=spread plans with MUON_ASSIGNMENT_SPREAD (owners may hold
+// none of their matrix) and also prints, beside the balanced plan's, the NS
+// max÷mean (all; worst stage) and the bytes the whole job moves per step
+// (each unit's pieces to its owner and results back, from the layout).
 #include <malloc.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -293,9 +299,11 @@ int64_t MovedBytes(const std::vector<muon::RoundTable>& tables, int r) {
 // it receives every element it does not hold once (from the copy that is
 // sent) and sends the result to every other copy; as a holder it sends its
 // canonical elements the owner lacks and receives its elements' result.
-// Also checks that every owner holds a piece of its matrix.
+// Also checks that every owner holds a piece of its matrix, unless
+// owners_may_hold_none (MUON_ASSIGNMENT_SPREAD). With me < 0: the bytes the
+// whole job moves (each unit's owner's side).
 int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon::Plan& plan,
-                   int me, std::string* error) {
+                   int me, bool owners_may_hold_none, std::string* error) {
   std::map<std::string, const Matrix*> by_name;
   for (const Matrix& m : model.matrices) by_name[m.name] = &m;
   int64_t bytes = 0;
@@ -309,7 +317,7 @@ int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon
     const Matrix& m = *it->second;
     const int o = u.owner;
     const Rect owner = HeldRect(m, model, mesh, experts, o);
-    if (owner.Area() == 0) {
+    if (owner.Area() == 0 && !owners_may_hold_none) {
       *error = "matrix '" + name + "' was given to rank " + std::to_string(o) +
                ", which holds none of it";
       return -1;
@@ -320,7 +328,7 @@ int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon
       if (x.canonical) n += (x.Area() - Overlap(x, owner)) * kStateBytes;
       return n;
     };
-    if (o == me) {
+    if (o == me || me < 0) {
       for (int r : Candidates(m, model, mesh, experts)) {
         if (r != o) bytes += pair_bytes(r);
       }
@@ -345,6 +353,9 @@ struct Figures {
   double ns_stage_max_over_mean = 0;  // within a stage, the worst stage
   double matrices_per_rank = 0;
   double moved_over_bound = 0;
+  // --assignment=spread: the balanced plan's figures beside the spread one's.
+  double balanced_max_over_mean = 0, balanced_stage_max_over_mean = 0;
+  int64_t job_bytes = 0, balanced_job_bytes = 0;
   char error[256] = {0};
 };
 
@@ -356,6 +367,39 @@ void Fail(Figures* f, const std::string& what) {
 // then), and fills *f.
 bool g_row_by_row = false;  // --row-by-row: pieces as before boxes
 bool g_per_stage = false;   // --per-stage: each stage's balance
+bool g_spread = false;      // --assignment=spread
+
+// NS work of a plan's owners: each stage's busiest rank and total, and
+// max÷mean over all ranks and in the worst stage.
+struct Balance {
+  std::vector<double> stage_max, stage_total;
+  double all = 0, worst_stage = 0;
+};
+
+Balance Imbalance(const muon::Plan& plan, const Mesh& mesh) {
+  const int world = mesh.world;
+  std::vector<double> load(world, 0);
+  double total = 0;
+  for (const muon::Unit& u : plan.units) {
+    load[u.owner] += u.flops;
+    total += u.flops;
+  }
+  Balance b;
+  b.stage_max.assign(mesh.stages, 0);
+  b.stage_total.assign(mesh.stages, 0);
+  for (int r = 0; r < world; ++r) {
+    b.stage_max[mesh.Stage(r)] = std::max(b.stage_max[mesh.Stage(r)], load[r]);
+    b.stage_total[mesh.Stage(r)] += load[r];
+  }
+  for (int s = 0; s < mesh.stages; ++s) {
+    if (b.stage_total[s] > 0) {
+      b.worst_stage =
+          std::max(b.worst_stage, b.stage_max[s] / (b.stage_total[s] * mesh.stages / world));
+    }
+  }
+  b.all = *std::max_element(load.begin(), load.end()) / (total / world);
+  return b;
+}
 
 void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   const int world = mesh.world, me = 0;
@@ -436,6 +480,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   const auto t1 = std::chrono::steady_clock::now();
   muon::PlanOptions options;
   options.pieces_row_by_row = g_row_by_row;
+  if (g_spread) options.assignment = muon::Assignment::kSpread;
   auto plan = muon::BuildPlan(ranks, me, options);
   const auto t2 = std::chrono::steady_clock::now();
   if (!plan.ok()) return Fail(f, std::string(plan.status().message()));
@@ -462,19 +507,23 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
     f->pieces += static_cast<int64_t>(pp.holders.size());
     for (const muon::Holder& h : pp.holders) f->runs += muon::RunCount(pp.Blocks(h));
   }
-  std::vector<double> load(world, 0);
-  double total = 0;
-  for (const muon::Unit& u : plan->units) {
-    load[u.owner] += u.flops;
-    total += u.flops;
-  }
-  f->ns_max_over_mean = *std::max_element(load.begin(), load.end()) / (total / world);
-  std::vector<double> stage_max(mesh.stages, 0), stage_total(mesh.stages, 0);
-  for (int r = 0; r < world; ++r) {
-    stage_max[mesh.Stage(r)] = std::max(stage_max[mesh.Stage(r)], load[r]);
-    stage_total[mesh.Stage(r)] += load[r];
+  const Balance balance = Imbalance(*plan, mesh);
+  f->ns_max_over_mean = balance.all;
+  f->ns_stage_max_over_mean = balance.worst_stage;
+  if (g_spread) {
+    std::string error;
+    f->job_bytes = LowerBound(model, mesh, experts, *plan, -1, true, &error);
+    auto balanced = muon::BuildPlan(ranks, me, muon::PlanOptions());
+    if (!balanced.ok()) return Fail(f, std::string(balanced.status().message()));
+    const Balance b = Imbalance(*balanced, mesh);
+    f->balanced_max_over_mean = b.all;
+    f->balanced_stage_max_over_mean = b.worst_stage;
+    f->balanced_job_bytes = LowerBound(model, mesh, experts, *balanced, -1, false, &error);
+    if (f->balanced_job_bytes < 0) return Fail(f, error);
   }
   if (g_per_stage) {
+    const std::vector<double>& stage_max = balance.stage_max;
+    const std::vector<double>& stage_total = balance.stage_total;
     std::vector<int64_t> stage_units(mesh.stages, 0);
     std::vector<double> stage_largest(mesh.stages, 0);
     for (const muon::Unit& u : plan->units) {
@@ -490,12 +539,6 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
                    stage_largest[s] / mean);
     }
   }
-  for (int s = 0; s < mesh.stages; ++s) {
-    if (stage_total[s] > 0) {
-      f->ns_stage_max_over_mean = std::max(
-          f->ns_stage_max_over_mean, stage_max[s] / (stage_total[s] * mesh.stages / world));
-    }
-  }
   f->matrices_per_rank = static_cast<double>(plan->units.size()) / world;
 
   // Moved over the bound on a few ranks (round tables from rank 0's plan
@@ -505,7 +548,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
         MovedBytes(r == me ? tables : muon::BuildRoundTables(*plan, r, world, muon::DType::kBF16),
                    r);
     std::string error;
-    const int64_t bound = LowerBound(model, mesh, experts, *plan, r, &error);
+    const int64_t bound = LowerBound(model, mesh, experts, *plan, r, g_spread, &error);
     if (bound < 0) return Fail(f, error);
     if (moved < bound) return Fail(f, "rank " + std::to_string(r) + " moves less than the bound");
     f->moved_over_bound =
@@ -586,6 +629,8 @@ int main(int argc, char** argv) {
       only = a.substr(8);
     } else if (a == "--per-stage") {
       g_per_stage = true;
+    } else if (a == "--assignment=spread") {
+      g_spread = true;
     } else if (a == "--row-by-row") {
       g_row_by_row = true;
     } else if (a.rfind("--limit=", 0) == 0) {
@@ -600,7 +645,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--models=DIR] [--model=NAME] [--ranks=N,N,...] [--limit=SECONDS] "
-                   "[--row-by-row] [--per-stage]\n",
+                   "[--row-by-row] [--per-stage] [--assignment=spread]\n",
                    argv[0]);
       return 2;
     }
@@ -667,6 +712,14 @@ int main(int argc, char** argv) {
                     f.plan_s, f.tables_s, MiB(f.memory).c_str(), f.ns_max_over_mean,
                     f.ns_stage_max_over_mean,
                     f.matrices_per_rank, f.moved_over_bound);
+        if (g_spread) {
+          std::printf("|  | spread against balanced | | | | | | | | NS max÷mean %.2f; %.2f (balanced "
+                      "%.2f; %.2f) | job moves %.2f GiB/step (balanced %.2f, x%.3f) | |\n",
+                      f.ns_max_over_mean, f.ns_stage_max_over_mean, f.balanced_max_over_mean,
+                      f.balanced_stage_max_over_mean, f.job_bytes / double(1 << 30),
+                      f.balanced_job_bytes / double(1 << 30),
+                      f.balanced_job_bytes > 0 ? double(f.job_bytes) / f.balanced_job_bytes : 0.0);
+        }
       }
       std::fflush(stdout);
       std::fprintf(stderr, "%s, %s: %.1f s in all\n", model.name.c_str(), mesh.Name().c_str(),

@@ -150,16 +150,27 @@ typedef enum muon_ns_coefficients_t {
   MUON_NS_COEFFICIENTS_POLAR_EXPRESS = 2
 } muon_ns_coefficients_t;
 
-/* Who orthogonalizes each matrix (distributed engine). Every choice names
- * only ranks that hold a piece of the matrix, and gives each matrix to
- * exactly one rank. */
+/* Who orthogonalizes each matrix (distributed engine). Every choice gives
+ * each matrix to exactly one rank; all but SPREAD name only ranks that hold
+ * a piece of the matrix. */
 typedef enum muon_assignment_t {
   /* Greedy, largest Newton-Schulz cost first, to the least loaded holder. */
   MUON_ASSIGNMENT_BALANCED = 0,
   /* Matrix i (in the global order) to holder i mod (number of holders). */
   MUON_ASSIGNMENT_ROUND_ROBIN = 1,
   /* options->assign_fn decides. */
-  MUON_ASSIGNMENT_CUSTOM = 2
+  MUON_ASSIGNMENT_CUSTOM = 2,
+  /* BALANCED, then levelled within each group of ranks that matrices join
+   * (ranks holding pieces of one matrix are joined: with pipeline stages a
+   * group is a stage): while the group's busiest rank does more than 1.01x
+   * the group's mean Newton-Schulz work and a move lowers it, it hands one
+   * matrix to the group's least-loaded rank, which may hold none of it. Such
+   * an owner receives the matrix's whole gradient and sends its whole update
+   * back, so this trades bytes for balance: it pays where owners are forced
+   * onto their holders (experts held by one EP rank each, with dense matrices
+   * on top of some ranks) and the links are fast. Results are bit-identical
+   * to BALANCED's. */
+  MUON_ASSIGNMENT_SPREAD = 3
 } muon_assignment_t;
 
 /* One matrix of the job, as the custom assignment sees it. Matrices are

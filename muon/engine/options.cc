@@ -60,6 +60,7 @@ absl::Status ValidateOptions(const Options& o) {
   switch (o.dist.assignment) {
     case Assignment::kBalanced:
     case Assignment::kRoundRobin:
+    case Assignment::kSpread:
       break;
     case Assignment::kCustom:
       if (!o.dist.custom_assign) {
@@ -70,7 +71,7 @@ absl::Status ValidateOptions(const Options& o) {
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "assignment: unknown value ", static_cast<int>(o.dist.assignment),
-          "; use MUON_ASSIGNMENT_BALANCED (0), ROUND_ROBIN (1) or CUSTOM (2)"));
+          "; use MUON_ASSIGNMENT_BALANCED (0), ROUND_ROBIN (1), CUSTOM (2) or SPREAD (3)"));
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,5 @@
-// Who orthogonalizes each matrix of the job: every choice names a rank that
-// holds a piece of the matrix, and gives each matrix to exactly one rank.
+// Who orthogonalizes each matrix of the job: every choice gives each matrix to
+// exactly one rank; all but kSpread name a rank that holds a piece of it.
 #ifndef MUON_SHARDING_ASSIGNMENT_H_
 #define MUON_SHARDING_ASSIGNMENT_H_
 
@@ -11,7 +11,7 @@
 
 namespace muon {
 
-enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2 };
+enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2, kSpread = 3 };
 
 // One global matrix as an assignment sees it.
 struct MatrixInfo {
@@ -31,6 +31,17 @@ using CustomAssignFn =
 // earlier matrix, the lower rank), or round-robin over each matrix's holders.
 std::vector<int> AssignBalanced(const std::vector<MatrixInfo>& matrices);
 std::vector<int> AssignRoundRobin(const std::vector<MatrixInfo>& matrices);
+
+// AssignBalanced, then levelling within each group of ranks that matrices
+// connect (ranks are connected when they hold pieces of one matrix: a
+// pipeline stage). While the group's busiest rank is above kSpreadLevel times
+// the group's mean and a move lowers it, one of its matrices moves to the
+// group's least-loaded rank, which may hold none of it (its owner then
+// receives the whole gradient and sends the whole update back): the matrix
+// whose cost is closest to half the gap, among those smaller than the gap.
+// Deterministic: every rank computes the same owners.
+inline constexpr double kSpreadLevel = 1.01;
+std::vector<int> AssignSpread(const std::vector<MatrixInfo>& matrices);
 
 }  // namespace muon
 

@@ -335,6 +335,9 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     case Assignment::kRoundRobin:
       owners = AssignRoundRobin(infos);
       break;
+    case Assignment::kSpread:
+      owners = AssignSpread(infos);
+      break;
     case Assignment::kCustom: {
       owners.assign(infos.size(), -1);
       auto st = options.custom(infos, &owners);

@@ -107,6 +107,50 @@ TEST(Plan, BalancedAssignmentSpreadsEqualMatricesAndRoundRobinCycles) {
   EXPECT_EQ(owners, (std::vector<int>{0, 1, 2, 0, 1, 2}));
 }
 
+TEST(Plan, SpreadLevelsForcedOwnersWithinEachStageOnly) {
+  // Two pipeline stages of 4 ranks. In each, every rank alone holds 8 experts
+  // (8 x 8) and the stage holds one dense 16 x 16 matrix (Replicate over the
+  // stage): 8 experts' work. BALANCED must leave each rank its own experts, so
+  // the dense matrix's owner does 16 units where the others do 8.
+  std::vector<RankDesc> ranks;
+  for (int r = 0; r < 8; ++r) {
+    const int stage = r / 4;
+    const std::vector<int> members = {4 * stage, 4 * stage + 1, 4 * stage + 2, 4 * stage + 3};
+    std::vector<ParamSpec> mine = {{"s" + std::to_string(stage) + ".dense", {16, 16}, {Replicate(1)}}};
+    for (int e = 0; e < 8; ++e) {
+      mine.push_back({"expert" + std::to_string(r) + "." + std::to_string(e), {8, 8}, {}});
+    }
+    ranks.push_back(DescribeRank(r, 8, {members}, mine));
+  }
+  auto loads = [](const Plan& p) {
+    std::vector<double> load(8, 0);
+    for (const Unit& u : p.units) load[u.owner] += u.flops;
+    return load;
+  };
+  const Plan balanced = MustBuild(ranks, 0);
+  const std::vector<double> b = loads(balanced);
+  const double expert = b[1];  // 8 experts
+  ASSERT_GT(expert, 0);
+  EXPECT_EQ(*std::max_element(b.begin(), b.end()), 2 * expert);
+
+  PlanOptions o;
+  o.assignment = Assignment::kSpread;
+  const Plan spread = MustBuild(ranks, 0, o);
+  EXPECT_EQ(spread.digest, MustBuild(ranks, 5, o).digest);
+  EXPECT_NE(spread.digest, balanced.digest);
+  // Every rank does 10 experts' work: the dense owner hands 6 of its experts
+  // to the other 3 ranks of its stage, 2 each, and nothing crosses stages.
+  for (double l : loads(spread)) EXPECT_EQ(l, expert * 10 / 8);
+  int moved = 0;
+  for (const Unit& u : spread.units) {
+    const PlanParam& pp = spread.params[u.param];
+    const int holder = pp.holders.front().rank;
+    EXPECT_EQ(u.owner / 4, holder / 4) << pp.name;
+    if (pp.holders.size() == 1 && u.owner != holder) ++moved;
+  }
+  EXPECT_EQ(moved, 12);
+}
+
 TEST(Plan, RoundsFollowTheBudgetOrOneMatrixEachWithoutAsync) {
   std::vector<ParamSpec> params;
   for (int i = 0; i < 4; ++i) params.push_back({"m" + std::to_string(i), {8, 8}, {Replicate(0)}});

@@ -1,6 +1,7 @@
 // The oracle of the distributed engine: any layout at any world size gives
 // parameters bit-identical to a single-process run of the same model, while
 // every matrix is orthogonalized exactly once in the whole job.
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -174,6 +175,23 @@ TEST(Layouts, ExpertParallel) {
                        {}, [r](int rank) { return rank == r; }});
   }
   ExpectEquivalent(d);
+  // The same with a dense matrix over the world and MUON_ASSIGNMENT_SPREAD:
+  // its owner hands its experts to the other ranks, which hold none of them,
+  // so the owners receive whole matrices and send whole updates back.
+  d.name = "ep_local_spread";
+  d.model.push_back({"dense", {24, 24}, MUON_MATRIX_VIEW_2D, {Replicate(-1)}, nullptr});
+  RunConfig spread;
+  spread.assignment = MUON_ASSIGNMENT_SPREAD;
+  spread.steps = 5;
+  ExpectEquivalent(d, spread);
+  // Under BALANCED every rank orthogonalizes its own 3 experts, the dense
+  // owner one more; under SPREAD the dense owner gives all of its away.
+  std::vector<int64_t> counts;
+  for (const RankResult& r : RunDistributed(d.model, d.mesh, spread)) {
+    counts.push_back(r.stats.matrices_orthogonalized);
+  }
+  std::sort(counts.begin(), counts.end());
+  EXPECT_EQ(counts, (std::vector<int64_t>{1, 4, 4, 4}));
 }
 
 TEST(Layouts, ThreeDimensionalMix) {
@@ -191,7 +209,8 @@ TEST(Settings, ResultsDoNotDependOnPipelineSettings) {
                {Replicate(0), Replicate(1)})};
   for (int prefetch : {0, 1, 2}) {
     for (int async : {0, 1}) {
-      for (int assignment : {MUON_ASSIGNMENT_BALANCED, MUON_ASSIGNMENT_ROUND_ROBIN}) {
+      for (int assignment :
+           {MUON_ASSIGNMENT_BALANCED, MUON_ASSIGNMENT_ROUND_ROBIN, MUON_ASSIGNMENT_SPREAD}) {
         RunConfig cfg;
         cfg.steps = 5;
         cfg.prefetch_count = prefetch;

@@ -206,7 +206,8 @@ BASE = dict(lr=0.02, weight_decay=0.1)
 @pytest.mark.parametrize("extra", [
     dict(),                                              # bf16 Newton-Schulz, prefetch 1
     dict(ns_dtype="fp32", prefetch_count=0, async_parallelism=False, assignment="round_robin"),
-], ids=["bf16-prefetch", "fp32-serial-round-robin"])
+    dict(assignment="spread"),
+], ids=["bf16-prefetch", "fp32-serial-round-robin", "bf16-spread"])
 def test_tp_fsdp_flat_layouts_match_single_process(kind, extra):
     options = dict(BASE, **extra)
     init, grads = initial_values(), gradients(STEPS)
