@@ -2,7 +2,9 @@
 
 Every figure is printed with its baseline from the same run: the
 implementations are interleaved (one call of each in turn, `--reps` rounds)
-and each one's median is reported.
+and each one's median is reported. With several threads each call starts
+after a pause, and a call under 0.1 s right after an untimed one of the same
+implementation (WARM_BELOW_S below).
 
 1. Newton-Schulz, 5 iterations of torch's quintic, fp32: libmuon
    (muon.Optimizer.orthogonalize, ns_dtype fp32) against numpy doing torch's
@@ -73,17 +75,32 @@ def torch_fp32_ns(g):
 # implementation would share the cores with them. Each call starts after
 # this pause.
 SETTLE_S = 0.2
+# With several threads, a thread pool that wakes after another library's
+# pool ran may find its worker placed on the core of the thread that woke
+# it: measured on the 2-vCPU machine, libmuon's 512^2 bf16 Newton-Schulz
+# took 13-15 ms right after any torch or numpy call (with the pause) and
+# 3.7-4.2 ms with OMP_PROC_BIND=true or back to back; torch's own calls
+# vary the same way. A call shorter than this is therefore timed warm: right
+# after an untimed call of the same implementation, as it runs inside a
+# step, the same for every implementation.
+WARM_BELOW_S = 0.1
 
 
 def interleaved(fns, reps):
     """Median seconds of each of `fns`, called in turn `reps` times (one warm-up each)."""
+    first = []
     for f in fns:
+        t = time.perf_counter()
         f()
+        first.append(time.perf_counter() - t)
+    several = torch.get_num_threads() > 1
     times = [[] for _ in fns]
     for _ in range(reps):
         for i, f in enumerate(fns):
-            if torch.get_num_threads() > 1:
+            if several:
                 time.sleep(SETTLE_S)
+                if first[i] < WARM_BELOW_S:
+                    f()
             t = time.perf_counter()
             f()
             times[i].append(time.perf_counter() - t)
@@ -115,11 +132,15 @@ def bf16_table(shapes, reps):
     print("|---|---|---|---|---|---|")
     opt = muon.Optimizer(ns_dtype="bf16")
     # The backend decides on its first product: the emulated one is told so.
+    before = os.environ.get("MUON_CPU_NATIVE_BF16")
     os.environ["MUON_CPU_NATIVE_BF16"] = "0"
     emulated = muon.Optimizer(ns_dtype="bf16")
     probe = torch.randn(4, 4)
     emulated.orthogonalize(probe, torch.empty(4, 4, dtype=torch.bfloat16))
-    del os.environ["MUON_CPU_NATIVE_BF16"]
+    if before is None:
+        del os.environ["MUON_CPU_NATIVE_BF16"]
+    else:
+        os.environ["MUON_CPU_NATIVE_BF16"] = before
     for rows, cols in shapes:
         g = torch.randn(rows, cols)
         out = torch.empty(rows, cols, dtype=torch.bfloat16)
@@ -176,6 +197,10 @@ def main():
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
     args = ap.parse_args()
     threads = torch.get_num_threads()
+    # libmuon divides the cores among the optimizers alive in a process (for
+    # in-process ranks stepping at once); this bench keeps two alive but calls
+    # one at a time, so each gets the threads torch uses.
+    os.environ.setdefault("MUON_CPU_THREADS", str(threads))
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

@@ -1,8 +1,8 @@
 // The CPU backend: elementwise updates in plain loops, Newton-Schulz through
 // CBLAS (OpenBLAS) running the program of muon/math/ns_program.h in fp32. bf16
-// runs on native bf16 products (oneDNN, muon/math/cpu/native_bf16.h) where the
-// CPU has them, else emulated: fp32 products with every stored intermediate
-// rounded to bf16. Both accumulate in fp32 and round each product once, as
+// runs on native bf16 products (the AMX kernel, muon/math/cpu/native_bf16.h)
+// where the CPU has AMX, else emulated: fp32 products with every stored
+// intermediate rounded to bf16. Both accumulate in fp32 and round each product once, as
 // torch's bf16 path does.
 #ifndef MUON_MATH_CPU_CPU_BACKEND_H_
 #define MUON_MATH_CPU_CPU_BACKEND_H_

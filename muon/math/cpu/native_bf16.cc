@@ -200,8 +200,13 @@ std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source, Engi
   impl->source = std::move(source);
   if (engine == Engine::kAuto) {
     const char* env = std::getenv("MUON_CPU_AMX");
-    const bool off = env != nullptr && std::strcmp(env, "0") == 0;
-    engine = cpu::AmxBf16Usable() && !off ? Engine::kAmx : Engine::kOneDnn;
+    if (env != nullptr && std::strcmp(env, "0") == 0) {
+      engine = Engine::kOneDnn;
+    } else if (cpu::AmxBf16Usable()) {
+      engine = Engine::kAmx;
+    } else {
+      return nullptr;  // fp32 products rounded to bf16 are faster (native_bf16.h)
+    }
   }
   if (engine == Engine::kAmx) {
     if (!cpu::AmxBf16Usable()) return nullptr;

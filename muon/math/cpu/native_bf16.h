@@ -2,9 +2,12 @@
 // operands, fp32 accumulation, one rounding of alpha * A B + beta * C to bf16,
 // which is what the emulated path computes with fp32 GEMMs and rounding, up to
 // the order of the fp32 sums. Two engines: libmuon's own AMX kernel
-// (amx_bf16.h) where the CPU has AMX tiles, oneDNN's matmul (AVX512-BF16 or
-// AMX) elsewhere; oneDNN 2.x multiplies a 1024^3 product 1.4x slower than
-// the AMX kernel and does not exploit symmetric products.
+// (amx_bf16.h) where the CPU has AMX tiles, and oneDNN's matmul (AVX512-BF16
+// or AMX) on request only (MUON_CPU_AMX=0): oneDNN 2.x multiplies a 1024^3
+// product 1.4x slower than the AMX kernel, and limited to AVX512-BF16 its
+// Newton-Schulz is 1.6-1.8x slower than the emulated path's fp32 OpenBLAS
+// products (BENCHMARKS.md, "CPUs without AMX"), so a CPU without AMX
+// stays emulated by default.
 //
 // One instance per backend (per rank); not thread-safe. Products run on the
 // calling thread's OpenMP threads (omp_get_max_threads()).
@@ -25,7 +28,7 @@ namespace muon {
 class NativeBf16Gemm {
  public:
   enum class Engine {
-    kAuto,    // AMX when AmxBf16Usable() and MUON_CPU_AMX is not "0", else oneDNN
+    kAuto,    // oneDNN when MUON_CPU_AMX is "0", else AMX when AmxBf16Usable(), else none
     kAmx,     // libmuon's AMX kernel
     kOneDnn,  // oneDNN's matmul
   };
@@ -33,8 +36,8 @@ class NativeBf16Gemm {
   // AMX) and the environment does not turn it off: MUON_CPU_NATIVE_BF16=0
   // keeps the emulated path.
   static bool Available();
-  // nullptr when not Available(), when `engine` is kAmx and the CPU cannot
-  // run it, or when oneDNN cannot start. Working memory (oneDNN's scratchpad,
+  // nullptr when not Available(), when `engine` is kAmx (or kAuto, without
+  // MUON_CPU_AMX=0) and the CPU cannot run it, or when oneDNN cannot start. Working memory (oneDNN's scratchpad,
   // the AMX kernel's packed operands) comes from `source` (operator new when
   // it is empty).
   static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source = {},
