@@ -32,6 +32,7 @@ absl::StatusOr<int> Registry::SetWorld(std::shared_ptr<Comm> world) {
   }
   world_ = world;
   distributed_ = true;
+  if (world->size() > 1) device_->math().JoinWorld(world->rank());
   groups_.push_back(std::move(world));
   return static_cast<int>(groups_.size()) - 1;
 }

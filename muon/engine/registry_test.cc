@@ -6,7 +6,9 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,7 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "muon/comm/inprocess_comm.h"
 #include "muon/comm/self_comm.h"
+#include "muon/math/cpu/cpu_threads.h"
 
 namespace muon {
 namespace {
@@ -246,6 +250,33 @@ TEST_F(RegistryTest, MatchesTheModelOnRandomRegistrations) {
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 1000);
   EXPECT_GT(rebound, 100);
+}
+
+// The process's cores are divided among the ranks of a world of more than
+// one rank that live in it (in-process ranks); optimizers without such a
+// world (e.g. one per param group of one rank, stepping one after another)
+// each keep the whole share.
+TEST(Registry, RanksOfAWorldDivideTheCoresOptimizersAloneDoNot) {
+  ::unsetenv("MUON_CPU_THREADS");
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  ::unsetenv("OMP_NUM_THREADS");
+  const int alone = cpu::ThreadsPerRankHere();
+  std::unique_ptr<Registry> a = MakeRegistry(), b = MakeRegistry();
+  EXPECT_EQ(cpu::ThreadsPerRankHere(), alone);
+  absl::StatusOr<std::shared_ptr<InProcessWorld>> world = InProcessWorld::Create(2);
+  ASSERT_TRUE(world.ok());
+  std::vector<std::unique_ptr<Registry>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    muon_comm_t table;
+    ASSERT_TRUE(MakeInProcessComm(*world, {}, r, &table).ok());
+    absl::StatusOr<std::shared_ptr<Comm>> comm = Comm::Create(table, "world");
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    ranks.push_back(MakeRegistry());
+    ASSERT_TRUE(ranks.back()->SetWorld(*comm).ok());
+  }
+  EXPECT_EQ(cpu::ThreadsPerRankHere(), std::max(1, alone / 2));
+  ranks.clear();
+  EXPECT_EQ(cpu::ThreadsPerRankHere(), alone);
 }
 
 }  // namespace

@@ -97,6 +97,10 @@ class MathBackend {
 
   // Set once, before any other call.
   virtual void SetMemorySource(MemorySource source) { (void)source; }
+  // The optimizer is rank `world_rank` of a world of more than one rank:
+  // the CPU backends of different ranks in one process divide its cores
+  // (muon/math/cpu/cpu_threads.h).
+  virtual void JoinWorld(int world_rank) { (void)world_rank; }
 
   // Every tensor of `tensors` (one launch on a GPU, however many).
   virtual absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) = 0;

@@ -27,6 +27,7 @@ class CpuBackend final : public MathBackend {
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
   absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
   void SetMemorySource(MemorySource source) override { source_ = std::move(source); }
+  void JoinWorld(int world_rank) override { share_.Join(world_rank); }
   ~CpuBackend() override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
@@ -87,7 +88,7 @@ class CpuBackend final : public MathBackend {
   // Workspace, reused across calls: x_next (m x n), gram and poly (m x m) of
   // the largest matrix so far, one block (from `source_` when set); x is the
   // matrix being orthogonalized itself.
-  cpu::RankShare share_;  // counted for the division of the process's cores
+  cpu::RankShare share_;  // the division of the process's cores (JoinWorld)
   MemorySource source_;
   bool allow_native_bf16_ = true;
   bool native_probed_ = false;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -14,7 +15,14 @@ namespace muon {
 namespace cpu {
 namespace {
 
-std::atomic<int> live_backends{0};
+// The world ranks joined (RankShare::Join) and how many backends joined
+// each; `distinct_ranks` is its size, read without the lock.
+std::mutex joined_mu;
+std::map<int, int>& Joined() {
+  static auto* joined = new std::map<int, int>();  // never destroyed: backends may outlive statics
+  return *joined;
+}
+std::atomic<int> distinct_ranks{0};
 
 // A positive integer from the environment, else 0.
 int EnvCount(const char* name) {
@@ -47,7 +55,7 @@ int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int ov
 
 int ThreadsPerRankHere() {
   static const int cores = Cores();
-  return ThreadsPerRank(cores, live_backends.load(std::memory_order_relaxed),
+  return ThreadsPerRank(cores, distinct_ranks.load(std::memory_order_relaxed),
                         EnvCount("LOCAL_WORLD_SIZE"), EnvCount("MUON_CPU_THREADS"),
                         EnvCount("OMP_NUM_THREADS"));
 }
@@ -58,8 +66,22 @@ int NativeThreadsHere() {
                         EnvCount("OMP_NUM_THREADS"));
 }
 
-RankShare::RankShare() { live_backends.fetch_add(1, std::memory_order_relaxed); }
-RankShare::~RankShare() { live_backends.fetch_sub(1, std::memory_order_relaxed); }
+void RankShare::Join(int world_rank) {
+  if (rank_ >= 0 || world_rank < 0) return;
+  std::lock_guard<std::mutex> lock(joined_mu);
+  rank_ = world_rank;
+  if (++Joined()[world_rank] == 1) distinct_ranks.fetch_add(1, std::memory_order_relaxed);
+}
+
+RankShare::~RankShare() {
+  if (rank_ < 0) return;
+  std::lock_guard<std::mutex> lock(joined_mu);
+  auto it = Joined().find(rank_);
+  if (--it->second == 0) {
+    Joined().erase(it);
+    distinct_ranks.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
 
 void UseThreads(int threads, int omp_threads) {
   omp_set_num_threads(omp_threads);

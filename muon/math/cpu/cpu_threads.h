@@ -3,8 +3,11 @@
 // The rule (README, "CPU threads"): the cores this process may run on
 // (sched_getaffinity), divided among the ranks that share them, at least one:
 //   threads per rank = max(1, cores / (ranks in this process x LOCAL_WORLD_SIZE))
-// where the ranks in this process are its live CPU backends (in-process ranks
-// each have one) and LOCAL_WORLD_SIZE (set by torchrun and most launchers) is
+// where the ranks in this process are the distinct world ranks of its live CPU
+// backends that joined a world of more than one rank (in-process ranks each
+// have one; an optimizer without such a world, e.g. one of several param
+// groups' optimizers of one rank, which step one after another, divides
+// nothing) and LOCAL_WORLD_SIZE (set by torchrun and most launchers) is
 // the number of processes on this machine (1 when unset), capped by
 // OMP_NUM_THREADS when that is a positive integer (the limit torch's own CPU
 // ops keep; torchrun sets 1 with several processes). MUON_CPU_THREADS=n
@@ -22,7 +25,7 @@ namespace cpu {
 int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int override_threads,
                    int cap = 0);
 
-// The rule on this process: its cores, its live backends, the environment.
+// The rule on this process: its cores, its joined ranks, the environment.
 int ThreadsPerRankHere();
 // oneDNN's threads (bf16 products): the rule without the in-process ranks
 // (cores / LOCAL_WORLD_SIZE, capped by OMP_NUM_THREADS, or MUON_CPU_THREADS). oneDNN may split a
@@ -31,13 +34,20 @@ int ThreadsPerRankHere();
 // OpenMP's own teams per rank thread, dividing gained nothing measurable.
 int NativeThreadsHere();
 
-// Counts a CPU backend for the rule while it lives.
+// A CPU backend's place in the rule: counted from Join(world_rank) (the
+// backend's optimizer is that rank of a world of more than one rank) until
+// destroyed. Backends that joined with the same rank count once. Thread-safe.
 class RankShare {
  public:
-  RankShare();
+  RankShare() = default;
   ~RankShare();
   RankShare(const RankShare&) = delete;
   RankShare& operator=(const RankShare&) = delete;
+  // Once; later calls change nothing.
+  void Join(int world_rank);
+
+ private:
+  int rank_ = -1;
 };
 
 // Makes the calling thread's CPU math use `blas_threads` for OpenBLAS (the

@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <vector>
@@ -28,7 +29,7 @@ TEST(CpuThreads, TheRule) {
   EXPECT_EQ(ThreadsPerRank(64, 1, 8, 0, 1), 1);  // torchrun's default of 1
 }
 
-TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
+TEST(CpuThreads, JoinedRanksAndTheEnvironmentDivide) {
   ::unsetenv("MUON_CPU_THREADS");
   ::unsetenv("LOCAL_WORLD_SIZE");
   ::unsetenv("OMP_NUM_THREADS");
@@ -37,12 +38,33 @@ TEST(CpuThreads, LiveBackendsAndTheEnvironmentDivide) {
   {
     std::vector<std::unique_ptr<RankShare>> ranks;
     for (int i = 0; i < 2 * alone + 1; ++i) ranks.push_back(std::make_unique<RankShare>());
+    EXPECT_EQ(ThreadsPerRankHere(), alone);  // backends that joined no world divide nothing
+    for (int i = 0; i < 2 * alone + 1; ++i) ranks[i]->Join(i);
     EXPECT_EQ(ThreadsPerRankHere(), 1);  // more ranks than cores
   }
+  EXPECT_EQ(ThreadsPerRankHere(), alone);  // they left when destroyed
+  {
+    // One rank's several optimizers (one per param group) count once.
+    std::vector<std::unique_ptr<RankShare>> groups;
+    for (int i = 0; i < 2 * alone + 1; ++i) {
+      groups.push_back(std::make_unique<RankShare>());
+      groups.back()->Join(7);
+    }
+    EXPECT_EQ(ThreadsPerRankHere(), alone);
+    RankShare other;
+    other.Join(8);
+    other.Join(9);  // a second Join changes nothing
+    EXPECT_EQ(ThreadsPerRankHere(), std::max(1, alone / 2));
+    groups.pop_back();
+    EXPECT_EQ(ThreadsPerRankHere(), std::max(1, alone / 2));  // rank 7 has others left
+  }
   RankShare one;
+  one.Join(0);
   EXPECT_EQ(ThreadsPerRankHere(), alone);
   {
-    RankShare two, three;  // oneDNN's count does not follow the optimizers alive
+    RankShare two, three;  // oneDNN's count does not follow the ranks
+    two.Join(1);
+    three.Join(2);
     EXPECT_EQ(NativeThreadsHere(), alone);
   }
   ::setenv("LOCAL_WORLD_SIZE", "1000", 1);
