@@ -132,12 +132,17 @@ absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
-  // This rank's share of the cores, before oneDNN sizes its scratchpad for
-  // them (and before every product: Orthogonalize comes through here).
-  cpu::UseThreads(cpu::ThreadsPerRankHere(), cpu::NativeThreadsHere());
-  if (config.dtype != NsDtype::kBF16 || !NativeBf16() || rows == 0 || cols == 0) {
-    return absl::OkStatus();
-  }
+  // This rank's share of the cores, before the native products size their
+  // working memory for them (and before every product: Orthogonalize comes
+  // through here). The AMX kernel's results do not depend on its threads, so
+  // it takes the rank's share; oneDNN's may, so it keeps the count that does
+  // not follow the ranks (cpu_threads.h).
+  const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
+  const int threads = cpu::ThreadsPerRankHere();
+  cpu::UseThreads(threads, native && native_bf16_->ResultsIndependentOfThreads()
+                               ? threads
+                               : cpu::NativeThreadsHere());
+  if (!native || rows == 0 || cols == 0) return absl::OkStatus();
   // The program that runs (a tall matrix transposed to the wide program where
   // the engine prefers it) and every iteration's scalars.
   const bool transpose = rows > cols && native_bf16_->PrefersWide();
@@ -155,13 +160,16 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
 absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
   MUON_RETURN_IF_ERROR(Reserve(config, batch.count, batch.rows, batch.cols));
-  // One matrix at a time (BLAS threads within each product).
+  // One matrix at a time (BLAS threads within each product), each on this
+  // rank's core slots.
   const NsProgram program = PlanNewtonSchulz(1, batch.rows, batch.cols);
+  const int threads = cpu::ThreadsPerRankHere();
   if (batch.dtype == DType::kBF16) {
     if (SlotDtype(config) != DType::kBF16) {
       return absl::InternalError("bf16 matrices given to a CPU backend that takes fp32 ones");
     }
     for (int64_t k = 0; k < batch.count; ++k) {
+      const cpu::CoreSlots slots(threads);
       MUON_RETURN_IF_ERROR(OrthogonalizeBf16(
           config, program, static_cast<uint16_t*>(batch.data) + k * program.x_elems));
     }
@@ -169,6 +177,7 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
   }
   const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
   for (int64_t k = 0; k < batch.count; ++k) {
+    const cpu::CoreSlots slots(threads);
     float* u = static_cast<float*>(batch.data) + k * program.x_elems;
     if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -81,6 +82,31 @@ RankShare::~RankShare() {
     Joined().erase(it);
     distinct_ranks.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+namespace {
+std::mutex slots_mu;
+std::condition_variable slots_freed;
+int slots_used = 0;
+}  // namespace
+
+CoreSlots::CoreSlots(int threads) {
+  if (distinct_ranks.load(std::memory_order_relaxed) < 2) return;
+  static const int cores = Cores();
+  const int want = std::max(1, std::min(threads, cores));
+  std::unique_lock<std::mutex> lock(slots_mu);
+  slots_freed.wait(lock, [&] { return slots_used + want <= cores; });
+  slots_used += want;
+  held_ = want;
+}
+
+CoreSlots::~CoreSlots() {
+  if (held_ == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(slots_mu);
+    slots_used -= held_;
+  }
+  slots_freed.notify_all();
 }
 
 void UseThreads(int threads, int omp_threads) {

@@ -27,7 +27,7 @@ int ThreadsPerRank(int cores, int ranks_in_process, int local_world_size, int ov
 
 // The rule on this process: its cores, its joined ranks, the environment.
 int ThreadsPerRankHere();
-// oneDNN's threads (bf16 products): the rule without the in-process ranks
+// oneDNN's threads (bf16 products on request): the rule without the in-process ranks
 // (cores / LOCAL_WORLD_SIZE, capped by OMP_NUM_THREADS, or MUON_CPU_THREADS). oneDNN may split a
 // product's sums by its thread count, so a count that changed with the
 // number of optimizers alive would change results within one process; with
@@ -48,6 +48,24 @@ class RankShare {
 
  private:
   int rank_ = -1;
+};
+
+// While alive, holds `threads` of the process's core slots (as many as its
+// cores) when ranks of a world share the process (more than one joined):
+// waits until that many are free. Newton-Schulz holds them per matrix, so
+// that N in-process ranks on C < N cores take turns instead of slicing the
+// cores' time (and their caches) among N computing threads. Whoever holds
+// slots only computes (no collective), so waiting for them cannot deadlock.
+// With one rank or none joined it holds nothing.
+class CoreSlots {
+ public:
+  explicit CoreSlots(int threads);
+  ~CoreSlots();
+  CoreSlots(const CoreSlots&) = delete;
+  CoreSlots& operator=(const CoreSlots&) = delete;
+
+ private:
+  int held_ = 0;
 };
 
 // Makes the calling thread's CPU math use `blas_threads` for OpenBLAS (the

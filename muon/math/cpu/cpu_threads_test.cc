@@ -4,8 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -89,6 +92,32 @@ TEST(CpuThreads, UseThreadsSetsOpenMpAndOpenBlas) {
   UseThreads(1, 1);
   EXPECT_EQ(omp_get_max_threads(), 1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
+}
+
+// Core slots make joined ranks take turns: a rank that wants slots waits
+// while others hold all the cores; with fewer than two ranks joined nothing
+// is held or waited for.
+TEST(CpuThreads, CoreSlotsTakeTurnsOnlyAmongJoinedRanks) {
+  {
+    CoreSlots a(1 << 20), b(1 << 20);  // no ranks joined: neither waits
+    RankShare lone;
+    lone.Join(0);
+    CoreSlots c(1 << 20);  // one rank: still nothing held
+  }
+  RankShare r0, r1;
+  r0.Join(0);
+  r1.Join(1);
+  auto all = std::make_unique<CoreSlots>(1 << 20);  // every core of the process
+  std::atomic<bool> entered{false};
+  std::thread other([&] {
+    const CoreSlots one(1);
+    entered = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(entered.load());  // waits while every slot is held
+  all.reset();
+  other.join();
+  EXPECT_TRUE(entered.load());
 }
 
 }  // namespace

@@ -225,6 +225,7 @@ NativeBf16Gemm::~NativeBf16Gemm() = default;
 
 const char* NativeBf16Gemm::EngineName() const { return impl_->amx ? "amx" : "onednn"; }
 bool NativeBf16Gemm::PrefersWide() const { return !impl_->amx; }
+bool NativeBf16Gemm::ResultsIndependentOfThreads() const { return impl_->amx; }
 
 namespace {
 

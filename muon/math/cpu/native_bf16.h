@@ -44,6 +44,9 @@ class NativeBf16Gemm {
                                                 Engine engine = Engine::kAuto);
   // "amx" or "onednn": the engine this instance runs.
   const char* EngineName() const;
+  // Whether a product's result is the same for every thread count: the AMX
+  // kernel's (each output block sums in one order), not oneDNN's.
+  bool ResultsIndependentOfThreads() const;
   // Whether the wide program (a tall matrix transposed first) runs faster
   // than the tall one: oneDNN's yes, the AMX kernel's no.
   bool PrefersWide() const;
