@@ -233,7 +233,9 @@ TEST(StrictGpu, NonFiniteGradientsAreCountedAndSkippedAsOnTheHost) {
     EXPECT_EQ(gs.steps_skipped, skip);
     EXPECT_EQ(gs.steps_skipped, hs.steps_skipped);
     EXPECT_EQ(Bits(gpu.Values_()), Bits(host.Values_()));
-    if (skip) EXPECT_EQ(Bits(gpu.Values_()), before);  // nothing changed
+    if (skip) {
+      EXPECT_EQ(Bits(gpu.Values_()), before);  // nothing changed
+    }
     int64_t hc = -1, gc = -1;
     muon_step_count(host.opt, &hc);
     muon_step_count(gpu.opt, &gc);
