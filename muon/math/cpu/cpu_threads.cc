@@ -16,14 +16,19 @@ namespace muon {
 namespace cpu {
 namespace {
 
-// The world ranks joined (RankShare::Join) and how many backends joined
-// each; `distinct_ranks` is its size, read without the lock.
-std::mutex joined_mu;
-std::map<int, int>& Joined() {
-  static auto* joined = new std::map<int, int>();  // never destroyed: backends may outlive statics
-  return *joined;
+// The ranks that share the process and their core slots. Never destroyed:
+// optimizers may outlive the static objects at exit.
+struct Sharing {
+  std::mutex mu;
+  std::map<int, int> joined;  // world rank -> backends that joined with it
+  int slots_used = 0;
+  std::condition_variable slots_freed;
+};
+Sharing& Shared() {
+  static auto* sharing = new Sharing();
+  return *sharing;
 }
-std::atomic<int> distinct_ranks{0};
+std::atomic<int> distinct_ranks{0};  // Shared().joined.size(), read without the lock
 
 // A positive integer from the environment, else 0.
 int EnvCount(const char* name) {
@@ -69,44 +74,42 @@ int NativeThreadsHere() {
 
 void RankShare::Join(int world_rank) {
   if (rank_ >= 0 || world_rank < 0) return;
-  std::lock_guard<std::mutex> lock(joined_mu);
+  Sharing& s = Shared();
+  std::lock_guard<std::mutex> lock(s.mu);
   rank_ = world_rank;
-  if (++Joined()[world_rank] == 1) distinct_ranks.fetch_add(1, std::memory_order_relaxed);
+  if (++s.joined[world_rank] == 1) distinct_ranks.fetch_add(1, std::memory_order_relaxed);
 }
 
 RankShare::~RankShare() {
   if (rank_ < 0) return;
-  std::lock_guard<std::mutex> lock(joined_mu);
-  auto it = Joined().find(rank_);
+  Sharing& s = Shared();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.joined.find(rank_);
   if (--it->second == 0) {
-    Joined().erase(it);
+    s.joined.erase(it);
     distinct_ranks.fetch_sub(1, std::memory_order_relaxed);
   }
 }
-
-namespace {
-std::mutex slots_mu;
-std::condition_variable slots_freed;
-int slots_used = 0;
-}  // namespace
 
 CoreSlots::CoreSlots(int threads) {
   if (distinct_ranks.load(std::memory_order_relaxed) < 2) return;
   static const int cores = Cores();
   const int want = std::max(1, std::min(threads, cores));
-  std::unique_lock<std::mutex> lock(slots_mu);
-  slots_freed.wait(lock, [&] { return slots_used + want <= cores; });
-  slots_used += want;
+  Sharing& s = Shared();
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.slots_freed.wait(lock, [&] { return s.slots_used + want <= cores; });
+  s.slots_used += want;
   held_ = want;
 }
 
 CoreSlots::~CoreSlots() {
   if (held_ == 0) return;
+  Sharing& s = Shared();
   {
-    std::lock_guard<std::mutex> lock(slots_mu);
-    slots_used -= held_;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.slots_used -= held_;
   }
-  slots_freed.notify_all();
+  s.slots_freed.notify_all();
 }
 
 void UseThreads(int threads, int omp_threads) {
