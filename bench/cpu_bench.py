@@ -197,10 +197,6 @@ def main():
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
     args = ap.parse_args()
     threads = torch.get_num_threads()
-    # libmuon divides the cores among the optimizers alive in a process (for
-    # in-process ranks stepping at once); this bench keeps two alive but calls
-    # one at a time, so each gets the threads torch uses.
-    os.environ.setdefault("MUON_CPU_THREADS", str(threads))
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
