@@ -7,7 +7,10 @@
 // over the world; the host averaged the gradients), so the job's Newton-Schulz
 // work is the same as one process's: each matrix is orthogonalized once, by
 // its owner (balanced assignment); but every rank steps every matrix
-// element-wise (momentum, update), N times one process's element-wise work. The CPU backend
+// element-wise (momentum, update), N times one process's element-wise work.
+// So each N is also set against one process doing the job's work: one thread
+// stepping N replicas alone, the first with Newton-Schulz and the N - 1 others
+// with ns_steps 0 (element-wise only). The CPU backend
 // divides the cores among the ranks of a process (muon/math/cpu/cpu_threads.h):
 //   threads per rank = max(1, cores / (in-process ranks x LOCAL_WORLD_SIZE)),
 // MUON_CPU_THREADS=n overrides. Each N runs twice: with the rule, and with
@@ -283,21 +286,17 @@ struct RankTimes {
   std::vector<double> start, end, cpu;
 };
 
-// One rank: registers its matrices (replicas or rows over the world when there
-// is one), steps once to warm up, then `steps` times between barriers.
-void RankMain(const Config& cfg, int ranks, int rank, muon_inprocess_world_t* world,
-              Barrier* barrier, Model* model, RankTimes* times, Run* run, int64_t* owned) {
+// An optimizer over `model`: replicas or rows over `world` when there is one,
+// alone otherwise; `ns_steps` Newton-Schulz iterations.
+muon_optimizer_t* CreateOptimizer(const Config& cfg, int ns_steps, int ranks, int rank,
+                                  muon_inprocess_world_t* world, Model* model) {
   muon_options_t o;
   CHECK_MUON(muon_options_init(&o, sizeof o));
   o.lr = 0.02;
   o.ns_dtype = cfg.fp32 ? MUON_NS_DTYPE_FP32 : MUON_NS_DTYPE_BF16;
+  o.ns_steps = ns_steps;
   muon_optimizer_t* opt = nullptr;
   CHECK_MUON(muon_create(&o, &opt));
-  struct Guard {
-    muon_optimizer_t* opt;
-    ~Guard() { muon_destroy(opt); }
-  } guard{opt};
-
   int32_t world_group = -1;
   if (world != nullptr) {
     muon_comm_t comm;
@@ -324,6 +323,23 @@ void RankMain(const Config& cfg, int ranks, int rank, muon_inprocess_world_t* wo
     int64_t id = -1;
     CHECK_MUON(muon_register_param(opt, &m.value_dl, &m.grad_dl, &po, &id));
   }
+  return opt;
+}
+
+struct Guard {
+  muon_optimizer_t* opt;
+  explicit Guard(muon_optimizer_t* o) : opt(o) {}
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+  ~Guard() { muon_destroy(opt); }
+};
+
+// One rank: registers its matrices (replicas or rows over the world when there
+// is one), steps once to warm up, then `steps` times between barriers.
+void RankMain(const Config& cfg, int ranks, int rank, muon_inprocess_world_t* world,
+              Barrier* barrier, Model* model, RankTimes* times, Run* run, int64_t* owned) {
+  muon_optimizer_t* opt = CreateOptimizer(cfg, 5, ranks, rank, world, model);
+  Guard guard(opt);
   CHECK_MUON(muon_step(opt, nullptr));  // warm-up: the handshake, every allocation
   double busy0 = 0, own0 = 0, wall0 = 0;
   barrier->Wait();
@@ -391,6 +407,30 @@ void Measure(const Config& cfg, int ranks, Run* run) {
   }
   run->owned_max = *std::max_element(owned.begin(), owned.end());
   run->owned_min = *std::min_element(owned.begin(), owned.end());
+}
+
+// DDP's work done by one process: the job orthogonalizes each matrix once and
+// steps each of its `ranks` replicas element-wise. One thread steps `ranks`
+// optimizers over replicas of their own, each alone (no world): the first with
+// 5 Newton-Schulz iterations, the others with 0 (their momentum, their
+// update's normalization and apply, no products). The median wall time of the
+// whole sequence.
+double SameWorkMs(const Config& cfg, int ranks) {
+  std::vector<Model> replicas(ranks);
+  std::vector<std::unique_ptr<Guard>> opts;
+  for (int r = 0; r < ranks; ++r) {
+    replicas[r] = MakeModel(cfg.layers);
+    opts.push_back(std::unique_ptr<Guard>(
+        new Guard(CreateOptimizer(cfg, r == 0 ? 5 : 0, 1, 0, nullptr, &replicas[r]))));
+    CHECK_MUON(muon_step(opts.back()->opt, nullptr));  // warm-up
+  }
+  std::vector<double> wall;
+  for (int s = 0; s < cfg.steps; ++s) {
+    const double start = Seconds(CLOCK_MONOTONIC);
+    for (const auto& g : opts) CHECK_MUON(muon_step(g->opt, nullptr));
+    wall.push_back(Seconds(CLOCK_MONOTONIC) - start);
+  }
+  return 1e3 * Median(wall);
 }
 
 bool ParseArgs(int argc, char** argv, Config* cfg) {
@@ -484,9 +524,10 @@ int main(int argc, char** argv) {
   Measure(cfg, 1, &one);
   const double one_ms = 1e3 * Median(one.wall);
   std::printf("| ranks | threads per rank | setting | ms per step | vs one process | "
+              "one process doing the job's work, ms | vs it | "
               "matrices owned per rank | max abs diff vs one process | other processes' CPU "
-              "|\n|---:|---:|---|---:|---:|---|---:|---:|\n");
-  std::printf("| 1 (one process) | %d | %s | %.1f | 1.00 | %lld | 0 | %.0f%% |\n",
+              "|\n|---:|---:|---|---:|---:|---:|---:|---|---:|---:|\n");
+  std::printf("| 1 (one process) | %d | %s | %.1f | 1.00 | | | %lld | 0 | %.0f%% |\n",
               ThreadsPerRank(1), user_threads ? "MUON_CPU_THREADS (yours)" : "rule", one_ms,
               static_cast<long long>(one.owned_max), 100 * one.others);
   std::fflush(stdout);
@@ -494,6 +535,10 @@ int main(int argc, char** argv) {
   Run eight_rule, eight_all;
   bool have_eight = false;
   for (int n : cfg.ranks) {
+    // The job's work in one process: DDP's N replicas' element-wise work, or
+    // (FSDP) one process's step.
+    use_rule();
+    const double same_ms = cfg.fsdp ? one_ms : SameWorkMs(cfg, n);
     for (int all : {0, 1}) {
       if (all) {
         setenv("MUON_CPU_THREADS", all_cores.c_str(), 1);
@@ -505,11 +550,11 @@ int main(int argc, char** argv) {
       double diff = 0;
       for (const Model& m : run.models) diff = std::max(diff, MaxDiff(m, one.models[0]));
       const double ms = 1e3 * Median(run.wall);
-      std::printf("| %d | %d | %s | %.1f | %.2f | %lld-%lld | %.3g | %.0f%% |\n", n,
-                  ThreadsPerRank(n),
+      std::printf("| %d | %d | %s | %.1f | %.2f | %.1f | %.2f | %lld-%lld | %.3g | %.0f%% |\n",
+                  n, ThreadsPerRank(n),
                   all ? ("MUON_CPU_THREADS=" + all_cores + " (every core per rank)").c_str()
                       : (user_threads ? "MUON_CPU_THREADS (yours)" : "rule"),
-                  ms, ms / one_ms, static_cast<long long>(run.owned_min),
+                  ms, ms / one_ms, same_ms, ms / same_ms, static_cast<long long>(run.owned_min),
                   static_cast<long long>(run.owned_max), diff, 100 * run.others);
       std::fflush(stdout);
       if (n == 8) {
