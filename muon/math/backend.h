@@ -26,6 +26,27 @@ struct MatrixBatch {
   DType dtype = DType::kF32;
 };
 
+// One member's block of a matrix orthogonalized by several ranks together
+// (split Newton-Schulz), fp32: columns of the whole's wide orientation W (m x
+// n), stored as PlanNewtonSchulzBlock (ns_program.h) says: `width` rows of a
+// tall matrix (rows > cols, m = cols) or `width` columns of a wide one (m =
+// rows), packed row-major.
+struct MatrixBlock {
+  float* data = nullptr;
+  int64_t m = 0;
+  int64_t width = 0;
+  bool tall = false;
+};
+
+// The sums a split Newton-Schulz takes over its members: each call replaces
+// values[0, count) with the element-wise sum of every member's values. Every
+// member makes the same calls in the same order (a collective among them),
+// and every member must get the same sums, bit for bit.
+struct MemberSums {
+  std::function<absl::Status(double* values, int64_t count)> f64;
+  std::function<absl::Status(float* values, int64_t count)> f32;
+};
+
 // The hyper-parameters the element-wise kernels read at the time they run,
 // from the backend's memory (device memory on a GPU): StoreScalars writes them
 // on the stream, so a CUDA graph replay of a step reads the values written
@@ -117,6 +138,21 @@ class MathBackend {
   // Orthogonalizes every matrix of `batch` in place with `config`. Every
   // backend takes fp32 batches; bf16 ones only where SlotDtype says so.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;
+  // Orthogonalizes, with the other members, the matrix `block` is this
+  // member's part of; `block` receives its part of the result. The whole's
+  // norm is the root of the members' summed squares; each iteration sums the
+  // members' unrounded gram products before the polynomial (which every
+  // member computes, m x m), so the result is the whole matrix's up to the
+  // order of fp32 sums. bf16 rounds as the emulated path does (fp32 products
+  // rounded to bf16). Unimplemented on backends that lack it.
+  virtual absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
+                                          const MemberSums& sums) {
+    (void)config;
+    (void)block;
+    (void)sums;
+    return absl::UnimplementedError("split Newton-Schulz (one matrix over several ranks) is not "
+                                    "available on this backend");
+  }
   // The dtype Orthogonalize takes its matrices in with the least work for
   // `config`: kBF16 where bf16 Newton-Schulz multiplies bf16 natively and
   // would only round fp32 input to bf16 first and widen its bf16 result

@@ -4,12 +4,17 @@
 
 namespace muon {
 
-NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols) {
+namespace {
+
+// The program for W (m x n: short_side x long_side) stored as a tall matrix
+// stores it (W, ld m) or as a wide one does (W^T, ld n); for a block of W, n
+// may be less than m.
+NsProgram PlanOriented(int64_t count, int64_t short_side, int64_t long_side, bool tall) {
   NsProgram p;
   p.count = count;
-  p.tall = rows > cols;
-  p.m = std::min(rows, cols);
-  p.n = std::max(rows, cols);
+  p.tall = tall;
+  p.m = short_side;
+  p.n = long_side;
   p.x_elems = p.m * p.n;
   p.gram_elems = p.m * p.m;
   const int64_t m = p.m, n = p.n;
@@ -60,6 +65,16 @@ NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols) {
   u.alpha = NsScalar::kOne;
   u.beta = NsScalar::kA;
   return p;
+}
+
+}  // namespace
+
+NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols) {
+  return PlanOriented(count, std::min(rows, cols), std::max(rows, cols), rows > cols);
+}
+
+NsProgram PlanNewtonSchulzBlock(int64_t m, int64_t width, bool tall) {
+  return PlanOriented(1, m, width, tall);
 }
 
 float NsScalarValue(NsScalar s, const NsCoefficients& abc) {

@@ -62,6 +62,16 @@ struct NsProgram {
 // The program for `count` row-major rows x cols matrices (all positive).
 NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols);
 
+// The program for one block of a matrix whose Newton-Schulz runs on several
+// ranks (split Newton-Schulz): columns [j0, j0 + width) of the whole's wide
+// orientation W (m x n), stored as the whole matrix stores W, packed: W_b (m
+// x width, ld m) when `tall`, W_b^T (width x m, ld width) otherwise; in
+// row-major terms, rows [j0, j0 + width) of a tall matrix or columns [j0, j0 +
+// width) of a wide one. width may be less than m. Its gram product is this
+// block's share of W W^T (the whole's is the sum over the blocks); given the
+// whole's polynomial, its update is the block of W'.
+NsProgram PlanNewtonSchulzBlock(int64_t m, int64_t width, bool tall);
+
 // The value of `s` in an iteration with coefficients (a, b, c), as the fp32
 // every GEMM of the program takes.
 float NsScalarValue(NsScalar s, const NsCoefficients& abc);

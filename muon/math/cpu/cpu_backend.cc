@@ -114,7 +114,10 @@ void CpuBackend::ReleaseWork() {
 absl::Status CpuBackend::Reserve(int64_t rows, int64_t cols) {
   const size_t m = static_cast<size_t>(std::min(rows, cols));
   const size_t n = static_cast<size_t>(std::max(rows, cols));
-  const size_t want = m * n + 2 * m * m;  // X', gram, poly (X is the matrix)
+  return ReserveFloats(m * n + 2 * m * m);  // X', gram, poly (X is the matrix)
+}
+
+absl::Status CpuBackend::ReserveFloats(size_t want) {
   if (want > work_floats_) {
     ReleaseWork();
     if (source_.allocate) {
@@ -187,6 +190,52 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
       OrthogonalizeFp32(config, program, u);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
+                                            const MemberSums& sums) {
+  if (block.m <= 0 || block.width <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a split Newton-Schulz block of ", block.m, " x ", block.width));
+  }
+  const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
+  const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
+  MUON_RETURN_IF_ERROR(ReserveFloats(static_cast<size_t>(elems + 2 * gram_elems)));
+  const int threads = cpu::ThreadsPerRankHere();
+  cpu::UseThreads(threads, cpu::NativeThreadsHere());
+  const bool bf16 = config.dtype == NsDtype::kBF16;
+  float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
+  float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
+  // The whole's norm: this block's squares (of its bf16 values when bf16),
+  // summed over the members.
+  double squares = 0.0;
+  {
+    const cpu::CoreSlots slots(threads);
+    if (bf16) cpu::RoundToBf16(block.data, elems);
+    squares = cpu::SumSquares(block.data, elems);
+  }
+  MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
+  {
+    const cpu::CoreSlots slots(threads);
+    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
+  }
+  const NsGemm& gram_product = program.iteration[0];
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    {
+      const cpu::CoreSlots slots(threads);
+      RunGemm(gram_product, abc, buffers, /*bf16=*/false);  // unrounded: summed first
+    }
+    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
+    const cpu::CoreSlots slots(threads);
+    if (bf16) cpu::RoundToBf16(gram, gram_elems);
+    RunGemm(program.iteration[1], abc, buffers, bf16);
+    RunGemm(program.iteration[2], abc, buffers, bf16);
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
+  }
+  const float* x = buffers[static_cast<int>(NsBuffer::kX)];
+  if (x != block.data) std::copy(x, x + elems, block.data);
   return absl::OkStatus();
 }
 

@@ -30,6 +30,10 @@ class CpuBackend final : public MathBackend {
   void JoinWorld(int world_rank) override { share_.Join(world_rank); }
   ~CpuBackend() override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+  // The block's program through RunGemm (each product on this rank's core
+  // slots, released while the members sum: a sum waits on other ranks).
+  absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
+                                  const MemberSums& sums) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
@@ -38,6 +42,8 @@ class CpuBackend final : public MathBackend {
   // Reserves the workspace for matrices up to rows x cols so that later calls
   // allocate nothing. Fails with ResourceExhausted when memory is short.
   absl::Status Reserve(int64_t rows, int64_t cols);
+  // The same for `floats` floats of workspace.
+  absl::Status ReserveFloats(size_t floats);
   // The CPU orthogonalizes one matrix at a time: the count does not matter.
   // With native bf16 products, their primitives for this shape are built too.
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows, int64_t cols) override;

@@ -1,0 +1,290 @@
+// Split Newton-Schulz on the CPU backend (MathBackend::OrthogonalizeBlock):
+// g members, each a thread with its own backend and a block of one matrix,
+// summing through a barrier; their blocks put together against the whole
+// matrix orthogonalized by one backend and against the double-precision
+// reference.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/testing/reference_ns.h"
+
+namespace muon {
+namespace {
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+uint32_t Bits(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+
+// The largest difference over the largest magnitude of `want`.
+template <typename T>
+double MaxRelErr(const std::vector<float>& got, const std::vector<T>& want) {
+  double max_abs = 0, max_err = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(want[i])));
+    max_err = std::max(max_err, std::fabs(got[i] - static_cast<double>(want[i])));
+  }
+  return max_err / max_abs;
+}
+
+// Element-wise sums among `members` threads: each deposits its values, waits
+// for all, then adds every member's values in member order (so every member
+// gets the same bits), and waits again before the slots can be reused.
+class Summer {
+ public:
+  explicit Summer(int members) : members_(members), slots_(static_cast<size_t>(members)) {}
+
+  template <typename T>
+  absl::Status Sum(int member, T* values, int64_t count) {
+    slots_[static_cast<size_t>(member)].assign(values, values + count);
+    Wait();
+    for (int64_t i = 0; i < count; ++i) {
+      T total = 0;
+      for (int r = 0; r < members_; ++r) total += static_cast<T>(slots_[static_cast<size_t>(r)][i]);
+      values[i] = total;
+    }
+    Wait();
+    ++calls_[member % 64];
+    return absl::OkStatus();
+  }
+
+  MemberSums For(int member) {
+    MemberSums s;
+    s.f64 = [this, member](double* v, int64_t n) { return Sum(member, v, n); };
+    s.f32 = [this, member](float* v, int64_t n) { return Sum(member, v, n); };
+    return s;
+  }
+
+  int Calls(int member) const { return calls_[member % 64]; }
+
+ private:
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t generation = generation_;
+    if (++waiting_ == members_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation; });
+  }
+
+  const int members_;
+  std::vector<std::vector<double>> slots_;
+  int calls_[64] = {};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  int64_t generation_ = 0;
+};
+
+struct Case {
+  int64_t rows, cols;
+  int members;
+};
+
+// The members' widths: the wide orientation's n columns cut as evenly as
+// possible, the first ones one wider.
+std::vector<int64_t> Widths(int64_t n, int members) {
+  std::vector<int64_t> w(static_cast<size_t>(members), n / members);
+  for (int64_t i = 0; i < n % members; ++i) ++w[static_cast<size_t>(i)];
+  return w;
+}
+
+// Runs the split on `matrix` (row-major rows x cols) with `members` threads
+// (each a backend joined as that world rank when `join`), and returns the
+// matrix put back together from the members' blocks; *sums gets member 0's
+// number of sums.
+std::vector<float> SplitRun(const NsConfig& cfg, const std::vector<float>& matrix, int64_t rows,
+                            int64_t cols, int members, bool join, int* sums = nullptr) {
+  const bool tall = rows > cols;
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  const std::vector<int64_t> widths = Widths(n, members);
+  // Block b: rows [j0, j0 + w) of a tall matrix (contiguous), columns of a
+  // wide one (packed row by row).
+  std::vector<std::vector<float>> blocks(static_cast<size_t>(members));
+  int64_t j0 = 0;
+  std::vector<int64_t> starts;
+  for (int b = 0; b < members; ++b) {
+    const int64_t w = widths[static_cast<size_t>(b)];
+    starts.push_back(j0);
+    std::vector<float>& block = blocks[static_cast<size_t>(b)];
+    block.resize(static_cast<size_t>(m * w));
+    for (int64_t i = 0; i < (tall ? w : m); ++i) {
+      for (int64_t j = 0; j < (tall ? m : w); ++j) {
+        block[static_cast<size_t>(i * (tall ? m : w) + j)] =
+            tall ? matrix[static_cast<size_t>((j0 + i) * cols + j)]
+                 : matrix[static_cast<size_t>(i * cols + j0 + j)];
+      }
+    }
+    j0 += w;
+  }
+  Summer summer(members);
+  std::vector<absl::Status> status(static_cast<size_t>(members));
+  std::vector<std::thread> threads;
+  for (int b = 0; b < members; ++b) {
+    threads.emplace_back([&, b] {
+      CpuBackend be;
+      if (join) be.JoinWorld(b);
+      MatrixBlock block{blocks[static_cast<size_t>(b)].data(), m, widths[static_cast<size_t>(b)],
+                        tall};
+      status[static_cast<size_t>(b)] = be.OrthogonalizeBlock(cfg, block, summer.For(b));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+  if (sums != nullptr) *sums = summer.Calls(0);
+  std::vector<float> out(matrix.size());
+  for (int b = 0; b < members; ++b) {
+    const int64_t w = widths[static_cast<size_t>(b)], s0 = starts[static_cast<size_t>(b)];
+    const std::vector<float>& block = blocks[static_cast<size_t>(b)];
+    for (int64_t i = 0; i < (tall ? w : m); ++i) {
+      for (int64_t j = 0; j < (tall ? m : w); ++j) {
+        const float v = block[static_cast<size_t>(i * (tall ? m : w) + j)];
+        if (tall) {
+          out[static_cast<size_t>((s0 + i) * cols + j)] = v;
+        } else {
+          out[static_cast<size_t>(i * cols + s0 + j)] = v;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> Whole(const NsConfig& cfg, std::vector<float> matrix, int64_t rows,
+                         int64_t cols) {
+  CpuBackend be;
+  be.AllowNativeBf16(false);  // bf16: the emulated path, the split's rounding
+  const absl::Status s = be.Orthogonalize(cfg, {matrix.data(), 1, rows, cols});
+  EXPECT_TRUE(s.ok()) << s;
+  return matrix;
+}
+
+class SplitNs : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SplitNs, Fp32MatchesTheWholeMatrixAndTheReference) {
+  const Case c = GetParam();
+  for (int steps : {5, 4, 0}) {
+    NsConfig cfg;
+    cfg.dtype = NsDtype::kFP32;
+    cfg.steps = steps;
+    const std::vector<float> u = Random(c.rows * c.cols, 11);
+    const std::vector<double> ref = ReferenceNewtonSchulz(
+        std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
+    int sums = 0;
+    const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, c.members, false, &sums);
+    EXPECT_EQ(sums, 1 + steps) << "the norm's sum and one per iteration";
+    EXPECT_LT(MaxRelErr(split, ref), 1e-5) << steps << " iterations";
+    EXPECT_LT(MaxRelErr(split, Whole(cfg, u, c.rows, c.cols)), 1e-5) << steps << " iterations";
+  }
+}
+
+TEST_P(SplitNs, Bf16RoundsAsTheEmulatedWholeMatrix) {
+  const Case c = GetParam();
+  NsConfig cfg;  // bf16
+  const std::vector<float> u = Random(c.rows * c.cols, 13);
+  const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, c.members, false);
+  for (float v : split) ASSERT_EQ(Bits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
+  const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
+  const std::vector<double> ref =
+      ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
+  // The gram products' fp32 sums run in another order, so a bf16 rounding
+  // may differ now and then (none does at these sizes); the split is as near
+  // the reference as the whole.
+  size_t differ = 0;
+  for (size_t i = 0; i < u.size(); ++i) differ += Bits(split[i]) != Bits(whole[i]);
+  EXPECT_LE(differ, u.size() / 100) << "elements that differ from the whole matrix's";
+  EXPECT_LT(MaxRelErr(split, whole), 0.01);
+  EXPECT_LE(MaxRelErr(split, ref), 1.5 * MaxRelErr(whole, ref) + 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, SplitNs,
+    ::testing::Values(Case{24, 40, 2},   // wide, blocks of 20 columns
+                      Case{40, 24, 3},   // tall, blocks of 14, 13, 13 rows
+                      Case{16, 50, 4},   // blocks narrower than m (13, 13, 12, 12 < 16)
+                      Case{50, 16, 4},   // the same, tall
+                      Case{33, 65, 3},   // odd sizes
+                      Case{32, 32, 2}));  // square: the wide orientation
+
+TEST(SplitNs, OneMemberIsTheEmulatedWholeBitForBit) {
+  // One member sums nothing: its program is the whole matrix's, with the
+  // gram product rounded after its (empty) sum instead of inside RunGemm.
+  for (const Case c : {Case{24, 40, 1}, Case{40, 24, 1}}) {
+    NsConfig cfg;  // bf16
+    const std::vector<float> u = Random(c.rows * c.cols, 17);
+    const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, 1, false);
+    const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
+    for (size_t i = 0; i < u.size(); ++i) {
+      ASSERT_EQ(Bits(split[i]), Bits(whole[i])) << c.rows << "x" << c.cols << " element " << i;
+    }
+  }
+}
+
+TEST(SplitNs, MembersJoinedAsRanksOnFewerCoresDoNotDeadlock) {
+  // Joined ranks take turns on the process's core slots; a member waiting in
+  // a sum holds none, or members beyond the cores would wait on each other.
+  // A deadlock ends the process at once instead of the test's time limit.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; })) {
+      std::fprintf(stderr, "split Newton-Schulz deadlocked: members wait on each other\n");
+      std::_Exit(1);
+    }
+  });
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  const std::vector<float> u = Random(48 * 96, 19);
+  const std::vector<float> split = SplitRun(cfg, u, 48, 96, 6, true);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+  EXPECT_LT(MaxRelErr(split, Whole(cfg, u, 48, 96)), 1e-5);
+}
+
+TEST(SplitNs, AFailedSumIsReturnedAndAnEmptyBlockRefused) {
+  NsConfig cfg;
+  std::vector<float> block = Random(8 * 12, 23);
+  MemberSums sums;
+  sums.f64 = [](double*, int64_t) { return absl::OkStatus(); };
+  sums.f32 = [](float*, int64_t) { return absl::UnavailableError("the members' sum failed"); };
+  CpuBackend be;
+  const absl::Status s = be.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false}, sums);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("members' sum"), std::string::npos) << s;
+  const absl::Status empty = be.OrthogonalizeBlock(cfg, {block.data(), 8, 0, false}, sums);
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
+}
+
+}  // namespace
+}  // namespace muon
