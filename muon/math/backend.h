@@ -192,6 +192,10 @@ class MathBackend {
 // FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with
 // `steps` iterations, counting 4 m^2 n + 2 m^3 per iteration (m <= n).
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
+// The FLOPs of one member of a split Newton-Schulz (OrthogonalizeBlock) with
+// a block `width` wide of a matrix whose short side is m: 4 m^2 width + 2 m^3
+// per iteration (every member computes the m x m polynomial).
+double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps);
 
 }  // namespace muon
 

@@ -67,6 +67,31 @@ std::vector<LocatedRun> Subtract(const std::vector<LocatedRun>& runs, const std:
   return out;
 }
 
+// A stretch of a unit's matrix in global element order that lies contiguous
+// in its owner's slot: [begin, end) of the parameter's elements, at `slot`
+// (elements from the unit's slot offset).
+struct Segment {
+  int64_t begin, end, slot;
+};
+
+// A unit's segments, in increasing global order: the whole matrix, or a
+// tall matrix's block of rows, one segment each; a wide matrix's block of
+// columns, one per row.
+std::vector<Segment> SegmentsOf(const Unit& u, const PlanParam& pp) {
+  const int64_t per = pp.rows * pp.cols, begin = u.index * per;
+  if (u.parts <= 1) return {{begin, begin + per, 0}};
+  if (pp.rows > pp.cols) {
+    return {{begin + u.first * pp.cols, begin + (u.first + u.width) * pp.cols, 0}};
+  }
+  std::vector<Segment> rows;
+  rows.reserve(static_cast<size_t>(pp.rows));
+  for (int64_t i = 0; i < pp.rows; ++i) {
+    const int64_t at = begin + i * pp.cols + u.first;
+    rows.push_back({at, at + u.width, i * u.width});
+  }
+  return rows;
+}
+
 }  // namespace
 
 std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
@@ -78,14 +103,20 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     t.scatter_send.resize(world);
     t.scatter_recv.resize(world);
   }
-  // Slot positions of owned matrices: grouped by shape within each round.
+  // Slot positions of owned matrices: grouped by shape within each round,
+  // then the owned parts of split matrices.
   std::vector<int64_t> slot_of(plan.units.size(), -1);
   {
     std::vector<std::map<std::pair<int64_t, int64_t>, std::vector<int>>> by_shape(plan.rounds);
     std::vector<std::vector<std::pair<int64_t, int64_t>>> shape_order(plan.rounds);
+    std::vector<std::vector<int>> parts(plan.rounds);
     for (size_t i = 0; i < plan.units.size(); ++i) {
       const Unit& u = plan.units[i];
       if (u.owner != my_rank) continue;
+      if (u.parts > 1) {
+        parts[u.round].push_back(static_cast<int>(i));
+        continue;
+      }
       const PlanParam& pp = plan.params[u.param];
       auto key = std::make_pair(pp.rows, pp.cols);
       auto& m = by_shape[u.round];
@@ -105,6 +136,15 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
         }
         t.batches.push_back(b);
       }
+      for (int i : parts[r]) {
+        const Unit& u = plan.units[i];
+        const PlanParam& pp = plan.params[u.param];
+        const int64_t m = std::min(pp.rows, pp.cols);
+        slot_of[i] = t.slot_floats;
+        t.blocks.push_back({i, t.slot_floats, m, u.width, pp.rows > pp.cols});
+        t.slot_floats += m * u.width;
+        t.flops += u.flops;
+      }
     }
   }
   // This rank's entry among each parameter's holders (found from my_rank, so
@@ -117,20 +157,20 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     }
   }
   // Each holder's blocks, walked once over a parameter's matrices (units
-  // come by parameter, then matrix).
+  // come by parameter, then matrix; a cursor asked for an earlier range, as
+  // the parts of a wide matrix ask for its rows again, starts over).
   std::vector<BlockCursor> cursors;
   int cursors_of = -1;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     const PlanParam& pp = plan.params[u.param];
+    const std::vector<Segment> segments = SegmentsOf(u, pp);
     if (cursors_of != u.param) {
       cursors.clear();
       for (const Holder& h : pp.holders) cursors.emplace_back(pp.Blocks(h));
       cursors_of = u.param;
     }
     const int my_holder = mine[u.param];
-    const int64_t per = pp.rows * pp.cols;
-    const int64_t begin = u.index * per, end = begin + per;
     const DType state = static_cast<DType>(pp.state_dtype);
     RoundTable& t = tables[u.round];
     const bool owner = u.owner == my_rank;
@@ -146,28 +186,30 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       for (int h : u.receivers) {
         if (pp.holders[h].rank == u.owner) owner_holder = h;
       }
-      std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
-      std::vector<Run> cover;
-      if (owner_holder >= 0) {
-        sends.push_back({owner_holder, cursors[owner_holder].Intersect(begin, end)});
-        for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
-        std::sort(cover.begin(), cover.end(),
-                  [](const Run& a, const Run& b) { return a.offset < b.offset; });
-      }
-      for (int h : u.senders) {
-        if (h == owner_holder || (!owner && h != my_holder)) continue;
-        sends.push_back({h, Subtract(cursors[h].Intersect(begin, end), cover)});
-      }
-      for (const auto& [h, runs] : sends) {
-        const int from = pp.holders[h].rank;
-        for (const LocatedRun& lr : runs) {
-          if (from == my_rank) {
-            t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
-            involved = true;
-          }
-          if (owner) {
-            t.gather_recv[from].push_back(
-                {slot_of[i] + lr.run.offset - begin, lr.run.length, state});
+      for (const Segment& seg : segments) {
+        std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
+        std::vector<Run> cover;
+        if (owner_holder >= 0) {
+          sends.push_back({owner_holder, cursors[owner_holder].Intersect(seg.begin, seg.end)});
+          for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
+          std::sort(cover.begin(), cover.end(),
+                    [](const Run& a, const Run& b) { return a.offset < b.offset; });
+        }
+        for (int h : u.senders) {
+          if (h == owner_holder || (!owner && h != my_holder)) continue;
+          sends.push_back({h, Subtract(cursors[h].Intersect(seg.begin, seg.end), cover)});
+        }
+        for (const auto& [h, runs] : sends) {
+          const int from = pp.holders[h].rank;
+          for (const LocatedRun& lr : runs) {
+            if (from == my_rank) {
+              t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
+              involved = true;
+            }
+            if (owner) {
+              t.gather_recv[from].push_back(
+                  {slot_of[i] + seg.slot + lr.run.offset - seg.begin, lr.run.length, state});
+            }
           }
         }
       }
@@ -176,14 +218,16 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     for (int h : u.receivers) {
       const Holder& holder = pp.holders[h];
       if (!owner && !(i_receive && holder.rank == my_rank)) continue;
-      for (const LocatedRun& lr : cursors[h].Intersect(begin, end)) {
-        if (owner) {
-          t.scatter_send[holder.rank].push_back(
-              {slot_of[i] + lr.run.offset - begin, lr.run.length, ns_wire});
-        }
-        if (holder.rank == my_rank) {
-          t.scatter_recv[u.owner].push_back({pp.local, lr.local, lr.run.length, ns_wire});
-          involved = true;
+      for (const Segment& seg : segments) {
+        for (const LocatedRun& lr : cursors[h].Intersect(seg.begin, seg.end)) {
+          if (owner) {
+            t.scatter_send[holder.rank].push_back(
+                {slot_of[i] + seg.slot + lr.run.offset - seg.begin, lr.run.length, ns_wire});
+          }
+          if (holder.rank == my_rank) {
+            t.scatter_recv[u.owner].push_back({pp.local, lr.local, lr.run.length, ns_wire});
+            involved = true;
+          }
         }
       }
     }

@@ -45,9 +45,19 @@ struct ShapeBatch {
   int64_t count = 0;   // matrices
 };
 
+// An owned part of a split matrix (Unit::parts > 1) in the working buffer:
+// its block, packed as PlanNewtonSchulzBlock (ns_program.h) stores it.
+struct BlockSlot {
+  int unit = 0;        // index into Plan::units
+  int64_t offset = 0;  // in slots (elements)
+  int64_t m = 0, width = 0;
+  bool tall = false;
+};
+
 struct RoundTable {
   std::vector<int> units;           // units of this round this rank takes part in
-  std::vector<ShapeBatch> batches;  // owned matrices grouped by shape
+  std::vector<ShapeBatch> batches;  // owned whole matrices grouped by shape
+  std::vector<BlockSlot> blocks;    // owned parts of split matrices, in unit order
   int64_t slot_floats = 0;
   int64_t owned = 0;
   double flops = 0;

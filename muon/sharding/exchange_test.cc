@@ -4,6 +4,8 @@
 #include "muon/sharding/exchange.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "muon/comm/comm.h"
 #include "muon/comm/self_comm.h"
 #include "muon/common/dtype.h"
+#include "muon/math/backend.h"
 #include "muon/sharding/testing/job.h"
 
 namespace muon {
@@ -248,6 +251,203 @@ TEST(BoundExchange, Bf16SlotsRoundOnTheWayIn) {
                             nullptr).ok());
     for (size_t i = 0; i < ua.size(); ++i) EXPECT_EQ(ua[i], Bf16BitsToFloat(slots[i])) << i;
   }
+}
+
+// ---- Split matrices (Unit::parts > 1) ----
+
+// Every rank's plan of a job where rank 0 owns every matrix, then unit
+// `unit` split among `owners`, and every rank's tables.
+struct SplitJob {
+  std::vector<Plan> plans;
+  std::vector<std::vector<RoundTable>> tables;
+};
+
+SplitJob MakeSplitJob(int n, const std::vector<ParamSpec>& params, size_t unit,
+                      const std::vector<int>& owners) {
+  std::vector<RankDesc> ranks;
+  for (int r = 0; r < n; ++r) ranks.push_back(DescribeRank(r, n, {}, params));
+  PlanOptions o;
+  o.assignment = Assignment::kCustom;
+  o.custom = [](const std::vector<MatrixInfo>& infos, std::vector<int>* out) {
+    out->assign(infos.size(), infos.front().holders.front());
+    return absl::OkStatus();
+  };
+  SplitJob job;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<Plan> plan = BuildPlan(ranks, r, o);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    const absl::Status split = SplitUnit(&*plan, unit, owners, n, 5);
+    EXPECT_TRUE(split.ok()) << split;
+    job.tables.push_back(BuildRoundTables(*plan, r, n, DType::kF32));
+    job.plans.push_back(std::move(*plan));
+  }
+  return job;
+}
+
+// Each rank's local storage per registered param: element e of the global
+// tensor holds e + 1 (exact in float).
+std::vector<std::vector<float>> LocalValues(const Plan& plan) {
+  std::vector<std::vector<float>> out(plan.params.size());
+  for (const PlanParam& pp : plan.params) {
+    if (pp.local < 0 || pp.local_holder < 0) continue;
+    std::vector<float>& v = out[static_cast<size_t>(pp.local)];
+    for (const Run& run : ExpandBlocks(pp.Blocks(pp.holders[pp.local_holder]))) {
+      for (int64_t k = 0; k < run.length; ++k) v.push_back(static_cast<float>(run.offset + k + 1));
+    }
+  }
+  return out;
+}
+
+// One direction between every pair of ranks, span by span in table order:
+// `send` spans of a rank read `from`, the peer's matching `recv` spans write
+// `to`. Returns false when a pair's element counts differ.
+template <typename SendSpan, typename RecvSpan, typename ReadFn, typename WriteFn>
+bool Move(int n, const std::function<const std::vector<SendSpan>&(int, int)>& send,
+          const std::function<const std::vector<RecvSpan>&(int, int)>& recv, ReadFn read,
+          WriteFn write) {
+  for (int from = 0; from < n; ++from) {
+    for (int to = 0; to < n; ++to) {
+      std::vector<float> wire;
+      for (const SendSpan& s : send(from, to)) {
+        for (int64_t k = 0; k < s.length; ++k) wire.push_back(read(from, s, k));
+      }
+      size_t at = 0;
+      for (const RecvSpan& s : recv(to, from)) {
+        for (int64_t k = 0; k < s.length; ++k) {
+          if (at >= wire.size()) return false;
+          write(to, s, k, wire[at++]);
+        }
+      }
+      if (at != wire.size()) return false;
+    }
+  }
+  return true;
+}
+
+// Gathers round 0 into every rank's slots, checks each owned part holds its
+// block packed as PlanNewtonSchulzBlock stores it (and whole matrices
+// whole), then scatters the negated slots back and checks every holder's
+// every element came back negated, once.
+void CheckSplitRound(int n, const SplitJob& job) {
+  std::vector<std::vector<std::vector<float>>> local(static_cast<size_t>(n));
+  std::vector<std::vector<float>> slots(static_cast<size_t>(n));
+  std::vector<std::vector<int>> writes(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    local[r] = LocalValues(job.plans[r]);
+    slots[r].assign(static_cast<size_t>(job.tables[r][0].slot_floats), NAN);
+    writes[r].assign(slots[r].size(), 0);
+  }
+  ASSERT_TRUE((Move<LocalSpan, SlotSpan>(
+      n, [&](int r, int p) -> const std::vector<LocalSpan>& { return job.tables[r][0].gather_send[p]; },
+      [&](int r, int p) -> const std::vector<SlotSpan>& { return job.tables[r][0].gather_recv[p]; },
+      [&](int r, const LocalSpan& s, int64_t k) { return local[r][s.param][s.pos + k]; },
+      [&](int r, const SlotSpan& s, int64_t k, float v) {
+        slots[r][s.pos + k] = v;
+        ++writes[r][s.pos + k];
+      })));
+  for (int r = 0; r < n; ++r) {
+    const Plan& plan = job.plans[r];
+    const RoundTable& t = job.tables[r][0];
+    for (size_t i = 0; i < slots[r].size(); ++i) {
+      ASSERT_EQ(writes[r][i], 1) << "rank " << r << " slot element " << i;
+    }
+    for (const BlockSlot& b : t.blocks) {
+      const Unit& u = plan.units[b.unit];
+      const PlanParam& pp = plan.params[u.param];
+      EXPECT_EQ(u.owner, r);
+      EXPECT_EQ(b.m, std::min(pp.rows, pp.cols));
+      EXPECT_EQ(b.width, u.width);
+      EXPECT_EQ(b.tall, pp.rows > pp.cols);
+      const int64_t base = u.index * pp.rows * pp.cols;
+      for (int64_t i = 0; i < (b.tall ? b.width : b.m); ++i) {
+        for (int64_t j = 0; j < (b.tall ? b.m : b.width); ++j) {
+          const int64_t global = b.tall ? base + (u.first + i) * pp.cols + j
+                                        : base + i * pp.cols + u.first + j;
+          ASSERT_EQ(slots[r][b.offset + i * (b.tall ? b.m : b.width) + j], global + 1.0f)
+              << "rank " << r << " part " << u.part << " (" << i << ", " << j << ")";
+        }
+      }
+    }
+  }
+  // The scatter: each holder's update storage starts as NaN.
+  std::vector<std::vector<std::vector<float>>> updates = local;
+  for (auto& per_rank : updates) {
+    for (auto& v : per_rank) std::fill(v.begin(), v.end(), NAN);
+  }
+  ASSERT_TRUE((Move<SlotSpan, LocalSpan>(
+      n, [&](int r, int p) -> const std::vector<SlotSpan>& { return job.tables[r][0].scatter_send[p]; },
+      [&](int r, int p) -> const std::vector<LocalSpan>& { return job.tables[r][0].scatter_recv[p]; },
+      [&](int r, const SlotSpan& s, int64_t k) { return -slots[r][s.pos + k]; },
+      [&](int r, const LocalSpan& s, int64_t k, float v) {
+        float& at = updates[r][s.param][s.pos + k];
+        EXPECT_TRUE(std::isnan(at)) << "rank " << r << " written twice at " << s.pos + k;
+        at = v;
+      })));
+  for (int r = 0; r < n; ++r) {
+    for (size_t p = 0; p < local[r].size(); ++p) {
+      for (size_t e = 0; e < local[r][p].size(); ++e) {
+        ASSERT_EQ(updates[r][p][e], -local[r][p][e]) << "rank " << r << " param " << p << " " << e;
+      }
+    }
+  }
+}
+
+TEST(SplitRoundTables, AWideMatrixsColumnBlocksGoToTheirOwners) {
+  // 6 x 10, rows over 3 ranks; its wide orientation's 10 columns cut 4, 3, 3
+  // among ranks 2, 0, 1. Another matrix stays whole beside it.
+  const SplitJob job =
+      MakeSplitJob(3, {{"a", {6, 4}, {Shard(0, 0)}}, {"w", {6, 10}, {Shard(0, 0)}}}, 1, {2, 0, 1});
+  const Unit& part0 = job.plans[0].units[1];
+  EXPECT_EQ(part0.parts, 3);
+  EXPECT_EQ(part0.first, 0);
+  EXPECT_EQ(part0.width, 4);
+  EXPECT_EQ(job.plans[0].units[3].first, 7);
+  EXPECT_EQ(job.plans[0].units[3].width, 3);
+  EXPECT_EQ(part0.flops, NewtonSchulzBlockFlops(6, 4, 5));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(job.tables[r][0].blocks.size(), 1u) << r;
+    EXPECT_EQ(job.plans[r].digest, job.plans[0].digest);
+  }
+  CheckSplitRound(3, job);
+}
+
+TEST(SplitRoundTables, ATallMatrixsRowBlocksGoToTheirOwners) {
+  // 10 x 6, columns over 2 ranks (each row interleaves them); rows cut 5, 5.
+  const SplitJob job = MakeSplitJob(2, {{"w", {10, 6}, {Shard(0, 1)}}}, 0, {1, 0});
+  EXPECT_TRUE(job.tables[1][0].blocks[0].tall);
+  EXPECT_EQ(job.tables[1][0].blocks[0].width, 5);
+  CheckSplitRound(2, job);
+}
+
+TEST(SplitRoundTables, ReplicasGiveEachOwnerItsBlockFromItsOwnCopy) {
+  // Replicated over 3 ranks (DDP): no gather traffic, every copy receives
+  // every block.
+  const SplitJob job = MakeSplitJob(3, {{"w", {4, 9}, {Replicate(0)}}}, 0, {0, 1, 2});
+  for (int r = 0; r < 3; ++r) {
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(Elements(job.tables[r][0].gather_send[p]), r == p ? 12 : 0) << r << " to " << p;
+      EXPECT_EQ(Elements(job.tables[r][0].scatter_send[p]), 12) << r << " to " << p;
+    }
+  }
+  CheckSplitRound(3, job);
+}
+
+TEST(SplitUnit, RefusesWhatCannotBeSplit) {
+  std::vector<RankDesc> ranks;
+  for (int r = 0; r < 2; ++r) ranks.push_back(DescribeRank(r, 2, {}, {{"w", {3, 4}, {Replicate(0)}}}));
+  absl::StatusOr<Plan> plan = BuildPlan(ranks, 0, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const uint64_t digest = plan->digest;
+  EXPECT_EQ(SplitUnit(&*plan, 0, {0}, 2, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitUnit(&*plan, 0, {0, 0}, 2, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitUnit(&*plan, 0, {0, 2}, 2, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitUnit(&*plan, 1, {0, 1}, 2, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan->digest, digest);
+  EXPECT_EQ(plan->units.size(), 1u);
+  ASSERT_TRUE(SplitUnit(&*plan, 0, {1, 0}, 2, 5).ok());
+  EXPECT_NE(plan->digest, digest);
+  const absl::Status again = SplitUnit(&*plan, 0, {0, 1}, 2, 5);
+  EXPECT_NE(again.message().find("already split"), std::string::npos) << again;
 }
 
 }  // namespace

@@ -378,22 +378,82 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   }
   plan.rounds = rounds;
 
+  // Whole matrices: the wide orientation's long side.
+  for (Unit& u : plan.units) {
+    u.width = std::max(plan.params[u.param].rows, plan.params[u.param].cols);
+  }
+  plan.digest = PlanDigest(plan);
+  return plan;
+}
+
+}  // namespace
+
+uint64_t PlanDigest(const Plan& plan) {
   uint64_t h = 1469598103934665603ull;
   for (const Unit& u : plan.units) {
     h = Fnv(h, plan.params[u.param].name.data(), plan.params[u.param].name.size());
     h = FnvValue(h, u.index);
     h = FnvValue(h, u.owner);
     h = FnvValue(h, u.round);
+    // Whole matrices add nothing: their digest is what it was before parts.
+    if (u.parts > 1) {
+      h = FnvValue(h, u.part);
+      h = FnvValue(h, u.parts);
+      h = FnvValue(h, u.first);
+      h = FnvValue(h, u.width);
+    }
   }
   for (const CustomUnit& c : plan.custom) {
     h = Fnv(h, c.name.data(), c.name.size());
     h = FnvValue(h, c.owner);
   }
-  plan.digest = h;
-  return plan;
+  return h;
 }
 
-}  // namespace
+absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
+                       int ns_steps) {
+  if (unit >= plan->units.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("split: no unit ", unit));
+  }
+  const Unit whole = plan->units[unit];
+  const PlanParam& pp = plan->params[whole.param];
+  const std::string what = absl::StrCat("splitting matrix ", whole.index, " of param '", pp.name,
+                                        "'");
+  const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
+  const int64_t parts = static_cast<int64_t>(owners.size());
+  if (whole.parts != 1) return absl::InvalidArgumentError(absl::StrCat(what, ": already split"));
+  if (parts < 2 || parts > n) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " into ", parts, " parts: between 2 and ",
+                                                   n, " (its long side)"));
+  }
+  std::vector<int> sorted = owners;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= world || (i > 0 && sorted[i] == sorted[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": owners must be distinct ranks of the world of ", world, " (got ",
+          absl::StrJoin(owners, ", "), ")"));
+    }
+  }
+  std::vector<Unit> split;
+  int64_t first = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    Unit u = whole;
+    u.owner = owners[static_cast<size_t>(p)];
+    u.part = static_cast<int>(p);
+    u.parts = static_cast<int>(parts);
+    u.first = first;
+    u.width = n / parts + (p < n % parts ? 1 : 0);
+    u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps);
+    first += u.width;
+    split.push_back(std::move(u));
+  }
+  plan->units.erase(plan->units.begin() + static_cast<std::ptrdiff_t>(unit));
+  plan->units.insert(plan->units.begin() + static_cast<std::ptrdiff_t>(unit), split.begin(),
+                     split.end());
+  plan->digest = PlanDigest(*plan);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
                                const PlanOptions& options) {

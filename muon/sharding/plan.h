@@ -105,6 +105,14 @@ struct Unit {
   int owner = 0;        // world rank
   int round = 0;
   double flops = 0;
+  // Split Newton-Schulz (MathBackend::OrthogonalizeBlock): part `part` of
+  // `parts` of its matrix, the wide orientation's columns [first, first +
+  // width): rows of a tall matrix (rows > cols), columns of a wide one. Its
+  // owner gathers, orthogonalizes with the other parts' owners, and scatters
+  // only that block. The parts of a matrix are consecutive units of one
+  // round. parts == 1: the whole matrix (first 0, width its long side).
+  int part = 0, parts = 1;
+  int64_t first = 0, width = 0;
   std::vector<int> senders;    // indices into holders: canonical pieces meeting the matrix
   std::vector<int> receivers;  // indices into holders: every piece meeting the matrix
 };
@@ -126,6 +134,20 @@ struct Plan {
   int rounds = 0;
   uint64_t digest = 0;
 };
+
+// Splits plan->units[unit] (a whole matrix) into one part per rank of
+// `owners` (distinct world ranks), the wide orientation's long side cut as
+// evenly as possible (the first parts one wider), each part in the unit's
+// round with its share of the work (NewtonSchulzBlockFlops); the digest
+// covers the parts. InvalidArgument when the unit is already split, when
+// there are fewer than 2 owners or more than the long side, or when an
+// owner repeats or is outside the world.
+absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
+                       int ns_steps);
+
+// The digest every rank's plan must share: units (param names, matrix,
+// part, owner, round) and custom units (names, owners).
+uint64_t PlanDigest(const Plan& plan);
 
 // Builds the plan for `my_rank` from every rank's description (indexed by
 // world rank; a rank's params are in its registration order). Errors name the
