@@ -64,17 +64,33 @@ Pipeline::~Pipeline() {
 const std::vector<PipelineOp>& Pipeline::Schedule(int rounds, int lookahead) {
   if (rounds != ops_rounds_ || lookahead != ops_lookahead_) {
     ops_ = PipelineSchedule(rounds, lookahead);
+    scatter_at_.assign(static_cast<size_t>(std::max(rounds, 0)), 0);
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      if (ops_[i].scatter) scatter_at_[static_cast<size_t>(ops_[i].round)] = static_cast<int>(i);
+    }
     ops_rounds_ = rounds;
     ops_lookahead_ = lookahead;
   }
   return ops_;
 }
 
+absl::Status Pipeline::Compute(const Stages& stages, int r, bool skip) {
+  if (!skip) return RunStage(stages.compute, r, kComputeLane);
+  if (stages.communicates && stages.communicates(r)) {
+    return RunStage(stages.instead, r, kComputeLane);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Pipeline::RunInline(int rounds, const Stages& stages, bool skip_compute) {
   absl::Status comm_error, compute_error;
   for (const PipelineOp& op : Schedule(rounds, 0)) {
-    if (op.scatter && !skip_compute && compute_error.ok() && comm_error.ok()) {
-      compute_error = RunStage(stages.compute, op.round, kComputeLane);
+    if (op.scatter) {
+      // Every earlier op is done: a communicating compute has the
+      // communicators to itself.
+      const absl::Status st =
+          Compute(stages, op.round, skip_compute || !compute_error.ok() || !comm_error.ok());
+      if (compute_error.ok()) compute_error = st;
     }
     absl::Status st = RunStage(op.scatter ? stages.scatter : stages.gather, op.round, kCommLane);
     if (comm_error.ok()) comm_error = st;
@@ -88,7 +104,7 @@ absl::Status Pipeline::Run(int rounds, const Stages& stages, bool skip_compute) 
     std::lock_guard<std::mutex> lock(mu_);
     stages_ = &stages;
     Schedule(rounds, lookahead_);  // ops_, which the worker reads
-    gathered_ = computed_ = 0;
+    gathered_ = computed_ = issued_ = 0;
     comm_error_ = absl::OkStatus();
     job_ = true;
   }
@@ -96,14 +112,21 @@ absl::Status Pipeline::Run(int rounds, const Stages& stages, bool skip_compute) 
   absl::Status compute_error;
   for (int r = 0; r < rounds; ++r) {
     bool skip = skip_compute || !compute_error.ok();
+    const bool communicates = stages.communicates && stages.communicates(r);
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!skip) cv_.wait(lock, [&] { return gathered_ > r || !comm_error_.ok(); });
+      if (communicates) {
+        // Every op before this round's scatter done (the worker issues every
+        // op, failed or not): the worker waits for this compute now.
+        cv_.wait(lock, [&] { return issued_ >= scatter_at_[static_cast<size_t>(r)]; });
+      } else if (!skip) {
+        cv_.wait(lock, [&] { return gathered_ > r || !comm_error_.ok(); });
+      }
       skip = skip || !comm_error_.ok();
     }
-    absl::Status st = skip ? absl::OkStatus() : RunStage(stages.compute, r, kComputeLane);
+    absl::Status st = Compute(stages, r, skip);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!st.ok()) compute_error = st;
+    if (!st.ok() && compute_error.ok()) compute_error = st;
     computed_ = r + 1;  // computed or skipped: its scatter may go
     cv_.notify_all();
   }
@@ -142,6 +165,7 @@ void Pipeline::Communicate() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.ok() && comm_error_.ok()) comm_error_ = st;
     if (!op.scatter) gathered_ = op.round + 1;
+    ++issued_;
     cv_.notify_all();
   }
 }

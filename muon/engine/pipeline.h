@@ -49,6 +49,15 @@ class Pipeline {
   using Stage = std::function<absl::Status(int round)>;
   struct Stages {
     Stage gather, compute, scatter;
+    // Rounds whose compute communicates too (the sums of a matrix split over
+    // ranks): for a round where `communicates` says so, compute starts only
+    // once every op of the schedule before its scatter is done, so that it
+    // has the communicators to itself and every rank issues its collectives
+    // between the same two ops; and when its compute is skipped (a failure),
+    // `instead` runs there, and must issue the same collectives. Unset: no
+    // round communicates.
+    std::function<bool(int round)> communicates;
+    Stage instead;
   };
 
   // A pipeline with lookahead `lookahead` (>= 0); starts the worker thread
@@ -66,6 +75,8 @@ class Pipeline {
  private:
   explicit Pipeline(int lookahead) : lookahead_(lookahead) {}
   absl::Status RunInline(int rounds, const Stages& stages, bool skip_compute);
+  // Round r's compute, or when `skip`, what communicating rounds run instead.
+  static absl::Status Compute(const Stages& stages, int r, bool skip);
   // ops_ for `rounds` rounds with `lookahead`.
   const std::vector<PipelineOp>& Schedule(int rounds, int lookahead);
   void WorkerLoop();
@@ -79,12 +90,14 @@ class Pipeline {
   // The schedule, made again only when rounds or lookahead change (the same
   // every step: a step allocates nothing); read by the worker during a Run.
   std::vector<PipelineOp> ops_;
+  std::vector<int> scatter_at_;  // per round: its scatter's index in ops_
   int ops_rounds_ = -1, ops_lookahead_ = -1;
   // The step in flight (guarded by mu_).
   bool job_ = false;
   const Stages* stages_ = nullptr;
   int gathered_ = 0;  // rounds whose gather is done
   int computed_ = 0;  // rounds whose compute is done (or skipped)
+  int issued_ = 0;    // ops of the schedule done
   absl::Status comm_error_;
 };
 

@@ -1,6 +1,7 @@
 #include "muon/engine/pipeline.h"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -182,6 +183,100 @@ TEST(Pipeline, ARankThatAlreadyFailedOnlyCommunicates) {
     EXPECT_TRUE((*p)->Run(5, rec.Stages(), /*skip_compute=*/true).ok());
     EXPECT_TRUE(rec.compute.empty());
     EXPECT_EQ(rec.comm.size(), 10u);  // 5 gathers, 5 scatters
+  }
+}
+
+// Rounds 1 and 4 of 6 communicate in their compute: each starts once every
+// op before its scatter is done, no op runs while it does, and when compute
+// is skipped the round runs `instead` in the same place.
+struct Communicating {
+  Recorder rec;
+  std::atomic<bool> inside{false};
+  std::atomic<bool> overlapped{false};
+  std::vector<int> instead;
+  Pipeline::Stages Stages(bool fail_compute_at_2 = false) {
+    Pipeline::Stages s = rec.Stages();
+    auto guard = [this](Pipeline::Stage inner) {
+      return [this, inner](int r) {
+        if (inside.load()) overlapped = true;
+        return inner(r);
+      };
+    };
+    s.gather = guard(s.gather);
+    s.scatter = guard(s.scatter);
+    Pipeline::Stage compute = s.compute;
+    s.compute = [this, compute, fail_compute_at_2](int r) {
+      if (fail_compute_at_2 && r == 2) return absl::UnavailableError("failed c2");
+      const bool talks = r == 1 || r == 4;
+      if (talks) inside = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(talks ? 5 : 0));
+      absl::Status st = compute(r);
+      if (talks) inside = false;
+      return st;
+    };
+    s.communicates = [](int r) { return r == 1 || r == 4; };
+    s.instead = [this](int r) {
+      if (inside.load()) overlapped = true;
+      rec.Note(&rec.compute, "i" + std::to_string(r), false);
+      instead.push_back(r);
+      return absl::OkStatus();
+    };
+    return s;
+  }
+};
+
+// The position of `what` in `all`, or -1.
+int At(const std::vector<std::string>& all, const std::string& what) {
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i] == what) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+TEST(Pipeline, ACommunicatingComputeHasTheCommunicatorsToItself) {
+  for (int lookahead : {0, 1, 2, 5}) {
+    SCOPED_TRACE("lookahead " + std::to_string(lookahead));
+    auto p = Pipeline::Create(lookahead);
+    ASSERT_TRUE(p.ok());
+    Communicating c;
+    ASSERT_TRUE((*p)->Run(6, c.Stages()).ok());
+    EXPECT_FALSE(c.overlapped) << "an op ran during a communicating compute";
+    EXPECT_EQ(c.rec.comm, CommOrder(6, lookahead));
+    const std::vector<std::string> order = CommOrder(6, lookahead);
+    for (int r : {1, 4}) {
+      const int compute_at = At(c.rec.all, "c" + std::to_string(r));
+      const int scatter = At(order, "s" + std::to_string(r));
+      // Every op before the scatter came before the compute; the scatter after.
+      for (int i = 0; i < scatter; ++i) EXPECT_LT(At(c.rec.all, order[i]), compute_at) << order[i];
+      EXPECT_GT(At(c.rec.all, "s" + std::to_string(r)), compute_at);
+    }
+    EXPECT_TRUE(c.instead.empty());
+  }
+}
+
+TEST(Pipeline, ASkippedCommunicatingComputeRunsInsteadInItsPlace) {
+  for (int lookahead : {0, 2}) {
+    SCOPED_TRACE("lookahead " + std::to_string(lookahead));
+    auto p = Pipeline::Create(lookahead);
+    ASSERT_TRUE(p.ok());
+    {
+      Communicating c;  // this rank already failed: every communicating round runs instead
+      EXPECT_TRUE((*p)->Run(6, c.Stages(), /*skip_compute=*/true).ok());
+      EXPECT_EQ(c.instead, (std::vector<int>{1, 4}));
+      EXPECT_EQ(c.rec.compute, (std::vector<std::string>{"i1", "i4"}));
+      EXPECT_FALSE(c.overlapped);
+    }
+    {
+      Communicating c;  // round 2 fails: 1 computes, 4 runs instead
+      const absl::Status st = (*p)->Run(6, c.Stages(/*fail_compute_at_2=*/true));
+      EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+      EXPECT_EQ(c.rec.compute, (std::vector<std::string>{"c0", "c1", "i4"}));
+      EXPECT_EQ(c.rec.comm, CommOrder(6, lookahead));
+      const std::vector<std::string> order = CommOrder(6, lookahead);
+      const int scatter = At(order, "s4");
+      for (int i = 0; i < scatter; ++i) EXPECT_LT(At(c.rec.all, order[i]), At(c.rec.all, "i4"));
+      EXPECT_FALSE(c.overlapped);
+    }
   }
 }
 
