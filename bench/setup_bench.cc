@@ -46,7 +46,7 @@
 //
 //   bazel run -c opt //bench:setup_bench -- [--model=NAME] [--ranks=1024,4096]
 //       [--limit=SECONDS] [--models=DIR] [--row-by-row] [--per-stage]
-//       [--assignment=spread]
+//       [--assignment=spread|split]
 //
 // --per-stage also prints, for each pipeline stage, its matrices per rank,
 // its NS max÷mean and its largest matrix's NS work over the stage's mean per
@@ -59,6 +59,9 @@
 // none of their matrix) and also prints, beside the balanced plan's, the NS
 // max÷mean (all; worst stage) and the bytes the whole job moves per step
 // (each unit's pieces to its owner and results back, from the layout).
+// --assignment=split (MUON_ASSIGNMENT_SPLIT) prints the same, the number of
+// matrices split over ranks and the bytes their sums move per step
+// (2 (g - 1) / g m^2 fp32 values per member and iteration), on top.
 #include <malloc.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -316,14 +319,32 @@ int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon
     }
     const Matrix& m = *it->second;
     const int o = u.owner;
-    const Rect owner = HeldRect(m, model, mesh, experts, o);
+    // The unit's elements: the matrix, or a part's block of it (a tall
+    // matrix's rows, a wide one's columns).
+    Rect block{0, m.rows, 0, m.cols};
+    if (u.parts > 1 && m.rows > m.cols) {
+      block.r0 = u.first;
+      block.r1 = u.first + u.width;
+    } else if (u.parts > 1) {
+      block.c0 = u.first;
+      block.c1 = u.first + u.width;
+    }
+    auto held = [&](int r) {
+      Rect x = HeldRect(m, model, mesh, experts, r);
+      x.r0 = std::max(x.r0, block.r0);
+      x.r1 = std::min(x.r1, block.r1);
+      x.c0 = std::max(x.c0, block.c0);
+      x.c1 = std::min(x.c1, block.c1);
+      return x;
+    };
+    const Rect owner = held(o);
     if (owner.Area() == 0 && !owners_may_hold_none) {
       *error = "matrix '" + name + "' was given to rank " + std::to_string(o) +
                ", which holds none of it";
       return -1;
     }
     auto pair_bytes = [&](int r) {
-      const Rect x = HeldRect(m, model, mesh, experts, r);
+      const Rect x = held(r);
       int64_t n = x.Area() * kNsBytes;
       if (x.canonical) n += (x.Area() - Overlap(x, owner)) * kStateBytes;
       return n;
@@ -335,6 +356,20 @@ int64_t LowerBound(const Model& model, const Mesh& mesh, int experts, const muon
     } else {
       bytes += pair_bytes(me);
     }
+  }
+  return bytes;
+}
+
+// The bytes the split matrices' sums move per step in the whole job (their
+// Gram products' reduce-scatter and all-gather: 2 (g - 1) / g m^2 fp32
+// values per member and iteration; the norm's doubles are left out).
+int64_t SumBytes(const muon::Plan& plan, int ns_steps) {
+  int64_t bytes = 0;
+  for (const muon::Unit& u : plan.units) {
+    if (u.parts <= 1 || u.part != 0) continue;
+    const muon::PlanParam& pp = plan.params[u.param];
+    const int64_t m = std::min(pp.rows, pp.cols);
+    bytes += 2 * (u.parts - 1) * m * m * 4 * ns_steps;
   }
   return bytes;
 }
@@ -356,6 +391,7 @@ struct Figures {
   // --assignment=spread: the balanced plan's figures beside the spread one's.
   double balanced_max_over_mean = 0, balanced_stage_max_over_mean = 0;
   int64_t job_bytes = 0, balanced_job_bytes = 0;
+  int64_t sum_bytes = 0, split_matrices = 0;  // --assignment=split
   char error[256] = {0};
 };
 
@@ -367,7 +403,8 @@ void Fail(Figures* f, const std::string& what) {
 // then), and fills *f.
 bool g_row_by_row = false;  // --row-by-row: pieces as before boxes
 bool g_per_stage = false;   // --per-stage: each stage's balance
-bool g_spread = false;      // --assignment=spread
+bool g_spread = false;      // --assignment=spread (or split)
+bool g_split = false;       // --assignment=split
 
 // NS work of a plan's owners: each stage's busiest rank and total, and
 // max÷mean over all ranks and in the worst stage.
@@ -481,6 +518,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   muon::PlanOptions options;
   options.pieces_row_by_row = g_row_by_row;
   if (g_spread) options.assignment = muon::Assignment::kSpread;
+  if (g_split) options.assignment = muon::Assignment::kSplit;
   auto plan = muon::BuildPlan(ranks, me, options);
   const auto t2 = std::chrono::steady_clock::now();
   if (!plan.ok()) return Fail(f, std::string(plan.status().message()));
@@ -513,6 +551,8 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   if (g_spread) {
     std::string error;
     f->job_bytes = LowerBound(model, mesh, experts, *plan, -1, true, &error);
+    f->sum_bytes = SumBytes(*plan, options.ns_steps);
+    for (const muon::Unit& u : plan->units) f->split_matrices += u.parts > 1 && u.part == 0;
     auto balanced = muon::BuildPlan(ranks, me, muon::PlanOptions());
     if (!balanced.ok()) return Fail(f, std::string(balanced.status().message()));
     const Balance b = Imbalance(*balanced, mesh);
@@ -631,6 +671,8 @@ int main(int argc, char** argv) {
       g_per_stage = true;
     } else if (a == "--assignment=spread") {
       g_spread = true;
+    } else if (a == "--assignment=split") {
+      g_spread = g_split = true;
     } else if (a == "--row-by-row") {
       g_row_by_row = true;
     } else if (a.rfind("--limit=", 0) == 0) {
@@ -713,12 +755,20 @@ int main(int argc, char** argv) {
                     f.ns_stage_max_over_mean,
                     f.matrices_per_rank, f.moved_over_bound);
         if (g_spread) {
-          std::printf("|  | spread against balanced | | | | | | | | NS max÷mean %.2f; %.2f (balanced "
+          std::printf("|  | %s against balanced | | | | | | | | NS max÷mean %.2f; %.2f (balanced "
                       "%.2f; %.2f) | job moves %.2f GiB/step (balanced %.2f, x%.3f) | |\n",
-                      f.ns_max_over_mean, f.ns_stage_max_over_mean, f.balanced_max_over_mean,
-                      f.balanced_stage_max_over_mean, f.job_bytes / double(1 << 30),
-                      f.balanced_job_bytes / double(1 << 30),
+                      g_split ? "split" : "spread", f.ns_max_over_mean, f.ns_stage_max_over_mean,
+                      f.balanced_max_over_mean, f.balanced_stage_max_over_mean,
+                      f.job_bytes / double(1 << 30), f.balanced_job_bytes / double(1 << 30),
                       f.balanced_job_bytes > 0 ? double(f.job_bytes) / f.balanced_job_bytes : 0.0);
+        }
+        if (g_split) {
+          std::printf("|  | split matrices | | | | | | | | %lld | their sums move %.2f GiB/step "
+                      "(x%.3f with the exchange) | |\n",
+                      static_cast<long long>(f.split_matrices), f.sum_bytes / double(1 << 30),
+                      f.balanced_job_bytes > 0
+                          ? double(f.job_bytes + f.sum_bytes) / f.balanced_job_bytes
+                          : 0.0);
         }
       }
       std::fflush(stdout);

@@ -170,7 +170,24 @@ typedef enum muon_assignment_t {
    * onto their holders (experts held by one EP rank each, with dense matrices
    * on top of some ranks) and the links are fast. Results are bit-identical
    * to BALANCED's. */
-  MUON_ASSIGNMENT_SPREAD = 3
+  MUON_ASSIGNMENT_SPREAD = 3,
+  /* SPREAD, then, within each group, while the busiest rank does more than
+   * 1.01x the group's mean and its largest matrix is whole, that matrix is
+   * split over its owner and the group's least-loaded ranks (the fewest that
+   * bring each part under that level): each member gathers one block of the
+   * matrix's wide orientation (a range of a tall matrix's rows, of a wide
+   * one's columns), and the members orthogonalize it together, summing the
+   * squares for its norm and, each iteration, their m x m Gram products
+   * (2 all_to_all_v calls over the world per sum, every rank taking part;
+   * each Gram sum moves about 2 m^2 fp32 values per member) before each
+   * computes the polynomial. The split matrices run in a last round of
+   * their own, a rank taking at most one part. Results equal the whole
+   * matrix's up to the order of fp32 sums (bf16: rounded as the emulated
+   * path rounds). Pays where one matrix bounds a stage's Newton-Schulz time
+   * and the members share fast links (docs/SETUP_AT_SCALE.md); CPU backend
+   * only so far (on a GPU the first step fails with MUON_ERROR_UNIMPLEMENTED
+   * when a matrix is split). */
+  MUON_ASSIGNMENT_SPLIT = 4
 } muon_assignment_t;
 
 /* One matrix of the job, as the custom assignment sees it. Matrices are
@@ -673,7 +690,10 @@ typedef struct muon_stats_t {
   double ns_flops;                /* Newton-Schulz FLOPs this rank computed */
   /* Planned, the same every step: */
   int64_t matrices_total;         /* matrices in the whole job */
-  int64_t matrices_owned;         /* of which this rank orthogonalizes */
+  int64_t matrices_owned;         /* of which this rank orthogonalizes (a matrix split
+                                   * over ranks, MUON_ASSIGNMENT_SPLIT, counts on each
+                                   * of its members, here and in
+                                   * matrices_orthogonalized) */
   /* ---- 0.4 (a caller's older, shorter struct gets the fields it has) ---- */
   /* Last step: non-finite gradient elements this rank's momentum pass read
    * (ZeRO-2: the averaged gradients of the matrices it owns), or with

@@ -1,8 +1,11 @@
 #include "muon/engine/exchange_stepper.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "muon/common/dtype.h"
 #include "muon/common/status.h"
 #include "muon/engine/outcome.h"
@@ -23,8 +26,12 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
     for (Holder& h : pp.holders) h.first_block = h.num_blocks = 0;
     std::vector<muon::RunBlock>().swap(pp.blocks);
   }
-  s->stats_.matrices_total = static_cast<int64_t>(plan.units.size());
-  for (const Unit& u : plan.units) s->stats_.matrices_owned += u.owner == me;
+  // A matrix split over ranks counts once in the job and on each member.
+  for (const Unit& u : plan.units) {
+    s->stats_.matrices_total += u.part == 0;
+    s->stats_.matrices_owned += u.owner == me;
+  }
+  MUON_RETURN_IF_ERROR(s->PlanSplits(plan));
 
   const int rounds = s->rounds();
   // A world of one only copies: nothing to run ahead, and one slot.
@@ -35,8 +42,15 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   for (const RoundTable& t : s->tables_) most_slots = std::max(most_slots, t.slot_floats);
   const std::shared_ptr<Device>& device = ctx.device;
   // The owned matrices in the dtype the backend orthogonalizes with the least
-  // work (bf16 for the CPU's AMX products: no rounding and widening passes).
-  s->slot_dtype_ = device->math().SlotDtype(options.ns);
+  // work (bf16 for the CPU's AMX products: no rounding and widening passes);
+  // fp32 when a round holds a part of a split matrix (OrthogonalizeBlock's).
+  const bool any_split = std::any_of(s->splits_.begin(), s->splits_.end(),
+                                     [](const SplitRound& r) { return !r.members.empty(); });
+  if (any_split && !device->is_host()) {
+    return absl::UnimplementedError(
+        "MUON_ASSIGNMENT_SPLIT: a matrix split over ranks runs on the CPU backend only so far");
+  }
+  s->slot_dtype_ = any_split ? DType::kF32 : device->math().SlotDtype(options.ns);
   for (int k = 0; k <= lookahead; ++k) {
     MUON_ASSIGN_OR_RETURN(
         DeviceBuffer b,
@@ -88,16 +102,180 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   return s;
 }
 
+absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
+  const int me = world_.rank();
+  splits_.assign(tables_.size(), SplitRound());
+  size_t sum_bytes = 0;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    if (u.parts <= 1) continue;
+    SplitRound& r = splits_[static_cast<size_t>(u.round)];
+    if (u.part == 0) {
+      r.members.emplace_back();
+      r.names.push_back(plan.params[u.param].name);
+    }
+    r.members.back().push_back(u.owner);
+    if (u.owner != me) continue;
+    if (r.mine >= 0) {  // the same plan on every rank: every rank fails here alike
+      return absl::InvalidArgumentError(absl::StrCat(
+          "round ", u.round, " gives rank ", me, " parts of two split matrices ('",
+          r.names[static_cast<size_t>(r.mine)], "' and '", plan.params[u.param].name,
+          "'): a rank takes one part per round"));
+    }
+    r.mine = static_cast<int>(r.members.size()) - 1;
+    r.place = u.part;
+    for (const BlockSlot& b : tables_[static_cast<size_t>(u.round)].blocks) {
+      if (b.unit == static_cast<int>(i)) r.block = b;
+    }
+    // A sum's chunks: at most the m x m gram products, or a double per member.
+    sum_bytes = std::max({sum_bytes, static_cast<size_t>(r.block.m * r.block.m) * sizeof(float),
+                          static_cast<size_t>(u.parts) * sizeof(double)});
+  }
+  sum_send_.assign(sum_bytes, 0);
+  sum_recv_.assign(sum_bytes, 0);
+  sum_zeros_.assign(sum_bytes, 0);
+  const size_t world = static_cast<size_t>(world_.size());
+  for (auto* v : {&sum_send_bytes_, &sum_send_offsets_, &sum_recv_bytes_, &sum_recv_offsets_}) {
+    v->assign(world, 0);
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
+  const SplitRound& s = splits_[static_cast<size_t>(round)];
+  std::fill(sum_send_bytes_.begin(), sum_send_bytes_.end(), 0);
+  std::fill(sum_recv_bytes_.begin(), sum_recv_bytes_.end(), 0);
+  std::fill(sum_send_offsets_.begin(), sum_send_offsets_.end(), 0);
+  std::fill(sum_recv_offsets_.begin(), sum_recv_offsets_.end(), 0);
+  const std::string op = absl::StrCat("summing the split matrices of round ", round);
+  if (s.mine < 0) {  // no part: two collectives without bytes
+    MUON_RETURN_IF_ERROR(world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
+                                          sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
+                                          nullptr, op));
+    return world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
+                            sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
+  }
+  const std::vector<int>& members = s.members[static_cast<size_t>(s.mine)];
+  const int64_t g = static_cast<int64_t>(members.size()), j = s.place;
+  if (values == nullptr) {
+    std::fill(sum_zeros_.begin(), sum_zeros_.end(), 0);
+    values = reinterpret_cast<T*>(sum_zeros_.data());
+  }
+  auto begin = [&](int64_t i) { return i * (count / g) + std::min(i, count % g); };
+  auto length = [&](int64_t i) { return count / g + (i < count % g ? 1 : 0); };
+  // Reduce-scatter: chunk i to member i; chunk j from every other member.
+  size_t sent = 0, received = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    if (i == j) continue;
+    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
+    sum_send_offsets_[peer] = sent;
+    sum_send_bytes_[peer] = static_cast<size_t>(length(i)) * sizeof(T);
+    std::memcpy(sum_send_.data() + sent, values + begin(i), sum_send_bytes_[peer]);
+    sent += sum_send_bytes_[peer];
+    sum_recv_offsets_[peer] = received;
+    sum_recv_bytes_[peer] = static_cast<size_t>(length(j)) * sizeof(T);
+    received += sum_recv_bytes_[peer];
+  }
+  absl::Status st = world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
+                                     sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
+                                     nullptr, op);
+  // Chunk j, member by member in member order (every member's chunk the
+  // same way, so every member ends with the same bits).
+  T* own = values + begin(j);
+  for (int64_t e = 0; e < length(j); ++e) {
+    T total = 0;
+    for (int64_t i = 0; i < g; ++i) {
+      T v;
+      if (i == j) {
+        v = own[e];
+      } else {
+        const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
+        std::memcpy(&v, sum_recv_.data() + sum_recv_offsets_[peer] + e * sizeof(T), sizeof(T));
+      }
+      total = i == 0 ? v : total + v;
+    }
+    own[e] = total;
+  }
+  // All-gather: chunk j to every other member; chunk i from member i.
+  sent = received = 0;
+  for (int64_t i = 0; i < g; ++i) {
+    if (i == j) continue;
+    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
+    sum_send_offsets_[peer] = sent;
+    sum_send_bytes_[peer] = static_cast<size_t>(length(j)) * sizeof(T);
+    std::memcpy(sum_send_.data() + sent, own, sum_send_bytes_[peer]);
+    sent += sum_send_bytes_[peer];
+    sum_recv_offsets_[peer] = received;
+    sum_recv_bytes_[peer] = static_cast<size_t>(length(i)) * sizeof(T);
+    received += sum_recv_bytes_[peer];
+  }
+  const absl::Status gathered = world_.AllToAllV(sum_send_.data(), sum_send_bytes_,
+                                                 sum_send_offsets_, sum_recv_.data(),
+                                                 sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
+  if (st.ok()) st = gathered;
+  for (int64_t i = 0; i < g; ++i) {
+    if (i == j) continue;
+    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
+    std::memcpy(values + begin(i), sum_recv_.data() + sum_recv_offsets_[peer],
+                sum_recv_bytes_[peer]);
+  }
+  return st;
+}
+
+absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
+  const SplitRound& s = splits_[static_cast<size_t>(round)];
+  const int sums = 1 + ctx_.options->ns.steps;  // the norm, then one per iteration
+  const bool part = s.mine >= 0;
+  const int64_t gram = part ? s.block.m * s.block.m : 0;
+  int issued = 0;
+  absl::Status st;
+  if (part && !skip) {
+    void* slots = slots_[static_cast<size_t>(round) % slots_.size()].data();
+    const MatrixBlock block{static_cast<float*>(slots) + s.block.offset, s.block.m,
+                           s.block.width, s.block.tall};
+    MemberSums hook;
+    hook.f64 = [&](double* v, int64_t n) {
+      ++issued;
+      return Sum(round, v, n);
+    };
+    hook.f32 = [&](float* v, int64_t n) {
+      ++issued;
+      return Sum(round, v, n);
+    };
+    st = ctx_.device->math().OrthogonalizeBlock(ctx_.options->ns, block, hook);
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat("split matrix '", s.names[static_cast<size_t>(s.mine)],
+                                                "': ", st.message()));
+    }
+  }
+  // The sums the members expect from a rank that did not compute (or stopped).
+  for (; issued < sums; ++issued) {
+    const absl::Status sum = issued == 0 ? Sum<double>(round, nullptr, part ? 1 : 0)
+                                         : Sum<float>(round, nullptr, gram);
+    if (st.ok()) st = sum;
+  }
+  return st;
+}
+
 absl::Status ExchangeStepper::Orthogonalize(int round) {
   Device& device = *ctx_.device;
   Device* lane = lane_.device;
   if (lane != nullptr) MUON_RETURN_IF_ERROR(device.AwaitSignal(*lane, round));  // gathered
   void* slots = slots_[round % slots_.size()].data();
+  absl::Status st;
   for (const ShapeBatch& b : tables_[round].batches) {
-    MUON_RETURN_IF_ERROR(ctx_.device->math().Orthogonalize(
+    st = ctx_.device->math().Orthogonalize(
         ctx_.options->ns,
-        {ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols, slot_dtype_}));
+        {ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols, slot_dtype_});
+    if (!st.ok()) break;
   }
+  // The split matrices' sums are collectives: issued even after a failure.
+  if (!splits_[static_cast<size_t>(round)].members.empty()) {
+    const absl::Status split = RunSplit(round, /*skip=*/!st.ok());
+    if (st.ok()) st = split;
+  }
+  MUON_RETURN_IF_ERROR(st);
   return lane != nullptr ? device.Signal(1 + round) : absl::OkStatus();
 }
 
@@ -170,6 +348,8 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
   stages.gather = [&](int r) { return exchange(r, false); };
   stages.compute = [&](int r) { return note(Orthogonalize(r)); };
   stages.scatter = [&](int r) { return exchange(r, true); };
+  stages.communicates = [&](int r) { return !splits_[static_cast<size_t>(r)].members.empty(); };
+  stages.instead = [&](int r) { return note(RunSplit(r, /*skip=*/true)); };
   verdicts_.clear();
   absl::Status ran = pipeline_->Run(rounds(), stages, /*skip_compute=*/failed);
   if (lane != nullptr) {
@@ -181,7 +361,7 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
   MUON_RETURN_IF_ERROR(ran);
   if (failed) return absl::OkStatus();
   for (const RoundTable& t : tables_) {
-    stats_.orthogonalized += t.owned;
+    stats_.orthogonalized += t.owned + static_cast<int64_t>(t.blocks.size());
     stats_.ns_flops += t.flops;
   }
   return absl::OkStatus();

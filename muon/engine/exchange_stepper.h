@@ -62,6 +62,30 @@ class ExchangeStepper : public Stepper {
  private:
   ExchangeStepper(const StepContext& ctx, Comm& world) : ctx_(ctx), world_(world) {}
   absl::Status Orthogonalize(int round);
+  // splits_ and the sums' buffers from the plan; InvalidArgument when a
+  // round gives this rank parts of two split matrices.
+  absl::Status PlanSplits(const Plan& plan);
+  // The round's split matrices (Unit::parts > 1): this rank's part with the
+  // other members, or (`skip`: this rank failed, or has no part) only the
+  // sums the members expect, so that every rank issues the same collectives.
+  absl::Status RunSplit(int round, bool skip);
+  // One sum over the members of each split matrix of `round`, which every
+  // rank calls in the same order: `values` (`count` elements) becomes the
+  // element-wise sum of its members' values, the same bits on each (a
+  // reduce-scatter, each member adding one chunk in member order, then an
+  // all-gather, as two all_to_all_v calls over the world). NULL values: this
+  // rank adds zeros and keeps nothing. A rank with no part sends nothing.
+  template <typename T>
+  absl::Status Sum(int round, T* values, int64_t count);
+
+  // A round's split matrices and this rank's part of one of them.
+  struct SplitRound {
+    std::vector<std::vector<int>> members;  // per split matrix: its parts' owners
+    std::vector<std::string> names;         // per split matrix: its param, for errors
+    int mine = -1;                          // the matrix this rank has a part of, or -1
+    int place = -1;                         // this rank among its members
+    BlockSlot block;                        // that part in the round's slots
+  };
 
   StepContext ctx_;
   Comm& world_;
@@ -84,6 +108,11 @@ class ExchangeStepper : public Stepper {
   Device::Lane lane_;
   std::unique_ptr<Pipeline> pipeline_;
   StepperStats stats_;
+  // Per round (empty when it has no split matrix); the sums' host buffers
+  // and byte tables, sized once.
+  std::vector<SplitRound> splits_;
+  std::vector<unsigned char> sum_send_, sum_recv_, sum_zeros_;
+  std::vector<size_t> sum_send_bytes_, sum_send_offsets_, sum_recv_bytes_, sum_recv_offsets_;
 };
 
 }  // namespace muon

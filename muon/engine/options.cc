@@ -61,6 +61,7 @@ absl::Status ValidateOptions(const Options& o) {
     case Assignment::kBalanced:
     case Assignment::kRoundRobin:
     case Assignment::kSpread:
+    case Assignment::kSplit:
       break;
     case Assignment::kCustom:
       if (!o.dist.custom_assign) {
@@ -71,7 +72,8 @@ absl::Status ValidateOptions(const Options& o) {
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "assignment: unknown value ", static_cast<int>(o.dist.assignment),
-          "; use MUON_ASSIGNMENT_BALANCED (0), ROUND_ROBIN (1), CUSTOM (2) or SPREAD (3)"));
+          "; use MUON_ASSIGNMENT_BALANCED (0), ROUND_ROBIN (1), CUSTOM (2), SPREAD (3) or "
+          "SPLIT (4)"));
   }
   return absl::OkStatus();
 }

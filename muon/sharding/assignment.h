@@ -11,7 +11,7 @@
 
 namespace muon {
 
-enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2, kSpread = 3 };
+enum class Assignment { kBalanced = 0, kRoundRobin = 1, kCustom = 2, kSpread = 3, kSplit = 4 };
 
 // One global matrix as an assignment sees it.
 struct MatrixInfo {
@@ -42,6 +42,26 @@ std::vector<int> AssignRoundRobin(const std::vector<MatrixInfo>& matrices);
 // Deterministic: every rank computes the same owners.
 inline constexpr double kSpreadLevel = 1.01;
 std::vector<int> AssignSpread(const std::vector<MatrixInfo>& matrices);
+
+// A matrix orthogonalized by several ranks together (split Newton-Schulz):
+// `members` own its parts, in part order.
+struct SplitChoice {
+  size_t matrix = 0;  // index into the matrices
+  std::vector<int> members;
+};
+
+// After AssignSpread's `owners`, within each group of ranks, costliest
+// first: a matrix that alone costs more than kSpreadLevel times the group's
+// mean is split over its owner and the group's least-loaded ranks, each in
+// at most one split (the parts run in one round, and a rank takes one part
+// of a round): the fewest parts whose widest costs no more than the mean
+// (NewtonSchulzBlockFlops: every member also computes the m x m
+// polynomial), or than 1.25x that polynomial's work when it is more. Then
+// the whole matrices are levelled again around the parts (AssignSpread's
+// moves; `owners` changes). Stops at the first matrix under the level, or
+// when no free rank is left. Deterministic.
+std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
+                                      std::vector<int>* owners, int ns_steps);
 
 }  // namespace muon
 

@@ -164,21 +164,22 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
     const PlanParam& pp = plan.params[u.param];
+    const int my_holder = mine[u.param];
+    const bool owner = u.owner == my_rank;
+    const bool i_send =
+        my_holder >= 0 && std::find(u.senders.begin(), u.senders.end(), my_holder) != u.senders.end();
+    const bool i_receive = my_holder >= 0 && std::find(u.receivers.begin(), u.receivers.end(),
+                                                       my_holder) != u.receivers.end();
+    if (!owner && !i_send && !i_receive) continue;  // nothing of this unit moves here
     const std::vector<Segment> segments = SegmentsOf(u, pp);
     if (cursors_of != u.param) {
       cursors.clear();
       for (const Holder& h : pp.holders) cursors.emplace_back(pp.Blocks(h));
       cursors_of = u.param;
     }
-    const int my_holder = mine[u.param];
     const DType state = static_cast<DType>(pp.state_dtype);
     RoundTable& t = tables[u.round];
-    const bool owner = u.owner == my_rank;
     bool involved = owner;
-    const bool i_send =
-        my_holder >= 0 && std::find(u.senders.begin(), u.senders.end(), my_holder) != u.senders.end();
-    const bool i_receive = my_holder >= 0 && std::find(u.receivers.begin(), u.receivers.end(),
-                                                       my_holder) != u.receivers.end();
     if (owner || i_send) {
       // The owner fills what it holds from its own piece (a copy to itself,
       // no traffic); the canonical holders send only the rest.

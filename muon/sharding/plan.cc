@@ -328,6 +328,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     }
   }
   std::vector<int> owners;
+  std::vector<SplitChoice> splits;
   switch (options.assignment) {
     case Assignment::kBalanced:
       owners = AssignBalanced(infos);
@@ -337,6 +338,10 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       break;
     case Assignment::kSpread:
       owners = AssignSpread(infos);
+      break;
+    case Assignment::kSplit:
+      owners = AssignSpread(infos);
+      splits = ChooseSplits(infos, &owners, options.ns_steps);
       break;
     case Assignment::kCustom: {
       owners.assign(infos.size(), -1);
@@ -356,15 +361,19 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   }
 
   // 4. Rounds. Without async parallelism one matrix per round, in order;
-  // otherwise each owner fills rounds up to the memory budget.
+  // otherwise each owner fills rounds up to the memory budget. Split
+  // matrices come last, in a round of their own.
   std::vector<int64_t> round_of(world, 0), bytes_in(world, 0);
+  std::vector<bool> split(plan.units.size(), false);
+  for (const SplitChoice& c : splits) split[c.matrix] = true;
   int rounds = 0;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     Unit& u = plan.units[i];
     u.owner = owners[i];
     const PlanParam& pp = plan.params[u.param];
+    if (split[i]) continue;
     if (!options.async_parallelism) {
-      u.round = static_cast<int>(i);
+      u.round = rounds;  // the next round
     } else {
       const int64_t b = pp.rows * pp.cols * 4;
       if (bytes_in[u.owner] > 0 && bytes_in[u.owner] + b > options.round_bytes) {
@@ -381,6 +390,11 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   // Whole matrices: the wide orientation's long side.
   for (Unit& u : plan.units) {
     u.width = std::max(plan.params[u.param].rows, plan.params[u.param].cols);
+  }
+  // The split matrices' parts, in the last round.
+  if (!splits.empty()) {
+    MUON_RETURN_IF_ERROR(SplitUnits(&plan, splits, world, options.ns_steps, plan.rounds));
+    ++plan.rounds;
   }
   plan.digest = PlanDigest(plan);
   return plan;
@@ -410,49 +424,71 @@ uint64_t PlanDigest(const Plan& plan) {
   return h;
 }
 
-absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
-                       int ns_steps) {
-  if (unit >= plan->units.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("split: no unit ", unit));
-  }
-  const Unit whole = plan->units[unit];
-  const PlanParam& pp = plan->params[whole.param];
-  const std::string what = absl::StrCat("splitting matrix ", whole.index, " of param '", pp.name,
-                                        "'");
-  const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
-  const int64_t parts = static_cast<int64_t>(owners.size());
-  if (whole.parts != 1) return absl::InvalidArgumentError(absl::StrCat(what, ": already split"));
-  if (parts < 2 || parts > n) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " into ", parts, " parts: between 2 and ",
-                                                   n, " (its long side)"));
-  }
-  std::vector<int> sorted = owners;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    if (sorted[i] < 0 || sorted[i] >= world || (i > 0 && sorted[i] == sorted[i - 1])) {
+absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int world,
+                        int ns_steps, int round) {
+  std::vector<const SplitChoice*> at(plan->units.size(), nullptr);
+  for (const SplitChoice& c : splits) {
+    if (c.matrix >= plan->units.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("split: no unit ", c.matrix));
+    }
+    const Unit& whole = plan->units[c.matrix];
+    const PlanParam& pp = plan->params[whole.param];
+    const std::string what =
+        absl::StrCat("splitting matrix ", whole.index, " of param '", pp.name, "'");
+    const int64_t n = std::max(pp.rows, pp.cols);
+    const int64_t parts = static_cast<int64_t>(c.members.size());
+    if (whole.parts != 1 || at[c.matrix] != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": already split"));
+    }
+    if (parts < 2 || parts > n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": owners must be distinct ranks of the world of ", world, " (got ",
-          absl::StrJoin(owners, ", "), ")"));
+          what, " into ", parts, " parts: between 2 and ", n, " (its long side)"));
+    }
+    std::vector<int> sorted = c.members;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 0; k < sorted.size(); ++k) {
+      if (sorted[k] < 0 || sorted[k] >= world || (k > 0 && sorted[k] == sorted[k - 1])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": owners must be distinct ranks of the world of ", world, " (got ",
+            absl::StrJoin(c.members, ", "), ")"));
+      }
+    }
+    at[c.matrix] = &c;
+  }
+  // One pass: each split unit's parts in its place.
+  std::vector<Unit> units;
+  units.reserve(plan->units.size() + splits.size() * 2);
+  for (size_t i = 0; i < plan->units.size(); ++i) {
+    Unit& whole = plan->units[i];
+    if (at[i] == nullptr) {
+      units.push_back(std::move(whole));
+      continue;
+    }
+    const PlanParam& pp = plan->params[whole.param];
+    const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
+    const int64_t parts = static_cast<int64_t>(at[i]->members.size());
+    int64_t first = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      Unit u = whole;
+      u.owner = at[i]->members[static_cast<size_t>(p)];
+      if (round >= 0) u.round = round;
+      u.part = static_cast<int>(p);
+      u.parts = static_cast<int>(parts);
+      u.first = first;
+      u.width = n / parts + (p < n % parts ? 1 : 0);
+      u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps);
+      first += u.width;
+      units.push_back(std::move(u));
     }
   }
-  std::vector<Unit> split;
-  int64_t first = 0;
-  for (int64_t p = 0; p < parts; ++p) {
-    Unit u = whole;
-    u.owner = owners[static_cast<size_t>(p)];
-    u.part = static_cast<int>(p);
-    u.parts = static_cast<int>(parts);
-    u.first = first;
-    u.width = n / parts + (p < n % parts ? 1 : 0);
-    u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps);
-    first += u.width;
-    split.push_back(std::move(u));
-  }
-  plan->units.erase(plan->units.begin() + static_cast<std::ptrdiff_t>(unit));
-  plan->units.insert(plan->units.begin() + static_cast<std::ptrdiff_t>(unit), split.begin(),
-                     split.end());
+  plan->units = std::move(units);
   plan->digest = PlanDigest(*plan);
   return absl::OkStatus();
+}
+
+absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
+                       int ns_steps) {
+  return SplitUnits(plan, {SplitChoice{unit, owners}}, world, ns_steps, -1);
 }
 
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,

@@ -144,6 +144,11 @@ struct Plan {
 // owner repeats or is outside the world.
 absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
                        int ns_steps);
+// The same for several units at once (SplitChoice::matrix a unit's index,
+// its members the parts' owners), in one pass; with `round` >= 0 every part
+// goes to that round instead of its unit's.
+absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int world,
+                        int ns_steps, int round);
 
 // The digest every rank's plan must share: units (param names, matrix,
 // part, owner, round) and custom units (names, owners).

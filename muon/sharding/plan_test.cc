@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "muon/math/backend.h"
 #include "muon/sharding/testing/job.h"
 
 namespace muon {
@@ -149,6 +150,61 @@ TEST(Plan, SpreadLevelsForcedOwnersWithinEachStageOnly) {
     if (pp.holders.size() == 1 && u.owner != holder) ++moved;
   }
   EXPECT_EQ(moved, 12);
+}
+
+TEST(Plan, SplitCutsTheMatrixThatBoundsTheBusiestRank) {
+  // 4 ranks, replicated: one 32 x 512 matrix costs more than the other 12
+  // (32 x 32) together; split, its parts go to ranks that take no other.
+  std::vector<ParamSpec> params = {{"big", {32, 512}, {Replicate(0)}}};
+  for (int i = 0; i < 12; ++i) {
+    params.push_back({"small" + std::to_string(i), {32, 32}, {Replicate(0)}});
+  }
+  const auto ranks = World(4, params);
+  auto loads = [](const Plan& p) {
+    std::vector<double> load(4, 0);
+    for (const Unit& u : p.units) load[u.owner] += u.flops;
+    return load;
+  };
+  auto max_over_mean = [](const std::vector<double>& l) {
+    double total = 0;
+    for (double x : l) total += x;
+    return *std::max_element(l.begin(), l.end()) / (total / l.size());
+  };
+  PlanOptions o;
+  o.assignment = Assignment::kSpread;
+  const Plan spread = MustBuild(ranks, 0, o);
+  o.assignment = Assignment::kSplit;
+  const Plan split = MustBuild(ranks, 0, o);
+  EXPECT_EQ(split.digest, MustBuild(ranks, 3, o).digest);
+  const double before = max_over_mean(loads(spread));
+  const double after = max_over_mean(loads(split));
+  EXPECT_GT(before, 1.5);
+  EXPECT_LT(after, 1.2);  // 1.91 -> 1.17: the parts even, the small matrices where they were
+  // The parts: consecutive units of the last round, distinct owners, widths
+  // tiling the long side, each part's work its block's.
+  std::vector<int> members;
+  int64_t covered = 0;
+  for (const Unit& u : split.units) {
+    if (u.parts == 1) {
+      EXPECT_LT(u.round, split.rounds - 1);
+      continue;
+    }
+    EXPECT_EQ(split.params[u.param].name, "big");
+    EXPECT_EQ(u.round, split.rounds - 1);
+    EXPECT_EQ(u.first, covered);
+    covered += u.width;
+    EXPECT_EQ(u.flops, NewtonSchulzBlockFlops(32, u.width, 5));
+    members.push_back(u.owner);
+  }
+  EXPECT_EQ(covered, 512);
+  ASSERT_GE(members.size(), 2u);
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end()) << "a rank with two parts";
+  // No split where nothing bounds a rank: the small matrices alone.
+  params.erase(params.begin());
+  const Plan even = MustBuild(World(4, params), 0, o);
+  for (const Unit& u : even.units) EXPECT_EQ(u.parts, 1);
 }
 
 TEST(Plan, RoundsFollowTheBudgetOrOneMatrixEachWithoutAsync) {

@@ -652,8 +652,8 @@ std::vector<Case> Cases() {
       CreateWith([](muon_options_t& o) { o.ns_dtype = 2; }));
   add("create_ns_dtype_negative", E, IA, {"options->ns_dtype", "unknown value -1"},
       CreateWith([](muon_options_t& o) { o.ns_dtype = -1; }));
-  add("create_assignment_unknown", E, IA, {"options->assignment", "unknown value 4"},
-      CreateWith([](muon_options_t& o) { o.assignment = 4; }));
+  add("create_assignment_unknown", E, IA, {"options->assignment", "unknown value 5"},
+      CreateWith([](muon_options_t& o) { o.assignment = 5; }));
   add("create_assignment_negative", E, IA, {"options->assignment", "unknown value -1"},
       CreateWith([](muon_options_t& o) { o.assignment = -1; }));
   add("create_assignment_custom_without_fn", E, IA, {"options->assign_fn", "CUSTOM"},

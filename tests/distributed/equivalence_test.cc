@@ -2,6 +2,9 @@
 // parameters bit-identical to a single-process run of the same model, while
 // every matrix is orthogonalized exactly once in the whole job.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -192,6 +195,87 @@ TEST(Layouts, ExpertParallel) {
   }
   std::sort(counts.begin(), counts.end());
   EXPECT_EQ(counts, (std::vector<int64_t>{1, 4, 4, 4}));
+}
+
+// MUON_ASSIGNMENT_SPLIT: a matrix that costs more than the other ranks'
+// matrices together is orthogonalized by several ranks, each holding one
+// block of it; the sums of its norm and Gram products run in another order
+// than one process's products, so the parameters agree within fp32 (or bf16)
+// rounding instead of bit for bit.
+void ExpectSplitClose(const Case& c, const RunConfig& cfg, double tolerance, int64_t parts) {
+  SCOPED_TRACE(c.name);
+  auto ref = RunReference(c.model, cfg);
+  ASSERT_EQ(ref.size(), c.model.size()) << "reference run failed";
+  auto results = RunDistributed(c.model, c.mesh, cfg);
+  int64_t orthogonalized = 0;
+  double worst = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    const RankResult& res = results[r];
+    ASSERT_TRUE(res.error.empty()) << "rank " << r << ": " << res.error;
+    orthogonalized += res.stats.matrices_orthogonalized;
+    EXPECT_EQ(res.stats.matrices_total, static_cast<int64_t>(c.model.size()));
+    for (size_t j = 0; j < res.names.size(); ++j) {
+      size_t k = 0;
+      while (c.model[k].name != res.names[j]) ++k;
+      // The largest difference over the parameter's largest magnitude.
+      double scale = 0, diff = 0;
+      for (float v : ref[k]) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+      for (size_t i = 0; i < res.indices[j].size(); ++i) {
+        const double want = ref[k][res.indices[j][i]], got = res.params[j][i];
+        diff = std::max(diff, std::fabs(got - want));
+      }
+      worst = std::max(worst, diff / scale);
+    }
+  }
+  EXPECT_LE(worst, tolerance) << "largest difference from one process, over the largest value";
+  std::printf("%s: largest difference from one process %.3g of the largest value\n",
+              c.name.c_str(), worst);
+  // Each matrix once, the split one once per part (each member counts its).
+  EXPECT_EQ(orthogonalized, static_cast<int64_t>(c.model.size()) - 1 + parts);
+}
+
+Case SplitCase() {
+  // 4 ranks: a 16 x 96 matrix (rows over the ranks) costs 5.8x the six 8 x 8
+  // replicated ones together, so it is split over the 4 ranks (24 columns
+  // each); the small ones keep whole owners.
+  Case c{"split", Mesh{{4}}, {{"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}}};
+  for (int i = 0; i < 6; ++i) {
+    c.model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
+                       nullptr});
+  }
+  return c;
+}
+
+TEST(Split, AMatrixOrthogonalizedByFourRanksMatchesOneProcess) {
+  const Case c = SplitCase();
+  for (int prefetch : {0, 1}) {
+    RunConfig cfg;
+    cfg.steps = 5;
+    cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+    cfg.prefetch_count = prefetch;
+    SCOPED_TRACE("prefetch " + std::to_string(prefetch));
+    ExpectSplitClose(c, cfg, 1e-5, 4);
+  }
+  // A tall matrix splits by rows, one range per part.
+  Case tall = c;
+  tall.name = "split_tall";
+  tall.model[0].shape = {96, 16};
+  RunConfig cfg;
+  cfg.steps = 5;
+  cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+  ExpectSplitClose(tall, cfg, 1e-5, 4);
+}
+
+TEST(Split, Bf16RoundsAsOneProcessOnTheEmulatedProducts) {
+  // One process on the emulated bf16 products, the split's rounding.
+  setenv("MUON_CPU_NATIVE_BF16", "0", 1);
+  const Case c = SplitCase();
+  RunConfig cfg;
+  cfg.steps = 5;
+  cfg.ns_dtype = MUON_NS_DTYPE_BF16;
+  cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+  ExpectSplitClose(c, cfg, 1e-3, 4);
+  unsetenv("MUON_CPU_NATIVE_BF16");
 }
 
 TEST(Layouts, ThreeDimensionalMix) {

@@ -52,6 +52,7 @@ struct Case {
   std::vector<TParam> model;
   Mesh mesh;
   size_t round_bytes = 0;  // small: several exchange rounds per step
+  int assignment = MUON_ASSIGNMENT_BALANCED;
 };
 
 void InjectEverywhere(const Case& c, int prefetch) {
@@ -60,6 +61,7 @@ void InjectEverywhere(const Case& c, int prefetch) {
   clean.steps = kFaultStep + 1;  // what a recovered run must end equal to
   clean.prefetch_count = prefetch;
   clean.round_bytes = c.round_bytes;
+  clean.assignment = c.assignment;
   clean.count_calls = true;
   const std::vector<RankResult> want = RunDistributed(c.model, c.mesh, clean);
   const int n = c.mesh.size();
@@ -78,6 +80,7 @@ void InjectEverywhere(const Case& c, int prefetch) {
       cfg.steps = kSteps;
       cfg.prefetch_count = prefetch;
       cfg.round_bytes = c.round_bytes;
+      cfg.assignment = c.assignment;
       cfg.fail_call = k;
       cfg.fail_rank = fail_rank;
       // The step's last collective carries the verdicts (the exchange's last
@@ -128,6 +131,21 @@ TEST(Faults, ExchangeStepperAtEveryCollective) {
   // fault meets the other round's exchange in flight.
   for (int prefetch : {0, 1}) {
     InjectEverywhere({"exchange", ExchangeModel(), Mesh{{2, 2}}, 4 * 12 * 8}, prefetch);
+  }
+}
+
+TEST(Faults, SplitMatrixSumsAtEveryCollective) {
+  // MUON_ASSIGNMENT_SPLIT: "big" is split over the 4 ranks; its norm's and
+  // Gram products' sums (two all_to_all_v each, every rank taking part) run
+  // in a last round between the other rounds' exchanges and its scatter.
+  std::vector<TParam> model = {
+      {"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}};
+  for (int i = 0; i < 6; ++i) {
+    model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
+                     nullptr});
+  }
+  for (int prefetch : {0, 1}) {
+    InjectEverywhere({"split", model, Mesh{{4}}, 4 * 8 * 8, MUON_ASSIGNMENT_SPLIT}, prefetch);
   }
 }
 

@@ -229,6 +229,37 @@ def test_tp_fsdp_flat_layouts_match_single_process(kind, extra):
         assert moved == sum(s["bytes_received"] for s in stats) and moved > 0
 
 
+SPLIT_MODEL = [("big", (8, 64), "2d", [("shard", "world", 0, "even")])] + [
+    ("small%d" % i, (4, 4), "2d", [("rep", "world")]) for i in range(6)]
+
+
+@pytest.mark.parametrize("kind", ["inprocess", "python"])
+def test_split_assignment_matches_single_process_within_fp32(kind):
+    # "big" costs 7.6x the six small matrices together: assignment="split"
+    # has the 4 ranks orthogonalize it together (each one block of 16
+    # columns, the sums through the communicator's all_to_all_v); the sums
+    # run in another order than one process's products, so the pieces agree
+    # within fp32 rounding, not bit for bit.
+    rng = numpy.random.default_rng(3)
+    init = {name: (0.5 * rng.standard_normal(shape)).astype(numpy.float32)
+            for name, shape, _, _ in SPLIT_MODEL}
+    grads = [{name: rng.standard_normal(shape).astype(numpy.float32)
+              for name, shape, _, _ in SPLIT_MODEL} for _ in range(STEPS)]
+    reference = single_process(dict(BASE, ns_dtype="fp32"), init, grads, model=SPLIT_MODEL)
+    results, errors = distributed(kind, dict(BASE, ns_dtype="fp32", assignment="split"), init,
+                                  grads, model=SPLIT_MODEL)
+    no_errors(errors)
+    for rank, (pieces, _, _) in enumerate(results):
+        for name, (idx, piece) in pieces.items():
+            want = reference[name].reshape(-1)[idx]
+            worst = numpy.abs(piece - want).max() / numpy.abs(reference[name]).max()
+            assert worst <= 1e-5, (rank, name, worst)
+    stats = [s for _, s, _ in results]
+    # Each matrix once in the job; "big" once per member (each its part).
+    assert all(s["matrices_total"] == len(SPLIT_MODEL) for s in stats)
+    assert sum(s["matrices_orthogonalized"] for s in stats) == len(SPLIT_MODEL) - 1 + WORLD
+
+
 def test_custom_assignment_callable():
     seen = []
     lock = threading.Lock()

@@ -38,6 +38,7 @@ _ASSIGNMENT = {
     "balanced": _lib.ASSIGNMENT_BALANCED,
     "round_robin": _lib.ASSIGNMENT_ROUND_ROBIN,
     "spread": _lib.ASSIGNMENT_SPREAD,
+    "split": _lib.ASSIGNMENT_SPLIT,
 }
 _REPLICATED_MODE = {
     "host_averaged": _lib.REPLICATED_HOST_AVERAGED,
@@ -153,7 +154,9 @@ class Optimizer:
     Distributed engine (with set_world): assignment is "balanced",
     "round_robin", "spread" (balanced, then levelled within a pipeline stage
     by handing matrices to ranks that hold none of them: MUON_ASSIGNMENT_SPREAD
-    in capi/muon.h) or a callable that receives one dict per matrix of the job
+    in capi/muon.h), "split" (spread, then a matrix that bounds its stage
+    orthogonalized by several ranks together: MUON_ASSIGNMENT_SPLIT; CPU only
+    so far) or a callable that receives one dict per matrix of the job
     ({param_name, index, rows, cols, ns_flops, holders}, in the library's
     order: by parameter name, then index) and returns the owner's world rank
     for each, the same on every rank. prefetch_count, async_parallelism and
