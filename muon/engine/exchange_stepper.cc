@@ -149,12 +149,14 @@ absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
   std::fill(sum_send_offsets_.begin(), sum_send_offsets_.end(), 0);
   std::fill(sum_recv_offsets_.begin(), sum_recv_offsets_.end(), 0);
   const std::string op = absl::StrCat("summing the split matrices of round ", round);
-  if (s.mine < 0) {  // no part: two collectives without bytes
-    MUON_RETURN_IF_ERROR(world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
-                                          sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
-                                          nullptr, op));
-    return world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
-                            sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
+  if (s.mine < 0) {  // no part: two collectives without bytes, both issued whatever happens
+    absl::Status st = world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
+                                       sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
+                                       nullptr, op);
+    const absl::Status second =
+        world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_, sum_recv_.data(),
+                         sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
+    return st.ok() ? second : st;
   }
   const std::vector<int>& members = s.members[static_cast<size_t>(s.mine)];
   const int64_t g = static_cast<int64_t>(members.size()), j = s.place;

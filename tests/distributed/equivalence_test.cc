@@ -256,6 +256,15 @@ TEST(Split, AMatrixOrthogonalizedByFourRanksMatchesOneProcess) {
     SCOPED_TRACE("prefetch " + std::to_string(prefetch));
     ExpectSplitClose(c, cfg, 1e-5, 4);
   }
+  // Heavier small matrices: "big" splits over 2 of the 4 ranks; the other
+  // two take part in the sums' collectives with no bytes.
+  Case two = c;
+  two.name = "split_two";
+  for (size_t i = 1; i < two.model.size(); ++i) two.model[i].shape = {16, 16};
+  RunConfig pair;
+  pair.steps = 5;
+  pair.assignment = MUON_ASSIGNMENT_SPLIT;
+  ExpectSplitClose(two, pair, 1e-5, 2);
   // A tall matrix splits by rows, one range per part.
   Case tall = c;
   tall.name = "split_tall";

@@ -147,6 +147,10 @@ TEST(Faults, SplitMatrixSumsAtEveryCollective) {
   for (int prefetch : {0, 1}) {
     InjectEverywhere({"split", model, Mesh{{4}}, 4 * 8 * 8, MUON_ASSIGNMENT_SPLIT}, prefetch);
   }
+  // Heavier small matrices: "big" splits over 2 of the 4 ranks, and the two
+  // without a part issue the sums' collectives with no bytes.
+  for (size_t i = 1; i < model.size(); ++i) model[i].shape = {16, 16};
+  InjectEverywhere({"split_two", model, Mesh{{4}}, 4 * 16 * 16, MUON_ASSIGNMENT_SPLIT}, 1);
 }
 
 TEST(Faults, Zero2StepperAtEveryCollective) {
