@@ -171,10 +171,12 @@ typedef enum muon_assignment_t {
    * on top of some ranks) and the links are fast. Results are bit-identical
    * to BALANCED's. */
   MUON_ASSIGNMENT_SPREAD = 3,
-  /* SPREAD, then, within each group, while the busiest rank does more than
-   * 1.01x the group's mean and its largest matrix is whole, that matrix is
-   * split over its owner and the group's least-loaded ranks (the fewest that
-   * bring each part under that level): each member gathers one block of the
+  /* SPREAD, then, within each group of at least 4 matrices per rank (with
+   * fewer, the sums below would move more than the exchange), costliest
+   * first, a matrix that alone costs more than 1.01x the group's mean is
+   * split over its owner and the group's least-loaded ranks (the fewest
+   * whose parts come under the mean), and the whole matrices are levelled
+   * again around the parts: each member gathers one block of the
    * matrix's wide orientation (a range of a tall matrix's rows, of a wide
    * one's columns), and the members orthogonalize it together, summing the
    * squares for its norm and, each iteration, their m x m Gram products
@@ -185,7 +187,7 @@ typedef enum muon_assignment_t {
    * matrix's up to the order of fp32 sums (bf16: rounded as the emulated
    * path rounds). Pays where one matrix bounds a stage's Newton-Schulz time
    * and the members share fast links (docs/SETUP_AT_SCALE.md); CPU backend
-   * only so far (on a GPU the first step fails with MUON_ERROR_UNIMPLEMENTED
+   * only so far (on a GPU the first step fails with MUON_UNIMPLEMENTED
    * when a matrix is split). */
   MUON_ASSIGNMENT_SPLIT = 4
 } muon_assignment_t;

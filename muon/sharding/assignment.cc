@@ -184,8 +184,11 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
   std::vector<bool> member(top + 1, false);  // in a split already
   for (size_t gi = 0; gi < group_ranks.size(); ++gi) {
     const std::vector<int>& ranks = *group_ranks[gi];
-    if (ranks.size() < 2) continue;
     std::vector<size_t>& order = by_cost[gi];
+    if (ranks.size() < 2 ||
+        order.size() < kSplitMinMatricesPerRank * ranks.size()) {
+      continue;
+    }
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return matrices[a].ns_flops > matrices[b].ns_flops;
     });

@@ -50,16 +50,25 @@ struct SplitChoice {
   std::vector<int> members;
 };
 
-// After AssignSpread's `owners`, within each group of ranks, costliest
-// first: a matrix that alone costs more than kSpreadLevel times the group's
-// mean is split over its owner and the group's least-loaded ranks, each in
-// at most one split (the parts run in one round, and a rank takes one part
-// of a round): the fewest parts whose widest costs no more than the mean
-// (NewtonSchulzBlockFlops: every member also computes the m x m
-// polynomial), or than 1.25x that polynomial's work when it is more. Then
-// the whole matrices are levelled again around the parts (AssignSpread's
-// moves; `owners` changes). Stops at the first matrix under the level, or
-// when no free rank is left. Deterministic.
+// Fewer matrices per rank than this, and ChooseSplits leaves a group as
+// AssignSpread left it: most of its ranks then own nothing, nearly every
+// matrix costs more than the mean, and the sums of the splits that would
+// level it move more than the exchange itself (setup_bench: 2x to 50x the
+// exchange's bytes for Llama-3 and Mixtral at TP 8 x PP 16, against 2% to
+// 16% for DeepSeek-V3's stages of 9 to 49 matrices per rank).
+inline constexpr size_t kSplitMinMatricesPerRank = 4;
+
+// After AssignSpread's `owners`, within each group of ranks with at least
+// kSplitMinMatricesPerRank matrices per rank, costliest first: a matrix that
+// alone costs more than kSpreadLevel times the group's mean is split over its
+// owner and the group's least-loaded ranks, each in at most one split (the
+// parts run in one round, and a rank takes one part of a round): the fewest
+// parts whose widest costs no more than the mean (NewtonSchulzBlockFlops:
+// every member also computes the m x m polynomial), or than 1.25x that
+// polynomial's work when it is more. Then the whole matrices are levelled
+// again around the parts (AssignSpread's moves; `owners` changes). Stops at
+// the first matrix under the level, or when no free rank is left.
+// Deterministic.
 std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
                                       std::vector<int>* owners, int ns_steps);
 

@@ -153,10 +153,10 @@ TEST(Plan, SpreadLevelsForcedOwnersWithinEachStageOnly) {
 }
 
 TEST(Plan, SplitCutsTheMatrixThatBoundsTheBusiestRank) {
-  // 4 ranks, replicated: one 32 x 512 matrix costs more than the other 12
+  // 4 ranks, replicated: one 32 x 512 matrix costs more than the other 15
   // (32 x 32) together; split, its parts go to ranks that take no other.
   std::vector<ParamSpec> params = {{"big", {32, 512}, {Replicate(0)}}};
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < 15; ++i) {
     params.push_back({"small" + std::to_string(i), {32, 32}, {Replicate(0)}});
   }
   const auto ranks = World(4, params);
@@ -202,9 +202,14 @@ TEST(Plan, SplitCutsTheMatrixThatBoundsTheBusiestRank) {
   std::sort(sorted.begin(), sorted.end());
   EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end()) << "a rank with two parts";
   // No split where nothing bounds a rank: the small matrices alone.
-  params.erase(params.begin());
-  const Plan even = MustBuild(World(4, params), 0, o);
+  std::vector<ParamSpec> small(params.begin() + 1, params.end());
+  const Plan even = MustBuild(World(4, small), 0, o);
   for (const Unit& u : even.units) EXPECT_EQ(u.parts, 1);
+  // Nor with fewer than kSplitMinMatricesPerRank matrices per rank (15 of
+  // the 16 here: 3.75 per rank).
+  params.pop_back();
+  const Plan few = MustBuild(World(4, params), 0, o);
+  for (const Unit& u : few.units) EXPECT_EQ(u.parts, 1);
 }
 
 TEST(Plan, RoundsFollowTheBudgetOrOneMatrixEachWithoutAsync) {

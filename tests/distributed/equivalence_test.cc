@@ -235,11 +235,12 @@ void ExpectSplitClose(const Case& c, const RunConfig& cfg, double tolerance, int
 }
 
 Case SplitCase() {
-  // 4 ranks: a 16 x 96 matrix (rows over the ranks) costs 5.8x the six 8 x 8
-  // replicated ones together, so it is split over the 4 ranks (24 columns
-  // each); the small ones keep whole owners.
+  // 4 ranks, 16 matrices (a split needs 4 per rank): a 16 x 96 matrix (rows
+  // over the ranks) costs 2.3x the fifteen 8 x 8 replicated ones together,
+  // so it is split over the 4 ranks (24 columns each); the small ones keep
+  // whole owners.
   Case c{"split", Mesh{{4}}, {{"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}}};
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 15; ++i) {
     c.model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
                        nullptr});
   }
@@ -260,7 +261,7 @@ TEST(Split, AMatrixOrthogonalizedByFourRanksMatchesOneProcess) {
   // two take part in the sums' collectives with no bytes.
   Case two = c;
   two.name = "split_two";
-  for (size_t i = 1; i < two.model.size(); ++i) two.model[i].shape = {16, 16};
+  for (size_t i = 1; i < two.model.size(); ++i) two.model[i].shape = {12, 12};
   RunConfig pair;
   pair.steps = 5;
   pair.assignment = MUON_ASSIGNMENT_SPLIT;

@@ -140,7 +140,7 @@ TEST(Faults, SplitMatrixSumsAtEveryCollective) {
   // in a last round between the other rounds' exchanges and its scatter.
   std::vector<TParam> model = {
       {"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}};
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 15; ++i) {  // 4 matrices per rank: a split may happen
     model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
                      nullptr});
   }
@@ -149,8 +149,8 @@ TEST(Faults, SplitMatrixSumsAtEveryCollective) {
   }
   // Heavier small matrices: "big" splits over 2 of the 4 ranks, and the two
   // without a part issue the sums' collectives with no bytes.
-  for (size_t i = 1; i < model.size(); ++i) model[i].shape = {16, 16};
-  InjectEverywhere({"split_two", model, Mesh{{4}}, 4 * 16 * 16, MUON_ASSIGNMENT_SPLIT}, 1);
+  for (size_t i = 1; i < model.size(); ++i) model[i].shape = {12, 12};
+  InjectEverywhere({"split_two", model, Mesh{{4}}, 4 * 12 * 12, MUON_ASSIGNMENT_SPLIT}, 1);
 }
 
 TEST(Faults, Zero2StepperAtEveryCollective) {
