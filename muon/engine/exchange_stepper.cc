@@ -133,7 +133,6 @@ absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
   }
   sum_send_.assign(sum_bytes, 0);
   sum_recv_.assign(sum_bytes, 0);
-  sum_zeros_.assign(sum_bytes, 0);
   const size_t world = static_cast<size_t>(world_.size());
   for (auto* v : {&sum_send_bytes_, &sum_send_offsets_, &sum_recv_bytes_, &sum_recv_offsets_}) {
     v->assign(world, 0);
@@ -160,8 +159,8 @@ absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
   }
   const std::vector<int>& members = s.members[static_cast<size_t>(s.mine)];
   const int64_t g = static_cast<int64_t>(members.size()), j = s.place;
-  if (values == nullptr) {
-    std::fill(sum_zeros_.begin(), sum_zeros_.end(), 0);
+  if (values == nullptr) {  // a member that failed: zeros (made on this path only)
+    sum_zeros_.assign(static_cast<size_t>(count) * sizeof(T), 0);
     values = reinterpret_cast<T*>(sum_zeros_.data());
   }
   auto begin = [&](int64_t i) { return i * (count / g) + std::min(i, count % g); };

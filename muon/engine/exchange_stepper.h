@@ -109,7 +109,8 @@ class ExchangeStepper : public Stepper {
   std::unique_ptr<Pipeline> pipeline_;
   StepperStats stats_;
   // Per round (empty when it has no split matrix); the sums' host buffers
-  // and byte tables, sized once.
+  // and byte tables, sized once (the zeros a failed member sends, when one
+  // does).
   std::vector<SplitRound> splits_;
   std::vector<unsigned char> sum_send_, sum_recv_, sum_zeros_;
   std::vector<size_t> sum_send_bytes_, sum_send_offsets_, sum_recv_bytes_, sum_recv_offsets_;
