@@ -80,10 +80,6 @@ std::map<int, std::vector<int>> Groups(const std::vector<MatrixInfo>& matrices, 
   return groups;
 }
 
-}  // namespace
-
-namespace {
-
 using Owned = std::vector<std::set<std::pair<double, size_t>>>;  // per rank: (cost, matrix)
 
 // Levels one group of ranks: while its busiest rank is above `level` and a
@@ -214,7 +210,9 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
       // 1.25x what every member computes whatever its width (the m x m
       // polynomial) when that is more: more parts would add members for
       // little.
-      auto part = [&](int64_t g) { return NewtonSchulzBlockFlops(m, (n + g - 1) / g, ns_steps); };
+      auto part = [&](int64_t g) {
+        return NewtonSchulzBlockFlops(m, PartWidth(n, g, 0), ns_steps);  // the widest
+      };
       const double target = std::max(mean, 1.25 * NewtonSchulzBlockFlops(m, 0, ns_steps));
       const int64_t most = std::min<int64_t>(static_cast<int64_t>(free.size()), n);
       int64_t g = 2;
@@ -224,8 +222,8 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
       owned[owner].erase({cost, matrix});
       load[owner] -= cost;
       for (int64_t p = 0; p < g; ++p) {
-        const int64_t width = n / g + (p < n % g ? 1 : 0);
-        load[members[static_cast<size_t>(p)]] += NewtonSchulzBlockFlops(m, width, ns_steps);
+        load[members[static_cast<size_t>(p)]] +=
+            NewtonSchulzBlockFlops(m, PartWidth(n, g, p), ns_steps);
         member[members[static_cast<size_t>(p)]] = true;
       }
       splits.push_back({matrix, std::move(members)});

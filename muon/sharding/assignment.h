@@ -3,6 +3,7 @@
 #ifndef MUON_SHARDING_ASSIGNMENT_H_
 #define MUON_SHARDING_ASSIGNMENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,6 +43,13 @@ std::vector<int> AssignRoundRobin(const std::vector<MatrixInfo>& matrices);
 // Deterministic: every rank computes the same owners.
 inline constexpr double kSpreadLevel = 1.01;
 std::vector<int> AssignSpread(const std::vector<MatrixInfo>& matrices);
+
+// The width of part `part` of `parts` of a long side n: as even as
+// possible, the first parts one wider (what SplitUnits cuts, and what
+// ChooseSplits weighs).
+inline int64_t PartWidth(int64_t n, int64_t parts, int64_t part) {
+  return n / parts + (part < n % parts ? 1 : 0);
+}
 
 // A matrix orthogonalized by several ranks together (split Newton-Schulz):
 // `members` own its parts, in part order.

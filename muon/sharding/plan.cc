@@ -475,7 +475,7 @@ absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int 
       u.part = static_cast<int>(p);
       u.parts = static_cast<int>(parts);
       u.first = first;
-      u.width = n / parts + (p < n % parts ? 1 : 0);
+      u.width = PartWidth(n, parts, p);
       u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps);
       first += u.width;
       units.push_back(std::move(u));

@@ -54,7 +54,8 @@ double MaxRelErr(const std::vector<float>& got, const std::vector<T>& want) {
 // gets the same bits), and waits again before the slots can be reused.
 class Summer {
  public:
-  explicit Summer(int members) : members_(members), slots_(static_cast<size_t>(members)) {}
+  explicit Summer(int members)
+      : members_(members), slots_(static_cast<size_t>(members)), calls_(slots_.size(), 0) {}
 
   template <typename T>
   absl::Status Sum(int member, T* values, int64_t count) {
@@ -66,7 +67,7 @@ class Summer {
       values[i] = total;
     }
     Wait();
-    ++calls_[member % 64];
+    ++calls_[static_cast<size_t>(member)];  // each member its own
     return absl::OkStatus();
   }
 
@@ -77,7 +78,7 @@ class Summer {
     return s;
   }
 
-  int Calls(int member) const { return calls_[member % 64]; }
+  int Calls(int member) const { return calls_[static_cast<size_t>(member)]; }
 
  private:
   void Wait() {
@@ -94,7 +95,7 @@ class Summer {
 
   const int members_;
   std::vector<std::vector<double>> slots_;
-  int calls_[64] = {};
+  std::vector<int> calls_;
   std::mutex mu_;
   std::condition_variable cv_;
   int waiting_ = 0;
