@@ -5,9 +5,7 @@
 namespace muon {
 
 double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps) {
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  return NewtonSchulzBlockFlops(static_cast<int64_t>(m), static_cast<int64_t>(n), steps);
+  return NewtonSchulzBlockFlops(std::min(rows, cols), std::max(rows, cols), steps);
 }
 
 double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps) {
