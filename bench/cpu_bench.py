@@ -10,15 +10,20 @@ implementation (WARM_BELOW_S below).
    (muon.Optimizer.orthogonalize, ns_dtype fp32) against numpy doing torch's
    products (X X^T, addmm, addmm on the wide orientation) and torch's own
    fp32 products (the same steps in torch.mm).
-2. Newton-Schulz in bf16: libmuon on native bf16 products (its AMX kernel, or
-   oneDNN on CPUs with AVX512-BF16 only) and emulated (fp32 products rounded to bf16,
-   MUON_CPU_NATIVE_BF16=0) against torch.optim._muon._zeropower_via_newtonschulz.
+2. Newton-Schulz in bf16: libmuon on the engine it chooses for this CPU (its
+   AMX kernel, its AVX512-BF16 kernel, or emulated: fp32 products rounded to
+   bf16) and on each engine named by --engines (MUON_CPU_BF16) against
+   torch.optim._muon._zeropower_via_newtonschulz.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
 
    bazel build -c opt //:libmuon.so
    MUON_LIBRARY=bazel-bin/libmuon.so tests/python/run_python.sh bench/cpu_bench.py
+
+A CPU of another kind, on this one: MUON_CPU_ISA caps libmuon (cpu_features.h),
+ONEDNN_MAX_CPU_ISA torch's oneDNN, OPENBLAS_CORETYPE both OpenBLAS builds; the
+header prints what was set.
 """
 
 import argparse
@@ -125,33 +130,66 @@ def ns_table(shapes, reps):
     opt.close()
 
 
-def bf16_table(shapes, reps):
+def bf16_optimizer(engine):
+    """A bf16 optimizer on `engine` (MUON_CPU_BF16; "auto": libmuon's choice).
+    The backend decides on its first product, made here."""
+    before = os.environ.get("MUON_CPU_BF16")
+    os.environ["MUON_CPU_BF16"] = engine
+    try:
+        opt = muon.Optimizer(ns_dtype="bf16")
+        opt.orthogonalize(torch.randn(4, 4), torch.empty(4, 4, dtype=torch.bfloat16))
+    finally:
+        if before is None:
+            del os.environ["MUON_CPU_BF16"]
+        else:
+            os.environ["MUON_CPU_BF16"] = before
+    return opt
+
+
+def bf16_table(shapes, reps, engines):
     from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
     print("\n## Newton-Schulz, bf16 (5 iterations; median ms)\n")
-    print("| shape | libmuon ms | libmuon emulated ms | torch bf16 ms | vs emulated | vs torch |")
-    print("|---|---|---|---|---|---|")
-    opt = muon.Optimizer(ns_dtype="bf16")
-    # The backend decides on its first product: the emulated one is told so.
-    before = os.environ.get("MUON_CPU_NATIVE_BF16")
-    os.environ["MUON_CPU_NATIVE_BF16"] = "0"
-    emulated = muon.Optimizer(ns_dtype="bf16")
-    probe = torch.randn(4, 4)
-    emulated.orthogonalize(probe, torch.empty(4, 4, dtype=torch.bfloat16))
-    if before is None:
-        del os.environ["MUON_CPU_NATIVE_BF16"]
-    else:
-        os.environ["MUON_CPU_NATIVE_BF16"] = before
+    print("| shape | %s | torch bf16 ms | %s |" % (
+        " | ".join("libmuon %s ms" % e for e in engines),
+        " | ".join("%s vs torch" % e for e in engines)))
+    print("|---|%s---|%s" % ("---|" * len(engines), "---|" * len(engines)))
+    opts = [bf16_optimizer(e) for e in engines]
     for rows, cols in shapes:
         g = torch.randn(rows, cols)
-        out = torch.empty(rows, cols, dtype=torch.bfloat16)
-        out_e = torch.empty(rows, cols, dtype=torch.bfloat16)
-        ours, emu, th = interleaved(
-            [lambda: opt.orthogonalize(g, out), lambda: emulated.orthogonalize(g, out_e),
-             lambda: torch_ns(g, (A, B, C), STEPS, EPS)], reps)
-        print("| %dx%d | %.2f | %.2f | %.2f | %.2fx | %.2fx |" % (
-            rows, cols, ours * 1e3, emu * 1e3, th * 1e3, emu / ours, th / ours))
-    opt.close()
-    emulated.close()
+        outs = [torch.empty(rows, cols, dtype=torch.bfloat16) for _ in engines]
+        fns = [(lambda o=o, out=out: o.orthogonalize(g, out)) for o, out in zip(opts, outs)]
+        times = interleaved(fns + [lambda: torch_ns(g, (A, B, C), STEPS, EPS)], reps)
+        ours, th = times[:-1], times[-1]
+        print("| %dx%d | %s | %.2f | %s |" % (
+            rows, cols, " | ".join("%.2f" % (t * 1e3) for t in ours), th * 1e3,
+            " | ".join("%.2fx" % (th / t) for t in ours)))
+    for o in opts:
+        o.close()
+
+
+def products_table(reps):
+    """torch's own bf16 products (its bundled oneDNN) on bf16_gemm_bench's shapes."""
+    print("\n## torch's bf16 products (torch.mm, min ms; GFLOP/s counting 2mnk)\n")
+    print("| product | torch.mm bf16 |")
+    print("|---|---|")
+    torch.manual_seed(1)
+    for m, n, k, sym, what in [(1024, 1024, 1024, False, "1024^3"),
+                               (2048, 2048, 2048, False, "2048^3"),
+                               (1024, 1024, 4096, False, "1024 x 1024 x 4096 (W' = A X, wide)"),
+                               (1024, 1024, 4096, True, "X X^T, X 1024 x 4096 (symmetric)"),
+                               (2048, 2048, 2048, True, "A A, 2048 (symmetric)")]:
+        left = torch.randn(m, k).bfloat16()
+        right = left.T if sym else torch.randn(k, n).bfloat16()
+        f = lambda: torch.mm(left, right)
+        f()
+        best = min(timed(f) for _ in range(reps))
+        print("| %s | %.2f ms, %.0f GFLOP/s |" % (what, best * 1e3, 2 * m * n * k / best / 1e9))
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
 
 
 def model_shapes(name, layers=None, scale=1):
@@ -195,6 +233,10 @@ def main():
                     help="largest square Newton-Schulz size (4096: about a minute per call)")
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
+    ap.add_argument("--engines", default="auto,emulated",
+                    help="libmuon's bf16 engines to time (MUON_CPU_BF16 values, comma-separated)")
+    ap.add_argument("--products", action="store_true",
+                    help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     cpu = platform.processor() or platform.machine()
@@ -203,13 +245,25 @@ def main():
             cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    flags = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        pass
     print("# libmuon CPU benchmark\n\n%s, %d threads (torch %s, numpy %s), %s" % (
         cpu, threads, torch.__version__, np.__version__, time.strftime("%Y-%m-%d")))
+    print("\nCPU flags: %s; settings: %s" % (
+        " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none",
+        ", ".join("%s=%s" % (k, os.environ.get(k, "(unset)")) for k in (
+            "OPENBLAS_CORETYPE", "MUON_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MUON_CPU_BF16"))))
     sizes = [s for s in (256, 512, 1024, 2048, 4096) if s <= args.max_size]
     shapes = [(s, s) for s in sizes] + [(1024, 4096), (4096, 1024)]
     if not args.no_fp32:
         ns_table(shapes, args.reps)
-    bf16_table(shapes, args.reps)
+    bf16_table(shapes, args.reps, args.engines.split(","))
+    if args.products:
+        products_table(args.reps)
     if not args.no_step:
         step_table([("GPT-2 124M", model_shapes("gpt2-124m")),
                     ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2, scale=8))],

@@ -8,10 +8,13 @@ torch.optim._muon._zeropower_via_newtonschulz.
   relative.
 - bf16 (both sides' default): each trajectory is compared with a float64
   one (torch.optim.Muon with a float64 Newton-Schulz on float64 copies), on
-  the same gradients; libmuon's is as close to it as torch's (see the test).
+  the same gradients; libmuon's is as close to it as torch's (see the test),
+  on every bf16 engine this CPU runs (MUON_CPU_BF16: the AMX kernel, the
+  AVX512-BF16 kernel, oneDNN, emulated), each asked for by name.
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -35,6 +38,32 @@ def newton_schulz(grad, ns_coefficients, ns_steps, eps, dtype):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return x.T if tall else x
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+# Each bf16 engine of libmuon's CPU backend and the CPU flags it needs.
+ENGINES = {"amx": ["avx512_bf16", "amx_bf16", "amx_tile"], "avx512_bf16": ["avx512_bf16"],
+           "onednn": ["avx512_bf16"], "emulated": []}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def bf16_engine(request, monkeypatch):
+    """Runs the test on one bf16 engine (MUON_CPU_BF16), skipped, naming what the
+    CPU lacks, where it cannot run."""
+    missing = [f for f in ENGINES[request.param] if f not in cpu_flags()]
+    if missing:
+        pytest.skip("this CPU has no %s for the %s engine" % (" ".join(missing), request.param))
+    if os.environ.get("MUON_CPU_ISA"):
+        pytest.skip("MUON_CPU_ISA=%s caps this CPU" % os.environ["MUON_CPU_ISA"])
+    monkeypatch.setenv("MUON_CPU_BF16", request.param)
+    return request.param
 
 
 @pytest.fixture
@@ -105,7 +134,7 @@ def test_training_matches_torch_optim_muon_in_fp32(torch_ns):
     assert worst <= 1e-5
 
 
-def test_bf16_is_as_close_to_float64_as_torch_is(torch_ns):
+def test_bf16_is_as_close_to_float64_as_torch_is(torch_ns, bf16_engine):
     """Both run the same bf16 iteration and differ only in the order of the fp32
     accumulation inside each product, so their distances to the float64
     trajectory agree to a fraction of a percent (seed by seed, either may be the
@@ -134,13 +163,13 @@ def test_bf16_is_as_close_to_float64_as_torch_is(torch_ns):
         ours_bf16 = run(lambda ps: muon.Muon(ps, lr=0.02), torch.float32)
         theirs.append(sum(relative(p, q) for p, q in zip(torch_bf16, exact)) / len(shapes))
         ours.append(sum(relative(p, q) for p, q in zip(ours_bf16, exact)) / len(shapes))
-    print("\n[bf16 NS vs a float64 trajectory] mean relative distance: libmuon %.4e, "
-          "torch.optim.Muon %.4e" % (sum(ours) / 3, sum(theirs) / 3))
+    print("\n[bf16 NS vs a float64 trajectory] mean relative distance: libmuon (%s) %.4e, "
+          "torch.optim.Muon %.4e" % (bf16_engine, sum(ours) / 3, sum(theirs) / 3))
     assert sum(ours) <= 1.01 * sum(theirs)
 
 
-@pytest.mark.parametrize("shape", [(6, 10), (12, 5), (64, 64), (33, 130)])
-def test_newton_schulz_matches_torchs_own(shape):
+@pytest.mark.parametrize("shape", [(6, 10), (12, 5), (64, 64), (33, 130), (300, 520)])
+def test_newton_schulz_matches_torchs_own(shape, bf16_engine):
     torch.manual_seed(2)
     g = torch.randn(shape)
     theirs = torch_muon._zeropower_via_newtonschulz(g, (A, B, C), 5, 1e-7)

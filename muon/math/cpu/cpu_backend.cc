@@ -135,6 +135,10 @@ absl::Status CpuBackend::ReserveFloats(size_t want) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
+  if (config.dtype == NsDtype::kBF16) {
+    NativeBf16();
+    MUON_RETURN_IF_ERROR(native_status_);  // a setting that names no engine this CPU runs
+  }
   // This rank's share of the cores, before the native products size their
   // working memory for them (and before every product: Orthogonalize comes
   // through here). The AMX kernel's results do not depend on its threads, so
@@ -242,9 +246,25 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
 bool CpuBackend::NativeBf16() {
   if (!native_probed_) {
     native_probed_ = true;
-    if (allow_native_bf16_) native_bf16_ = NativeBf16Gemm::Create(source_);
+    native_status_ = cpu::FeatureSettingStatus();
+    absl::StatusOr<cpu::Bf16Engine> engine = cpu::ChooseBf16EngineHere();
+    if (native_status_.ok()) native_status_ = engine.status();
+    if (allow_native_bf16_ && native_status_.ok()) {
+      native_bf16_ = NativeBf16Gemm::Create(source_, *engine);
+      if (native_bf16_ == nullptr && *engine != cpu::Bf16Engine::kEmulated) {
+        native_status_ = absl::FailedPreconditionError(
+            absl::StrCat("the bf16 products on ", cpu::Bf16EngineName(*engine),
+                         " could not start on this CPU (features: ",
+                         cpu::FeatureNames(cpu::Features()),
+                         "); unset MUON_CPU_BF16 to let libmuon choose"));
+      }
+    }
   }
   return native_bf16_ != nullptr;
+}
+
+const char* CpuBackend::Bf16EngineName() {
+  return NativeBf16() ? native_bf16_->EngineName() : cpu::Bf16EngineName(cpu::Bf16Engine::kEmulated);
 }
 
 void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,

@@ -1,8 +1,9 @@
 // The CPU backend: elementwise updates in plain loops, Newton-Schulz through
 // CBLAS (OpenBLAS) running the program of muon/math/ns_program.h in fp32. bf16
-// runs on native bf16 products (the AMX kernel, muon/math/cpu/native_bf16.h)
-// where the CPU has AMX, else emulated: fp32 products with every stored
-// intermediate rounded to bf16. Both accumulate in fp32 and round each product once, as
+// runs on native bf16 products (libmuon's AMX or AVX512-BF16 kernel,
+// muon/math/cpu/native_bf16.h) where the CPU has either (cpu_features.h
+// chooses), else emulated: fp32 products with every stored intermediate
+// rounded to bf16. Both accumulate in fp32 and round each product once, as
 // torch's bf16 path does.
 #ifndef MUON_MATH_CPU_CPU_BACKEND_H_
 #define MUON_MATH_CPU_CPU_BACKEND_H_
@@ -13,6 +14,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "muon/math/backend.h"
+#include "muon/math/cpu/cpu_features.h"
 #include "muon/math/cpu/cpu_threads.h"
 #include "muon/math/cpu/native_bf16.h"
 #include "muon/math/cpu/parallel.h"
@@ -47,16 +49,21 @@ class CpuBackend final : public MathBackend {
   // The CPU orthogonalizes one matrix at a time: the count does not matter.
   // With native bf16 products, their primitives for this shape are built too.
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows, int64_t cols) override;
-  // kBF16 for bf16 Newton-Schulz on the AMX kernel (it reads bf16 matrices
-  // as they are, and writes its bf16 result into them), else kF32.
+  // kBF16 for bf16 Newton-Schulz on libmuon's kernels (they read bf16
+  // matrices as they are, and write their bf16 result into them), else kF32.
   DType SlotDtype(const NsConfig& config) override;
 
   // The bf16 products run natively (muon/math/cpu/native_bf16.h) where the CPU
-  // can (probed on first use), else emulated; `allow` false keeps them
-  // emulated. Call before the first Orthogonalize.
+  // can (chosen on first use by cpu::ChooseBf16EngineHere(): the CPU's
+  // features, the mask, the environment), else emulated; `allow` false keeps
+  // them emulated. Call before the first Orthogonalize. A setting that asks
+  // for an engine this CPU cannot run fails the first bf16 Orthogonalize.
   void AllowNativeBf16(bool allow) { allow_native_bf16_ = allow; }
   // Whether bf16 Newton-Schulz runs on native bf16 products.
   bool NativeBf16();
+  // The engine bf16 Newton-Schulz runs on: "amx", "avx512_bf16", "onednn" or
+  // "emulated".
+  const char* Bf16EngineName();
 
  private:
   static void Normalize(const NsConfig& config, float* x, int64_t elems);
@@ -98,6 +105,7 @@ class CpuBackend final : public MathBackend {
   MemorySource source_;
   bool allow_native_bf16_ = true;
   bool native_probed_ = false;
+  absl::Status native_status_;  // the engine's choice, when it failed
   std::unique_ptr<NativeBf16Gemm> native_bf16_;
   float* work_ = nullptr;
   size_t work_floats_ = 0;

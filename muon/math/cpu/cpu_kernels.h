@@ -1,10 +1,11 @@
 // The CPU backend's element-wise loops, vectorized: each entry point is
-// compiled for AVX-512, AVX2 and the baseline (GCC's target_clones, chosen
-// once by the CPU), with -O3 and no floating-point contraction, so every
-// clone computes the same values as the scalar functions of
-// muon/common/half.h and muon/math/elementwise.h, element by element.
-// cpu_kernels_test.cc checks them against those, on every bf16 rounding
-// boundary and every dtype combination.
+// compiled for AVX-512, AVX2 and the baseline (x86-64-v4, -v3, default) and
+// chosen on each call by cpu::Features() (cpu_features.h: the CPU, capped by
+// MUON_CPU_ISA or a test's mask), with -O3 and no floating-point
+// contraction, so every level computes the same values as the scalar
+// functions of muon/common/half.h and muon/math/elementwise.h, element by
+// element. cpu_kernels_test.cc checks every level this CPU runs against
+// those, on every bf16 rounding boundary and every dtype combination.
 #ifndef MUON_MATH_CPU_CPU_KERNELS_H_
 #define MUON_MATH_CPU_CPU_KERNELS_H_
 
@@ -14,6 +15,9 @@
 
 namespace muon {
 namespace cpu {
+
+// The level the loops run at now: "x86-64-v4", "x86-64-v3" or "baseline".
+const char* LoopLevel();
 
 // p[i] <- p[i] rounded to bf16 (nearest, ties to even; NaNs stay NaN).
 void RoundToBf16(float* p, int64_t n);

@@ -1,21 +1,62 @@
 // The vectorized loops (cpu_kernels.cc) against the scalar element functions
 // they inline, element by element and bit for bit: the bf16 rounding on every
 // rounding boundary of every exponent, momentum and apply for every dtype
-// combination, lengths that leave every remainder of a vector.
+// combination, lengths that leave every remainder of a vector. Every test runs
+// at each CPU level this CPU can run (AVX-512, AVX2, the baseline, chosen
+// through cpu_features.h's mask); a skip names the level the CPU lacks.
 #include "muon/math/cpu/cpu_kernels.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
+#include "muon/math/cpu/cpu_features.h"
 #include "muon/math/elementwise.h"
 
 namespace muon {
 namespace {
+
+struct Level {
+  uint32_t mask;
+  const char* name;  // what cpu::LoopLevel() reports under the mask
+};
+
+// Each test at one CPU level: the mask on for the test's duration.
+class CpuKernels : public ::testing::TestWithParam<Level> {
+ protected:
+  void SetUp() override {
+    const Level level = GetParam();
+    if ((cpu::DetectedFeatures() & level.mask) != level.mask) {
+      GTEST_SKIP() << "this CPU (features: " << cpu::FeatureNames(cpu::DetectedFeatures())
+                   << ") has no " << cpu::FeatureNames(level.mask & ~cpu::DetectedFeatures())
+                   << " for the " << level.name << " loops";
+    }
+    mask_ = std::make_unique<cpu::ScopedFeatureMask>(level.mask);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    ASSERT_STREQ(cpu::LoopLevel(), level.name);
+#endif
+  }
+  void TearDown() override { mask_.reset(); }
+
+ private:
+  std::unique_ptr<cpu::ScopedFeatureMask> mask_;
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    Levels, CpuKernels,
+    ::testing::Values(Level{cpu::kFeatureAvx2 | cpu::kFeatureAvx512, "x86-64-v4"},
+                      Level{cpu::kFeatureAvx2, "x86-64-v3"}, Level{0, "baseline"}),
+    [](const ::testing::TestParamInfo<Level>& info) {
+      return std::string(info.param.mask & cpu::kFeatureAvx512 ? "Avx512"
+                         : info.param.mask & cpu::kFeatureAvx2 ? "Avx2"
+                                                              : "Baseline");
+    });
 
 // The scalar reference: bf16 rounding written out independently (the high
 // half, plus one when the dropped half is above half-way, or exactly half-way
@@ -53,7 +94,7 @@ std::vector<float> Boundaries() {
   return v;
 }
 
-TEST(CpuKernels, Bf16RoundingOnEveryBoundary) {
+TEST_P(CpuKernels, Bf16RoundingOnEveryBoundary) {
   const std::vector<float> in = Boundaries();
   std::vector<float> rounded = in;
   cpu::RoundToBf16(rounded.data(), static_cast<int64_t>(rounded.size()));
@@ -72,7 +113,7 @@ TEST(CpuKernels, Bf16RoundingOnEveryBoundary) {
   }
 }
 
-TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
+TEST_P(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
   std::mt19937 rng(5);
   std::normal_distribution<float> d(0.f, 3.f);
   for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33, 1000}) {
@@ -106,7 +147,7 @@ TEST(CpuKernels, DivideRoundsAsScalar) {  // and DivideToBf16
   }
 }
 
-TEST(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
+TEST_P(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
   for (int64_t n : {0, 1, 5, 8, 13, 64, 1001}) {
     std::vector<float> x(n);
     double want = 0;
@@ -141,7 +182,7 @@ TEST(CpuKernels, SumSquaresIsExactForSmallIntegersAndOrderFixed) {
   EXPECT_EQ(cpu::SumSquaresBf16(bits.data(), 20), cpu::SumSquares(rounded.data(), 20));
 }
 
-TEST(CpuKernels, TransposesMoveEveryElement) {
+TEST_P(CpuKernels, TransposesMoveEveryElement) {
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 70}, {70, 3}, {33, 65}}) {
     std::vector<float> src(rows * cols);
     for (int64_t i = 0; i < rows * cols; ++i) src[i] = static_cast<float>(i % 251) - 100.0f;
@@ -158,7 +199,7 @@ TEST(CpuKernels, TransposesMoveEveryElement) {
   }
 }
 
-TEST(CpuKernels, FoldPolynomialChangesTheUpperTriangleOnly) {
+TEST_P(CpuKernels, FoldPolynomialChangesTheUpperTriangleOnly) {
   std::mt19937 rng(9);
   std::normal_distribution<float> d(0.f, 2.f);
   for (int64_t m : {1, 2, 7, 33}) {
@@ -179,7 +220,7 @@ TEST(CpuKernels, FoldPolynomialChangesTheUpperTriangleOnly) {
   }
 }
 
-TEST(CpuKernels, MirrorUpperFillsExactlyTheLowerTriangle) {
+TEST_P(CpuKernels, MirrorUpperFillsExactlyTheLowerTriangle) {
   for (int64_t m : {1, 2, 31, 32, 33, 70}) {
     const int64_t ld = m + 3;  // padding rows stay untouched
     std::vector<float> d(ld * m), want;
@@ -223,7 +264,7 @@ std::vector<uint8_t> Stored(int type, const std::vector<float>& v) {
 
 DType D(int t) { return static_cast<DType>(t); }
 
-TEST(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
+TEST_P(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
   // Weights (1 - momentum, momentum) on either side of torch's lerp switch at
   // 0.5, and at it.
   const std::pair<float, float> weights[] = {{0.05f, 0.95f}, {0.7f, 0.3f}, {0.5f, 0.5f},
@@ -262,7 +303,7 @@ TEST(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
   }
 }
 
-TEST(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
+TEST_P(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
   for (int64_t n : {1, 9, 16, 37, 200}) {
     for (int p = 0; p < 3; ++p) {
       for (int u = 0; u < 3; ++u) {
@@ -286,7 +327,7 @@ TEST(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
   }
 }
 
-TEST(CpuKernels, ConvertEveryDtypeCombinationMatchesTheElementFunctions) {
+TEST_P(CpuKernels, ConvertEveryDtypeCombinationMatchesTheElementFunctions) {
   for (int64_t n : {1, 9, 16, 37, 200}) {
     for (int s = 0; s < 3; ++s) {
       for (int v = 0; v < 3; ++v) {

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
-#include "muon/math/cpu/amx_bf16.h"
+#include "muon/math/cpu/bf16_gemm.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "oneapi/dnnl/dnnl.h"
 
@@ -111,7 +111,8 @@ class GrowingBlock {
 };
 
 struct NativeBf16Gemm::Impl {
-  bool amx = false;  // the AMX kernel instead of oneDNN
+  Engine engine_kind = Engine::kOneDnn;
+  bool own_kernel() const { return engine_kind != Engine::kOneDnn; }
   dnnl_engine_t engine = nullptr;
   dnnl_stream_t stream = nullptr;
   std::vector<Entry> cache;
@@ -122,7 +123,7 @@ struct NativeBf16Gemm::Impl {
   // One block of a symmetric product, dense (oneDNN 2.x multiplies on AMX
   // only into a dense destination).
   GrowingBlock block{&source, "the bf16 symmetric product's block"};
-  // The AMX kernel's packed operands and accumulators.
+  // libmuon's kernels' packed operands and accumulators.
   GrowingBlock workspace{&source, "the bf16 product's packed operands"};
 
   absl::StatusOr<void*> Scratch(size_t bytes) { return scratch.Get(bytes); }
@@ -186,33 +187,20 @@ struct NativeBf16Gemm::Impl {
   }
 };
 
-bool NativeBf16Gemm::Available() {
-  const char* env = std::getenv("MUON_CPU_NATIVE_BF16");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
-  return (isa & bf16) == bf16;
-}
-
 std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source, Engine engine) {
-  if (!Available()) return nullptr;
+  if (engine == Engine::kEmulated) return nullptr;
+  const uint32_t need = cpu::FeaturesFor(engine);
+  if ((cpu::Features() & need) != need) return nullptr;
   auto impl = std::make_unique<Impl>();
   impl->source = std::move(source);
-  if (engine == Engine::kAuto) {
-    const char* env = std::getenv("MUON_CPU_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) {
-      engine = Engine::kOneDnn;
-    } else if (cpu::AmxBf16Usable()) {
-      engine = Engine::kAmx;
-    } else {
-      return nullptr;  // fp32 products rounded to bf16 are faster (native_bf16.h)
-    }
-  }
-  if (engine == Engine::kAmx) {
-    if (!cpu::AmxBf16Usable()) return nullptr;
-    impl->amx = true;
+  impl->engine_kind = engine;
+  if (engine != Engine::kOneDnn) {
     return std::unique_ptr<NativeBf16Gemm>(new NativeBf16Gemm(std::move(impl)));
   }
+  // oneDNN asks the CPU itself (ONEDNN_MAX_CPU_ISA caps it).
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  if ((isa & bf16) != bf16) return nullptr;
   if (dnnl_engine_create(&impl->engine, dnnl_cpu, 0) != dnnl_success) return nullptr;
   if (dnnl_stream_create(&impl->stream, impl->engine, dnnl_stream_default_flags) != dnnl_success) {
     return nullptr;
@@ -223,9 +211,10 @@ std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source, Engi
 NativeBf16Gemm::NativeBf16Gemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NativeBf16Gemm::~NativeBf16Gemm() = default;
 
-const char* NativeBf16Gemm::EngineName() const { return impl_->amx ? "amx" : "onednn"; }
-bool NativeBf16Gemm::PrefersWide() const { return !impl_->amx; }
-bool NativeBf16Gemm::ResultsIndependentOfThreads() const { return impl_->amx; }
+NativeBf16Gemm::Engine NativeBf16Gemm::engine() const { return impl_->engine_kind; }
+const char* NativeBf16Gemm::EngineName() const { return cpu::Bf16EngineName(impl_->engine_kind); }
+bool NativeBf16Gemm::PrefersWide() const { return !impl_->own_kernel(); }
+bool NativeBf16Gemm::ResultsIndependentOfThreads() const { return impl_->own_kernel(); }
 
 namespace {
 
@@ -295,12 +284,12 @@ absl::StatusOr<NativeBf16Gemm::Entry*> NativeBf16Gemm::Find(const NsGemm& g, con
 
 namespace {
 
-// The product as the AMX kernel sees it: D column-major is D^T row-major, and
+// The product as libmuon's kernels see it: D column-major is D^T row-major, and
 // D^T = op(B)^T op(A)^T. Gram and poly (symmetric) are read in the order the
 // kernel packs fastest.
-cpu::AmxProduct AmxProductOf(const NsGemm& g, float alpha, float beta,
+cpu::Bf16Product KernelProductOf(const NsGemm& g, float alpha, float beta,
                              uint16_t* const* buffers) {
-  cpu::AmxProduct p;
+  cpu::Bf16Product p;
   p.rows = g.n;
   p.cols = g.m;
   p.k = g.k;
@@ -322,21 +311,23 @@ cpu::AmxProduct AmxProductOf(const NsGemm& g, float alpha, float beta,
 
 }  // namespace
 
-absl::Status NativeBf16Gemm::RunAmx(const NsGemm& g, float alpha, float beta,
-                                    uint16_t* const* buffers) {
-  const cpu::AmxProduct p = AmxProductOf(g, alpha, beta, buffers);
+absl::Status NativeBf16Gemm::RunKernel(const NsGemm& g, float alpha, float beta,
+                                       uint16_t* const* buffers) {
+  const cpu::Bf16Product p = KernelProductOf(g, alpha, beta, buffers);
   const int threads = omp_get_max_threads();
-  absl::StatusOr<void*> workspace = impl_->workspace.Get(cpu::AmxWorkspaceBytes(p, threads));
+  absl::StatusOr<void*> workspace = impl_->workspace.Get(cpu::Bf16WorkspaceBytes(p, threads));
   if (!workspace.ok()) return workspace.status();
-  cpu::AmxMultiply(p, *workspace, threads);
+  cpu::Bf16Multiply(impl_->engine_kind == Engine::kAmx ? cpu::Bf16Kernel::kAmx
+                                                       : cpu::Bf16Kernel::kAvx512Bf16,
+                    p, *workspace, threads);
   return absl::OkStatus();
 }
 
 absl::Status NativeBf16Gemm::Prepare(const NsGemm& g, float alpha, float beta) {
-  if (impl_->amx) {
+  if (impl_->own_kernel()) {
     uint16_t* none[4] = {nullptr, nullptr, nullptr, nullptr};
-    const cpu::AmxProduct p = AmxProductOf(g, alpha, beta, none);
-    return impl_->workspace.Get(cpu::AmxWorkspaceBytes(p, omp_get_max_threads())).status();
+    const cpu::Bf16Product p = KernelProductOf(g, alpha, beta, none);
+    return impl_->workspace.Get(cpu::Bf16WorkspaceBytes(p, omp_get_max_threads())).status();
   }
   const int64_t bs = SymmetricBlock(g);
   if (bs == 0) return Find(g, WholeKey(g, alpha, beta)).status();
@@ -375,7 +366,7 @@ absl::Status NativeBf16Gemm::Execute(const NsGemm& g, const Key& key, const uint
 
 absl::Status NativeBf16Gemm::Run(const NsGemm& g, float alpha, float beta,
                                  uint16_t* const* buffers) {
-  if (impl_->amx) return RunAmx(g, alpha, beta, buffers);
+  if (impl_->own_kernel()) return RunKernel(g, alpha, beta, buffers);
   const uint16_t* a = buffers[static_cast<int>(g.a.buffer)];
   const uint16_t* b = buffers[static_cast<int>(g.b.buffer)];
   const uint16_t* c = buffers[static_cast<int>(g.c.buffer)];

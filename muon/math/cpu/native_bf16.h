@@ -1,13 +1,10 @@
 // Native bf16 matrix products for the CPU backend's bf16 Newton-Schulz: bf16
 // operands, fp32 accumulation, one rounding of alpha * A B + beta * C to bf16,
 // which is what the emulated path computes with fp32 GEMMs and rounding, up to
-// the order of the fp32 sums. Two engines: libmuon's own AMX kernel
-// (amx_bf16.h) where the CPU has AMX tiles, and oneDNN's matmul (AVX512-BF16
-// or AMX) on request only (MUON_CPU_AMX=0): oneDNN 2.x multiplies a 1024^3
-// product 1.4x slower than the AMX kernel, and limited to AVX512-BF16 its
-// Newton-Schulz is 1.6-1.8x slower than the emulated path's fp32 OpenBLAS
-// products (BENCHMARKS.md, "CPUs without AMX"), so a CPU without AMX
-// stays emulated by default.
+// the order of the fp32 sums. Three engines (cpu_features.h chooses): libmuon's
+// own kernels (bf16_gemm.h) on AMX tiles or on AVX512-BF16, and oneDNN's
+// matmul on request only (MUON_CPU_BF16=onednn): oneDNN 2.x multiplies a
+// 1024^3 product 1.4x slower than the AMX kernel (BENCHMARKS.md).
 //
 // One instance per backend (per rank); not thread-safe. Products run on the
 // calling thread's OpenMP threads (omp_get_max_threads()).
@@ -21,34 +18,27 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "muon/math/backend.h"
+#include "muon/math/cpu/cpu_features.h"
 #include "muon/math/ns_program.h"
 
 namespace muon {
 
 class NativeBf16Gemm {
  public:
-  enum class Engine {
-    kAuto,    // oneDNN when MUON_CPU_AMX is "0", else AMX when AmxBf16Usable(), else none
-    kAmx,     // libmuon's AMX kernel
-    kOneDnn,  // oneDNN's matmul
-  };
-  // Whether this CPU multiplies bf16 natively (oneDNN sees AVX512-BF16 or
-  // AMX) and the environment does not turn it off: MUON_CPU_NATIVE_BF16=0
-  // keeps the emulated path.
-  static bool Available();
-  // nullptr when not Available(), when `engine` is kAmx (or kAuto, without
-  // MUON_CPU_AMX=0) and the CPU cannot run it, or when oneDNN cannot start. Working memory (oneDNN's scratchpad,
-  // the AMX kernel's packed operands) comes from `source` (operator new when
-  // it is empty).
-  static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source = {},
-                                                Engine engine = Engine::kAuto);
-  // "amx" or "onednn": the engine this instance runs.
+  using Engine = cpu::Bf16Engine;
+  // The products on `engine`, or nullptr when it is kEmulated, when this CPU
+  // (cpu::Features(), the mask included) cannot run it, or when oneDNN
+  // cannot start. Working memory (oneDNN's scratchpad, the kernels' packed
+  // operands) comes from `source` (operator new when it is empty).
+  static std::unique_ptr<NativeBf16Gemm> Create(MemorySource source, Engine engine);
+  Engine engine() const;
+  // "amx", "avx512_bf16" or "onednn": the engine this instance runs.
   const char* EngineName() const;
-  // Whether a product's result is the same for every thread count: the AMX
-  // kernel's (each output block sums in one order), not oneDNN's.
+  // Whether a product's result is the same for every thread count: libmuon's
+  // kernels' (each output block sums in one order), not oneDNN's.
   bool ResultsIndependentOfThreads() const;
   // Whether the wide program (a tall matrix transposed first) runs faster
-  // than the tall one: oneDNN's yes, the AMX kernel's no.
+  // than the tall one: oneDNN's yes, libmuon's kernels' no.
   bool PrefersWide() const;
   ~NativeBf16Gemm();
 
@@ -74,7 +64,7 @@ class NativeBf16Gemm {
   static int64_t SymmetricBlock(const NsGemm& g);
   static Key BlockKey(const NsGemm& g, int64_t rows, int64_t cols, float alpha, float beta);
   absl::StatusOr<Entry*> Find(const NsGemm& g, const Key& key);
-  absl::Status RunAmx(const NsGemm& g, float alpha, float beta, uint16_t* const* buffers);
+  absl::Status RunKernel(const NsGemm& g, float alpha, float beta, uint16_t* const* buffers);
   // D = alpha op(A) op(B) + beta D for the geometry `key`, at these addresses.
   absl::Status Execute(const NsGemm& g, const Key& key, const uint16_t* a, const uint16_t* b,
                        uint16_t* d);

@@ -1,9 +1,11 @@
-// The AMX kernel against products computed here in double from the
-// definition, on small integers (every fp32 sum exact, so the bf16 result has
-// one right answer): every orientation of both operands, uneven edges, k not a
-// multiple of 32, symmetric products across several blocks, results that do
-// not depend on the threads, and nothing written outside the output.
-#include "muon/math/cpu/amx_bf16.h"
+// Both kernels (AMX, AVX512-BF16) against products computed here in double
+// from the definition, on small integers (every fp32 sum exact, so the bf16
+// result has one right answer): every orientation of both operands, uneven
+// edges, k not a multiple of 32, symmetric products across several blocks,
+// results that do not depend on the threads, and nothing written outside the
+// output. Each kernel runs wherever the CPU can run it; a skip names what the
+// CPU lacks.
+#include "muon/math/cpu/bf16_gemm.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
+#include "muon/math/cpu/cpu_features.h"
 
 namespace muon {
 namespace cpu {
@@ -21,8 +24,15 @@ namespace {
 using ew::Bf16BitsToFloat;
 using ew::FloatToBf16Bits;
 
-#define MUON_REQUIRE_AMX() \
-  if (!AmxBf16Usable()) GTEST_SKIP() << "this CPU (or kernel) gives no AMX tiles"
+Bf16Engine EngineOf(Bf16Kernel k) {
+  return k == Bf16Kernel::kAmx ? Bf16Engine::kAmx : Bf16Engine::kAvx512Bf16;
+}
+
+#define MUON_REQUIRE_KERNEL(k)                                                            \
+  if (!Bf16KernelRuns(k))                                                                 \
+  GTEST_SKIP() << "this CPU (features: " << FeatureNames(Features()) << ") has no "       \
+               << FeatureNames(FeaturesFor(EngineOf(k)) & ~Features()) << " for the "    \
+               << Bf16EngineName(EngineOf(k)) << " kernel"
 
 constexpr uint16_t kUntouched = 0x7fc1;  // a NaN pattern the kernel never writes
 constexpr int64_t kPad = 5;             // columns past the output, each row
@@ -41,9 +51,9 @@ std::string Name(const Case& c) {
          std::to_string(c.beta);
 }
 
-// Runs the case with `threads` and returns the output (rows x (cols + kPad)),
-// after checking it against the double product.
-std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
+// Runs the case on `kernel` with `threads` and returns the output (rows x
+// (cols + kPad)), after checking it against the double product.
+std::vector<uint16_t> RunAndCheck(Bf16Kernel kernel, const Case& c, int threads) {
   std::mt19937 rng(static_cast<uint32_t>(c.rows * 131 + c.cols * 17 + c.k));
   std::uniform_int_distribution<int> small(-4, 4);
   auto bf = [&] { return FloatToBf16Bits(static_cast<float>(small(rng))); };
@@ -73,7 +83,7 @@ std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
       std::copy(cin.begin() + i * ld, cin.begin() + i * ld + c.cols, out.begin() + i * ld);
     }
   }
-  AmxProduct p;
+  Bf16Product p;
   p.rows = c.rows;
   p.cols = c.cols;
   p.k = c.k;
@@ -86,9 +96,9 @@ std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
   p.out = out.data();
   p.ld_out = ld;
   p.symmetric = c.symmetric;
-  const size_t bytes = AmxWorkspaceBytes(p, threads);
+  const size_t bytes = Bf16WorkspaceBytes(p, threads);
   void* workspace = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  AmxMultiply(p, workspace, threads);
+  Bf16Multiply(kernel, p, workspace, threads);
   std::free(workspace);
   for (int64_t i = 0; i < c.rows; ++i) {
     for (int64_t j = 0; j < c.cols; ++j) {
@@ -110,8 +120,11 @@ std::vector<uint16_t> RunAndCheck(const Case& c, int threads) {
   return out;
 }
 
-TEST(AmxBf16, EveryOrientationAndEdge) {
-  MUON_REQUIRE_AMX();
+class Kernels : public ::testing::TestWithParam<Bf16Kernel> {};
+
+TEST_P(Kernels, EveryOrientationAndEdge) {
+  const Bf16Kernel kernel = GetParam();
+  MUON_REQUIRE_KERNEL(kernel);
   const int64_t shapes[][3] = {{1, 1, 1},    {16, 16, 16},  {32, 32, 32},  {33, 47, 65},
                                {100, 37, 300}, {300, 300, 70}, {257, 513, 129}, {7, 600, 31}};
   for (const auto& s : shapes) {
@@ -119,12 +132,12 @@ TEST(AmxBf16, EveryOrientationAndEdge) {
       for (int rt = 0; rt < 2; ++rt) {
         const Case c{s[0], s[1], s[2], lt == 1, rt == 1, false, lt ? 0.25f : 1.0f,
                      rt ? -0.5f : 0.0f};
-        RunAndCheck(c, 1 + (lt ^ rt));
+        RunAndCheck(kernel, c, 1 + (lt ^ rt));
         if (HasFailure()) return;
         if (c.beta != 0.0f) {
           Case in_place = c;
           in_place.in_place = true;
-          RunAndCheck(in_place, 2);
+          RunAndCheck(kernel, in_place, 2);
           if (HasFailure()) return;
         }
       }
@@ -134,29 +147,56 @@ TEST(AmxBf16, EveryOrientationAndEdge) {
 
 // Symmetric: blocks on and above the diagonal (up to 3 x 3 blocks of 256),
 // mirrored below; with C apart from out and with C in out itself.
-TEST(AmxBf16, SymmetricProductsAcrossBlocks) {
-  MUON_REQUIRE_AMX();
+TEST_P(Kernels, SymmetricProductsAcrossBlocks) {
+  const Bf16Kernel kernel = GetParam();
+  MUON_REQUIRE_KERNEL(kernel);
   for (int64_t n : {1, 16, 33, 300, 600}) {
     for (int lt = 0; lt < 2; ++lt) {
       for (int rt = 0; rt < 2; ++rt) {
-        RunAndCheck(Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, lt ? 2.0f : 0.0f}, 2);
+        RunAndCheck(kernel, Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, lt ? 2.0f : 0.0f}, 2);
         if (HasFailure()) return;
         // C read in place: out starts as C and ends as the product.
-        RunAndCheck(Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, 2.0f, true}, 2);
+        RunAndCheck(kernel, Case{n, n, n / 2 + 7, lt == 1, rt == 1, true, -2.0f, 2.0f, true}, 2);
         if (HasFailure()) return;
       }
     }
   }
 }
 
-TEST(AmxBf16, ResultDoesNotDependOnThreads) {
-  MUON_REQUIRE_AMX();
+TEST_P(Kernels, ResultDoesNotDependOnThreads) {
+  const Bf16Kernel kernel = GetParam();
+  MUON_REQUIRE_KERNEL(kernel);
   for (bool symmetric : {false, true}) {
     const Case c{520, 520, 700, false, true, symmetric, 0.5f, 0.25f};
-    const std::vector<uint16_t> one = RunAndCheck(c, 1);
-    EXPECT_EQ(one, RunAndCheck(c, 2));
-    EXPECT_EQ(one, RunAndCheck(c, 3));
+    const std::vector<uint16_t> one = RunAndCheck(kernel, c, 1);
+    EXPECT_EQ(one, RunAndCheck(kernel, c, 2));
+    EXPECT_EQ(one, RunAndCheck(kernel, c, 3));
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16, Kernels,
+                         ::testing::Values(Bf16Kernel::kAmx, Bf16Kernel::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<Bf16Kernel>& info) {
+                           return std::string(info.param == Bf16Kernel::kAmx ? "Amx"
+                                                                             : "Avx512Bf16");
+                         });
+
+// A CPU of the other kind, through the mask: capped at AVX512-BF16 the AMX
+// kernel does not run and the AVX512-BF16 one still does; capped at AVX-512
+// neither does.
+TEST(Bf16Kernels, FollowTheFeatureMask) {
+  const uint32_t detected = Features();
+  {
+    ScopedFeatureMask no_amx(kFeatureAvx2 | kFeatureAvx512 | kFeatureAvx512Bf16);
+    EXPECT_FALSE(Bf16KernelRuns(Bf16Kernel::kAmx));
+    EXPECT_EQ(Bf16KernelRuns(Bf16Kernel::kAvx512Bf16), (detected & kFeatureAvx512Bf16) != 0);
+  }
+  {
+    ScopedFeatureMask avx512(kFeatureAvx2 | kFeatureAvx512);
+    EXPECT_FALSE(Bf16KernelRuns(Bf16Kernel::kAmx));
+    EXPECT_FALSE(Bf16KernelRuns(Bf16Kernel::kAvx512Bf16));
+  }
+  EXPECT_EQ(Bf16KernelRuns(Bf16Kernel::kAmx), (detected & kFeatureAmxBf16) != 0);
 }
 
 }  // namespace

@@ -1,17 +1,15 @@
-#include "muon/math/cpu/amx_bf16.h"
+#include "muon/math/cpu/bf16_gemm.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "muon/math/cpu/bf16_kernels.h"
+#include "muon/math/cpu/cpu_features.h"
+
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
-#endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -26,17 +24,19 @@ namespace cpu {
 
 #if defined(__x86_64__) && defined(__linux__)
 
-// Only the functions below carry the AMX and AVX-512 instruction sets, and
-// only after AmxBf16Usable() does anything call them.
-#define MUON_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+// Only the functions below carry the AVX-512 instruction sets (both kernels'
+// CPUs have them), and only after Bf16KernelRuns() does anything call them.
+#define MUON_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace {
 
-constexpr int64_t kTile = 16;       // tile rows; a tile row is 32 bf16 (64 bytes)
-constexpr int64_t kTileElems = 512;  // bf16 per packed operand tile (1 KiB)
-constexpr int64_t kBlock = 256;      // output block edge, elements
-constexpr int64_t kChunk = 8;        // k tiles (of 32) per pass over a block
-constexpr int64_t kSmallProduct = int64_t{1} << 26;  // multiply-adds run on one thread
+// Products of at most this many multiply-adds run on one thread: a sleeping
+// team's wake-up costs more than a second thread saves (AMX: 400^3, about
+// 0.05 ms on one core; at 512^3 a second thread already pays within a step:
+// Llama-3 8B / 8's step at two threads 62.0 ms with 512^3 on one thread, 58.7
+// without). AVX512-BF16 multiplies several times slower: a smaller bound.
+constexpr int64_t kSmallProductAmx = int64_t{1} << 26;
+constexpr int64_t kSmallProductAvx512 = int64_t{1} << 24;
 
 int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -47,7 +47,7 @@ struct Geometry {
   int64_t blocks_down, blocks_across;
 };
 
-Geometry GeometryOf(const AmxProduct& p) {
+Geometry GeometryOf(const Bf16Product& p) {
   Geometry g;
   g.rows_p = RoundUp(p.rows, 32);
   g.cols_p = RoundUp(p.cols, 32);
@@ -80,30 +80,13 @@ Workspace Carve(const Geometry& g, void* workspace) {
   return w;
 }
 
-// The tile configuration: tiles 0-3 the 2 x 2 fp32 accumulators, 4-5 two
-// left tiles, 6-7 two right tiles; every tile 16 rows of 64 bytes. A constant
-// (GCC 12 drops stores into a local configuration that only LDTILECFG reads).
-struct alignas(64) TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-constexpr TileConfig kTileConfig = {
-    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
-
-MUON_AMX void LoadTileConfig() { _tile_loadconfig(&kTileConfig); }
-
-MUON_AMX void ReleaseTiles() { _tile_release(); }
-
-MUON_AMX inline __mmask32 Mask32(int64_t n) {
+MUON_AVX512 inline __mmask32 Mask32(int64_t n) {
   return n >= 32 ? ~__mmask32{0} : (n <= 0 ? 0 : (__mmask32{1} << n) - 1);
 }
 
 // A left tile from a row-major matrix: 16 rows (`rows` valid) of 32 k
 // (`k` valid) starting at src; invalid elements zero.
-MUON_AMX void LeftTileFromRows(const uint16_t* src, int64_t ld, int64_t rows, int64_t k,
+MUON_AVX512 void LeftTileFromRows(const uint16_t* src, int64_t ld, int64_t rows, int64_t k,
                                uint16_t* tile) {
   const __mmask32 mask = Mask32(k);
   for (int64_t r = 0; r < kTile; ++r) {
@@ -116,7 +99,7 @@ MUON_AMX void LeftTileFromRows(const uint16_t* src, int64_t ld, int64_t rows, in
 // of 32 columns (`cols` valid) starting at src, the first 16 columns to
 // `tile`, the next 16 to `next`; tile row q holds rows 2q and 2q + 1
 // interleaved.
-MUON_AMX void RightTilesFromRows(const uint16_t* src, int64_t ld, int64_t k, int64_t cols,
+MUON_AVX512 void RightTilesFromRows(const uint16_t* src, int64_t ld, int64_t k, int64_t cols,
                                  uint16_t* tile, uint16_t* next) {
   const __mmask32 mask = Mask32(cols);
   const __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
@@ -135,7 +118,7 @@ MUON_AMX void RightTilesFromRows(const uint16_t* src, int64_t ld, int64_t k, int
 // dst = src transposed as a 16 x 16 matrix of 32-bit words. A left tile's
 // word (r, q) is the pair (2q, 2q + 1) of row r; a right tile's word (q, c)
 // the pair of column c: the transposed tile is the other kind.
-MUON_AMX void TransposeWords(const uint16_t* src, uint16_t* dst) {
+MUON_AVX512 void TransposeWords(const uint16_t* src, uint16_t* dst) {
   __m512i r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(src + i * 32);
   for (int i = 0; i < 8; ++i) {
@@ -167,7 +150,7 @@ MUON_AMX void TransposeWords(const uint16_t* src, uint16_t* dst) {
 // dimension contiguous gives right tiles by interleaving row pairs; the other
 // form is the word transpose. `extent` is its size in the group dimension.
 struct Packing {
-  AmxOperand o;
+  Bf16Operand o;
   bool k_contiguous, left_form;
   int64_t extent, k, k_tiles, pairs;
   uint16_t* out;  // group g's tile t at (g * k_tiles + t) tiles
@@ -178,12 +161,12 @@ struct Packing {
 // Unit u of `pk`: one k tile of one pair of groups. Units run along the
 // stored rows: pair by pair (each pair's k tiles along its rows) when k is
 // contiguous, k tile by k tile (each tile's pairs along its rows) otherwise.
-MUON_AMX void PackUnit(const Packing& pk, int64_t u) {
+MUON_AVX512 void PackUnit(const Packing& pk, int64_t u) {
   alignas(64) uint16_t scratch[2][kTileElems];
   const int64_t pair = pk.k_contiguous ? u / pk.k_tiles : u % pk.pairs;
   const int64_t t = pk.k_contiguous ? u % pk.k_tiles : u / pk.pairs;
   const bool direct = pk.k_contiguous == pk.left_form;
-  const AmxOperand& o = pk.o;
+  const Bf16Operand& o = pk.o;
   const int64_t e0 = pair * 32, p0 = t * 32;
   uint16_t* tile = pk.out + (2 * pair * pk.k_tiles + t) * kTileElems;
   uint16_t* next = tile + pk.k_tiles * kTileElems;
@@ -202,73 +185,17 @@ MUON_AMX void PackUnit(const Packing& pk, int64_t u) {
   }
 }
 
-// acc (32 x 32 fp32: four 16 x 16 tiles at acc, acc + 256, acc + across,
-// acc + across + 256) += left groups (2 from `left`) x right groups (2 from
-// `right`) over k tiles [t0, t0 + tiles); starts from zero when `first`.
-MUON_AMX void Kernel(const uint16_t* left, const uint16_t* right, int64_t k_tiles, int64_t t0,
-                     int64_t tiles, bool first, float* acc, int64_t across) {
-  if (first) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  } else {
-    _tile_loadd(0, acc, 64);
-    _tile_loadd(1, acc + 256, 64);
-    _tile_loadd(2, acc + across, 64);
-    _tile_loadd(3, acc + across + 256, 64);
-  }
-  const uint16_t* a0 = left + t0 * kTileElems;
-  const uint16_t* a1 = a0 + k_tiles * kTileElems;
-  const uint16_t* b0 = right + t0 * kTileElems;
-  const uint16_t* b1 = b0 + k_tiles * kTileElems;
-  // Software-pipelined: tiles are not renamed, so the next step's loads go
-  // right after the last product reading each register.
-  _tile_loadd(4, a0, 64);
-  _tile_loadd(6, b0, 64);
-  _tile_loadd(5, a1, 64);
-  _tile_loadd(7, b1, 64);
-  for (int64_t t = 1; t < tiles; ++t) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, a0 + t * kTileElems, 64);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(6, b0 + t * kTileElems, 64);
-    _tile_dpbf16ps(3, 5, 7);
-    _tile_loadd(5, a1 + t * kTileElems, 64);
-    _tile_loadd(7, b1 + t * kTileElems, 64);
-  }
-  _tile_dpbf16ps(0, 4, 6);
-  _tile_dpbf16ps(1, 4, 7);
-  _tile_dpbf16ps(2, 5, 6);
-  _tile_dpbf16ps(3, 5, 7);
-  _tile_stored(0, acc, 64);
-  _tile_stored(1, acc + 256, 64);
-  _tile_stored(2, acc + across, 64);
-  _tile_stored(3, acc + across + 256, 64);
-}
-
 // One output block: rows [i0, i0 + rb), cols [j0, j0 + cb) of the padded
-// product, into `acc` (tile (u, v) at acc + (u * kBlock / 16 + v) * 256),
-// then alpha acc + beta c rounded into out (only the part on and above the
-// diagonal when symmetric).
-MUON_AMX void RunBlock(const AmxProduct& p, const Geometry& g, const Workspace& w, int64_t i0,
-                       int64_t j0, float* acc) {
+// product, its sums into `acc` by the kernel (tile (u, v) at acc + (u *
+// kBlock / 16 + v) * 256), then alpha acc + beta c rounded into out (only the
+// part on and above the diagonal when symmetric).
+MUON_AVX512 void RunBlock(const Bf16Product& p, const Geometry& g, const Workspace& w,
+                          BlockSums sums, int64_t i0, int64_t j0, float* acc) {
   const int64_t rb = std::min(kBlock, g.rows_p - i0);
   const int64_t cb = std::min(kBlock, g.cols_p - j0);
-  const int64_t across = kBlock / kTile * 256;  // floats from tile row u to u + 1
   const bool diagonal = p.symmetric && i0 == j0;
-  for (int64_t t0 = 0; t0 < g.k_tiles; t0 += kChunk) {
-    const int64_t tiles = std::min(kChunk, g.k_tiles - t0);
-    for (int64_t i = 0; i < rb; i += 32) {
-      const uint16_t* left = w.left + (i0 + i) / kTile * g.k_tiles * kTileElems;
-      for (int64_t j = diagonal ? i : 0; j < cb; j += 32) {
-        const uint16_t* right = w.right + (j0 + j) / kTile * g.k_tiles * kTileElems;
-        Kernel(left, right, g.k_tiles, t0, tiles, t0 == 0,
-               acc + (i / kTile * (kBlock / kTile) + j / kTile) * 256, across);
-      }
-    }
-  }
+  sums(w.left + i0 / kTile * g.k_tiles * kTileElems, w.right + j0 / kTile * g.k_tiles * kTileElems,
+       g.k_tiles, rb, cb, diagonal, acc);
   // The epilogue, row by row: alpha acc + beta c, rounded, to out, 32
   // columns (one 64-byte line) per store; on the diagonal only columns >= row.
   const __m512 alpha = _mm512_set1_ps(p.alpha);
@@ -313,7 +240,7 @@ MUON_AMX void RunBlock(const AmxProduct& p, const Geometry& g, const Workspace& 
 // piece above the diagonal moves as two right tiles of its rows (row pairs
 // interleaved), word-transposed: each tile row is then one mirrored row of 32
 // elements, one 64-byte store. Pieces on the diagonal move element by element.
-MUON_AMX void MirrorBlock(const AmxProduct& p, int64_t i0, int64_t j0) {
+MUON_AVX512 void MirrorBlock(const Bf16Product& p, int64_t i0, int64_t j0) {
   alignas(64) uint16_t pairs[2][kTileElems];
   alignas(64) uint16_t mirrored[kTileElems];
   const int64_t rows = std::min(kBlock, p.rows - i0), cols = std::min(kBlock, p.cols - j0);
@@ -346,33 +273,21 @@ MUON_AMX void MirrorBlock(const AmxProduct& p, int64_t i0, int64_t j0) {
 
 }  // namespace
 
-bool AmxBf16Usable() {
-  static const bool usable = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
-    const bool amx = (d & (1u << 22)) && (d & (1u << 24));                          // BF16, TILE
-    if (!avx512 || !amx) return false;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;  // AVX512-BF16
-    // The OS must save AVX-512 state (XCR0 bits 5-7 with 1-2).
-    unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 0xe6) != 0xe6) return false;
-    // Linux hands the tile state to a process that asks (ARCH_REQ_XCOMP_PERM
-    // for XFEATURE_XTILEDATA).
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return usable;
-}
-
-size_t AmxWorkspaceBytes(const AmxProduct& p, int threads) {
+size_t Bf16WorkspaceBytes(const Bf16Product& p, int threads) {
   const Geometry g = GeometryOf(p);
   return Align64(g.left_elems * sizeof(uint16_t)) + Align64(g.right_elems * sizeof(uint16_t)) +
          static_cast<size_t>(std::max(threads, 1)) * kBlockBytes;
 }
 
-void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
+bool Bf16KernelRuns(Bf16Kernel kernel) {
+  const uint32_t need = FeaturesFor(kernel == Bf16Kernel::kAmx ? Bf16Engine::kAmx
+                                                                 : Bf16Engine::kAvx512Bf16);
+  return (Features() & need) == need;
+}
+
+void Bf16Multiply(Bf16Kernel kernel, const Bf16Product& p, void* workspace, int threads) {
+  const bool amx = kernel == Bf16Kernel::kAmx;
+  const BlockSums sums = amx ? AmxBlockSums : Avx512Bf16BlockSums;
   const Geometry g = GeometryOf(p);
   const Workspace w = Carve(g, workspace);
   // left(i, p) = data[i ld + p] unless transposed; right(p, j) =
@@ -387,11 +302,8 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
       p.symmetric ? g.blocks_down * (g.blocks_down + 1) / 2 : blocks;
   // No more threads than blocks: a one-block product (256 wide or less) runs
   // on the calling thread alone instead of waking a team for nothing; so does
-  // a product of at most 2^26 multiply-adds (400^3, about 0.05 ms on one
-  // core: a sleeping team's wake-up costs more than a second thread saves;
-  // at 512^3 a second thread already pays within a step: Llama-3 8B / 8's
-  // step at two threads 62.0 ms with 512^3 on one thread, 58.7 without).
-  const bool small = p.rows * p.cols * p.k <= kSmallProduct;
+  // a small product.
+  const bool small = p.rows * p.cols * p.k <= (amx ? kSmallProductAmx : kSmallProductAvx512);
   const int team =
       small ? 1 : static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, computed)));
 #pragma omp parallel num_threads(team)
@@ -405,23 +317,23 @@ void AmxMultiply(const AmxProduct& p, void* workspace, int threads) {
         PackUnit(right, u - left.Units());
       }
     }
-    LoadTileConfig();
+    if (amx) AmxBegin();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
       if (p.symmetric && bj < bi) continue;
-      RunBlock(p, g, w, bi * kBlock, bj * kBlock, acc);
+      RunBlock(p, g, w, sums, bi * kBlock, bj * kBlock, acc);
       if (p.symmetric) MirrorBlock(p, bi * kBlock, bj * kBlock);
     }
-    ReleaseTiles();
+    if (amx) AmxEnd();
   }
 }
 
 #else  // not x86-64 Linux
 
-bool AmxBf16Usable() { return false; }
-size_t AmxWorkspaceBytes(const AmxProduct&, int) { return 0; }
-void AmxMultiply(const AmxProduct&, void*, int) {}
+bool Bf16KernelRuns(Bf16Kernel) { return false; }
+size_t Bf16WorkspaceBytes(const Bf16Product&, int) { return 0; }
+void Bf16Multiply(Bf16Kernel, const Bf16Product&, void*, int) {}
 
 #endif
 
