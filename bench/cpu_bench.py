@@ -168,22 +168,25 @@ def bf16_table(shapes, reps, engines):
 
 
 def products_table(reps):
-    """torch's own bf16 products (its bundled oneDNN) on bf16_gemm_bench's shapes."""
-    print("\n## torch's bf16 products (torch.mm, min ms; GFLOP/s counting 2mnk)\n")
-    print("| product | torch.mm bf16 |")
-    print("|---|---|")
+    """torch's own bf16 products (its bundled oneDNN) of one Newton-Schulz
+    iteration, as torch runs them: bench/bf16_gemm_bench's rows."""
+    print("\n## torch's bf16 products of one iteration (min ms; GFLOP/s counting 2mnk)\n")
+    print("| matrix | product (m x n x k) | torch bf16 |")
+    print("|---|---|---|")
     torch.manual_seed(1)
-    for m, n, k, sym, what in [(1024, 1024, 1024, False, "1024^3"),
-                               (2048, 2048, 2048, False, "2048^3"),
-                               (1024, 1024, 4096, False, "1024 x 1024 x 4096 (W' = A X, wide)"),
-                               (1024, 1024, 4096, True, "X X^T, X 1024 x 4096 (symmetric)"),
-                               (2048, 2048, 2048, True, "A A, 2048 (symmetric)")]:
-        left = torch.randn(m, k).bfloat16()
-        right = left.T if sym else torch.randn(k, n).bfloat16()
-        f = lambda: torch.mm(left, right)
-        f()
-        best = min(timed(f) for _ in range(reps))
-        print("| %s | %.2f ms, %.0f GFLOP/s |" % (what, best * 1e3, 2 * m * n * k / best / 1e9))
+    for rows, cols in [(1024, 1024), (2048, 2048), (1024, 4096)]:
+        m, n = min(rows, cols), max(rows, cols)
+        x = (torch.randn(m, n) * 0.03).bfloat16()
+        gram = (x @ x.T)
+        for name, f, dims in [
+                ("gram", lambda: x @ x.T, (m, m, n)),
+                ("polynomial", lambda: torch.addmm(gram, gram, gram, beta=B, alpha=C), (m, m, m)),
+                ("update", lambda: torch.addmm(x, gram, x, beta=A), (m, n, m))]:
+            f()
+            best = min(timed(f) for _ in range(reps))
+            print("| %dx%d | %s %d x %d x %d | %.2f ms, %.0f GFLOP/s |" % (
+                rows, cols, name, dims[0], dims[1], dims[2], best * 1e3,
+                2 * dims[0] * dims[1] * dims[2] / best / 1e9))
 
 
 def timed(f):
