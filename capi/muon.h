@@ -18,6 +18,21 @@
  * - Extensible structs start with `size_t struct_size`, only grow at the end,
  *   are passed by pointer, and are filled with defaults by their *_init
  *   function (usable from ctypes/cffi, which cannot expand macros).
+ *   struct_size must be the sizeof the struct had in some released header:
+ *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5)
+ *     muon_param_options_t  24 (0.1), 56 (0.2)
+ *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
+ *     muon_custom_layout_t  56 (0.2)
+ *     muon_comm_t           72 (0.2)
+ *   (LP64 sizes), or larger than this header's sizeof and a multiple of 8 (a
+ *   newer header's struct: the fields this library does not know are not
+ *   read, and *_init zeroes them). Any other size is refused with
+ *   MUON_INVALID_ARGUMENT naming the struct, the size and the accepted
+ *   sizes, before anything is read or written. A struct of an older
+ *   version is read as that version (the fields it lacks take their
+ *   defaults), and neither the library's *_init nor any call that fills a
+ *   struct (muon_get_options, muon_get_stats) writes a byte past
+ *   struct_size.
  * - Dimensions and offsets are int64_t, counts and byte sizes are size_t.
  *   Strings are UTF-8; a string passed in is copied before the call returns;
  *   a string handed out is owned by the library (see each function).
@@ -294,8 +309,8 @@ typedef struct muon_options_t {
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
- * is the caller's sizeof(muon_options_t); it must be at least the size of the
- * first published version of the struct. */
+ * is the caller's sizeof(muon_options_t), one of the sizes in "Conventions"
+ * above; exactly that many bytes are written. */
 MUON_API muon_status_t muon_options_init(muon_options_t* options, size_t struct_size);
 
 /* sizeof the structs as this library build sees them (for binding checks). */
