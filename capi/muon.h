@@ -120,7 +120,9 @@ typedef enum muon_status_t {
   MUON_UNAVAILABLE = 14
 } muon_status_t;
 
-/* Static text for a status code ("OK", "INVALID_ARGUMENT", ...). Never NULL. */
+/* Static text for a status code ("OK", "INVALID_ARGUMENT", ...). Never NULL.
+ * Defined for any value of the enum's integer type: a number the header does
+ * not declare gives "UNRECOGNIZED_STATUS". */
 MUON_API const char* muon_status_string(muon_status_t status);
 
 /* Detail of the last failed call on this thread, "" if the last call on this

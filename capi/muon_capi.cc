@@ -3,6 +3,7 @@
 // exception firewall, and reports absl::Status as muon_status_t plus the
 // thread-local error message (capi_internal.h).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -51,7 +52,15 @@ absl::Status InitStruct(T* s, size_t struct_size, const char* name,
 
 extern "C" {
 
-const char* muon_status_string(muon_status_t status) { return muon::CStatusName(status); }
+const char* muon_status_string(muon_status_t status) {
+  // A C host may pass any value of the enum's integer type, one no
+  // enumerator names included; in C++ reading such a value as a
+  // muon_status_t is undefined, so its bytes are read as the int they are.
+  static_assert(sizeof(muon_status_t) == sizeof(int32_t), "muon_status_t is 32 bits");
+  int32_t code = 0;
+  std::memcpy(&code, &status, sizeof code);
+  return muon::StatusCodeName(code);
+}
 
 const char* muon_last_error_message(void) { return LastError().c_str(); }
 
