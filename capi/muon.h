@@ -530,6 +530,10 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * parameter or rank that differs, on every rank).
  * Fails with MUON_FAILED_PRECONDITION when no parameter is registered (with a
  * world: on no rank; registration then stays open, as before the call).
+ * Fails with MUON_OUT_OF_RANGE, before anything changes, when the step
+ * count is INT64_MAX - 1, the largest a state blob holds (one more step
+ * could not be saved and loaded again); it calls no collective, so with a
+ * world every rank refuses alike (the ranks of a job count the same steps).
  * A failure before the exchange (setup, validation, memory) changes nothing.
  * Outcome agreement: with a world of more than one rank, every rank returns
  * the same status for a step. A rank whose own part fails (a communicator or
