@@ -284,12 +284,18 @@ typedef struct muon_options_t {
    * stream) returns memory of that device (DLPack type and id: kDLCUDA and
    * the GPU, or kDLCPU; pinned host memory serves kDLCPU too) or NULL when
    * short (the call that needed it then fails with MUON_RESOURCE_EXHAUSTED
-   * naming the buffer); release(ctx, ptr, bytes, device_type, device_id,
-   * stream) takes it back. Both are called on the thread of the libmuon call
-   * that allocates (registration, the first step, muon_destroy), with the
-   * device current and the stream the optimizer has then (NULL before its
-   * first step), ordered on it: a stream-ordered allocator may reuse memory
-   * in stream order. Set both or neither. ctx is handed back as is. */
+   * naming the buffer). Every block must be aligned to at least 64 bytes
+   * (the library's kernels rely on it): one that is not is handed back to
+   * release at once, and the call that needed it fails with
+   * MUON_INVALID_ARGUMENT naming the hook, the buffer, the block's address
+   * and its alignment (cudaMalloc's blocks are 256-byte aligned; on the host
+   * use aligned_alloc or posix_memalign: malloc's 16 bytes are not enough).
+   * release(ctx, ptr, bytes, device_type, device_id, stream) takes it back.
+   * Both are called on the thread of the libmuon call that allocates
+   * (registration, the first step, muon_destroy), with the device current
+   * and the stream the optimizer has then (NULL before its first step),
+   * ordered on it: a stream-ordered allocator may reuse memory in stream
+   * order. Set both or neither. ctx is handed back as is. */
   void* (*allocate)(void* ctx, size_t bytes, int32_t device_type, int32_t device_id,
                     void* stream);
   void (*release)(void* ctx, void* ptr, size_t bytes, int32_t device_type, int32_t device_id,
