@@ -44,10 +44,12 @@ inline absl::StatusCode FromCStatus(muon_status_t status) {
   return c >= 0 && c <= 16 ? static_cast<absl::StatusCode>(c) : absl::StatusCode::kUnknown;
 }
 
-// The name of a status code the header declares ("OK", "INVALID_ARGUMENT",
-// ...), NULL for any other value: the one list of the header's codes.
-inline const char* KnownCStatusName(muon_status_t status) {
-  switch (status) {
+// The name of the status code numbered `code` if the header declares one
+// ("OK", "INVALID_ARGUMENT", ...), NULL for any other int: the one list of
+// the header's codes. Takes an int, so that a number no enumerator has (a C
+// host may pass one) is never held in a muon_status_t on this side.
+inline const char* KnownStatusCodeName(int code) {
+  switch (code) {
     case MUON_OK:
       return "OK";
     case MUON_CANCELLED:
@@ -72,14 +74,23 @@ inline const char* KnownCStatusName(muon_status_t status) {
       return "INTERNAL";
     case MUON_UNAVAILABLE:
       return "UNAVAILABLE";
+    default:
+      return nullptr;
   }
-  return nullptr;
 }
 
-// Static text for any status value (what muon_status_string returns).
-inline const char* CStatusName(muon_status_t status) {
-  const char* name = KnownCStatusName(status);
+// The text for any status number (what muon_status_string returns).
+inline const char* StatusCodeName(int code) {
+  const char* name = KnownStatusCodeName(code);
   return name != nullptr ? name : "UNRECOGNIZED_STATUS";
+}
+
+// The same for a muon_status_t the library itself holds.
+inline const char* KnownCStatusName(muon_status_t status) {
+  return KnownStatusCodeName(static_cast<int>(status));
+}
+inline const char* CStatusName(muon_status_t status) {
+  return StatusCodeName(static_cast<int>(status));
 }
 
 // The muon_status_t of `code`: the same number for every code the header

@@ -43,8 +43,9 @@ MUON_SAME_VALUE_(MUON_SPLIT_CHUNK, ShardSplit::kChunk);
 MUON_SAME_VALUE_(MUON_SPLIT_SIZES, ShardSplit::kSizes);
 #undef MUON_SAME_VALUE_
 
-// A copy of the caller's struct of `struct_size` bytes, filled to the size
-// this library knows with defaults (for callers built against an older header).
+// A copy of the caller's struct of `struct_size` bytes (a size
+// CheckStructSize accepted: it ends on a field), filled to the size this
+// library knows with defaults (for callers built against an older header).
 template <typename T>
 T ReadVersioned(const T* in, const T& defaults) {
   T out = defaults;
@@ -162,15 +163,6 @@ absl::StatusOr<Placement> PlacementFromC(
 
 }  // namespace
 
-absl::Status CheckStructSize(const char* name, size_t given, size_t minimum) {
-  if (given < minimum) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, "->struct_size is ", given, ", smaller than the smallest known version (", minimum,
-        " bytes); initialize it with its *_init function"));
-  }
-  return absl::OkStatus();
-}
-
 void DefaultOptions(muon_options_t* o) {
   std::memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
@@ -203,7 +195,8 @@ void DefaultParamOptions(muon_param_options_t* o) {
 }
 
 absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
-  absl::Status size_ok = CheckStructSize("options", caller.struct_size, kOptionsV1Size);
+  absl::Status size_ok =
+      CheckStructSize(kOptionsStruct, "options", caller.struct_size);
   if (!size_ok.ok()) return size_ok;
   muon_options_t defaults;
   DefaultOptions(&defaults);
@@ -306,7 +299,8 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
   muon_param_options_t po;
   DefaultParamOptions(&po);
   if (options != nullptr) {
-    absl::Status size_ok = CheckStructSize("options", options->struct_size, kParamOptionsV1Size);
+    absl::Status size_ok =
+        CheckStructSize(kParamOptionsStruct, "options", options->struct_size);
     if (!size_ok.ok()) return size_ok;
     po = ReadVersioned(options, po);
     if (po.reserved0 != 0) return absl::InvalidArgumentError("options->reserved0 must be 0");
@@ -351,11 +345,11 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
 
 absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& options,
                                                const muon_custom_layout_t& layout) {
-  absl::Status size_ok = CheckStructSize("options", options.struct_size, kParamOptionsV1Size);
+  absl::Status size_ok =
+      CheckStructSize(kParamOptionsStruct, "options", options.struct_size);
   if (!size_ok.ok()) return size_ok;
-  if (layout.struct_size < sizeof(muon_custom_layout_t)) {
-    return CheckStructSize("layout", layout.struct_size, sizeof(muon_custom_layout_t));
-  }
+  size_ok = CheckStructSize(kCustomLayoutStruct, "layout", layout.struct_size);
+  if (!size_ok.ok()) return size_ok;
   muon_param_options_t defaults;
   DefaultParamOptions(&defaults);
   const muon_param_options_t po = ReadVersioned(&options, defaults);

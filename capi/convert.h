@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "capi/muon.h"
+#include "capi/struct_versions.h"
 #include "muon/engine/optimizer.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
@@ -22,28 +23,25 @@
 namespace muon {
 namespace capi {
 
-// Sizes of the first published versions of the extensible structs; a caller's
-// struct_size may be anything from these up (older callers' structs are
-// shorter, newer ones' longer).
-constexpr size_t kOptionsV1Size = offsetof(muon_options_t, assignment);
-constexpr size_t kParamOptionsV1Size = offsetof(muon_param_options_t, global_ndim);
-constexpr size_t kStatsV1Size = offsetof(muon_stats_t, nonfinite_grads);
-
-// InvalidArgument "<name>->struct_size is ..." when `given` < `minimum`.
-absl::Status CheckStructSize(const char* name, size_t given, size_t minimum);
+// Sizes of the first published versions of the extensible structs (the
+// whole table, and the check of a caller's struct_size, in struct_versions.h).
+constexpr size_t kOptionsV1Size = kOptionsStruct.oldest();
+constexpr size_t kParamOptionsV1Size = kParamOptionsStruct.oldest();
+constexpr size_t kStatsV1Size = kStatsStruct.oldest();
 
 // The defaults of the C structs (the core's defaults), struct_size set to
 // this library's sizeof.
 void DefaultOptions(muon_options_t* o);
 void DefaultParamOptions(muon_param_options_t* o);
 
-// The caller's options (struct_size bytes of them; fields past its size take
-// their defaults) as core options, validated. Errors name the field
-// ("options->lr: ...").
+// The caller's options (struct_size bytes of them, a size struct_versions.h
+// accepts; fields past its size take their defaults) as core options,
+// validated. Errors name the field ("options->lr: ...").
 absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller);
 
-// Writes `o` into the caller's `out` (its first out->struct_size bytes; the
-// struct_size stays the caller's). ns_table is NULL in the copy.
+// Writes `o` into the caller's `out` (its first out->struct_size bytes, at
+// most this library's sizeof; the caller checked the size; the struct_size
+// stays the caller's). ns_table is NULL in the copy.
 void OptionsToC(const Options& o, muon_options_t* out);
 
 // A registration's parameter options (NULL: the defaults).

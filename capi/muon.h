@@ -18,6 +18,21 @@
  * - Extensible structs start with `size_t struct_size`, only grow at the end,
  *   are passed by pointer, and are filled with defaults by their *_init
  *   function (usable from ctypes/cffi, which cannot expand macros).
+ *   struct_size must be the sizeof the struct had in some released header:
+ *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5)
+ *     muon_param_options_t  24 (0.1), 56 (0.2)
+ *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
+ *     muon_custom_layout_t  56 (0.2)
+ *     muon_comm_t           72 (0.2)
+ *   (LP64 sizes), or larger than this header's sizeof and a multiple of 8 (a
+ *   newer header's struct: the fields this library does not know are not
+ *   read, and *_init zeroes them). Any other size is refused with
+ *   MUON_INVALID_ARGUMENT naming the struct, the size and the accepted
+ *   sizes, before anything is read or written. A struct of an older
+ *   version is read as that version (the fields it lacks take their
+ *   defaults), and neither the library's *_init nor any call that fills a
+ *   struct (muon_get_options, muon_get_stats) writes a byte past
+ *   struct_size.
  * - Dimensions and offsets are int64_t, counts and byte sizes are size_t.
  *   Strings are UTF-8; a string passed in is copied before the call returns;
  *   a string handed out is owned by the library (see each function).
@@ -105,7 +120,9 @@ typedef enum muon_status_t {
   MUON_UNAVAILABLE = 14
 } muon_status_t;
 
-/* Static text for a status code ("OK", "INVALID_ARGUMENT", ...). Never NULL. */
+/* Static text for a status code ("OK", "INVALID_ARGUMENT", ...). Never NULL.
+ * Defined for any value of the enum's integer type: a number the header does
+ * not declare gives "UNRECOGNIZED_STATUS". */
 MUON_API const char* muon_status_string(muon_status_t status);
 
 /* Detail of the last failed call on this thread, "" if the last call on this
@@ -267,12 +284,18 @@ typedef struct muon_options_t {
    * stream) returns memory of that device (DLPack type and id: kDLCUDA and
    * the GPU, or kDLCPU; pinned host memory serves kDLCPU too) or NULL when
    * short (the call that needed it then fails with MUON_RESOURCE_EXHAUSTED
-   * naming the buffer); release(ctx, ptr, bytes, device_type, device_id,
-   * stream) takes it back. Both are called on the thread of the libmuon call
-   * that allocates (registration, the first step, muon_destroy), with the
-   * device current and the stream the optimizer has then (NULL before its
-   * first step), ordered on it: a stream-ordered allocator may reuse memory
-   * in stream order. Set both or neither. ctx is handed back as is. */
+   * naming the buffer). Every block must be aligned to at least 64 bytes
+   * (the library's kernels rely on it): one that is not is handed back to
+   * release at once, and the call that needed it fails with
+   * MUON_INVALID_ARGUMENT naming the hook, the buffer, the block's address
+   * and its alignment (cudaMalloc's blocks are 256-byte aligned; on the host
+   * use aligned_alloc or posix_memalign: malloc's 16 bytes are not enough).
+   * release(ctx, ptr, bytes, device_type, device_id, stream) takes it back.
+   * Both are called on the thread of the libmuon call that allocates
+   * (registration, the first step, muon_destroy), with the device current
+   * and the stream the optimizer has then (NULL before its first step),
+   * ordered on it: a stream-ordered allocator may reuse memory in stream
+   * order. Set both or neither. ctx is handed back as is. */
   void* (*allocate)(void* ctx, size_t bytes, int32_t device_type, int32_t device_id,
                     void* stream);
   void (*release)(void* ctx, void* ptr, size_t bytes, int32_t device_type, int32_t device_id,
@@ -294,8 +317,8 @@ typedef struct muon_options_t {
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
- * is the caller's sizeof(muon_options_t); it must be at least the size of the
- * first published version of the struct. */
+ * is the caller's sizeof(muon_options_t), one of the sizes in "Conventions"
+ * above; exactly that many bytes are written. */
 MUON_API muon_status_t muon_options_init(muon_options_t* options, size_t struct_size);
 
 /* sizeof the structs as this library build sees them (for binding checks). */
@@ -513,6 +536,10 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * parameter or rank that differs, on every rank).
  * Fails with MUON_FAILED_PRECONDITION when no parameter is registered (with a
  * world: on no rank; registration then stays open, as before the call).
+ * Fails with MUON_OUT_OF_RANGE, before anything changes, when the step
+ * count is INT64_MAX - 1, the largest a state blob holds (one more step
+ * could not be saved and loaded again); it calls no collective, so with a
+ * world every rank refuses alike (the ranks of a job count the same steps).
  * A failure before the exchange (setup, validation, memory) changes nothing.
  * Outcome agreement: with a world of more than one rank, every rank returns
  * the same status for a step. A rank whose own part fails (a communicator or

@@ -2,9 +2,12 @@
 // the C structs to the core's types (convert.h), runs the core behind the
 // exception firewall, and reports absl::Status as muon_status_t plus the
 // thread-local error message (capi_internal.h).
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@
 #include "capi/codes.h"
 #include "capi/convert.h"
 #include "capi/muon.h"
+#include "capi/struct_versions.h"
 #include "muon/comm/comm.h"
 #include "muon/engine/optimizer.h"
 
@@ -26,14 +30,20 @@ using muon::capi::Guard;
 using muon::capi::LastError;
 using muon::capi::NullArg;
 
-// Fills the caller's extensible struct (struct_size bytes, at least
-// `minimum`) with `defaults`, zeroing what this library does not know.
+// Fills the caller's extensible struct with `defaults`: its struct_size
+// bytes, a size `versions` accepts (checked first, so that a refused call
+// writes nothing). A caller built against an older header has a shorter
+// struct: it gets the fields it has, and not one byte past them; a newer
+// header's longer struct gets its unknown tail zeroed.
 template <typename T>
-absl::Status InitStruct(T* s, size_t struct_size, size_t minimum, const T& defaults) {
-  if (s == nullptr) return NullArg("options");
-  if (struct_size < minimum) return CheckStructSize("options", struct_size, minimum);
+absl::Status InitStruct(T* s, size_t struct_size, const char* name,
+                        const muon::capi::VersionedStruct& versions, const T& defaults) {
+  static_assert(std::is_trivially_copyable<T>::value, "a C struct");
+  if (s == nullptr) return NullArg(name);
+  absl::Status size_ok = CheckStructSize(versions, name, struct_size);
+  if (!size_ok.ok()) return size_ok;
   std::memset(s, 0, struct_size);
-  std::memcpy(s, &defaults, sizeof defaults);
+  std::memcpy(s, &defaults, std::min(struct_size, sizeof defaults));
   s->struct_size = struct_size;
   return absl::OkStatus();
 }
@@ -42,7 +52,15 @@ absl::Status InitStruct(T* s, size_t struct_size, size_t minimum, const T& defau
 
 extern "C" {
 
-const char* muon_status_string(muon_status_t status) { return muon::CStatusName(status); }
+const char* muon_status_string(muon_status_t status) {
+  // A C host may pass any value of the enum's integer type, one no
+  // enumerator names included; in C++ reading such a value as a
+  // muon_status_t is undefined, so its bytes are read as the int they are.
+  static_assert(sizeof(muon_status_t) == sizeof(int32_t), "muon_status_t is 32 bits");
+  int32_t code = 0;
+  std::memcpy(&code, &status, sizeof code);
+  return muon::StatusCodeName(code);
+}
 
 const char* muon_last_error_message(void) { return LastError().c_str(); }
 
@@ -65,7 +83,7 @@ muon_status_t muon_options_init(muon_options_t* options, size_t struct_size) {
   return Guard("muon_options_init", [&]() -> absl::Status {
     muon_options_t d;
     muon::capi::DefaultOptions(&d);
-    return InitStruct(options, struct_size, muon::capi::kOptionsV1Size, d);
+    return InitStruct(options, struct_size, "options", muon::capi::kOptionsStruct, d);
   });
 }
 
@@ -73,7 +91,7 @@ muon_status_t muon_param_options_init(muon_param_options_t* options, size_t stru
   return Guard("muon_param_options_init", [&]() -> absl::Status {
     muon_param_options_t d;
     muon::capi::DefaultParamOptions(&d);
-    return InitStruct(options, struct_size, muon::capi::kParamOptionsV1Size, d);
+    return InitStruct(options, struct_size, "options", muon::capi::kParamOptionsStruct, d);
   });
 }
 
@@ -104,7 +122,7 @@ muon_status_t muon_get_options(const muon_optimizer_t* opt, muon_options_t* out)
     if (opt == nullptr) return NullArg("opt");
     if (out == nullptr) return NullArg("out");
     absl::Status size_ok =
-        CheckStructSize("out", out->struct_size, muon::capi::kOptionsV1Size);
+        CheckStructSize(muon::capi::kOptionsStruct, "out", out->struct_size);
     if (!size_ok.ok()) return size_ok;
     muon::capi::OptionsToC(opt->impl->options(), out);
     return absl::OkStatus();
@@ -258,13 +276,9 @@ muon_status_t muon_add_group(muon_optimizer_t* opt, const muon_comm_t* comm, int
 
 muon_status_t muon_stats_init(muon_stats_t* stats, size_t struct_size) {
   return Guard("muon_stats_init", [&]() -> absl::Status {
-    if (stats == nullptr) return NullArg("stats");
-    if (struct_size < muon::capi::kStatsV1Size) {
-      return CheckStructSize("stats", struct_size, muon::capi::kStatsV1Size);
-    }
-    std::memset(stats, 0, struct_size);
-    stats->struct_size = struct_size;
-    return absl::OkStatus();
+    muon_stats_t zeros;
+    std::memset(&zeros, 0, sizeof zeros);
+    return InitStruct(stats, struct_size, "stats", muon::capi::kStatsStruct, zeros);
   });
 }
 
@@ -273,7 +287,7 @@ muon_status_t muon_get_stats(const muon_optimizer_t* opt, muon_stats_t* stats) {
     if (opt == nullptr) return NullArg("opt");
     if (stats == nullptr) return NullArg("stats");
     absl::Status size_ok =
-        CheckStructSize("stats", stats->struct_size, muon::capi::kStatsV1Size);
+        CheckStructSize(muon::capi::kStatsStruct, "stats", stats->struct_size);
     if (!size_ok.ok()) return size_ok;
     muon::capi::StatsToC(opt->impl->stats(), stats);
     return absl::OkStatus();

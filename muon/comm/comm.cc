@@ -2,17 +2,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "capi/codes.h"
+#include "capi/struct_versions.h"
 #include "muon/comm/callback_error.h"
 
 namespace muon {
 
 absl::StatusOr<std::shared_ptr<Comm>> Comm::Create(const muon_comm_t& table,
                                                    const std::string& what) {
-  if (table.struct_size < sizeof(muon_comm_t)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": struct_size ", table.struct_size, " is smaller than sizeof(muon_comm_t) (",
-        sizeof(muon_comm_t), ")"));
-  }
+  // A table of a size no header had is refused before any of it is read.
+  absl::Status size_ok =
+      capi::CheckStructSize(capi::kCommStruct, what, table.struct_size);
+  if (!size_ok.ok()) return size_ok;
   if (table.size < 1 || table.rank < 0 || table.rank >= table.size) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": rank ", table.rank, " and size ",
                                                    table.size, " are inconsistent"));

@@ -29,7 +29,8 @@ struct CommCounters {
 // Owns a copy of the table; calls `release` (once) when destroyed.
 class Comm {
  public:
-  // Checks the table (struct_size, size >= 1, 0 <= rank < size, the
+  // Checks the table (struct_size one a header published, capi/
+  // struct_versions.h; size >= 1, 0 <= rank < size, the
   // collectives the engine calls present: all_gather, all_to_all_v,
   // reduce_scatter; broadcast and barrier may be NULL); `what` names it in
   // errors ("world", "group 2").

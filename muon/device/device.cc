@@ -1,5 +1,6 @@
 #include "muon/device/device.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -41,6 +42,18 @@ absl::StatusOr<void*> Device::Allocate(size_t bytes, const std::string& what) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "allocating ", what, " (", bytes, " bytes on ", name(), "): the host's allocator "
           "(muon_options_t.allocate) returned NULL"));
+    }
+    // The header asks for kAllocatorAlignment (the kernels rely on it; a
+    // block short of it would be read misaligned, undefined). Handed back at
+    // once, and refused.
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+    if (at % kAllocatorAlignment != 0) {
+      a.release(a.ctx, p, bytes, dl_device_type(), dl_device_id(), current_stream());
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allocating ", what, " (", bytes, " bytes on ", name(), "): the host's allocator "
+          "(muon_options_t.allocate) returned 0x", absl::Hex(at, absl::kZeroPad16), ", aligned to ",
+          at & (~at + 1), " bytes; its blocks must be aligned to at least ",
+          kAllocatorAlignment, " bytes"));
     }
     absl::Status zeroed = ZeroNew(p, bytes, what);
     if (!zeroed.ok()) {

@@ -52,6 +52,10 @@ class CopyProgram {
 
 class Device {
  public:
+  // The alignment, in bytes, of every block a host allocator hands out
+  // (muon.h, muon_options_t.allocate).
+  static constexpr size_t kAllocatorAlignment = 64;
+
   virtual ~Device();
 
   // "cpu" or "cuda:<ordinal>", for messages.
@@ -81,7 +85,9 @@ class Device {
 
   // A host allocator for this device's memory (muon_options_t.allocate):
   // allocate(ctx, bytes, device_type, device_id, stream) returns memory of
-  // this device (DLPack device type and id) or NULL when short; release
+  // this device (DLPack device type and id), aligned to
+  // kAllocatorAlignment bytes (Allocate refuses and releases a block that is
+  // not), or NULL when short; release
   // gets it back with the same size. Both stream-ordered on the stream the
   // device has then. Set before the first allocation.
   struct Allocator {

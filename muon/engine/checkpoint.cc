@@ -157,7 +157,7 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
   if (out.step_count < 0) {
     return Bad(blob, absl::StrCat("step count ", out.step_count, " is negative"));
   }
-  if (out.step_count == std::numeric_limits<int64_t>::max()) {
+  if (out.step_count > kMaxSavedStepCount) {
     return Bad(blob, absl::StrCat("step count ", out.step_count,
                                   " is out of range (the next step could not be counted)"));
   }

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@
 #include "muon/engine/param.h"
 
 namespace muon {
+
+// The largest step count a blob holds (and ParseStateBlob accepts): the
+// count of the step after it could not be counted. Optimizer::Step refuses
+// to step past it, so that every state it reaches can be saved and loaded.
+constexpr int64_t kMaxSavedStepCount = std::numeric_limits<int64_t>::max() - 1;
 
 constexpr uint8_t kGlobalRuns = 0;  // entry kind: global runs
 constexpr uint8_t kLocalOnly = 1;   // entry kind: a local piece only

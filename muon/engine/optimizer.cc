@@ -80,6 +80,15 @@ absl::Status Optimizer::Step(void* stream) {
     return settled;
   }
   if (!settled.ok() && poisoned_.empty()) Poison(settled);
+  // Before anything changes (and before any collective: every rank of a
+  // consistent job holds the same count), so that every state a step
+  // reaches can be saved and loaded again.
+  if (settled.ok() && step_count_ >= kMaxSavedStepCount) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "the step count is ", step_count_, ", the largest a state blob holds (INT64_MAX - 1): "
+        "one more step could not be saved and loaded; nothing changed (load an earlier state "
+        "to go on)"));
+  }
   absl::Status ready = settled.ok() ? Prepare(stream) : settled;
   // Until the plan exists nothing of a step is collective but the setup,
   // which agrees on its own; in a world of one there is nobody to agree with.

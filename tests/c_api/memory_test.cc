@@ -19,12 +19,18 @@ namespace {
 
 constexpr DLDataType kF32{kDLFloat, 32, 1};
 
-// A counting allocator over malloc, with a switch that makes it refuse.
+// A counting allocator handing out 64-byte aligned blocks (what the header
+// asks of a host allocator), with a switch that makes it refuse and one that
+// makes its blocks from the `misaligned_from`-th on start `offset` bytes past
+// a 64-byte boundary.
 struct Pool {
   std::map<void*, size_t> live;
+  std::map<void*, void*> base;  // block handed out -> the aligned_alloc block
   int64_t allocations = 0, releases = 0;
   size_t bytes_released = 0;
   bool refuse = false;
+  int64_t misaligned_from = -1;
+  size_t offset = 0;
   std::string bad;  // a contract violation seen, if any
 
   int64_t live_bytes() const {
@@ -36,9 +42,15 @@ struct Pool {
     auto* pool = static_cast<Pool*>(ctx);
     if (type != kDLCPU || id != 0 || stream != nullptr) pool->bad = "unexpected device or stream";
     if (pool->refuse) return nullptr;
-    void* p = std::malloc(bytes);
+    const bool misaligned =
+        pool->misaligned_from >= 0 && pool->allocations >= pool->misaligned_from;
+    const size_t shift = misaligned ? pool->offset : 0;
+    void* block = std::aligned_alloc(64, (bytes + shift + 63) / 64 * 64);
+    if (block == nullptr) return nullptr;
+    void* p = static_cast<unsigned char*>(block) + shift;
     std::memset(p, 0x5a, bytes);  // not zero: the library must zero what it needs
     pool->live[p] = bytes;
+    pool->base[p] = block;
     ++pool->allocations;
     return p;
   }
@@ -53,7 +65,8 @@ struct Pool {
     pool->bytes_released += bytes;
     pool->live.erase(it);
     ++pool->releases;
-    std::free(ptr);
+    std::free(pool->base[ptr]);
+    pool->base.erase(ptr);
   }
 };
 
@@ -201,6 +214,61 @@ TEST(Memory, AnAllocatorThatRefusesFailsTheCallNamingTheBuffer) {
   muon_destroy(opt);
   EXPECT_TRUE(pool.live.empty());
   EXPECT_EQ(pool.bad, "");
+}
+
+// A block from the host's allocator that is not 64-byte aligned (the header's
+// rule) is handed back at once and refused, naming the hook, the buffer and
+// the block's alignment: at registration (the momentum buffer) and at the
+// first step (its buffers and the Newton-Schulz workspace), changing nothing.
+TEST(Memory, AMisalignedBlockFromTheAllocatorIsRefusedNamingTheHook) {
+  for (size_t offset : {size_t{4}, size_t{8}, size_t{16}, size_t{32}}) {
+    Pool pool;
+    pool.misaligned_from = 0;
+    pool.offset = offset;
+    Matrix a(24, 40), b(16, 16);
+    muon_optimizer_t* opt = Create(&pool);
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    po.name = "a";
+    int64_t id = -1;
+    EXPECT_EQ(muon_register_param(opt, &a.v, &a.g, &po, &id), MUON_INVALID_ARGUMENT) << offset;
+    std::string why = muon_last_error_message();
+    EXPECT_NE(why.find("muon_options_t.allocate"), std::string::npos) << why;
+    EXPECT_NE(why.find("momentum buffer of param 'a'"), std::string::npos) << why;
+    EXPECT_NE(why.find("aligned to " + std::to_string(offset) + " bytes"), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("64"), std::string::npos) << why;
+    EXPECT_EQ(id, -1);
+    size_t n = 99;
+    ASSERT_EQ(muon_num_params(opt, &n), MUON_OK);
+    EXPECT_EQ(n, 0u);
+    EXPECT_TRUE(pool.live.empty()) << "the refused block was not handed back";
+    EXPECT_EQ(pool.releases, pool.allocations);
+
+    // Aligned blocks for the momentum buffers, then misaligned ones for the
+    // first step's buffers.
+    pool.misaligned_from = pool.allocations + 2;
+    Register(opt, a, "a");
+    Register(opt, b, "b");
+    const std::vector<float> a_before = a.value, b_before = b.value;
+    EXPECT_EQ(muon_step(opt, nullptr), MUON_INVALID_ARGUMENT) << offset;
+    why = muon_last_error_message();
+    EXPECT_NE(why.find("muon_options_t.allocate"), std::string::npos) << why;
+    EXPECT_NE(why.find("aligned to " + std::to_string(offset) + " bytes"), std::string::npos)
+        << why;
+    EXPECT_EQ(a.value, a_before);
+    EXPECT_EQ(b.value, b_before);
+    int64_t steps = -1;
+    ASSERT_EQ(muon_step_count(opt, &steps), MUON_OK);
+    EXPECT_EQ(steps, 0);
+    // Aligned again: the step goes.
+    pool.misaligned_from = -1;
+    ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
+    muon_destroy(opt);
+    EXPECT_TRUE(pool.live.empty()) << pool.live.size() << " buffers never released";
+    EXPECT_EQ(pool.releases, pool.allocations);
+    EXPECT_EQ(pool.bad, "");
+  }
 }
 
 TEST(Memory, AllocateAndReleaseComeTogether) {

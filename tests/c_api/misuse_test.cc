@@ -1517,10 +1517,11 @@ std::vector<Case> Cases() {
     const std::string fn = world ? "set_world" : "add_group";
     const Setup s = world ? E : W1;
     const std::string who = world ? "world" : "group 1";
-    add(fn + "_struct_size_zero", s, IA, {who, "struct_size 0", "sizeof(muon_comm_t)"},
+    add(fn + "_struct_size_zero", s, IA,
+        {who + "->struct_size is 0", "smallest", "72 (0.2, sizeof(muon_comm_t)"},
         comm_with(world, [](muon_comm_t& c) { c.struct_size = 0; }))
         .verify = ReleasedOnce();
-    add(fn + "_struct_size_too_small", s, IA, {who, "struct_size 16"},
+    add(fn + "_struct_size_too_small", s, IA, {who + "->struct_size is 16"},
         comm_with(world, [](muon_comm_t& c) { c.struct_size = 16; }))
         .verify = ReleasedOnce();
     add(fn + "_without_all_gather", s, IA, {who, "the all_gather callback is NULL"},
