@@ -36,11 +36,12 @@ enum CpuFeature : uint32_t {
   kFeatureAvx512 = 1u << 1,      // x86-64-v4: AVX-512 F, BW, CD, DQ, VL (OS saves ZMM)
   kFeatureAvx512Bf16 = 1u << 2,  // AVX512-BF16 (VDPBF16PS, VCVTNEPS2BF16)
   kFeatureAmxBf16 = 1u << 3,     // AMX tiles with bf16, granted to this process by the OS
-  // VDPBF16PS retires twice the multiply-adds of an fp32 FMA of the same
-  // width, so bf16 products beat fp32 ones rounded (AMD Zen 4/5). Intel's
-  // AVX512-BF16 CPUs issue it at half the FMA's rate: measured on a Sapphire
-  // Rapids core, libmuon's AVX512-BF16 Newton-Schulz took 1.4-1.6x the time of
-  // the emulated one (BENCHMARKS.md, "Every CPU kind").
+  // VDPBF16PS retires more multiply-adds per cycle than an fp32 FMA of the
+  // same width (twice, on AMD Zen 4/5), so bf16 products beat fp32 ones
+  // rounded. Not on Intel's AVX512-BF16 CPUs: measured on a Sapphire Rapids
+  // core, VDPBF16PS zmm issued 1.1 G/s against 4.2 G/s for VFMADD zmm (70
+  // against 134 GFLOP/s), and libmuon's AVX512-BF16 Newton-Schulz took
+  // 1.3-1.5x the emulated one's time (BENCHMARKS.md, "Every CPU kind").
   kFeatureFastBf16Dot = 1u << 4,
 };
 constexpr uint32_t kAllFeatures = kFeatureAvx2 | kFeatureAvx512 | kFeatureAvx512Bf16 |
