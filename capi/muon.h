@@ -75,6 +75,17 @@
  *   - The MUON_REPLICATED_ZERO2 mode and the custom path take host tensors only
  *     in this version (MUON_UNIMPLEMENTED for CUDA tensors).
  * For host tensors `stream` is only handed to the communicators (pass NULL).
+ *
+ * Host math and the environment (read when an optimizer first orthogonalizes;
+ * README, "CPU threads and native bf16"): MUON_CPU_THREADS and OMP_NUM_THREADS
+ * set the threads; MUON_CPU_BF16 = auto | amx | avx512_bf16 | onednn | emulated
+ * picks the engine of bf16 Newton-Schulz (auto: libmuon's AMX kernel on AMX
+ * CPUs, its AVX512-BF16 kernel on AMD's AVX512-BF16 CPUs, else fp32 products
+ * rounded to bf16); MUON_CPU_ISA = amx | avx512_bf16 | avx512 | avx2 | baseline
+ * caps the CPU features libmuon uses. A value not listed, or an engine this
+ * CPU cannot run, fails the first bf16 Newton-Schulz (muon_step or
+ * muon_orthogonalize) with MUON_FAILED_PRECONDITION or MUON_INVALID_ARGUMENT
+ * naming the setting and the fix; nothing is stepped.
  */
 #ifndef LIBMUON_MUON_H_
 #define LIBMUON_MUON_H_

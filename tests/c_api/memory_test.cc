@@ -14,6 +14,7 @@
 
 #include "capi/muon.h"
 #include "gtest/gtest.h"
+#include "tests/c_api/host_matrix.h"
 
 namespace {
 
@@ -70,28 +71,7 @@ struct Pool {
   }
 };
 
-struct Matrix {
-  std::vector<int64_t> shape;
-  std::vector<float> value, grad;
-  DLTensor v{}, g{};
-  Matrix(int64_t rows, int64_t cols) : shape{rows, cols} {
-    const size_t n = static_cast<size_t>(rows * cols);
-    value.resize(n);
-    grad.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      value[i] = std::sin(0.1f * static_cast<float>(i));
-      grad[i] = std::cos(0.37f * static_cast<float>(i));
-    }
-    for (DLTensor* t : {&v, &g}) {
-      t->device = {kDLCPU, 0};
-      t->ndim = 2;
-      t->dtype = kF32;
-      t->shape = shape.data();
-    }
-    v.data = value.data();
-    g.data = grad.data();
-  }
-};
+using Matrix = muon_test::HostMatrix;
 
 muon_optimizer_t* Create(Pool* pool, int update_in_grad = 0, int momentum_fp32 = 0,
                          int ns_dtype = MUON_NS_DTYPE_BF16) {

@@ -16,6 +16,7 @@
 
 #include "capi/muon.h"
 #include "gtest/gtest.h"
+#include "tests/c_api/host_matrix.h"
 
 namespace {
 
@@ -80,28 +81,7 @@ muon_options_t FullOptions() {
   return o;
 }
 
-struct Matrix {
-  std::vector<int64_t> shape;
-  std::vector<float> value, grad;
-  DLTensor v{}, g{};
-  Matrix(int64_t rows, int64_t cols) : shape{rows, cols} {
-    const size_t n = static_cast<size_t>(rows * cols);
-    value.resize(n);
-    grad.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      value[i] = std::sin(0.3f * static_cast<float>(i));
-      grad[i] = std::cos(0.7f * static_cast<float>(i));
-    }
-    for (DLTensor* t : {&v, &g}) {
-      t->device = {kDLCPU, 0};
-      t->ndim = 2;
-      t->dtype = kF32;
-      t->shape = shape.data();
-    }
-    v.data = value.data();
-    g.data = grad.data();
-  }
-};
+using Matrix = muon_test::HostMatrix;
 
 // ---------------------------------------------------------------------------
 // *_init and the calls that fill a caller's struct write nothing past it.
@@ -171,7 +151,7 @@ TEST(StructVersions, GetOptionsAndGetStatsFillAnOldStructUpToItsSize) {
   muon_options_t o = FullOptions();
   o.lr = 0.25;
   ASSERT_EQ(muon_create(&o, &opt), MUON_OK) << muon_last_error_message();
-  Matrix m(6, 4);
+  Matrix m(6, 4, 0.3f, 0.7f);
   int64_t id = -1;
   ASSERT_EQ(muon_register_param(opt, &m.v, &m.g, nullptr, &id), MUON_OK);
   ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
@@ -280,7 +260,7 @@ TEST(StructVersions, RegistrationRefusesParamOptionsOfAnUnpublishedSize) {
   muon_optimizer_t* opt = nullptr;
   muon_options_t o = FullOptions();
   ASSERT_EQ(muon_create(&o, &opt), MUON_OK);
-  Matrix m(4, 4);
+  Matrix m(4, 4, 0.3f, 0.7f);
   for (size_t size : kTornParamOptions) {
     muon_param_options_t po;
     ASSERT_EQ(muon_param_options_init(&po, sizeof po), MUON_OK);
@@ -340,7 +320,7 @@ muon_custom_layout_t Layout(int64_t rows, int64_t cols) {
 
 TEST(StructVersions, CustomRegistrationRefusesUnpublishedSizes) {
   WorldOfOne w;
-  Matrix m(4, 4);
+  Matrix m(4, 4, 0.3f, 0.7f);
   for (size_t size : kTornParamOptions) {
     muon_param_options_t po;
     ASSERT_EQ(muon_param_options_init(&po, sizeof po), MUON_OK);
@@ -462,7 +442,7 @@ TEST(StructVersions, EveryPublishedParamOptionsSizeIsReadAsItsVersion) {
   muon_optimizer_t* opt = nullptr;
   muon_options_t o = FullOptions();
   ASSERT_EQ(muon_create(&o, &opt), MUON_OK);
-  Matrix a(4, 6), b(4, 6);
+  Matrix a(4, 6, 0.3f, 0.7f), b(4, 6, 0.3f, 0.7f);
   // 0.1 (24 bytes): the 0.2 fields past it hold values refused when read.
   muon_param_options_t po;
   ASSERT_EQ(muon_param_options_init(&po, sizeof po), MUON_OK);
@@ -493,7 +473,7 @@ TEST(StructVersions, EveryPublishedParamOptionsSizeIsReadAsItsVersion) {
 
 TEST(StructVersions, ThePublishedCustomLayoutAndCommSizesAreAccepted) {
   WorldOfOne w;  // muon_set_world with a muon_comm_t of 72 bytes
-  Matrix m(4, 4);
+  Matrix m(4, 4, 0.3f, 0.7f);
   muon_param_options_t po;
   ASSERT_EQ(muon_param_options_init(&po, kParamOptionsSizes[0]), MUON_OK);
   po.name = "c";
@@ -522,7 +502,7 @@ TEST(StructVersions, ANewerHeadersLargerStructIsAccepted) {
   ASSERT_EQ(muon_param_options_init(pbuf.as<muon_param_options_t>(), pbuf.size), MUON_OK);
   EXPECT_EQ(pbuf.FirstTouchedGuard(), -1);
   pbuf.as<muon_param_options_t>()->name = "w";
-  Matrix m(4, 4);
+  Matrix m(4, 4, 0.3f, 0.7f);
   int64_t id = -1;
   ASSERT_EQ(muon_register_param(opt, &m.v, &m.g, pbuf.as<muon_param_options_t>(), &id), MUON_OK)
       << muon_last_error_message();

@@ -357,3 +357,34 @@ def test_registered_tensors_stay_alive_with_the_optimizer():
     state = opt.get_state(0)
     assert torch.allclose(state, torch.full((8, 8), 1 - 0.95))
     opt.close()
+
+
+def test_cpu_engine_settings_refuse_before_anything_steps(monkeypatch):
+    """MUON_CPU_BF16 naming an engine the CPU (here capped to AVX2 by
+    MUON_CPU_ISA) cannot run, or a value libmuon does not know, fails the
+    first step with the fix named; the parameter and the state are untouched,
+    and the same optimizer steps once the setting is fixed."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(32, 48))
+    p.grad = torch.randn(32, 48)
+    before = p.detach().clone()
+    monkeypatch.setenv("MUON_CPU_ISA", "avx2")
+    monkeypatch.setenv("MUON_CPU_BF16", "amx")
+    opt = muon.Muon([p], lr=0.02)
+    with _raises("FAILED_PRECONDITION", "MUON_CPU_BF16=amx", "has no", "unset MUON_CPU_BF16",
+                 "MUON_CPU_ISA=avx2"):
+        opt.step()
+    assert torch.equal(p.detach(), before)
+    assert not opt.state_dict()["state"]
+    monkeypatch.setenv("MUON_CPU_BF16", "avx512bf16")
+    with _raises("INVALID_ARGUMENT", 'MUON_CPU_BF16="avx512bf16"', "avx512_bf16"):
+        muon.Muon([p], lr=0.02).step()
+    monkeypatch.setenv("MUON_CPU_ISA", "avx-2")
+    monkeypatch.delenv("MUON_CPU_BF16")
+    with _raises("INVALID_ARGUMENT", 'MUON_CPU_ISA="avx-2"', "avx2, baseline"):
+        muon.Muon([p], lr=0.02).step()
+    assert torch.equal(p.detach(), before)
+    monkeypatch.setenv("MUON_CPU_ISA", "avx2")
+    opt.step()
+    assert not torch.equal(p.detach(), before)
+    assert opt.state_dict()["state"]

@@ -137,7 +137,10 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
   if (config.dtype == NsDtype::kBF16) {
     NativeBf16();
-    MUON_RETURN_IF_ERROR(native_status_);  // a setting that names no engine this CPU runs
+    if (!native_status_.ok()) {  // a setting that names no engine this CPU runs
+      native_probed_ = false;    // asked again at the next call: the host may fix it
+      return native_status_;
+    }
   }
   // This rank's share of the cores, before the native products size their
   // working memory for them (and before every product: Orthogonalize comes

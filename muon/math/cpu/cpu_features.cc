@@ -195,8 +195,16 @@ absl::StatusOr<Bf16Engine> ChooseBf16Engine(uint32_t features, const char* reque
 }
 
 absl::StatusOr<Bf16Engine> ChooseBf16EngineHere() {
-  return ChooseBf16Engine(Features(), std::getenv("MUON_CPU_BF16"),
-                          std::getenv("MUON_CPU_NATIVE_BF16"), std::getenv("MUON_CPU_AMX"));
+  absl::StatusOr<Bf16Engine> engine =
+      ChooseBf16Engine(Features(), std::getenv("MUON_CPU_BF16"),
+                       std::getenv("MUON_CPU_NATIVE_BF16"), std::getenv("MUON_CPU_AMX"));
+  const char* cap = std::getenv("MUON_CPU_ISA");
+  if (!engine.ok() && cap != nullptr && cap[0] != '\0') {
+    return absl::Status(engine.status().code(),
+                        absl::StrCat(engine.status().message(), " (MUON_CPU_ISA=", cap,
+                                     " caps this CPU's features)"));
+  }
+  return engine;
 }
 
 }  // namespace cpu
