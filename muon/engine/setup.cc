@@ -75,8 +75,13 @@ RankDesc Describe(const Registry& registry, std::vector<std::vector<int>> member
 }  // namespace
 
 bool StepSetup::empty() const {
-  return exchange->stats().matrices_total == 0 && custom->stats().matrices_total == 0 &&
-         !zero2->has_blocks();
+  // Each stepper's total is the plan's, the same on every rank: a rank that
+  // holds no matrix of a non-empty job (ZeRO-2 groups it is not in, say)
+  // still takes part in the step's world collectives.
+  for (const Stepper* s : steppers()) {
+    if (s->stats().matrices_total != 0) return false;
+  }
+  return true;
 }
 
 namespace {

@@ -48,7 +48,7 @@ struct StepSetup {
 
   // In the order they run (an array: a step allocates nothing).
   std::array<Stepper*, 3> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }
-  // No rank registered a matrix (ZeRO-2: this rank holds none).
+  // No rank registered a matrix (the job's answer, the same on every rank).
   bool empty() const;
 };
 

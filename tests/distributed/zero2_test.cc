@@ -5,7 +5,12 @@
 // the averaged gradient.
 #include <dlpack/dlpack.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,6 +175,128 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
   EXPECT_EQ(orthogonalized, static_cast<int64_t>(Model().size()));
   // Each parameter's momentum is held by exactly one of the four ranks.
   EXPECT_EQ(refusals, static_cast<int>(Model().size()) * (n - 1));
+}
+
+// World 4, one ZeRO-2 group {0, 1} holding every Muon parameter; ranks 2 and
+// 3 register none and add no group (the header allows parameters that live
+// on some ranks only). Every rank steps with MUON_OK; ranks 0 and 1 end
+// equal, bit for bit, to single-process Muon on their averaged gradients.
+TEST(Zero2, RanksOutsideTheOnlyZero2GroupStepToo) {
+  const int n = 4, holders = 2;
+  const auto ref = Reference(holders);
+  // A rank left waiting on a collective is a failure, not a hang.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; })) {
+      std::fprintf(stderr, "ZeRO-2 job with parameter-less ranks hung: some rank waits on a "
+                           "collective the others never issue\n");
+      std::_Exit(1);
+    }
+  });
+  muon_inprocess_world_t* world = nullptr;
+  ASSERT_EQ(muon_inprocess_world_create(n, &world), MUON_OK);
+  std::vector<std::string> errors(n);
+  std::vector<std::vector<muon_status_t>> statuses(n);
+  std::vector<std::vector<std::vector<float>>> finals(n);
+  std::vector<muon_stats_t> stats(n);
+  auto body = [&](int rank) {
+    muon_options_t o;
+    muon_options_init(&o, sizeof o);
+    o.lr = 0.02;
+    muon_optimizer_t* opt = nullptr;
+    muon_create(&o, &opt);
+    muon_comm_t comm;
+    int32_t world_id;
+    muon_inprocess_comm(world, nullptr, 0, rank, &comm);
+    muon_status_t st = muon_set_world(opt, &comm, &world_id);
+    const bool holder = rank < holders;
+    int32_t group_id = -1;
+    if (holder && st == MUON_OK) {
+      const int32_t members[] = {0, 1};
+      muon_comm_t group;
+      st = muon_inprocess_comm(world, members, holders, rank, &group);
+      if (st == MUON_OK) st = muon_add_group(opt, &group, &group_id);
+    }
+    auto& w = finals[rank];
+    std::vector<std::vector<float>> g(Model().size());
+    std::vector<std::vector<int64_t>> shapes(Model().size());
+    for (size_t k = 0; holder && k < Model().size() && st == MUON_OK; ++k) {
+      const P& p = Model()[k];
+      w.emplace_back(p.rows * p.cols);
+      g[k].resize(p.rows * p.cols);
+      for (int64_t i = 0; i < p.rows * p.cols; ++i) w[k][i] = InitValue(p.name, i);
+      shapes[k] = {p.rows, p.cols};
+      DLTensor wt = Matrix(w[k].data(), shapes[k].data());
+      DLTensor gt = Matrix(g[k].data(), shapes[k].data());
+      muon_placement_t rep{};
+      rep.kind = MUON_PLACEMENT_REPLICATE;
+      rep.group = group_id;
+      muon_param_options_t po;
+      muon_param_options_init(&po, sizeof po);
+      po.name = p.name.c_str();
+      po.global_ndim = 2;
+      po.global_shape = shapes[k].data();
+      po.num_placements = 1;
+      po.placements = &rep;
+      po.replicated_mode = MUON_REPLICATED_ZERO2;
+      int64_t id;
+      st = muon_register_param(opt, &wt, &gt, &po, &id);
+    }
+    if (st != MUON_OK) errors[rank] = muon_last_error_message();
+    for (int s = 0; s < kSteps && st == MUON_OK; ++s) {
+      for (size_t k = 0; holder && k < Model().size(); ++k) {
+        for (size_t i = 0; i < g[k].size(); ++i) g[k][i] = RankGrad(Model()[k].name, i, s, rank);
+      }
+      st = muon_step(opt, nullptr);
+      statuses[rank].push_back(st);
+      if (st != MUON_OK) errors[rank] = muon_last_error_message();
+    }
+    muon_stats_init(&stats[rank], sizeof stats[rank]);
+    muon_get_stats(opt, &stats[rank]);
+    muon_destroy(opt);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+  muon_inprocess_world_destroy(world);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+    // Every rank took every step, and every step said the same on each.
+    ASSERT_EQ(statuses[r], std::vector<muon_status_t>(kSteps, MUON_OK)) << "rank " << r;
+    // The plan is the job's: nine ZeRO-2 matrices on every rank, stepped by
+    // the group's two ranks only.
+    EXPECT_EQ(stats[r].matrices_total, static_cast<int64_t>(Model().size())) << "rank " << r;
+  }
+  int64_t owned = 0;
+  for (int r = 0; r < holders; ++r) {
+    owned += stats[r].matrices_owned;
+    EXPECT_EQ(stats[r].matrices_orthogonalized, stats[r].matrices_owned) << "rank " << r;
+    // Blocks of two: three of 8x6, two of 5x7, a reduce-scatter and an
+    // all-gather each; and the step verdicts' all_gather on the world.
+    EXPECT_EQ(stats[r].collectives, 2 * 5 + 1) << "rank " << r;
+    ASSERT_EQ(finals[r].size(), Model().size());
+    for (size_t k = 0; k < Model().size(); ++k) {
+      ASSERT_EQ(0, std::memcmp(finals[r][k].data(), ref[k].data(), ref[k].size() * sizeof(float)))
+          << "rank " << r << " param " << Model()[k].name;
+    }
+  }
+  EXPECT_EQ(owned, static_cast<int64_t>(Model().size()));
+  for (int r = holders; r < n; ++r) {
+    EXPECT_EQ(stats[r].matrices_owned, 0) << "rank " << r;
+    EXPECT_EQ(stats[r].matrices_orthogonalized, 0) << "rank " << r;
+    // Only the step verdicts' all_gather: these ranks agree on each step.
+    EXPECT_EQ(stats[r].collectives, 1) << "rank " << r;
+  }
 }
 
 }  // namespace
