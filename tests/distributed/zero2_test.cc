@@ -51,6 +51,42 @@ DLTensor Matrix(float* data, int64_t* shape) {
 }
 
 // Single process, gradient = (sum over ranks in rank order) / n.
+// Registers every Model() parameter as a ZeRO-2 replica over `group`: its
+// value (the initial values) in (*w)[k], its gradient in (*g)[k], which the
+// caller fills before each step; stops at the first failure.
+muon_status_t RegisterModelZero2(muon_optimizer_t* opt, int32_t group,
+                                 std::vector<std::vector<float>>* w,
+                                 std::vector<std::vector<float>>* g,
+                                 std::vector<std::vector<int64_t>>* shapes) {
+  w->assign(Model().size(), {});
+  g->assign(Model().size(), {});
+  shapes->assign(Model().size(), {});
+  for (size_t k = 0; k < Model().size(); ++k) {
+    const P& p = Model()[k];
+    (*w)[k].resize(p.rows * p.cols);
+    (*g)[k].resize(p.rows * p.cols);
+    for (int64_t i = 0; i < p.rows * p.cols; ++i) (*w)[k][i] = InitValue(p.name, i);
+    (*shapes)[k] = {p.rows, p.cols};
+    DLTensor wt = Matrix((*w)[k].data(), (*shapes)[k].data());
+    DLTensor gt = Matrix((*g)[k].data(), (*shapes)[k].data());
+    muon_placement_t rep{};
+    rep.kind = MUON_PLACEMENT_REPLICATE;
+    rep.group = group;
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    po.name = p.name.c_str();
+    po.global_ndim = 2;
+    po.global_shape = (*shapes)[k].data();
+    po.num_placements = 1;
+    po.placements = &rep;
+    po.replicated_mode = MUON_REPLICATED_ZERO2;
+    int64_t id;
+    const muon_status_t st = muon_register_param(opt, &wt, &gt, &po, &id);
+    if (st != MUON_OK) return st;
+  }
+  return MUON_OK;
+}
+
 std::vector<std::vector<float>> Reference(int n) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
@@ -106,32 +142,9 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
     muon_inprocess_comm(world, nullptr, 0, rank, &comm);
     muon_set_world(opt, &comm, &world_id);
     auto& w = finals[rank];
-    std::vector<std::vector<float>> g(Model().size());
-    w.resize(Model().size());
-    std::vector<std::vector<int64_t>> shapes(Model().size());
-    muon_status_t st = MUON_OK;
-    for (size_t k = 0; k < Model().size() && st == MUON_OK; ++k) {
-      const P& p = Model()[k];
-      w[k].resize(p.rows * p.cols);
-      g[k].resize(p.rows * p.cols);
-      for (int64_t i = 0; i < p.rows * p.cols; ++i) w[k][i] = InitValue(p.name, i);
-      shapes[k] = {p.rows, p.cols};
-      DLTensor wt = Matrix(w[k].data(), shapes[k].data());
-      DLTensor gt = Matrix(g[k].data(), shapes[k].data());
-      muon_placement_t rep{};
-      rep.kind = MUON_PLACEMENT_REPLICATE;
-      rep.group = world_id;
-      muon_param_options_t po;
-      muon_param_options_init(&po, sizeof po);
-      po.name = p.name.c_str();
-      po.global_ndim = 2;
-      po.global_shape = shapes[k].data();
-      po.num_placements = 1;
-      po.placements = &rep;
-      po.replicated_mode = MUON_REPLICATED_ZERO2;
-      int64_t id;
-      st = muon_register_param(opt, &wt, &gt, &po, &id);
-    }
+    std::vector<std::vector<float>> g;
+    std::vector<std::vector<int64_t>> shapes;
+    muon_status_t st = RegisterModelZero2(opt, world_id, &w, &g, &shapes);
     for (int s = 0; s < kSteps && st == MUON_OK; ++s) {
       for (size_t k = 0; k < Model().size(); ++k) {
         for (size_t i = 0; i < g[k].size(); ++i) g[k][i] = RankGrad(Model()[k].name, i, s, rank);
@@ -221,30 +234,9 @@ TEST(Zero2, RanksOutsideTheOnlyZero2GroupStepToo) {
       if (st == MUON_OK) st = muon_add_group(opt, &group, &group_id);
     }
     auto& w = finals[rank];
-    std::vector<std::vector<float>> g(Model().size());
-    std::vector<std::vector<int64_t>> shapes(Model().size());
-    for (size_t k = 0; holder && k < Model().size() && st == MUON_OK; ++k) {
-      const P& p = Model()[k];
-      w.emplace_back(p.rows * p.cols);
-      g[k].resize(p.rows * p.cols);
-      for (int64_t i = 0; i < p.rows * p.cols; ++i) w[k][i] = InitValue(p.name, i);
-      shapes[k] = {p.rows, p.cols};
-      DLTensor wt = Matrix(w[k].data(), shapes[k].data());
-      DLTensor gt = Matrix(g[k].data(), shapes[k].data());
-      muon_placement_t rep{};
-      rep.kind = MUON_PLACEMENT_REPLICATE;
-      rep.group = group_id;
-      muon_param_options_t po;
-      muon_param_options_init(&po, sizeof po);
-      po.name = p.name.c_str();
-      po.global_ndim = 2;
-      po.global_shape = shapes[k].data();
-      po.num_placements = 1;
-      po.placements = &rep;
-      po.replicated_mode = MUON_REPLICATED_ZERO2;
-      int64_t id;
-      st = muon_register_param(opt, &wt, &gt, &po, &id);
-    }
+    std::vector<std::vector<float>> g;
+    std::vector<std::vector<int64_t>> shapes;
+    if (holder && st == MUON_OK) st = RegisterModelZero2(opt, group_id, &w, &g, &shapes);
     if (st != MUON_OK) errors[rank] = muon_last_error_message();
     for (int s = 0; s < kSteps && st == MUON_OK; ++s) {
       for (size_t k = 0; holder && k < Model().size(); ++k) {
