@@ -565,7 +565,21 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * rank's cause. Every rank returns the first failing rank's code with the
  * failing ranks and causes named (or INVALID_ARGUMENT naming the ranks'
  * differing hyper-parameters), and no update is applied. The first step's
- * setup is agreed the same way (the setup waits for `stream` once).
+ * setup is agreed the same way (the setup waits for `stream` once): every
+ * rank issues every setup collective (group memberships, the handshake, the
+ * plan check, the agreement) whatever fails on it, and every rank returns
+ * the same error; a setup that failed changed nothing, and the next
+ * muon_step sets up again. One case cannot be told apart on the failing
+ * rank: its own setup succeeded and the agreement's all_gather failed on it
+ * after its verdict left, so the others may have stepped on. That rank keeps
+ * the setup and takes part in the step's collectives refusing, so every rank
+ * fails that same muon_step, and is poisoned as below.
+ * libmuon has no collective timeout (nor do NCCL and MPI collectives): a
+ * rank that returns, crashes or stops calling without entering a collective
+ * the others entered (a host error before muon_step, a muon_step skipped on
+ * one rank) leaves them waiting in that collective. Every failure inside
+ * muon_step is carried through the step's collectives as above; one outside
+ * it is the host's to handle (abort the job, or its communicators).
  * On a GPU (CUDA tensors, more than one rank) a step does not wait for its
  * verdicts: they stay in device memory, where a kernel turns them into the
  * step's go-ahead, which the update kernels read, so no rank applies a step
@@ -833,7 +847,10 @@ MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer
  * registered in the same order (same shapes, dtypes and state dtypes) with
  * the same layout. Before the first step, a ZeRO-2 parameter this rank held
  * no momentum of when it saved is left to its owner (the first step fails,
- * agreed on every rank, if this rank owns it now). Validates the whole blob before changing anything: the
+ * agreed on every rank, if this rank owns it now). After it, a ZeRO-2
+ * parameter this rank does not own, saved before the first step (when every
+ * rank held its whole momentum), loads nothing here: its owner's blob of
+ * that time holds the momentum the setup kept. Validates the whole blob before changing anything: the
  * magic bytes and format version, the reserved and padding words (zero), a
  * step count in [0, INT64_MAX), each parameter's name, shape, view, dtype and
  * byte count, and no bytes after the last parameter. A resumed optimizer

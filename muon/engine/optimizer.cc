@@ -206,7 +206,12 @@ absl::Status Optimizer::Prepare(void* stream) {
   MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
   // Setup fails before any tensor is written.
   if (setup_ == nullptr) {
-    MUON_ASSIGN_OR_RETURN(setup_, SetUpSteps(registry_, options_, stream));
+    // A failed setup leaves setup_ NULL on every rank (they all return the
+    // same error and set up again at the next step), except on a rank whose
+    // last setup collective failed alone: it keeps setup_ and returns its
+    // error, which its step then carries into the step's verdict.
+    const absl::Status set_up = SetUpSteps(registry_, options_, stream, &setup_);
+    if (setup_ == nullptr) return set_up;
     int64_t job_matrices = 0;  // the plan's, the same on every rank
     for (const Stepper* s : setup_->steppers()) job_matrices += s->stats().matrices_total;
     if (job_matrices == 0) {
@@ -222,6 +227,7 @@ absl::Status Optimizer::Prepare(void* stream) {
       stats_.matrices_total += s->stats().matrices_total;
       stats_.matrices_owned += s->stats().matrices_owned;
     }
+    MUON_RETURN_IF_ERROR(set_up);
   }
   if (setup_->empty()) {
     return absl::FailedPreconditionError(

@@ -94,20 +94,35 @@ absl::Status GatherInt64(Comm& world, Device* device, int64_t mine, int64_t* out
   return HostAllGather(world, device, &mine, out, sizeof mine, stream, op, staging);
 }
 
+namespace {
+bool JobFailed(const unsigned char* all, int n);
+}  // namespace
+
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what,
-                          const std::vector<unsigned char>* exchanged, AgreeScratch* scratch) {
+                          const std::vector<unsigned char>* exchanged, AgreeScratch* scratch,
+                          bool* job_failed) {
+  if (job_failed != nullptr) *job_failed = false;
   if (world.size() == 1) return local.status();
   const size_t bytes = static_cast<size_t>(world.size()) * sizeof(Verdict);
   if (exchanged != nullptr && exchanged->size() == bytes) {
+    if (job_failed != nullptr) *job_failed = JobFailed(exchanged->data(), world.size());
     return JudgeVerdicts(world, device, local, options, stream, what, exchanged->data(), bytes);
   }
   AgreeScratch own;
   AgreeScratch& s = scratch != nullptr ? *scratch : own;
   const Verdict mine{kVerdictMagic, static_cast<int32_t>(local.status().code()),
                      HyperDigest(options)};
-  MUON_RETURN_IF_ERROR(GatherAll(world, device, &mine, sizeof mine, &s.verdicts, stream,
-                                 AgreeingLabel(what, &s.label)));
+  const absl::Status gathered = GatherAll(world, device, &mine, sizeof mine, &s.verdicts, stream,
+                                          AgreeingLabel(what, &s.label));
+  // When this rank's all_gather failed but the verdicts still reached it
+  // (the data moved before the failure) and they say the job failed, the
+  // others judge them alike and gather the reports: so does this rank, and
+  // returns the same error. Else its failure is its own: returned here, and
+  // the others (who may have judged the step OK) learn it at the next step.
+  const bool job = JobFailed(s.verdicts.data(), world.size());
+  if (job_failed != nullptr) *job_failed = job;
+  if (!gathered.ok() && !job) return gathered;
   return JudgeVerdicts(world, device, local, options, stream, what, s.verdicts.data(), bytes);
 }
 
@@ -117,6 +132,23 @@ Verdict VerdictAt(const unsigned char* all, int r) {
   Verdict v;
   std::memcpy(&v, all + static_cast<size_t>(r) * sizeof v, sizeof v);
   return v;
+}
+
+// What every rank that holds these verdicts judges a failure of the job: a
+// verdict that arrived intact and says its rank failed, or intact verdicts
+// whose hyper-parameters differ.
+bool JobFailed(const unsigned char* all, int n) {
+  bool intact = true, differ = false;
+  for (int r = 0; r < n; ++r) {
+    const Verdict x = VerdictAt(all, r);
+    if (x.magic != kVerdictMagic) {
+      intact = false;
+      continue;
+    }
+    if (x.code != 0) return true;
+    differ = differ || x.digest != VerdictAt(all, 0).digest;
+  }
+  return intact && differ;
 }
 
 }  // namespace
@@ -138,19 +170,26 @@ absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& loca
     return absl::InternalError(absl::StrCat(what, ": ", bytes, " bytes of verdicts for ", n,
                                             " ranks"));
   }
-  bool failed = false, differ = false;
+  // A verdict that arrived damaged (the communicator mis-paired or spoiled
+  // this rank's receive) counts for nothing; the intact ones are judged.
+  bool failed = false, differ = false, damaged = false;
   for (int r = 0; r < n; ++r) {
     const Verdict x = VerdictAt(verdicts, r);
     if (x.magic != kVerdictMagic) {
-      return absl::InternalError(absl::StrCat(
-          what, ": a rank's verdict arrived damaged (magic ", x.magic,
-          "); the communicator mis-paired the collectives of this step"));
+      damaged = true;
+      continue;
     }
     failed = failed || x.code != 0;
     differ = differ || x.digest != VerdictAt(verdicts, 0).digest;
   }
-  if (!failed && !differ) return local.status();  // (not OK: failed after its verdict left)
-
+  differ = differ && !damaged;
+  if (!failed && !differ) {
+    if (!damaged) return local.status();  // (not OK: failed after its verdict left)
+    return absl::InternalError(absl::StrCat(
+        what, ": a rank's verdict arrived damaged; the communicator mis-paired or spoiled the "
+        "collectives of this step", local.ok() ? "" : " (and this rank failed: ",
+        local.ok() ? "" : local.status().message(), local.ok() ? "" : ")"));
+  }
   // Something to tell: every rank's report (its failure, or its values).
   std::vector<Verdict> v(static_cast<size_t>(n));
   std::memcpy(v.data(), verdicts, bytes);

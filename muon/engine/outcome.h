@@ -82,10 +82,17 @@ const std::string& AgreeingLabel(const std::string& what, std::string* label);
 // rank after its verdict left (local fails, the verdicts say OK) is this
 // rank's alone: returned here, learnt by the others at the next step.
 // `scratch`: kept by the caller between steps (NULL: this call's own).
+// When this rank's all_gather fails but every verdict still arrived and
+// some say their rank failed, this rank judges them as the others do (the
+// reports included) and returns the same error; else the all_gather's error.
+// *job_failed (optional): whether the verdicts this rank holds say the job
+// failed (a rank's failure, or differing hyper-parameters), a judgement
+// every rank that received them shares; false when the error is this
+// rank's alone (its own failure after its verdict left, its collective).
 absl::Status AgreeOutcome(Comm& world, Device* device, const LocalOutcome& local,
                           const Options& options, void* stream, const std::string& what,
                           const std::vector<unsigned char>* exchanged = nullptr,
-                          AgreeScratch* scratch = nullptr);
+                          AgreeScratch* scratch = nullptr, bool* job_failed = nullptr);
 
 // AgreeOutcome's judgement of verdicts every rank already holds (`all`, rank
 // order, the same bytes on every rank): on a GPU the verdicts of a step are

@@ -147,27 +147,43 @@ absl::Status Build(Registry& registry, const Options& options,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const Options& options,
-                                                      void* stream) {
+absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream,
+                        std::unique_ptr<StepSetup>* setup) {
+  setup->reset();
   Comm& world = registry.world();
-  MUON_ASSIGN_OR_RETURN(std::vector<std::vector<int>> members,
-                        GatherGroupMembers(world, registry.groups(), registry.device().get(),
-                                           stream));
-  absl::Status local_error;
-  const RankDesc me = Describe(registry, members, &local_error);
-  MUON_ASSIGN_OR_RETURN(Plan plan, AgreePlan(world, me, Fingerprint(options),
-                                             PlanOptionsOf(options), local_error,
-                                             registry.device().get(), stream));
+  Device* device = registry.device().get();
+  // This rank's first failure; it goes on taking part in every collective.
+  LocalOutcome local;
+  std::vector<std::vector<int>> members;
+  local.Note(GatherGroupMembers(world, registry.groups(), device, stream, &members));
+  absl::Status described;
+  const RankDesc me = Describe(registry, members, &described);
+  local.Note(described);
+  bool own = true;
+  absl::StatusOr<Plan> plan = AgreePlan(world, me, Fingerprint(options), PlanOptionsOf(options),
+                                        local.status(), device, stream, &own);
+  // A failure every rank read alike from the plan check (a rank that could
+  // not build the plan, which reports its cause below; plans that differ).
+  absl::Status job_error;
+  if (!plan.ok()) (own ? local.Note(plan.status()) : void(job_error = plan.status()));
 
   auto s = std::make_unique<StepSetup>();
-  absl::Status built = Build(registry, options, members, plan, world, s.get());
+  if (plan.ok()) local.Note(Build(registry, options, members, *plan, world, s.get()));
   // What each rank allocated is its own: the ranks agree on it (and on the
   // hyper-parameters) before any step, so that none steps alone.
-  LocalOutcome local;
-  local.Note(built);
-  MUON_RETURN_IF_ERROR(AgreeOutcome(world, registry.device().get(), local, options, stream,
-                                    "the first step's setup"));
-  return s;
+  bool job_failed = false;
+  const absl::Status agreed = AgreeOutcome(world, device, local, options, stream,
+                                           "the first step's setup", nullptr, nullptr,
+                                           &job_failed);
+  if (agreed.ok() && job_error.ok()) {
+    *setup = std::move(s);
+    return absl::OkStatus();
+  }
+  if (agreed.ok()) return job_error;
+  // Set up here, and nothing this rank received says the job failed: the
+  // failure is this rank's last collective, and the others may have gone on.
+  if (local.ok() && plan.ok() && job_error.ok() && !job_failed) *setup = std::move(s);
+  return agreed;
 }
 
 }  // namespace muon

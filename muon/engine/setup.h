@@ -53,9 +53,18 @@ struct StepSetup {
 };
 
 // Sets up the steps of `registry`'s parameters with `options` (kept by
-// pointer: the steppers read the current options at every step).
-absl::StatusOr<std::unique_ptr<StepSetup>> SetUpSteps(Registry& registry, const Options& options,
-                                                      void* stream);
+// pointer: the steppers read the current options at every step), agreed like
+// a step: every rank issues every collective of the setup whatever fails on
+// it (group memberships, the handshake, the plan check, the agreement on the
+// outcome), and every rank returns the same outcome, the failing ranks and
+// their causes named. On success *setup is the setup; on failure it is NULL,
+// with one exception: a rank whose own setup succeeded and whose last
+// collective (the agreement) failed after its verdict left cannot tell
+// whether the others stepped on. It keeps *setup and returns its error: its
+// step goes on taking part in the step's collectives, refusing, so that
+// every rank fails that same step (the others learn why from its verdict).
+absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream,
+                        std::unique_ptr<StepSetup>* setup);
 
 }  // namespace muon
 

@@ -70,6 +70,11 @@ absl::Status PlanOwn(const std::vector<Param>& params, const SavedState& blob, b
           "blob with muon_load_states"));
     }
     if (!holds) {
+      // Saved before the first step's setup, when every rank held a ZeRO-2
+      // param's whole momentum (no rank knew its owner yet): what the owner
+      // saved then is the momentum the setup kept (the setup drops the
+      // others' copies), so this rank, which does not own it, loads nothing.
+      if (IsZero2(p) && s.kind == kGlobalRuns && s.held == p.numel()) continue;
       return absl::InvalidArgumentError(absl::StrCat(
           who, ": the blob holds ", s.nbytes, " momentum bytes, but its momentum lives on its "
           "ZeRO-2 owner, another rank: load that rank's blob there"));

@@ -176,17 +176,20 @@ absl::StatusOr<RankDesc> ParseRankDesc(const std::string& bytes, const std::stri
   return d;
 }
 
-absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
-    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, Device* device, void* stream) {
-  std::vector<std::vector<int>> members;
+absl::Status GatherGroupMembers(Comm& world, const std::vector<std::shared_ptr<Comm>>& groups,
+                                Device* device, void* stream,
+                                std::vector<std::vector<int>>* members) {
+  members->clear();
+  absl::Status first;
   for (const auto& g : groups) {
-    std::vector<int32_t> m(g->size());
+    std::vector<int32_t> m(g->size(), -1);
     const int32_t mine = world.rank();
-    MUON_RETURN_IF_ERROR(HostAllGather(*g, device, &mine, m.data(), sizeof mine, stream,
-                                       "setup: group membership"));
-    members.emplace_back(m.begin(), m.end());
+    const absl::Status st = HostAllGather(*g, device, &mine, m.data(), sizeof mine, stream,
+                                          "setup: group membership");
+    if (first.ok()) first = st;
+    members->emplace_back(m.begin(), m.end());
   }
-  return members;
+  return first;
 }
 
 HandshakeKey KeyOf(const std::string& part) {
@@ -253,8 +256,8 @@ std::string CompressPart(const std::string& part) {
 }
 
 bool ExpandPart(const std::string& wire, const HandshakeKey& key, std::string* part) {
-  // A size no allocation could hold is not a part (headers come from the wire).
-  if (key.size > (uint64_t{1} << 40)) return false;
+  // A size no handshake makes is not a part (keys come from the wire).
+  if (key.size > kMaxHandshakePart) return false;
   part->assign(static_cast<size_t>(key.size), '\0');
   uLongf size = static_cast<uLongf>(key.size);
   const int rc = uncompress(reinterpret_cast<Bytef*>(part->empty() ? nullptr : &(*part)[0]), &size,
@@ -442,33 +445,48 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
 
 absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
                                const PlanOptions& options, const absl::Status& local_error,
-                               Device* device, void* stream) {
+                               Device* device, void* stream, bool* own) {
+  if (own != nullptr) *own = true;
   const HandshakeParts mine = SplitHandshake(fingerprint, me);
   const int n = world.size(), self = world.rank();
   const char* op = "setup: handshake";
+  // This rank's first failure; it goes on taking part in every collective.
+  absl::Status failed = local_error;
+  auto note = [&failed](const absl::Status& st) {
+    if (failed.ok() && !st.ok()) failed = st;
+  };
+  // A size from the wire that no handshake makes: that part travels as no
+  // bytes (on every rank alike: they all hold the same headers).
+  auto capped = [&](uint64_t size, int sender, const char* what) -> size_t {
+    if (size <= kMaxHandshakePart) return static_cast<size_t>(size);
+    note(absl::InternalError(absl::StrCat("setup: rank ", sender, " announced a ", what, " of ",
+                                          size, " bytes, more than a handshake part may hold (",
+                                          kMaxHandshakePart, "); its header arrived damaged")));
+    return 0;
+  };
 
   // 1. The headers: every rank's shared key and own part's size.
   std::vector<HandshakeHeader> headers(n);
-  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &mine.header, headers.data(),
-                                     sizeof(HandshakeHeader), stream, op));
+  note(HostAllGather(world, device, &mine.header, headers.data(), sizeof(HandshakeHeader), stream,
+                     op));
 
   // 2. The own parts, each to every rank.
   std::vector<size_t> send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n);
   std::string send, recv;
-  send.reserve(mine.own.size() * n);
+  const size_t own_sent = mine.own.size() <= kMaxHandshakePart ? mine.own.size() : 0;
+  send.reserve(own_sent * n);
   size_t total = 0;
   for (int j = 0; j < n; ++j) {
-    send_bytes[j] = mine.own.size();
+    send_bytes[j] = own_sent;
     send_offsets[j] = send.size();
-    send += mine.own;
-    recv_bytes[j] = headers[j].own_size;
+    send.append(mine.own, 0, own_sent);
+    recv_bytes[j] = capped(headers[j].own_size, j, "part of its own");
     recv_offsets[j] = total;
     total += recv_bytes[j];
   }
   recv.resize(total);
-  MUON_RETURN_IF_ERROR(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets,
-                                     send.size(), &recv[0], recv_bytes, recv_offsets, total,
-                                     stream, op));
+  note(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets, send.size(), &recv[0],
+                     recv_bytes, recv_offsets, total, stream, op));
   std::vector<std::string> owns(n);
   for (int j = 0; j < n; ++j) owns[j] = recv.substr(recv_offsets[j], recv_bytes[j]);
   std::string().swap(recv);
@@ -476,7 +494,8 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   std::vector<std::string>().swap(owns);
 
   // 3. The distinct shared parts and member lists this rank does not hold,
-  // each from one of its holders (a shared part compressed).
+  // each from one of its holders (a shared part compressed). A part whose
+  // size no handshake makes travels as no bytes, on both sides.
   std::vector<std::string> bytes(dir.parts());
   for (const auto& [part, local] : dir.Held(self)) {
     bytes[part] = local == 0 ? mine.shared : mine.groups[local - 1];
@@ -485,7 +504,10 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   const std::vector<std::vector<size_t>> sent = dir.Sent(self);
   for (int j = 0; j < n; ++j) {
     send_offsets[j] = send.size();
-    for (size_t part : sent[j]) send += dir.Compressed(part, self) ? mine.shared_wire : bytes[part];
+    for (size_t part : sent[j]) {
+      if (dir.WireSize(part, self) > kMaxHandshakePart) continue;
+      send += dir.Compressed(part, self) ? mine.shared_wire : bytes[part];
+    }
     send_bytes[j] = send.size() - send_offsets[j];
   }
   std::vector<std::vector<size_t>> from(n);
@@ -493,25 +515,28 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
     const int s = dir.Sender(part, self);
     if (s >= 0) from[s].push_back(part);
   }
+  std::vector<std::vector<size_t>> part_bytes(n);  // each received part's, as it travels
   total = 0;
   for (int j = 0; j < n; ++j) {
     recv_offsets[j] = total;
     recv_bytes[j] = 0;
-    for (size_t part : from[j]) recv_bytes[j] += dir.WireSize(part, j);
+    for (size_t part : from[j]) {
+      part_bytes[j].push_back(capped(dir.WireSize(part, j), j, "handshake part"));
+      recv_bytes[j] += part_bytes[j].back();
+    }
     total += recv_bytes[j];
   }
   recv.resize(total);
-  MUON_RETURN_IF_ERROR(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets,
-                                     send.size(), &recv[0], recv_bytes, recv_offsets, total,
-                                     stream, op));
+  note(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets, send.size(), &recv[0],
+                     recv_bytes, recv_offsets, total, stream, op));
   std::string().swap(send);
   // A part that does not expand to its key fails the setup on this rank
   // after the verdicts (every rank still joins them).
   absl::Status received;
   for (int j = 0; j < n; ++j) {
     size_t at = recv_offsets[j];
-    for (size_t part : from[j]) {
-      const size_t size = static_cast<size_t>(dir.WireSize(part, j));
+    for (size_t i = 0; i < from[j].size(); ++i) {
+      const size_t part = from[j][i], size = part_bytes[j][i];
       if (!dir.Compressed(part, j)) {
         bytes[part] = recv.substr(at, size);
       } else if (!ExpandPart(recv.substr(at, size), dir.key(part), &bytes[part]) &&
@@ -524,35 +549,50 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
   }
   std::string().swap(recv);
 
-  // Every rank now holds the same data and reaches the same verdict; a rank
-  // that fails alone (a custom assignment) still joins the digest exchange.
+  // Every rank that received the same data reaches the same verdict; a rank
+  // that fails alone (a custom assignment, a collective) still joins the
+  // digest exchange.
   Plan plan;
-  absl::Status built = [&]() -> absl::Status {
-    if (!local_error.ok()) return local_error;
-    MUON_RETURN_IF_ERROR(received);
-    MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
-                          dir.AssembleShared(bytes, fingerprint, self));
-    std::vector<std::string>().swap(bytes);
-    MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, self, options));
-    return absl::OkStatus();
-  }();
+  if (failed.ok()) {
+    failed = [&]() -> absl::Status {
+      MUON_RETURN_IF_ERROR(received);
+      MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
+                            dir.AssembleShared(bytes, fingerprint, self));
+      std::vector<std::string>().swap(bytes);
+      MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, self, options));
+      return absl::OkStatus();
+    }();
+  }
+  // The plan check's verdict: the plan's digest, and whether it was built,
+  // in words no damaged byte turns into each other (a word that is neither
+  // is damage, this rank's own failure).
+  constexpr uint64_t kBuilt = 0x544c495542u;          // "BUILT"
+  constexpr uint64_t kFailed = 0x44454c494146u;       // "FAILED"
   struct Verdict {
     uint64_t digest;
-    uint64_t failed;
-  } my_verdict{built.ok() ? plan.digest : 0, built.ok() ? 0u : 1u};
-  std::vector<Verdict> verdicts(n);
-  MUON_RETURN_IF_ERROR(HostAllGather(world, device, &my_verdict, verdicts.data(),
-                                     sizeof my_verdict, stream, "setup: plan check"));
-  if (!built.ok()) return built;
-  for (int r = 0; r < n; ++r) {
-    if (verdicts[r].failed) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("setup: rank ", r, " could not build the plan (see its error)"));
-    }
-    if (verdicts[r].digest != plan.digest) {
-      return absl::InvalidArgumentError(absl::StrCat(
+    uint64_t state;
+  } my_verdict{failed.ok() ? plan.digest : 0, failed.ok() ? kBuilt : kFailed};
+  std::vector<Verdict> verdicts(n, Verdict{0, 0});
+  note(HostAllGather(world, device, &my_verdict, verdicts.data(), sizeof my_verdict, stream,
+                     "setup: plan check"));
+  for (int r = 0; r < n && failed.ok(); ++r) {
+    if (verdicts[r].state != kBuilt && verdicts[r].state != kFailed) {
+      failed = absl::InternalError(absl::StrCat("setup: rank ", r,
+                                                "'s plan check arrived damaged"));
+    } else if (verdicts[r].state == kBuilt && verdicts[r].digest != plan.digest) {
+      failed = absl::InvalidArgumentError(absl::StrCat(
           "setup: rank ", r, " computed a different plan than rank ", world.rank(),
           " (a custom assignment must give the same owners on every rank)"));
+    }
+  }
+  if (!failed.ok()) return failed;
+  // Another rank's failure, which every rank reads alike: that rank reports
+  // its cause when the ranks agree on the setup's outcome.
+  if (own != nullptr) *own = false;
+  for (int r = 0; r < n; ++r) {
+    if (verdicts[r].state == kFailed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("setup: rank ", r, " could not build the plan (see its error)"));
     }
   }
   return plan;

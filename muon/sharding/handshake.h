@@ -8,7 +8,8 @@
 //   AgreePlan:          on the world, an all_gather of 40-byte headers, an
 //                       all_to_all_v of the own parts, an all_to_all_v of the
 //                       shared parts, and an all_gather of the verdicts
-//                       (plan digest, or failed).
+//                       (plan digest, built or failed).
+// Every rank issues all of them whatever fails on it.
 // A rank's message (its settings fingerprint, options every rank must share,
 // and its description) travels in parts (SplitHandshake), so that what many
 // ranks share crosses the wire once per receiver, not once per sender:
@@ -152,19 +153,40 @@ class HandshakeDirectory {
   std::vector<std::vector<int>> holders_;  // per part, ascending
 };
 
-// The world ranks of every group's members, in group-rank order.
-absl::StatusOr<std::vector<std::vector<int>>> GatherGroupMembers(
-    Comm& world, const std::vector<std::shared_ptr<Comm>>& groups, Device* device, void* stream);
+// The world ranks of every group's members, in group-rank order, into
+// *members. Every group's all_gather is issued whatever happens to the others
+// (so that no member is left waiting); the first failure is returned, with
+// what arrived kept in *members.
+absl::Status GatherGroupMembers(Comm& world, const std::vector<std::shared_ptr<Comm>>& groups,
+                                Device* device, void* stream,
+                                std::vector<std::vector<int>>* members);
+
+// The most bytes a rank's own part, or one shared part or member list (as it
+// travels and as it expands), may hold. Sizes come from the wire: a larger
+// one is no handshake a job makes (a million FlatRange placements take 16
+// MiB of own part) but damage, refused before anything is allocated for it.
+// Every rank sees the same headers, so every rank treats such a part alike:
+// it travels as no bytes and every rank fails the setup naming its sender.
+constexpr uint64_t kMaxHandshakePart = uint64_t{1} << 28;  // 256 MiB
 
 // Exchanges `me` (this rank's description, groups filled in) and
 // `fingerprint` over `world`, builds the plan and checks every rank built the
-// same. `local_error`: a problem this rank found while describing itself; it
-// still takes part in every collective, then every rank fails (this one with
-// `local_error`, the others naming it). Ranks whose fingerprints differ fail
-// with both named.
+// same. Every rank issues every collective of the handshake whatever fails
+// (its own description, a collective, the data received), so that a failure
+// leaves no rank waiting and no collective mis-paired. `local_error`: a
+// problem this rank found before (describing itself, its group
+// memberships); it still takes part in every collective, then every rank
+// fails (this one with `local_error`, the others naming it). Ranks whose
+// fingerprints differ fail with both named.
+// On failure, *own (optional) says whether the cause is this rank's own (its
+// `local_error`, one of its collectives, the plan it built from what it
+// received, a plan check that differs from its plan or arrived damaged) or
+// only another rank's verdict that it could not build the plan, which every
+// rank reads alike: that rank reports its cause when the setup's outcome is
+// agreed, and this one reports OK there.
 absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
                                const PlanOptions& options, const absl::Status& local_error,
-                               Device* device, void* stream);
+                               Device* device, void* stream, bool* own = nullptr);
 
 }  // namespace muon
 

@@ -37,9 +37,8 @@ std::vector<Outcome> Handshake(
     std::shared_ptr<Comm> g = world.Join(rank, parity, "parity");
     ASSERT_TRUE(w && g);
     Outcome& o = out[rank];
-    auto members = GatherGroupMembers(*w, {w, g}, nullptr, nullptr);
-    ASSERT_TRUE(members.ok()) << members.status();
-    o.members = *members;
+    const absl::Status gathered = GatherGroupMembers(*w, {w, g}, nullptr, nullptr, &o.members);
+    ASSERT_TRUE(gathered.ok()) << gathered;
     RankDesc me = testjob::DescribeRank(rank, n, {}, params);
     me.groups = o.members;
     std::string fingerprint = "same options";

@@ -3,6 +3,7 @@
 // and what comes back from a user gather is checked, never trusted.
 #include <dlpack/dlpack.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -33,6 +34,11 @@ struct Host {
   // the host's collective (its barrier), so no other rank waits on it.
   int fail_gather_on = -1;
   int fail_redistribute_on = -1;
+  // >= 0: the world communicator's collective number `fail_call` (counted
+  // from the start) fails after moving the data, on rank `fail_rank` (-1:
+  // on every rank); a failed step is then tried once more.
+  int fail_call = -1;
+  int fail_rank = -1;
 };
 
 struct RankState {
@@ -96,6 +102,9 @@ struct Outcome {
   std::vector<std::vector<float>> pieces;
   std::vector<std::string> errors;
   std::vector<muon_stats_t> stats;
+  std::vector<int> failed_step;     // -1: none
+  std::vector<std::string> again;   // with fail_call: the step tried again ("" if it succeeded)
+  std::vector<int> calls;           // the world's collectives, counted with fail_call
 };
 
 Outcome RunRanks(Host& host, int steps) {
@@ -109,6 +118,9 @@ Outcome RunRanks(Host& host, int steps) {
   out.pieces.resize(n);
   out.errors.resize(n);
   out.stats.resize(n);
+  out.failed_step.assign(n, -1);
+  out.again.resize(n);
+  out.calls.resize(n);
   auto body = [&](int rank) {
     RankState state{&host, rank};
     muon_options_t o;
@@ -120,6 +132,11 @@ Outcome RunRanks(Host& host, int steps) {
     muon_comm_t comm;
     int32_t world_id;
     muon_inprocess_comm(world, nullptr, 0, rank, &comm);
+    CallCounter counter;
+    if (host.fail_call >= 0) {
+      if (host.fail_rank < 0 || host.fail_rank == rank) counter.fail_on = host.fail_call;
+      comm = WrapFailing(comm, &counter);
+    }
     muon_set_world(opt, &comm, &world_id);
     muon_inprocess_comm(world, reversed.data(), n, rank, &host.barrier_comms[rank]);
     std::vector<float>& piece = out.pieces[rank];
@@ -148,8 +165,16 @@ Outcome RunRanks(Host& host, int steps) {
         grad[i] = GradValue("custom", FirstRow(rank) * kCols + static_cast<int64_t>(i), s);
       }
       st = muon_step(opt, nullptr);
+      if (st != MUON_OK) {
+        out.failed_step[rank] = s;
+        out.errors[rank] = muon_last_error_message();
+        if (host.fail_call >= 0) {  // the same step again, with the same gradient
+          st = muon_step(opt, nullptr);
+          out.again[rank] = st == MUON_OK ? "" : muon_last_error_message();
+        }
+      }
     }
-    if (st != MUON_OK) out.errors[rank] = muon_last_error_message();
+    out.calls[rank] = counter.calls;
     muon_stats_init(&out.stats[rank], sizeof out.stats[rank]);
     muon_get_stats(opt, &out.stats[rank]);
     muon_destroy(opt);
@@ -216,6 +241,54 @@ TEST(CustomPath, WrongShapeFromGatherIsRefusedOnEveryRank) {
         << "rank " << r << ": " << out.errors[r];
     EXPECT_NE(out.errors[r].find("registered as 10 x 6"), std::string::npos) << out.errors[r];
   }
+}
+
+// Every collective of the first step's setup (the world's membership, the
+// handshake's four, the agreement on its outcome) failed on one rank or on every rank: every rank
+// fails that step alike, naming the failure. A setup that failed changed
+// nothing: the same step tried again sets up and succeeds, and the run ends
+// bit for bit as an uninterrupted one. The agreement's all_gather failing
+// after the verdicts left: the failing ranks keep the setup and refuse in the
+// step, every rank fails it, and every rank refuses the step tried again.
+TEST(CustomPath, AFaultAtEverySetupCollectiveFailsEveryRankAlike) {
+  Host counting;
+  counting.fail_call = 1 << 30;  // counted, never failed
+  const Outcome clean = RunRanks(counting, 2);
+  const Outcome one = [] {
+    Host h;
+    h.fail_call = 1 << 30;
+    return RunRanks(h, 1);
+  }();
+  const int setup_calls = one.calls[1] - (clean.calls[1] - one.calls[1]);
+  // The world's membership, the handshake's four, the agreement.
+  ASSERT_EQ(setup_calls, 6);
+  int injected = 0;
+  for (int fail_rank : {-1, 1}) {
+    for (int k = 0; k < setup_calls; ++k) {
+      SCOPED_TRACE("collective " + std::to_string(k) + " on " +
+                   (fail_rank < 0 ? std::string("every rank") : "rank 1"));
+      Host host;
+      host.fail_call = k;
+      host.fail_rank = fail_rank;
+      const Outcome out = RunRanks(host, 2);
+      ++injected;
+      const bool agreement = k == setup_calls - 1;
+      for (int r = 0; r < host.ranks; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        const std::string& e = out.errors[r];
+        EXPECT_EQ(out.failed_step[r], 0) << e;
+        EXPECT_NE(e.find("injected link failure"), std::string::npos) << e;
+        EXPECT_NE(e.find(fail_rank < 0 ? "rank 0:" : "rank 1:"), std::string::npos) << e;
+        if (agreement) {
+          EXPECT_NE(out.again[r].find("refused"), std::string::npos) << out.again[r];
+          continue;
+        }
+        EXPECT_EQ(out.again[r], "");
+        EXPECT_EQ(out.pieces[r], clean.pieces[r]);
+      }
+    }
+  }
+  std::printf("custom path setup: %d faults injected and survived\n", injected);
 }
 
 TEST(CustomPath, ACallbackFailingOnOneRankFailsTheStepOnEveryRank) {

@@ -1,5 +1,6 @@
-// Fault injection at every collective of a step, on one rank and on every
-// rank, for the exchange stepper and the ZeRO-2 stepper (in-process ranks
+// Fault injection at every collective of a step, and of the first step's
+// setup, on one rank and on every rank, for the exchange stepper and the
+// ZeRO-2 stepper (in-process ranks
 // over the C API, each communicator wrapped to fail its k-th call after the
 // data moved). For every k: no hang (the test's timeout bounds it), every
 // rank returns an error for the step (the one exception: when the fault hits
@@ -41,6 +42,17 @@ std::vector<TParam> Zero2Model() {
   };
   for (TParam& p : m) p.replicated_mode = MUON_REPLICATED_ZERO2;
   return m;
+}
+
+// "big" is worth splitting over the ranks (MUON_ASSIGNMENT_SPLIT).
+std::vector<TParam> SplitModel() {
+  std::vector<TParam> model = {
+      {"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}};
+  for (int i = 0; i < 15; ++i) {  // 4 matrices per rank: a split may happen
+    model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
+                     nullptr});
+  }
+  return model;
 }
 
 bool Has(const std::string& s, const std::string& part) {
@@ -126,6 +138,114 @@ void InjectEverywhere(const Case& c, int prefetch) {
   std::printf("%s, prefetch %d: %d faults injected and survived\n", c.name, prefetch, injected);
 }
 
+// Every collective of the first step's setup (group memberships, the
+// handshake's four, the agreement on its outcome), failed on one rank or on
+// every rank after the data moved: every rank fails that first step alike,
+// naming the injected failure. Where the setup itself fails (every
+// collective but the agreement's), nothing changed: stepping again sets up
+// again and succeeds on every rank. Where the agreement's all_gather fails
+// after the verdicts left, the failing ranks cannot tell whether the others
+// stepped on: they keep the setup and refuse in the step, which every rank
+// then fails, and every rank refuses the next step until the state is
+// restored. Either way, restoring the state from before the first step and
+// stepping gives the uninterrupted run bit for bit.
+void InjectInSetup(const Case& c, int prefetch) {
+  SCOPED_TRACE(std::string(c.name) + " setup, prefetch " + std::to_string(prefetch));
+  RunConfig clean;
+  clean.steps = 2;
+  clean.prefetch_count = prefetch;
+  clean.round_bytes = c.round_bytes;
+  clean.assignment = c.assignment;
+  clean.count_calls = true;
+  const std::vector<RankResult> counted = RunDistributed(c.model, c.mesh, clean);
+  clean.steps = 1;
+  const std::vector<RankResult> want = RunDistributed(c.model, c.mesh, clean);
+  const int n = c.mesh.size();
+  int setup_calls = -1;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(counted[r].error.empty()) << counted[r].error;
+    ASSERT_TRUE(want[r].error.empty()) << want[r].error;
+    const std::vector<int>& at = counted[r].calls_before_step;
+    const int setup = at[1] - (at[2] - at[1]);  // step 0 and step 1 issue the same
+    if (r == 0) setup_calls = setup;
+    ASSERT_EQ(setup, setup_calls) << "rank " << r;
+  }
+  ASSERT_GE(setup_calls, 5);  // the handshake's four and the agreement, at least
+  int injected = 0;
+  for (int fail_rank : {-1, 1}) {
+    for (int k = 0; k < setup_calls; ++k) {
+      SCOPED_TRACE("collective " + std::to_string(k) + " of the setup, on " +
+                   (fail_rank < 0 ? std::string("every rank") : "rank 1"));
+      RunConfig cfg;
+      cfg.steps = 2;
+      cfg.prefetch_count = prefetch;
+      cfg.round_bytes = c.round_bytes;
+      cfg.assignment = c.assignment;
+      cfg.fail_call = k;
+      cfg.fail_rank = fail_rank;
+      const bool agreement = k == setup_calls - 1;
+      const std::vector<RankResult> res = RunDistributed(c.model, c.mesh, cfg);
+      ++injected;
+      for (int r = 0; r < n; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        EXPECT_EQ(res[r].failed_step, 0) << res[r].error;
+        EXPECT_TRUE(Has(res[r].error, "injected link failure")) << res[r].error;
+        EXPECT_TRUE(Has(res[r].error, fail_rank < 0 ? "rank 0:" : "rank 1:")) << res[r].error;
+        if (agreement) {
+          EXPECT_FALSE(res[r].again_ok);
+          EXPECT_TRUE(Has(res[r].refused, "FAILED_PRECONDITION")) << res[r].refused;
+        } else {
+          EXPECT_TRUE(res[r].again_ok) << res[r].refused;
+        }
+        EXPECT_TRUE(res[r].recovered) << res[r].recovery_error;
+        ASSERT_EQ(res[r].params.size(), want[r].params.size());
+        for (size_t j = 0; j < want[r].params.size(); ++j) {
+          EXPECT_EQ(res[r].params[j], want[r].params[j]) << res[r].names[j];
+        }
+      }
+    }
+  }
+  std::printf("%s setup, prefetch %d: %d faults injected and survived\n", c.name, prefetch,
+              injected);
+}
+
+TEST(Faults, SetupAtEveryCollective) {
+  for (int prefetch : {0, 1, 2}) {
+    InjectInSetup({"exchange", ExchangeModel(), Mesh{{2, 2}}, 4 * 12 * 8}, prefetch);
+  }
+  InjectInSetup({"zero2", Zero2Model(), Mesh{{4}}}, 0);
+  InjectInSetup({"split", SplitModel(), Mesh{{4}}, 4 * 8 * 8, MUON_ASSIGNMENT_SPLIT}, 1);
+}
+
+// A lying link: rank 1 receives rank 0's handshake header with one bit of
+// its own part's size flipped (32 GiB more). Sizes from the wire are capped
+// before anything is allocated for them: rank 1 names the damage, the
+// handshake's exchange no longer pairs up, and every rank fails the setup
+// (nothing allocated, no rank left waiting).
+TEST(Faults, ADamagedHandshakeHeaderIsRefusedBeforeAnyAllocation) {
+  RunConfig clean;
+  clean.steps = 2;
+  clean.count_calls = true;
+  const std::vector<RankResult> counted = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, clean);
+  const std::vector<int>& at = counted[1].calls_before_step;
+  const int setup_calls = at[1] - (at[2] - at[1]);
+  RunConfig cfg;
+  cfg.steps = 1;
+  cfg.corrupt_call = setup_calls - 5;  // after the memberships: the headers' all_gather
+  cfg.corrupt_rank = 1;
+  cfg.corrupt_byte = 24 + 4;  // rank 0's header: its key (24 bytes), then own_size
+  cfg.corrupt_mask = 0x08;    // bit 35
+  const std::vector<RankResult> res = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, cfg);
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(res[r].failed_step, 0) << res[r].error;
+    EXPECT_TRUE(Has(res[r].error, "the first step's setup failed")) << res[r].error;
+    EXPECT_TRUE(Has(res[r].error, "rank 1: INTERNAL: setup: rank 0 announced a part of its own "
+                                  "of 34359738"))
+        << res[r].error;
+  }
+}
+
 TEST(Faults, ExchangeStepperAtEveryCollective) {
   // At most one matrix per rank and round: two rounds, so that with prefetch a
   // fault meets the other round's exchange in flight.
@@ -138,12 +258,7 @@ TEST(Faults, SplitMatrixSumsAtEveryCollective) {
   // MUON_ASSIGNMENT_SPLIT: "big" is split over the 4 ranks; its norm's and
   // Gram products' sums (two all_to_all_v each, every rank taking part) run
   // in a last round between the other rounds' exchanges and its scatter.
-  std::vector<TParam> model = {
-      {"big", {16, 96}, MUON_MATRIX_VIEW_2D, {Shard(0, 0)}, nullptr}};
-  for (int i = 0; i < 15; ++i) {  // 4 matrices per rank: a split may happen
-    model.push_back({"small" + std::to_string(i), {8, 8}, MUON_MATRIX_VIEW_2D, {Replicate(0)},
-                     nullptr});
-  }
+  std::vector<TParam> model = SplitModel();
   for (int prefetch : {0, 1}) {
     InjectEverywhere({"split", model, Mesh{{4}}, 4 * 8 * 8, MUON_ASSIGNMENT_SPLIT}, prefetch);
   }

@@ -148,25 +148,22 @@ void Options(const RunConfig& cfg, muon_options_t* o) {
   o->assign_fn = cfg.assign_fn;
 }
 
-// Fault injection: one rank's collectives, counted over all its
-// communicators (the world and the groups) from the start of the run; call
-// number `fail_on` of kind `kind` (-1: any kind) fails with UNAVAILABLE after
-// moving the data, so that the other ranks' calls complete.
-struct CallCounter {
-  int fail_on = -1;
-  int kind = -1;  // 0 all_gather, 1 all_to_all_v, 2 reduce_scatter; -1 any
-  int calls = 0;  // of the counted kind(s)
-};
-
 struct FailingComm {
   muon_comm_t inner;
   CallCounter* counter;
 };
 
-muon_status_t Counted(FailingComm* f, int kind, muon_status_t st) {
+// `recv`, `recv_size`: what the call received (all_gather), for corrupt_on.
+muon_status_t Counted(FailingComm* f, int kind, muon_status_t st, void* recv = nullptr,
+                      size_t recv_size = 0) {
   CallCounter& c = *f->counter;
   if (c.kind >= 0 && c.kind != kind) return st;
-  if (st == MUON_OK && c.calls++ == c.fail_on) {
+  if (st != MUON_OK) return st;
+  const int call = c.calls++;
+  if (call == c.corrupt_on && c.corrupt_at < recv_size) {
+    static_cast<unsigned char*>(recv)[c.corrupt_at] ^= c.corrupt_mask;
+  }
+  if (call == c.fail_on) {
     muon_set_callback_error("injected link failure");
     return MUON_UNAVAILABLE;
   }
@@ -180,7 +177,8 @@ muon_status_t FailingA2a(void* ctx, const void* send, const size_t* sb, const si
 }
 muon_status_t FailingAllGather(void* ctx, const void* s, void* r, size_t b, void* st) {
   auto* f = static_cast<FailingComm*>(ctx);
-  return Counted(f, 0, f->inner.all_gather(f->inner.ctx, s, r, b, st));
+  const size_t size = static_cast<size_t>(f->inner.size) * b;
+  return Counted(f, 0, f->inner.all_gather(f->inner.ctx, s, r, b, st), r, size);
 }
 muon_status_t PassBroadcast(void* ctx, void* buf, size_t b, int32_t root, void* st) {
   auto* f = static_cast<FailingComm*>(ctx);
@@ -201,6 +199,8 @@ void ReleaseFailing(void* ctx) {
   delete f;
 }
 
+}  // namespace
+
 muon_comm_t WrapFailing(const muon_comm_t& inner, CallCounter* counter) {
   muon_comm_t t = inner;
   t.ctx = new FailingComm{inner, counter};
@@ -212,6 +212,8 @@ muon_comm_t WrapFailing(const muon_comm_t& inner, CallCounter* counter) {
   t.release = ReleaseFailing;
   return t;
 }
+
+namespace {
 
 std::string LastError(const char* what, muon_status_t st) {
   return std::string(what) + ": " + muon_status_string(st) + ": " + muon_last_error_message();
@@ -291,14 +293,20 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     // Counting (and failing) collectives: a clean run counts them per step.
     CallCounter counter;
     const bool injecting = cfg.fail_exchange_call >= 0 || cfg.fail_call >= 0;
+    const bool corrupting = cfg.corrupt_call >= 0;
     if (cfg.fail_exchange_call >= 0) {
       counter.fail_on = cfg.fail_exchange_call;
       counter.kind = 1;
     } else if (cfg.fail_call >= 0 && (cfg.fail_rank < 0 || cfg.fail_rank == rank)) {
       counter.fail_on = cfg.fail_call;
     }
+    if (cfg.corrupt_call >= 0 && cfg.corrupt_rank == rank) {
+      counter.corrupt_on = cfg.corrupt_call;
+      counter.corrupt_at = cfg.corrupt_byte;
+      counter.corrupt_mask = cfg.corrupt_mask;
+    }
     auto wrap = [&](muon_comm_t* t) {
-      if (cfg.count_calls || injecting) *t = WrapFailing(*t, &counter);
+      if (cfg.count_calls || injecting || corrupting) *t = WrapFailing(*t, &counter);
     };
     st = muon_inprocess_comm(world, nullptr, 0, rank, &comm);
     if (st == MUON_OK) wrap(&comm);
@@ -437,7 +445,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
         }
       }
       res.calls_before_step.push_back(counter.calls);
-      if (injecting && s > 0) {  // a checkpoint before each step
+      if (injecting) {  // a checkpoint before each step (the first: a setup fault)
         size_t size = 0;
         muon_save_state(opt, nullptr, 0, &size);
         blob.resize(size);
@@ -460,6 +468,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
     if (st != MUON_OK && injecting && !blob.empty() && !cfg.keep_stepping) {
       muon_status_t again = muon_step(opt, nullptr);
       res.refused = LastError("step again", again);
+      res.again_ok = again == MUON_OK;
       for (size_t j = 0; j < saved.size(); ++j) {  // in place: the library holds the pointers
         std::copy(saved[j].begin(), saved[j].end(), res.params[j].begin());
       }
@@ -474,8 +483,14 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
           ok = ok && muon_set_state(opt, static_cast<int64_t>(j), &m) == MUON_OK;
         }
         res.recovered = ok && muon_step(opt, nullptr) == MUON_OK;
-      } else if (muon_load_state(opt, blob.data(), blob.size()) == MUON_OK) {
-        res.recovered = muon_step(opt, nullptr) == MUON_OK;
+      } else {
+        muon_status_t loaded = muon_load_state(opt, blob.data(), blob.size());
+        if (loaded != MUON_OK) res.recovery_error = LastError("load", loaded);
+        muon_status_t stepped = loaded == MUON_OK ? muon_step(opt, nullptr) : loaded;
+        if (loaded == MUON_OK && stepped != MUON_OK) {
+          res.recovery_error = LastError("step after loading", stepped);
+        }
+        res.recovered = stepped == MUON_OK;
       }
     }
     if (cfg.save_at_end && st == MUON_OK) {

@@ -77,6 +77,24 @@ int64_t FlatCut(int r, int n, int64_t m);
 // The global flat indices this rank's piece holds, in local order.
 std::vector<int64_t> LocalIndices(const TParam& p, const Mesh& mesh, int rank);
 
+// Fault injection: one rank's collectives, counted over all its
+// communicators (the world and the groups) from the start of the run; call
+// number `fail_on` of kind `kind` (-1: any kind) fails with UNAVAILABLE after
+// moving the data, so that the other ranks' calls complete.
+struct CallCounter {
+  int fail_on = -1;
+  int kind = -1;  // 0 all_gather, 1 all_to_all_v, 2 reduce_scatter; -1 any
+  int calls = 0;  // of the counted kind(s)
+  // A lying link: call number `corrupt_on` (an all_gather) arrives with byte
+  // `corrupt_at` of what it received XORed with `corrupt_mask`.
+  int corrupt_on = -1;
+  size_t corrupt_at = 0;
+  unsigned char corrupt_mask = 0;
+};
+// `inner` with its collectives counted (and failed) by *counter, which must
+// outlive the table; release releases `inner`.
+muon_comm_t WrapFailing(const muon_comm_t& inner, CallCounter* counter);
+
 struct RunConfig {
   int steps = 20;
   int ns_dtype = MUON_NS_DTYPE_FP32;
@@ -104,6 +122,13 @@ struct RunConfig {
   int fail_call = -1;
   int fail_rank = -1;
   bool count_calls = false;
+  // >= 0: what rank `corrupt_rank` receives in its all_gather number
+  // `corrupt_call` (counted as fail_call counts) has byte `corrupt_byte`
+  // XORed with `corrupt_mask` (CallCounter::corrupt_on).
+  int corrupt_call = -1;
+  int corrupt_rank = -1;
+  size_t corrupt_byte = 0;
+  unsigned char corrupt_mask = 0;
   // Go on stepping after a failed step (every step's status in
   // RankResult::step_errors), without the refusal and recovery checks.
   bool keep_stepping = false;
@@ -134,8 +159,10 @@ struct RankResult {
   // With fail_exchange_call: what a second step said, and whether the step
   // after restoring the checkpoint succeeded.
   std::string refused;
+  bool again_ok = false;  // that second step succeeded (a setup that failed is set up again)
   std::string refused_when_partly_restored;  // restore_with_set_state, all but one
   bool recovered = false;
+  std::string recovery_error;  // why not, when it did not
   int failed_step = -1;  // the first step that failed, -1 if none
   std::vector<std::string> step_errors;  // per step: its error, empty if it succeeded
   std::vector<unsigned char> blob;       // save_at_end: muon_save_state's blob
