@@ -143,6 +143,14 @@ void muon_inprocess_world_destroy(muon_inprocess_world_t* world) {
   }
 }
 
+void muon_inprocess_world_abort(muon_inprocess_world_t* world) {
+  if (world == nullptr) return;
+  try {
+    world->impl->Abort();
+  } catch (...) {
+  }
+}
+
 muon_status_t muon_inprocess_comm(muon_inprocess_world_t* world, const int32_t* ranks,
                                   int32_t num_ranks, int32_t rank, muon_comm_t* out) {
   return Guard("muon_inprocess_comm", [&]() -> absl::Status {

@@ -791,6 +791,15 @@ typedef struct muon_inprocess_world muon_inprocess_world_t;
 
 MUON_API muon_status_t muon_inprocess_world_create(int32_t size, muon_inprocess_world_t** out);
 MUON_API void muon_inprocess_world_destroy(muon_inprocess_world_t* world);
+/* Aborts every communicator of `world`, as ncclCommAbort does: a rank waiting
+ * for members that will never arrive (a rank that failed or returned without
+ * entering the collective) is released with MUON_UNAVAILABLE, and every later
+ * collective fails the same way, so every rank's muon_step fails and none
+ * hangs. A collective every member had entered finishes as usual. For a
+ * host whose rank threads can fail outside libmuon; thread-safe, may be
+ * called from any thread (a watchdog), NULL is ignored; irreversible: create
+ * a new world to go on. */
+MUON_API void muon_inprocess_world_abort(muon_inprocess_world_t* world);
 
 /* Fills *out with world rank `rank`'s communicator over the group of world
  * ranks `ranks[0 .. num_ranks)` (ranks == NULL: the whole world, in order);

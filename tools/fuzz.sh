@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 seconds=${1:-30}
 shift || true
-ALL_TARGETS=(state_blob_fuzzer api_sequence_fuzzer placement_fuzzer)
+ALL_TARGETS=(state_blob_fuzzer api_sequence_fuzzer placement_fuzzer fault_fuzzer)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${ALL_TARGETS[@]}")
 
@@ -61,7 +61,7 @@ CAPI_SRCS=(
 )
 sources_of() {
   case "$1" in
-    state_blob_fuzzer | api_sequence_fuzzer) echo "fuzz/$1.cc ${CAPI_SRCS[*]}" ;;
+    state_blob_fuzzer | api_sequence_fuzzer | fault_fuzzer) echo "fuzz/$1.cc ${CAPI_SRCS[*]}" ;;
     placement_fuzzer) echo "fuzz/$1.cc ${COMMON_SRCS[*]} ${SHARDING_SRCS[*]}" ;;
     *) return 1 ;;
   esac

@@ -45,15 +45,32 @@ InProcessGroup::InProcessGroup(std::vector<int> world_ranks)
       calls_(world_ranks_.size()),
       busy_(world_ranks_.size(), 0) {}
 
-void InProcessGroup::Rendezvous(std::unique_lock<std::mutex>& lock) {
+bool InProcessGroup::Rendezvous(std::unique_lock<std::mutex>& lock, bool abortable) {
   const uint64_t generation = generation_;
   if (++arrived_ == size()) {
     arrived_ = 0;
     ++generation_;
     cv_.notify_all();
-    return;
+    return true;
   }
-  cv_.wait(lock, [&] { return generation_ != generation; });
+  cv_.wait(lock, [&] { return generation_ != generation || (abortable && aborted_); });
+  if (generation_ != generation) return true;
+  --arrived_;
+  return false;
+}
+
+void InProcessGroup::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
+
+void InProcessWorld::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  for (auto& [list, inst] : groups_) {
+    for (auto& g : inst.groups) g->Abort();
+  }
 }
 
 absl::Status InProcessGroup::Run(int me, const Call& call) {
@@ -79,7 +96,12 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
     std::unique_lock<std::mutex> lock(mu_);
     calls_[me] = call;
     calls_[me].failed = !synced.ok();
-    Rendezvous(lock);
+    // Aborted before every member arrived: nobody read anything yet.
+    if (aborted_ || !Rendezvous(lock, /*abortable=*/true)) {
+      busy_[me] = 0;
+      return absl::UnavailableError(absl::StrCat(
+          OpName(static_cast<int>(call.op)), ": the in-process world was aborted"));
+    }
   }
   // Between the two rendezvous nobody writes calls_, and every buffer posted
   // stays valid: the owners wait in the second rendezvous.
@@ -96,8 +118,11 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
         absl::StrCat(OpName(static_cast<int>(call.op)), ": unexpected exception"));
   }
   {
+    // Every member is past the first rendezvous and reaches this one: it
+    // waits for no one outside, so an abort leaves it alone (a member still
+    // copying may read this member's buffers).
     std::unique_lock<std::mutex> lock(mu_);
-    Rendezvous(lock);
+    Rendezvous(lock, /*abortable=*/false);
     busy_[me] = 0;
   }
   return verdict;
@@ -423,6 +448,7 @@ absl::StatusOr<std::shared_ptr<InProcessGroup>> InProcessWorld::Join(const std::
     inst.groups.push_back(std::make_shared<InProcessGroup>(list));
   }
   std::shared_ptr<InProcessGroup> group = inst.groups[index];
+  if (aborted_) group->Abort();
   ++inst.requests[position];
   *group_rank = position;
   return group;

@@ -62,6 +62,12 @@ class InProcessGroup {
                              void* stream);
   absl::Status Barrier(int me, void* stream);
 
+  // Releases every member waiting for the others to arrive, and fails every
+  // later collective, with UNAVAILABLE (as ncclCommAbort does for NCCL): for
+  // a host whose rank failed without entering a collective the others
+  // entered. A collective every member had entered finishes as usual.
+  void Abort();
+
  private:
   enum class Op { kAllGather, kAllToAllV, kBroadcast, kReduceScatter, kBarrier };
   struct Call {
@@ -87,8 +93,10 @@ class InProcessGroup {
   // `ops`: the installed GPU memory ops (memory_ops.h), or NULL.
   absl::Status Check(const MemoryOps* ops) const;
   absl::Status Copy(int me, const MemoryOps* ops) const;
-  // Waits until all members have called it (a reusable barrier); `lock` holds mu_.
-  void Rendezvous(std::unique_lock<std::mutex>& lock);
+  // Waits until all members have called it (a reusable barrier); `lock` holds
+  // mu_. `abortable`: false (this member leaves, arrival taken back) when the
+  // group is aborted before all arrived.
+  bool Rendezvous(std::unique_lock<std::mutex>& lock, bool abortable);
 
   const std::vector<int> world_ranks_;
   std::mutex mu_;
@@ -97,6 +105,7 @@ class InProcessGroup {
   uint64_t generation_ = 0;
   std::vector<Call> calls_;  // per member, valid between the two rendezvous
   std::vector<char> busy_;   // per member: inside a collective
+  bool aborted_ = false;
 };
 
 class InProcessWorld {
@@ -114,6 +123,10 @@ class InProcessWorld {
   absl::StatusOr<std::shared_ptr<InProcessGroup>> Join(const std::vector<int>& ranks, int rank,
                                                        int* group_rank);
 
+  // Aborts every group of the world, those joined later too (see
+  // InProcessGroup::Abort).
+  void Abort();
+
  private:
   explicit InProcessWorld(int size) : size_(size) {}
 
@@ -125,6 +138,7 @@ class InProcessWorld {
   const int size_;
   std::mutex mu_;
   std::map<std::vector<int>, Instances> groups_;
+  bool aborted_ = false;
 };
 
 // Fills *out with world rank `rank`'s table over the group `ranks` (see

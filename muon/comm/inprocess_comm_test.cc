@@ -361,6 +361,39 @@ TEST(InProcessComm, OverlappingCallsOfOneRankAreRefused) {
   EXPECT_EQ(successes.load(), 1);
 }
 
+TEST(InProcessComm, AbortReleasesRanksWaitingForOneThatNeverCalls) {
+  auto world = InProcessWorld::Create(3);
+  ASSERT_TRUE(world.ok());
+  Table t[3];
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(MakeInProcessComm(*world, {}, r, t[r].get()).ok());
+  // Ranks 0 and 1 enter an all_gather; rank 2 never does.
+  std::atomic<int> entered{0};
+  std::vector<muon_status_t> got(2, MUON_OK);
+  std::vector<std::string> why(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      int32_t mine = r, all[3] = {-1, -1, -1};
+      ++entered;
+      got[r] = t[r]->all_gather(t[r]->ctx, &mine, all, sizeof mine, nullptr);
+      why[r] = TakeCallbackError();
+      EXPECT_EQ(all[2], -1);  // nothing was copied
+    });
+  }
+  while (entered.load() < 2) std::this_thread::yield();
+  (*world)->Abort();
+  for (auto& th : ranks) th.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r], MUON_UNAVAILABLE) << r;
+    EXPECT_NE(why[r].find("the in-process world was aborted"), std::string::npos) << why[r];
+  }
+  // Every later collective fails at once, tables joined after it too.
+  EXPECT_EQ(t[2]->barrier(t[2]->ctx, nullptr), MUON_UNAVAILABLE);
+  Table late;
+  ASSERT_TRUE(MakeInProcessComm(*world, {0, 1}, 0, late.get()).ok());
+  EXPECT_EQ(late->barrier(late->ctx, nullptr), MUON_UNAVAILABLE);
+}
+
 TEST(InProcessComm, JoinChecksTheRankList) {
   EXPECT_FALSE(InProcessWorld::Create(0).ok());
   EXPECT_FALSE(InProcessWorld::Create(-3).ok());

@@ -58,6 +58,7 @@ namespace {
   X(muon_get_stats)              \
   X(muon_inprocess_world_create) \
   X(muon_inprocess_world_destroy) \
+  X(muon_inprocess_world_abort) \
   X(muon_inprocess_comm)         \
   X(muon_comm_from_nccl)         \
   X(muon_get_state_dtype)        \

@@ -347,6 +347,7 @@ _SIGNATURES = {
     "muon_get_stats": (status_t, [opt_p, ctypes.POINTER(muon_stats_t)]),
     "muon_inprocess_world_create": (status_t, [ctypes.c_int32, ctypes.POINTER(world_p)]),
     "muon_inprocess_world_destroy": (None, [world_p]),
+    "muon_inprocess_world_abort": (None, [world_p]),
     "muon_inprocess_comm": (
         status_t, [world_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_int32,
                    ctypes.POINTER(muon_comm_t)]),
