@@ -43,6 +43,10 @@ TEST(Codes, CodesTheHeaderLacks) {
   EXPECT_EQ(FromCStatus(static_cast<muon_status_t>(16)), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(FromCStatus(static_cast<muon_status_t>(17)), absl::StatusCode::kUnknown);
   EXPECT_EQ(FromCStatus(static_cast<muon_status_t>(-1)), absl::StatusCode::kUnknown);
+  // Any int32 is a value of the enum (its range markers), read as UNKNOWN.
+  EXPECT_EQ(FromCStatus(MUON_STATUS_RANGE_MAX_), absl::StatusCode::kUnknown);
+  EXPECT_EQ(FromCStatus(MUON_STATUS_RANGE_MIN_), absl::StatusCode::kUnknown);
+  EXPECT_EQ(FromCStatus(static_cast<muon_status_t>(999)), absl::StatusCode::kUnknown);
   EXPECT_TRUE(StatusFromC(MUON_OK, "ignored").ok());
   const absl::Status s = StatusFromC(MUON_UNAVAILABLE, "peer gone");
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);

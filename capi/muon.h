@@ -128,7 +128,13 @@ typedef enum muon_status_t {
   MUON_OUT_OF_RANGE = 11,
   MUON_UNIMPLEMENTED = 12,
   MUON_INTERNAL = 13,
-  MUON_UNAVAILABLE = 14
+  MUON_UNAVAILABLE = 14,
+  /* Not codes: they make every int32 a value of the type (the enum is int32
+   * wide), so that a status a host callback returns outside the list above
+   * is no undefined value on the C++ side; libmuon reads such a status as
+   * MUON_UNKNOWN and never returns one. */
+  MUON_STATUS_RANGE_MIN_ = -2147483647 - 1,
+  MUON_STATUS_RANGE_MAX_ = 2147483647
 } muon_status_t;
 
 /* Static text for a status code ("OK", "INVALID_ARGUMENT", ...). Never NULL.

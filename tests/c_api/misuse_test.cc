@@ -1739,6 +1739,7 @@ TEST(MisuseTable, NamesAreUniqueAndEveryCaseNamesSomething) {
 TEST(MisuseTable, DocumentedNoOps) {
   muon_destroy(nullptr);
   muon_inprocess_world_destroy(nullptr);
+  muon_inprocess_world_abort(nullptr);
   muon_get_version(nullptr, nullptr, nullptr);
   muon_set_callback_error(nullptr);
   EXPECT_STREQ(muon_status_string(static_cast<muon_status_t>(999)), "UNRECOGNIZED_STATUS");

@@ -272,6 +272,29 @@ TEST(Faults, Zero2StepperAtEveryCollective) {
   InjectEverywhere({"zero2", Zero2Model(), Mesh{{4}}}, 0);
 }
 
+// A callback may return any int (C allows it): a status the header does not
+// list reads as UNKNOWN, agreed on every rank like any failure.
+TEST(Faults, AStatusOutsideTheHeadersListReadsAsUnknown) {
+  RunConfig clean;
+  clean.steps = 2;
+  clean.count_calls = true;
+  const auto want = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, clean);
+  for (int status : {999, -7, 2147483647}) {
+    RunConfig cfg;
+    cfg.steps = 2;
+    cfg.fail_call = want[2].calls_before_step[1];  // rank 2's first collective of step 1
+    cfg.fail_rank = 2;
+    cfg.fail_status = status;
+    const auto res = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, cfg);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(res[r].failed_step, 1) << res[r].error;
+      EXPECT_TRUE(Has(res[r].error, "step: UNKNOWN: ")) << res[r].error;
+      EXPECT_TRUE(Has(res[r].error, "failed on 1 of 4 ranks (rank 2: UNKNOWN:")) << res[r].error;
+      EXPECT_TRUE(Has(res[r].error, "injected link failure")) << res[r].error;
+    }
+  }
+}
+
 TEST(Faults, TheFailingRankAndItsCauseReachEveryRank) {
   RunConfig clean;
   clean.steps = 2;

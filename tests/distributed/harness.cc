@@ -165,7 +165,7 @@ muon_status_t Counted(FailingComm* f, int kind, muon_status_t st, void* recv = n
   }
   if (call == c.fail_on) {
     muon_set_callback_error("injected link failure");
-    return MUON_UNAVAILABLE;
+    return static_cast<muon_status_t>(c.fail_status);
   }
   return st;
 }
@@ -299,6 +299,7 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       counter.kind = 1;
     } else if (cfg.fail_call >= 0 && (cfg.fail_rank < 0 || cfg.fail_rank == rank)) {
       counter.fail_on = cfg.fail_call;
+      counter.fail_status = cfg.fail_status;
     }
     if (cfg.corrupt_call >= 0 && cfg.corrupt_rank == rank) {
       counter.corrupt_on = cfg.corrupt_call;

@@ -85,6 +85,7 @@ struct CallCounter {
   int fail_on = -1;
   int kind = -1;  // 0 all_gather, 1 all_to_all_v, 2 reduce_scatter; -1 any
   int calls = 0;  // of the counted kind(s)
+  int fail_status = MUON_UNAVAILABLE;  // what the failing call returns (any int)
   // A lying link: call number `corrupt_on` (an all_gather) arrives with byte
   // `corrupt_at` of what it received XORed with `corrupt_mask`.
   int corrupt_on = -1;
@@ -121,6 +122,7 @@ struct RunConfig {
   // (RankResult::calls_before_step).
   int fail_call = -1;
   int fail_rank = -1;
+  int fail_status = MUON_UNAVAILABLE;  // what it returns: any int a C callback could
   bool count_calls = false;
   // >= 0: what rank `corrupt_rank` receives in its all_gather number
   // `corrupt_call` (counted as fail_call counts) has byte `corrupt_byte`
