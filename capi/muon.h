@@ -833,10 +833,14 @@ MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer
  * registered in the same order (same shapes, dtypes and state dtypes) with
  * the same layout. Before the first step, a ZeRO-2 parameter this rank held
  * no momentum of when it saved is left to its owner (the first step fails,
- * agreed on every rank, if this rank owns it now). Validates the whole blob before changing anything: the
- * magic bytes and format version, the reserved and padding words (zero), a
- * step count in [0, INT64_MAX), each parameter's name, shape, view, dtype and
- * byte count, and no bytes after the last parameter. A resumed optimizer
+ * agreed on every rank, if this rank owns it now). Validates the whole blob
+ * before changing anything (a refused blob restores nothing): the magic bytes
+ * and format version, the reserved and padding words (zero), a step count in
+ * [0, INT64_MAX), no bytes after the last parameter, and for each parameter
+ * its name and position, local and global shape, view, dtype, its runs of
+ * global elements (each inside the global tensor; together in increasing
+ * order without overlap, and this rank's piece) and a byte count of exactly
+ * their elements (none for a ZeRO-2 parameter another rank owned). A resumed optimizer
  * continues bit for bit like the one that saved; loading a whole blob also
  * lifts a poisoning (see muon_step). */
 MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer, size_t size);
@@ -849,9 +853,15 @@ MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer
  * global elements its momentum bytes hold (offsets into the row-major
  * flattened global tensor); each of this rank's pieces is looked up there by
  * name, global shape, matrix view and state dtype, in whichever blob holds
- * its elements (replicas' copies are equal; the first is taken). Fails,
- * changing nothing, naming the parameter and the first global elements no
- * blob holds, a blob whose shape, view or dtype differs, blobs saved at
+ * its elements (replicas' copies are equal; the first is taken). Every blob
+ * is first validated whole, on its own: the header as by muon_load_state, no
+ * bytes after the last entry, and in each entry known dtype and kind, shapes
+ * whose element counts fit int64, runs each inside the global tensor and
+ * together in increasing order without overlap, and a byte count of exactly
+ * their elements (or none). Runs of different blobs may overlap (replicas).
+ * Fails, changing nothing, naming the blob, the parameter and the cause: a
+ * blob that fails that validation, global elements no blob holds (the first
+ * are named), a blob whose shape, view or dtype differs, blobs saved at
  * different steps, a format-1 blob (no global coordinates), or a custom-path
  * parameter (its layout is the host's: restore it from this rank's own blob
  * with muon_load_state). Entries of parameters this rank does not hold

@@ -161,7 +161,9 @@ absl::Status PlanAny(const std::vector<Param>& params, const std::vector<SavedSt
         at += static_cast<size_t>(r.length) * elem;
       }
     }
-    // Disjoint, sorted: the first copy of each element (replicas are equal).
+    // Disjoint, sorted: the first copy of each element. Within one blob the
+    // runs are disjoint (ParseStateBlob); across blobs the same element is
+    // normal, each replica's copy (replicas are equal).
     std::sort(sources.begin(), sources.end(),
               [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
     std::vector<Segment> cover;
