@@ -1455,6 +1455,17 @@ std::vector<Case> Cases() {
   add("load_state_runs_overlap", S, IA,
       {"state blob, param 'w'", "run 1 [0, +16) starts before the end 16 of run 0"},
       LoadEdited(TwoRuns(4, 16, 0, 16, 32)));
+  // A custom-path entry (a local piece, no runs) for a parameter with a
+  // layout: the same bytes, but not what saving this optimizer writes.
+  add("load_state_custom_path_entry", S, IA,
+      {"state blob, param 'w'", "the blob saved it on the custom path (a local piece only), "
+       "the optimizer has it with a layout"},
+      LoadEdited([](std::vector<unsigned char>& b) {
+        Poke<int64_t>(b, kStepAt, 7);
+        Poke<uint8_t>(b, kKindAt, 1);
+        Poke<uint64_t>(b, kRunCountAt, 0);
+        b.erase(b.begin() + kRunAt, b.begin() + kRunAt + 16);
+      }));
   add("load_state_run_count_huge", S, IA, {"state blob, param 'w'", "truncated"},
       LoadEdited([](std::vector<unsigned char>& b) { Poke<uint64_t>(b, kRunCountAt, ~0ull); }));
   add("load_state_other_dtype", S, IA,
