@@ -865,12 +865,18 @@ MUON_API muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer
  * agreed on every rank, if this rank owns it now). After it, a ZeRO-2
  * parameter this rank does not own, saved before the first step (when every
  * rank held its whole momentum), loads nothing here: its owner's blob of
- * that time holds the momentum the setup kept. Validates the whole blob before changing anything: the
- * magic bytes and format version, the reserved and padding words (zero), a
- * step count in [0, INT64_MAX), each parameter's name, shape, view, dtype and
- * byte count, and no bytes after the last parameter. A resumed optimizer
- * continues bit for bit like the one that saved; loading a whole blob also
- * lifts a poisoning (see muon_step). */
+ * that time holds the momentum the setup kept. Validates the whole blob
+ * before changing anything (a refused blob restores nothing): the magic bytes
+ * and format version, the reserved and padding words (zero), a step count in
+ * [0, INT64_MAX), no bytes after the last parameter, and for each parameter
+ * its name and position, local and global shape, view, kind (custom path or
+ * not), dtype, its runs of global elements (each inside the global tensor;
+ * together in increasing order without overlap, and this rank's piece) and a
+ * byte count of exactly their elements (none for a ZeRO-2 parameter another
+ * rank owned). A custom-path parameter's entry is a local piece without
+ * global coordinates: nothing tells which rank saved it, so it must be this
+ * rank's own. A resumed optimizer continues bit for bit like the one that
+ * saved; loading a whole blob also lifts a poisoning (see muon_step). */
 MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer, size_t size);
 
 /* Resume anywhere: restores the momentum of this rank's parameters from the
@@ -881,13 +887,23 @@ MUON_API muon_status_t muon_load_state(muon_optimizer_t* opt, const void* buffer
  * global elements its momentum bytes hold (offsets into the row-major
  * flattened global tensor); each of this rank's pieces is looked up there by
  * name, global shape, matrix view and state dtype, in whichever blob holds
- * its elements (replicas' copies are equal; the first is taken). Fails,
- * changing nothing, naming the parameter and the first global elements no
- * blob holds, a blob whose shape, view or dtype differs, blobs saved at
- * different steps, a format-1 blob (no global coordinates), or a custom-path
- * parameter (its layout is the host's: restore it from this rank's own blob
- * with muon_load_state). Entries of parameters this rank does not hold
- * (other pipeline stages, experts) are ignored. The step count is the blobs'.
+ * its elements (replicas' copies are equal; the first is taken). Every blob
+ * is first validated whole, on its own: the header as by muon_load_state, no
+ * bytes after the last entry, and in each entry known dtype and kind, shapes
+ * whose element counts fit int64, runs each inside the global tensor and
+ * together in increasing order without overlap, and a byte count of exactly
+ * their elements (or none). Runs of different blobs may overlap (replicas).
+ * Fails with MUON_INVALID_ARGUMENT, changing nothing, naming the blob (its
+ * index) where one is at fault, the parameter and the cause: a blob that
+ * fails that validation, a blob whose global shape, view or dtype differs,
+ * blobs saved at different steps, a format-1 blob (no global coordinates),
+ * global elements no blob holds (the first are named). Fails with
+ * MUON_FAILED_PRECONDITION, restoring nothing, while any custom-path
+ * parameter is registered: its entries carry no global coordinates, so
+ * nothing says whose piece one holds; restore this rank's own blob with
+ * muon_load_state, or each parameter with muon_set_state. Entries of
+ * parameters this rank does not hold (other pipeline stages, experts) are
+ * ignored. The step count is the blobs'.
  * Before the first step it restores every rank's full momentum of ZeRO-2
  * parameters; the setup then keeps it on their owners. Also lifts a
  * poisoning. The parameters themselves are the host's to restore. */

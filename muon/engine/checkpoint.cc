@@ -199,15 +199,28 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
       if (!r.Get(&runs)) return Truncated(who);
       if (runs > r.Remaining() / 16) return Truncated(who);
       sp.runs.resize(static_cast<size_t>(runs));
-      int64_t held = 0;
-      for (Run& run : sp.runs) {
+      // The runs are checked together, not one by one: the writer lists a
+      // piece's runs in increasing global order (the order every placement
+      // gives, layout.h), so each must start at or after the end of the one
+      // before. Overlapping runs would give one element two sets of bytes
+      // (and let a restore pick either); ordered, disjoint runs inside the
+      // tensor also bound their sum by `global_numel`, so it cannot overflow.
+      int64_t held = 0, end = 0;
+      for (size_t i = 0; i < sp.runs.size(); ++i) {
+        Run& run = sp.runs[i];
         if (!r.Get(&run.offset) || !r.Get(&run.length)) return Truncated(who);
         if (run.offset < 0 || run.length < 0 || run.offset > global_numel ||
             run.length > global_numel - run.offset) {
           return Bad(who, absl::StrCat("run [", run.offset, ", +", run.length,
                                        ") is outside its ", global_numel, " global elements"));
         }
-        held += run.length;
+        if (run.offset < end) {
+          return Bad(who, absl::StrCat(
+              "run ", i, " [", run.offset, ", +", run.length, ") starts before the end ", end,
+              " of run ", i - 1, " (runs are in increasing global order, without overlap)"));
+        }
+        end = run.offset + run.length;  // <= global_numel, checked above
+        held += run.length;             // <= end: the runs before lie below run.offset
       }
       if (sp.kind == kLocalOnly && !sp.runs.empty()) {
         return Bad(who, "a local-only entry (custom path) lists global runs");
@@ -218,8 +231,11 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
       sp.held = local_numel;
     }
     if (!r.Get(&sp.nbytes)) return Truncated(who);
-    const uint64_t want = static_cast<uint64_t>(sp.held) * SizeOf(sp.state_dtype);
-    if (sp.nbytes != want && sp.nbytes != 0) {
+    // Compared by division: held * element size can pass 2^64 for a made-up
+    // shape, and a wrapped product would match a few bytes for many elements.
+    const uint64_t elem = SizeOf(sp.state_dtype);
+    if (sp.nbytes != 0 &&
+        (sp.nbytes % elem != 0 || sp.nbytes / elem != static_cast<uint64_t>(sp.held))) {
       return Bad(who, absl::StrCat("holds ", sp.nbytes, " momentum bytes for ", sp.held,
                                    " elements of ", DTypeName(sp.state_dtype)));
     }

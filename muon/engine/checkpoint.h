@@ -7,8 +7,9 @@
 //              i64 global dims[global_ndim], u64 num_runs,
 //              (i64 offset, i64 length)[num_runs], u64 nbytes, momentum bytes.
 // kind 0: the momentum bytes are the global elements the runs list, in order
-// (offsets into the row-major flattened global tensor): any rank of any
-// layout can find its elements there. kind 1 (the custom path, whose layout
+// (offsets into the row-major flattened global tensor; the runs in
+// increasing order, disjoint, as every placement gives them): any rank of
+// any layout can find its elements there. kind 1 (the custom path, whose layout
 // only the host knows): the bytes are this rank's local piece, no runs. A
 // param holding no state here (ZeRO-2, another rank owns it) has no runs and
 // no bytes.
@@ -67,8 +68,10 @@ struct SavedState {
 };
 
 // Checks a blob on its own (magic, format, reserved and padding words, step
-// count, every size and run against its shapes, no trailing bytes) without
-// reference to any optimizer; errors start with `blob` (e.g. "state blob 2").
+// count, every size against its shapes, each entry's runs together: inside
+// the global tensor, in increasing order without overlap, their elements the
+// byte count's; no trailing bytes) without reference to any optimizer;
+// errors start with `blob` (e.g. "state blob 2").
 absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size,
                                           const std::string& blob);
 

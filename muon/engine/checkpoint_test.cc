@@ -215,6 +215,116 @@ TEST(StateBlob, EveryFieldIsValidated) {
   EXPECT_NE(extra.status().message().find("unexpected bytes after"), std::string::npos);
 }
 
+// A format-2 blob of one float32 parameter "w" of local shape [3, 4], made
+// up field by field (global shape, runs and byte count as given; the bytes
+// count up from 1.0f), so that its runs can be what no writer produces.
+std::vector<unsigned char> MadeUpBlob(const std::vector<int64_t>& global,
+                                      const std::vector<Run>& runs, uint64_t nbytes) {
+  std::vector<unsigned char> b;
+  auto put = [&](const void* p, size_t n) {
+    b.insert(b.end(), static_cast<const unsigned char*>(p),
+             static_cast<const unsigned char*>(p) + n);
+  };
+  const uint32_t format = 2, zero = 0, name_len = 1, ndim = 2,
+                 global_ndim = static_cast<uint32_t>(global.size());
+  const int64_t step = 4, dims[2] = {3, 4};
+  const uint64_t count = 1, num_runs = runs.size();
+  const uint8_t dtype = 0, view = 0, kind = kGlobalRuns, pad = 0;
+  put("MUONSTAT", 8);
+  put(&format, 4);
+  put(&zero, 4);
+  put(&step, 8);
+  put(&count, 8);
+  put(&name_len, 4);
+  put("w", 1);
+  for (uint8_t v : {dtype, view, kind, pad}) put(&v, 1);
+  put(&ndim, 4);
+  put(dims, 16);
+  put(&global_ndim, 4);
+  put(global.data(), 8 * global.size());
+  put(&num_runs, 8);
+  for (const Run& r : runs) {
+    put(&r.offset, 8);
+    put(&r.length, 8);
+  }
+  put(&nbytes, 8);
+  for (uint64_t i = 0; i < nbytes / 4; ++i) {
+    const float v = static_cast<float>(i + 1);
+    put(&v, 4);
+  }
+  return b;
+}
+
+// (Inside a TEST, `Run` is gtest's.)
+using Runs = std::vector<Run>;
+
+absl::Status ParseMadeUp(const std::vector<int64_t>& global, const std::vector<Run>& runs,
+                         uint64_t nbytes) {
+  const std::vector<unsigned char> b = MadeUpBlob(global, runs, nbytes);
+  return ParseStateBlob(b.data(), b.size(), "state blob 1").status();
+}
+
+TEST(StateBlob, RunsInIncreasingOrderWithoutOverlapAreAccepted) {
+  // What writers produce: one run, runs with gaps (a column shard), runs that
+  // touch; an empty run in order is harmless.
+  const std::vector<Runs> good = {
+      {{0, 12}}, {{0, 2}, {4, 2}, {8, 2}}, {{0, 6}, {6, 6}}, {{0, 0}, {0, 12}}, {}};
+  for (const Runs& runs : good) {
+    int64_t held = 0;
+    for (const muon::Run& r : runs) held += r.length;
+    const std::vector<unsigned char> b = MadeUpBlob({3, 4}, runs, 4 * held);
+    auto parsed = ParseStateBlob(b.data(), b.size(), "state blob");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->params[0].runs, runs);
+    EXPECT_EQ(parsed->params[0].held, held);
+  }
+}
+
+TEST(StateBlob, RunsAreCheckedTogether) {
+  struct Case {
+    std::vector<int64_t> global;
+    Runs runs;
+    uint64_t nbytes;
+    const char* words;
+  };
+  constexpr int64_t kHalf = INT64_MAX / 2 + 1;  // 2^62: two of them pass INT64_MAX
+  const Case cases[] = {
+      // The same 12 elements twice, with bytes for both: each run on its own
+      // is inside the tensor, and the byte count matches their sum.
+      {{3, 4}, {{0, 12}, {0, 12}}, 24 * 4,
+       "run 1 [0, +12) starts before the end 12 of run 0 (runs are in increasing global "
+       "order, without overlap)"},
+      {{3, 4}, {{0, 6}, {4, 4}}, 10 * 4, "run 1 [4, +4) starts before the end 6 of run 0"},
+      {{3, 4}, {{6, 6}, {0, 6}}, 12 * 4, "run 1 [0, +6) starts before the end 12 of run 0"},
+      {{3, 4}, {{0, 2}, {4, 2}, {5, 1}}, 5 * 4, "run 2 [5, +1) starts before the end 6 of run 1"},
+      // Their sum overflowed int64 (undefined behaviour; UBSan reported it).
+      {{INT64_MAX, 1}, {{0, kHalf}, {0, kHalf}}, 0,
+       "run 1 [0, +4611686018427387904) starts before the end 4611686018427387904 of run 0"},
+      {{INT64_MAX}, {{kHalf - 1, kHalf}, {0, kHalf}}, 0,
+       "run 1 [0, +4611686018427387904) starts before the end 9223372036854775807 of run 0"},
+      // Each outside the tensor on its own.
+      {{3, 4}, {{-1, 2}}, 2 * 4, "run [-1, +2) is outside its 12 global elements"},
+      {{3, 4}, {{2, -1}}, 0, "run [2, +-1) is outside its 12 global elements"},
+      {{3, 4}, {{13, 0}}, 0, "run [13, +0) is outside its 12 global elements"},
+      {{3, 4}, {{0, 6}, {11, 2}}, 8 * 4, "run [11, +2) is outside its 12 global elements"},
+      {{3, 4}, {{INT64_MAX, INT64_MAX}}, 0, "is outside its 12 global elements"},
+      // 2^62 + 3 elements of float32 are 2^64 + 12 bytes: the product wrapped
+      // to 12, and 12 bytes were taken for them.
+      {{kHalf + 3}, {{0, kHalf + 3}}, 12,
+       "holds 12 momentum bytes for 4611686018427387907 elements of float32"},
+      {{3, 4}, {{0, 6}, {6, 6}}, 12 * 4 + 2, "holds 50 momentum bytes for 12 elements"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status st = ParseMadeUp(c.global, c.runs, c.nbytes);
+    EXPECT_FALSE(st.ok()) << "accepted, should say: " << c.words;
+    if (st.ok()) continue;
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+    // The blob, the parameter and the cause.
+    EXPECT_NE(st.message().find("state blob 1, param 'w': "), std::string::npos) << st;
+    EXPECT_NE(st.message().find(c.words), std::string::npos) << st;
+  }
+}
+
 TEST(StateBlob, Format1BlobsAreStillRead) {
   // libmuon 0.3's layout: no kind, global shape or runs; a u16 padding word.
   std::vector<unsigned char> v1;

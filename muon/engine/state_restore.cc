@@ -48,6 +48,16 @@ absl::Status PlanOwn(const std::vector<Param>& params, const SavedState& blob, b
           who, ": saved global shape ", ShapeString(s.global_shape), " differs from the "
           "registered ", ShapeString(p.global_shape)));
     }
+    // (Format 1 records no kind: every entry is a local piece.) A format-2
+    // entry's kind is the path the parameter was registered on.
+    const uint8_t kind = p.custom != nullptr ? kLocalOnly : kGlobalRuns;
+    if (blob.format >= 2 && s.kind != kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": the blob saved it ", s.kind == kLocalOnly ? "on the custom path (a local "
+          "piece only)" : "with a layout (global runs)", ", the optimizer has it ",
+          kind == kLocalOnly ? "on the custom path" : "with a layout",
+          "; register it as it was saved"));
+    }
     if (s.state_dtype != p.state_dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           who, ": saved momentum dtype ", DTypeName(s.state_dtype),
@@ -103,6 +113,19 @@ struct Segment {
 // Several ranks' blobs: each param's global elements found wherever they are.
 absl::Status PlanAny(const std::vector<Param>& params, const std::vector<SavedState>& blobs,
                      RestorePlan* plan) {
+  // A custom-path parameter's layout is the host's: a blob records its bytes
+  // as some rank's local piece, with no global coordinates, so nothing tells
+  // whose piece it is (another rank's piece of the same shape would load as
+  // this rank's). The whole call is refused, before any copy is planned.
+  for (const Param& p : params) {
+    if (p.custom != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "param '", p.name, "' is on the custom path: its layout is the host's, so no blob "
+          "says which rank's piece of it an entry holds, and muon_load_states restores "
+          "nothing while one is registered; restore this rank's own blob with "
+          "muon_load_state, or each parameter with muon_set_state"));
+    }
+  }
   // name -> (blob, entry) of every entry with momentum.
   std::map<std::string, std::vector<std::pair<size_t, const SavedParam*>>> by_name;
   for (size_t b = 0; b < blobs.size(); ++b) {
@@ -130,26 +153,6 @@ absl::Status PlanAny(const std::vector<Param>& params, const std::vector<SavedSt
           absl::StrCat(who, ": none of the ", blobs.size(), " blobs holds it"));
     }
     const size_t elem = SizeOf(p.state_dtype);
-    if (p.custom != nullptr) {
-      // The host's own layout: only an unambiguous local piece of the same shape.
-      const SavedParam* only = nullptr;
-      int candidates = 0;
-      for (const auto& [b, s] : found->second) {
-        if (s->kind == kLocalOnly && s->local_shape == p.value.shape &&
-            s->state_dtype == p.state_dtype) {
-          only = s;
-          ++candidates;
-        }
-      }
-      if (candidates != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who, ": a custom-path parameter's layout is the host's own, so its state cannot "
-            "be matched across blobs (", candidates, " candidates); load this rank's own blob "
-            "with muon_load_state"));
-      }
-      plan->copies.push_back({i, 0, only->bytes, static_cast<size_t>(only->nbytes)});
-      continue;
-    }
     std::vector<Segment> sources;
     for (const auto& [b, s] : found->second) {
       if (s->kind != kGlobalRuns || s->global_shape != p.global_shape ||
@@ -166,7 +169,9 @@ absl::Status PlanAny(const std::vector<Param>& params, const std::vector<SavedSt
         at += static_cast<size_t>(r.length) * elem;
       }
     }
-    // Disjoint, sorted: the first copy of each element (replicas are equal).
+    // Disjoint, sorted: the first copy of each element. Within one blob the
+    // runs are disjoint (ParseStateBlob); across blobs the same element is
+    // normal, each replica's copy (replicas are equal).
     std::sort(sources.begin(), sources.end(),
               [](const Segment& a, const Segment& b) { return a.begin < b.begin; });
     std::vector<Segment> cover;

@@ -7,7 +7,9 @@
 // when saved. From several ranks' blobs (muon_load_states), e.g. every blob
 // of a job saved at another world size or layout: each parameter's global
 // elements are looked up in whichever blob holds them (a replica's copy
-// will do), by name, global shape, view and dtype.
+// will do), by name, global shape, view and dtype; refused while a
+// custom-path parameter is registered (its entries carry no global
+// coordinates).
 #ifndef MUON_ENGINE_STATE_RESTORE_H_
 #define MUON_ENGINE_STATE_RESTORE_H_
 

@@ -494,6 +494,40 @@ constexpr size_t kMagicEnd = 8, kFormatAt = 8, kReservedAt = 12, kStepAt = 16, k
                  kGlobalDimsAt = 65, kRunCountAt = 81, kRunAt = 89, kNbytesAt = 105,
                  kMomentumAt = 113, kBlobEnd = 177;
 
+// Runs that are each right on their own but wrong together: the blob's one
+// run of "w" made [0, +first) and followed by [offset, +length), of a global
+// shape [rows, 4], with `elements` momentum values (new ones, none the
+// optimizer's) and the step count 7, so that a blob loaded despite its runs
+// shows in the state.
+std::function<void(std::vector<unsigned char>&)> TwoRuns(int64_t rows, int64_t first,
+                                                         int64_t offset, int64_t length,
+                                                         uint64_t elements) {
+  return [=](std::vector<unsigned char>& b) {
+    Poke<int64_t>(b, kStepAt, 7);
+    Poke<int64_t>(b, kGlobalDimsAt, rows);
+    Poke<uint64_t>(b, kRunCountAt, 2);
+    Poke<int64_t>(b, kRunAt + 8, first);
+    b.resize(kNbytesAt + 16 + 8 + 4 * elements);  // a second run, the byte count, the bytes
+    Poke<int64_t>(b, kNbytesAt, offset);
+    Poke<int64_t>(b, kNbytesAt + 8, length);
+    Poke<uint64_t>(b, kNbytesAt + 16, 4 * elements);
+    for (uint64_t i = 0; i < elements; ++i) {
+      Poke<float>(b, kMomentumAt + 16 + 4 * i, 0.25f + static_cast<float>(i));
+    }
+  };
+}
+
+// muon_load_states of f.opt's own blob after `edit`, as the only blob.
+Call LoadStatesEdited(std::function<void(std::vector<unsigned char>&)> edit) {
+  return [edit](Fixture& f) {
+    if (f.blob.empty()) f.blob = f.Save(f.opt);
+    edit(f.blob);
+    const void* b[1] = {f.blob.data()};
+    size_t n[1] = {f.blob.size()};
+    return muon_load_states(f.opt, b, n, 1);
+  };
+}
+
 // A tensor whose device code is `code`, whatever DLDeviceType lists.
 void SetDeviceCode(DLTensor& t, int32_t code) {
   static_assert(sizeof t.device.device_type == sizeof code, "32-bit device code");
@@ -1355,6 +1389,20 @@ std::vector<Case> Cases() {
         size_t n[1] = {f.blob.size()};
         return muon_load_states(f.opt, b, n, 1);
       });
+  // Runs checked together, not one by one: the same 16 elements twice (both
+  // copies new values), and two runs whose sum passes INT64_MAX (of a global
+  // shape [INT64_MAX, 4] no optimizer has: the blob alone is refused).
+  add("load_states_runs_overlap", S, IA,
+      {"state blob 0, param 'w'", "run 1 [0, +16) starts before the end 16 of run 0",
+       "increasing global order, without overlap"},
+      LoadStatesEdited(TwoRuns(4, 16, 0, 16, 32)));
+  add("load_states_runs_overlap_in_part", S, IA,
+      {"state blob 0, param 'w'", "run 1 [8, +8) starts before the end 16 of run 0"},
+      LoadStatesEdited(TwoRuns(4, 16, 8, 8, 24)));
+  add("load_states_run_sum_overflows", S, IA,
+      {"state blob 0, param 'w'",
+       "run 1 [0, +4611686018427387904) starts before the end 4611686018427387904 of run 0"},
+      LoadStatesEdited(TwoRuns(INT64_MAX / 4, INT64_MAX / 2 + 1, 0, INT64_MAX / 2 + 1, 0)));
   add("load_states_other_global_shape", P, IA,
       {"state for param 'w'", "blob 0 saved it as [2, 8]", "the optimizer has [4, 4]"},
       [](Fixture& f) {
@@ -1404,6 +1452,20 @@ std::vector<Case> Cases() {
   add("load_state_run_outside_the_tensor", S, IA,
       {"state blob, param 'w'", "run [8, +16) is outside its 16 global elements"},
       LoadEdited([](std::vector<unsigned char>& b) { Poke<int64_t>(b, kRunAt, 8); }));
+  add("load_state_runs_overlap", S, IA,
+      {"state blob, param 'w'", "run 1 [0, +16) starts before the end 16 of run 0"},
+      LoadEdited(TwoRuns(4, 16, 0, 16, 32)));
+  // A custom-path entry (a local piece, no runs) for a parameter with a
+  // layout: the same bytes, but not what saving this optimizer writes.
+  add("load_state_custom_path_entry", S, IA,
+      {"state blob, param 'w'", "the blob saved it on the custom path (a local piece only), "
+       "the optimizer has it with a layout"},
+      LoadEdited([](std::vector<unsigned char>& b) {
+        Poke<int64_t>(b, kStepAt, 7);
+        Poke<uint8_t>(b, kKindAt, 1);
+        Poke<uint64_t>(b, kRunCountAt, 0);
+        b.erase(b.begin() + kRunAt, b.begin() + kRunAt + 16);
+      }));
   add("load_state_run_count_huge", S, IA, {"state blob, param 'w'", "truncated"},
       LoadEdited([](std::vector<unsigned char>& b) { Poke<uint64_t>(b, kRunCountAt, ~0ull); }));
   add("load_state_other_dtype", S, IA,

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,8 @@ namespace muon_test {
 namespace {
 
 constexpr int64_t kRows = 10, kCols = 6;
+
+struct RankState;
 
 // The host's side: rank r holds rows [2r, 2r + 2) of a 10 x 6 matrix for r
 // < 4 and rows 8, 9 with rank 3 too (a layout described by nobody but the
@@ -39,6 +42,9 @@ struct Host {
   // on every rank); a failed step is then tried once more.
   int fail_call = -1;
   int fail_rank = -1;
+  // Called on every rank after its steps, before muon_destroy, with the
+  // parameter's id (the ranks run side by side: Barrier works there).
+  std::function<void(RankState&, muon_optimizer_t*, int64_t)> after_steps;
 };
 
 struct RankState {
@@ -175,6 +181,8 @@ Outcome RunRanks(Host& host, int steps) {
       }
     }
     out.calls[rank] = counter.calls;
+    if (st != MUON_OK && out.errors[rank].empty()) out.errors[rank] = muon_last_error_message();
+    if (host.after_steps) host.after_steps(state, opt, id);
     muon_stats_init(&out.stats[rank], sizeof out.stats[rank]);
     muon_get_stats(opt, &out.stats[rank]);
     muon_destroy(opt);
@@ -305,6 +313,90 @@ TEST(CustomPath, ACallbackFailingOnOneRankFailsTheStepOnEveryRank) {
           << e;
       EXPECT_EQ(out.stats[r].steps, 0) << "rank " << r;
     }
+  }
+}
+
+// A rank's momentum of the custom matrix (its NumRows x kCols piece), or
+// with `set` that momentum overwritten by `values`.
+std::vector<float> Momentum(muon_optimizer_t* opt, int64_t id, int rank,
+                            const std::vector<float>* set = nullptr) {
+  std::vector<float> m = set ? *set : std::vector<float>(NumRows(rank) * kCols);
+  int64_t shape[2] = {NumRows(rank), kCols};
+  DLTensor t{};
+  t.data = m.data();
+  t.device = {kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = {kDLFloat, 32, 1};
+  t.shape = shape;
+  const muon_status_t st = set ? muon_set_state(opt, id, &t) : muon_get_state(opt, id, &t);
+  EXPECT_EQ(st, MUON_OK) << muon_last_error_message();
+  return m;
+}
+
+// What one rank's state calls returned after its steps.
+struct StateCalls {
+  muon_status_t from_rank1 = MUON_OK, from_all = MUON_OK, own = MUON_INTERNAL;
+  std::string from_rank1_error, from_all_error, own_error;
+  bool unchanged = false, restored = false;
+};
+
+TEST(CustomPath, StateLoadsFromThisRanksOwnBlobOnly) {
+  // A blob holds a custom matrix's piece without global coordinates. Ranks
+  // 0, 1 and 2 hold pieces of one shape (2 x 6): given rank 1's blob alone,
+  // muon_load_states took its piece as theirs. It refuses while a custom-path
+  // parameter is registered, changing nothing; muon_load_state with the
+  // rank's own blob restores it.
+  Host host;
+  std::vector<std::vector<unsigned char>> blobs(host.ranks);
+  std::vector<StateCalls> calls(host.ranks);
+  host.after_steps = [&](RankState& state, muon_optimizer_t* opt, int64_t id) {
+    const int rank = state.rank;
+    StateCalls& c = calls[rank];
+    size_t size = 0;
+    EXPECT_EQ(muon_save_state(opt, nullptr, 0, &size), MUON_OK);
+    blobs[rank].resize(size);
+    EXPECT_EQ(muon_save_state(opt, blobs[rank].data(), size, &size), MUON_OK);
+    Barrier(&state);  // every rank's blob is saved
+    const std::vector<float> before = Momentum(opt, id, rank);
+
+    const void* one[1] = {blobs[1].data()};
+    const size_t one_size[1] = {blobs[1].size()};
+    c.from_rank1 = muon_load_states(opt, one, one_size, 1);
+    c.from_rank1_error = muon_last_error_message();
+    std::vector<const void*> all;
+    std::vector<size_t> sizes;
+    for (const auto& b : blobs) {
+      all.push_back(b.data());
+      sizes.push_back(b.size());
+    }
+    c.from_all = muon_load_states(opt, all.data(), sizes.data(), all.size());
+    c.from_all_error = muon_last_error_message();
+    c.unchanged = Momentum(opt, id, rank) == before;
+
+    // Zeroed first, so that the load is seen.
+    const std::vector<float> zero(before.size(), 0.0f);
+    Momentum(opt, id, rank, &zero);
+    c.own = muon_load_state(opt, blobs[rank].data(), blobs[rank].size());
+    c.own_error = muon_last_error_message();
+    c.restored = Momentum(opt, id, rank) == before;
+  };
+  auto out = RunRanks(host, 3);
+  for (int r = 0; r < host.ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_TRUE(out.errors[r].empty()) << out.errors[r];
+    const StateCalls& c = calls[r];
+    EXPECT_EQ(c.from_rank1, MUON_FAILED_PRECONDITION) << muon_status_string(c.from_rank1);
+    EXPECT_EQ(c.from_all, MUON_FAILED_PRECONDITION) << muon_status_string(c.from_all);
+    for (const std::string& e : {c.from_rank1_error, c.from_all_error}) {
+      EXPECT_NE(e.find("param 'custom' is on the custom path"), std::string::npos) << e;
+      EXPECT_NE(e.find("restore this rank's own blob with muon_load_state, or each parameter "
+                       "with muon_set_state"),
+                std::string::npos)
+          << e;
+    }
+    EXPECT_TRUE(c.unchanged) << "a refused muon_load_states changed the momentum";
+    EXPECT_EQ(c.own, MUON_OK) << c.own_error;
+    EXPECT_TRUE(c.restored) << "muon_load_state did not restore the rank's own momentum";
   }
 }
 

@@ -756,7 +756,9 @@ class Optimizer:
         """Restores this rank's state from several ranks' state_bytes() (e.g.
         every blob of a checkpoint saved at another world size or layout:
         muon_load_states). Each param's elements are found by name and global
-        coordinates in whichever blob holds them."""
+        coordinates in whichever blob holds them. Refused while a custom-path
+        parameter is registered (load this rank's own blob with
+        load_state_bytes)."""
         blobs = [bytes(b) for b in blobs]
         n = len(blobs)
         buffers = (ctypes.c_void_p * max(n, 1))(
