@@ -201,8 +201,34 @@ absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& loca
                                       : absl::StrCat(absl::StatusCodeToString(local.status().code()),
                                                      ": ", local.status().message());
   std::memcpy(report + 4, text.data(), std::min(text.size(), kReportBytes - 5));
-  MUON_RETURN_IF_ERROR(GatherAll(world, device, report, kReportBytes, &all, stream,
-                                 absl::StrCat("reporting the outcome of ", what)));
+  const absl::Status reported = GatherAll(world, device, report, kReportBytes, &all, stream,
+                                          absl::StrCat("reporting the outcome of ", what));
+  if (!reported.ok()) {
+    // The causes did not reach this rank, but the verdicts did, as on every
+    // rank: the same code as the others return, the ranks named from them.
+    std::string ranks;
+    int first = -1, count = 0;
+    for (int r = 0; r < n; ++r) {
+      const Verdict& x = v[static_cast<size_t>(r)];
+      if (x.magic != kVerdictMagic || x.code == 0) continue;
+      if (first < 0) first = r;
+      if (++count <= 4) {
+        absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", r, " (",
+                        absl::StatusCodeToString(static_cast<absl::StatusCode>(x.code)), ")");
+      }
+    }
+    if (!failed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the ranks step with different hyper-parameters; their values could not be "
+          "gathered here (", reported.message(), "); set the same lr, weight_decay, momentum, "
+          "nesterov and adjust_lr on every rank"));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(v[static_cast<size_t>(first)].code),
+                        absl::StrCat(what, " failed on ", count, " of ", n, " ranks (ranks ",
+                                     ranks, count > 4 ? ", ..." : "",
+                                     "); their causes could not be gathered here: ",
+                                     reported.message()));
+  }
   if (failed) {
     // Bounded: the first few failing ranks' causes, each cut short.
     constexpr int kNamed = 4;
