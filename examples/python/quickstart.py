@@ -3,7 +3,9 @@ and AdamW for its biases.
 
 Run it from the repository root after `bazel build //:libmuon.so`:
 
-    PYTHONPATH=capi/python python3 examples/python/quickstart.py
+    PYTHONPATH=capi/python .venv/bin/python examples/python/quickstart.py
+
+(.venv: torch and the rest, made by tools/deps.sh; a system python3 has no torch)
 
 (the package finds bazel-bin/libmuon.so; elsewhere set MUON_LIBRARY=/path/to/libmuon.so).
 """

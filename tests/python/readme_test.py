@@ -59,3 +59,18 @@ def _megatron_fragment(rank, world):
 
 def test_megatron_fragment_runs_on_4_ranks():
     assert launch(_megatron_fragment, 4) == [[True, True, True]] * 4
+
+
+def test_every_example_names_an_interpreter_with_torch():
+    # A fresh machine's python3 has no torch: each example's run line names
+    # the interpreter tools/deps.sh makes (.venv/bin/python).
+    examples = os.path.join(os.path.dirname(README), "examples", "python")
+    for name in sorted(os.listdir(examples)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(examples, name), encoding="utf-8") as f:
+            doc = f.read().split('"""')[1]
+        runs = re.findall(r"^\s+(?:PYTHONPATH=\S+ )?(\S*python\S*) examples/python/", doc, re.M)
+        assert runs, "%s: its docstring gives no command that runs it" % name
+        for interpreter in runs:
+            assert interpreter == ".venv/bin/python", "%s: runs with %s" % (name, interpreter)
