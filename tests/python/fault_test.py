@@ -7,7 +7,8 @@ rank raises muon.MuonError for that step naming the failing rank, further
 steps are refused until every rank restores its checkpoint, and the resumed
 run ends bit for bit like an uninterrupted one. (A fault in the step's own
 verdict exchange on one rank reaches the others at the next step, which
-every rank fails: tested on its own.)"""
+every rank fails: tested on its own.) A rank that never enters its step is
+released by aborting the in-process world."""
 
 import threading
 
@@ -236,3 +237,35 @@ def test_a_custom_path_callback_failing_on_one_rank(where):
         assert "rank 2: " in e.message and "%s_fn" % where in e.message, e.message
         assert "broke on rank 2" in e.message, e.message
         assert results[rank] is not None and results[rank].status == "FAILED_PRECONDITION"
+
+
+def test_a_rank_that_never_steps_is_released_by_aborting_the_world():
+    """Rank 2 fails in host code before its step and never enters it: the
+    others wait in the step's collectives (no collective has a timeout) until
+    the host's watchdog aborts the in-process world; then every waiting rank's
+    step raises UNAVAILABLE, and no thread is left behind."""
+    world = muon.InProcessWorld(WORLD)
+    entered = threading.Barrier(WORLD)
+
+    def body(rank):
+        with muon.Optimizer(**OPTIONS) as opt:
+            wid = opt.set_world(world.comm(rank))
+            piece = _values((6, 4), 5)
+            opt.register(piece, numpy.ones_like(piece), "w", global_shape=piece.shape,
+                         placements=[muon.Replicate(wid)])
+            entered.wait()
+            if rank == 2:
+                raise Injected("the host failed before its step on rank 2")
+            opt.step()
+
+    watchdog = threading.Timer(0.5, world.abort)
+    watchdog.start()
+    try:
+        _, errors = run_ranks(WORLD, body)
+    finally:
+        watchdog.cancel()
+    assert isinstance(errors[2], Injected), errors[2]
+    for rank in (0, 1, 3):
+        e = errors[rank]
+        assert isinstance(e, muon.MuonError) and e.status == "UNAVAILABLE", (rank, e)
+        assert "the in-process world was aborted" in e.message, e.message

@@ -371,6 +371,14 @@ class InProcessWorld:
             raise ValueError("muon: the in-process world is closed")
         return InProcessComm(self, rank, ranks)
 
+    def abort(self):
+        """Releases every rank waiting in a collective for one that will never
+        enter it, and fails every later collective (muon_inprocess_world_abort,
+        as ncclCommAbort): for a host whose rank thread failed outside libmuon.
+        Safe from any thread (a watchdog); irreversible."""
+        if self._handle:
+            _lib_handle.muon_inprocess_world_abort(self._handle)
+
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
         if handle:
