@@ -332,8 +332,7 @@ def test_invalid_params_raise_clear_exceptions():
         muon.Muon([[1.0, 2.0]])
     with pytest.raises(TypeError, match="float64"):
         muon.Muon([torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))])
-    with pytest.raises(ValueError, match="not contiguous"):
-        muon.Muon([torch.nn.Parameter(torch.zeros(6, 4).t())])
+    # (A parameter that is not contiguous is stepped: torch_optiminfo_test.py.)
     opt = muon.Muon([torch.nn.Parameter(torch.zeros(4, 4))])
     with pytest.raises(ValueError, match=r"size: torch\.Size\(\[3, 3, 3\]\)"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 3, 3))]})
@@ -350,9 +349,8 @@ def test_errors_at_step():
     w.grad = torch.zeros(4, 4).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         opt.step()
-    w.grad = torch.zeros(4, 8)[:, :4]  # not contiguous: refused by the library, named
-    with pytest.raises(muon.MuonError, match="group0.param0"):
-        opt.step()
+    # (A gradient that is not contiguous is stepped as its contiguous copy:
+    # torch_optiminfo_test.py.)
     w.grad = torch.ones(4, 4)
     opt.param_groups[0]["lr"] = -1.0  # a schedule gone wrong
     with pytest.raises(muon.MuonError, match="lr"):

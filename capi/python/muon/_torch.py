@@ -4,10 +4,13 @@ With distributed_config=None it behaves like torch.optim.Muon (PyTorch >= 2.9):
 the same signature and defaults, param groups with their own hyper-parameters,
 LR schedulers, zero_grad(set_to_none=True/False), parameters without a
 gradient skipped, and state_dict()/load_state_dict() in torch's format
-(state[index]["momentum_buffer"]). One low-level muon.Optimizer per param
-group borrows the parameters and gradients in place (no copies).
+(state[index]["momentum_buffer"]), copy.deepcopy and pickle. One low-level
+muon.Optimizer per param group borrows the parameters and gradients in place
+(no copies; only a parameter or gradient that is not contiguous goes through
+a contiguous copy, as the library reads and writes contiguous memory).
 """
 
+import collections
 import numbers
 import operator
 
@@ -23,6 +26,18 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # Changing these in a param group rebuilds its library optimizer (momentum kept);
 # lr, weight_decay and momentum are set on it before each step.
 _REBUILD_KEYS = ("nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn", "ns_dtype")
+# The options a param group holds: torch.optim.Muon's, then ours. load_state_dict
+# fills only these from the constructor's values (a checkpoint of torch.optim.Muon
+# lacks ours), never keys torch.optim.Optimizer adds to `defaults` itself
+# ("differentiable"), so that state_dict() -> load_state_dict() -> state_dict()
+# is the identity.
+_TORCH_GROUP_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps",
+                     "ns_steps", "adjust_lr_fn")
+_GROUP_KEYS = _TORCH_GROUP_KEYS + ("ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps",
+                                   "adamw_wd")
+# What __getstate__ returns carries this key; torch's load_state_dict calls
+# __setstate__ with a dict without it.
+_COPY_MARK = "_muon_copy"
 
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
 
@@ -90,7 +105,9 @@ def _check_group(group):
     if not 0.0 <= lr:
         raise ValueError("Learning rate should be >= 0 but is: %s" % lr)
     momentum = _real("momentum", group["momentum"])
-    if not 0.0 <= momentum < 1.0:
+    if not 0.0 <= momentum:
+        raise ValueError("momentum should be >= 0 but is: %s" % momentum)
+    if not momentum < 1.0:  # (torch accepts it; the library's lerp needs momentum < 1)
         raise ValueError("momentum should be in [0, 1) but is: %s" % momentum)
     weight_decay = _real("weight_decay", group["weight_decay"])
     if not 0.0 <= weight_decay:
@@ -137,6 +154,10 @@ def _check_adamw(group):
 
 
 def _check_param(p, distributed):
+    """What construction checks of a matrix. A complex one is refused by step(),
+    as torch.optim.Muon does (RuntimeError, _check_step_param). A parameter that
+    is not contiguous (a transposed view, a strided slice) is stepped through a
+    contiguous copy (_Group.shadows)."""
     # With a distributed config the local tensor may be a 1-D flat shard
     # (ZeRO, FSDP1, Megatron's distributed optimizer); the config checks the
     # global shape instead.
@@ -144,7 +165,7 @@ def _check_param(p, distributed):
         raise ValueError("Muon only supports 2D parameters whereas we found a parameter with "
                          "size: %s" % (p.size(),))
     if torch.is_complex(p):
-        raise ValueError("Muon does not support complex parameters (got %s)" % p.dtype)
+        return
     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError("muon.Muon: parameter of size %s has dtype %s; libmuon steps float32, "
                         "bfloat16 and float16 parameters" % (tuple(p.shape), p.dtype))
@@ -153,10 +174,41 @@ def _check_param(p, distributed):
     if p.device.type != "cpu":
         raise ValueError("muon.Muon: parameter of size %s is on %s; this libmuon computes on "
                          "the CPU" % (tuple(p.shape), p.device))
-    if not p.is_contiguous():
-        raise ValueError("muon.Muon: parameter of size %s is not contiguous (strides %s); the "
-                         "library updates parameters in place, without copies"
-                         % (tuple(p.shape), p.stride()))
+
+
+def _check_step_param(p, grad):
+    """torch.optim.Muon's checks of a parameter it is about to step (same types
+    and messages)."""
+    if torch.is_complex(p):
+        raise RuntimeError("Muon does not support complex parameters")
+    if grad is not None and grad.is_sparse:
+        raise RuntimeError("Muon does not support sparse gradients")
+
+
+def _library_param(g, i, p):
+    """The tensor the library updates for g.params[i] (`p`): p itself where it is
+    contiguous, else its contiguous copy g.shadows[i] (made here, kept)."""
+    if p.is_contiguous():
+        g.shadows[i] = None
+        return p
+    shadow = g.shadows[i]
+    if shadow is None or shadow.shape != p.shape or shadow.dtype != p.dtype:
+        shadow = g.shadows[i] = torch.empty(tuple(p.shape), dtype=p.dtype, device=p.device)
+    return shadow
+
+
+def _library_grad(g, i, grad):
+    """The gradient the library reads for g.params[i]: `grad` itself where it is
+    contiguous, else a copy of it in g.staged[i]."""
+    if grad.is_contiguous():
+        g.staged[i] = None
+        return grad
+    staged = g.staged[i]
+    if staged is None or staged.shape != grad.shape or staged.dtype != grad.dtype:
+        staged = g.staged[i] = torch.empty(tuple(grad.shape), dtype=grad.dtype,
+                                           device=grad.device)
+    staged.copy_(grad)
+    return staged
 
 
 def _local(t):
@@ -179,7 +231,7 @@ class _Group:
     """The library optimizer of one param group and what it is bound to."""
 
     __slots__ = ("opt", "params", "index", "ids", "grads", "param_ptrs", "rebuild_key",
-                 "pushed", "zeros")
+                 "pushed", "zeros", "shadows", "staged")
 
     def __init__(self, opt, indexed, rebuild_key):
         self.opt = opt
@@ -191,6 +243,12 @@ class _Group:
         self.rebuild_key = rebuild_key
         self.pushed = None          # (lr, weight_decay, momentum) the library has
         self.zeros = {}             # distributed: zero grads bound for params without one
+        # Single process: the library reads and writes contiguous memory only. A
+        # parameter that is not contiguous is registered as a contiguous copy
+        # (shadows[i]), refreshed from it before each step and copied back after;
+        # a gradient that is not contiguous is copied into staged[i] at each step.
+        self.shadows = []
+        self.staged = []
 
 
 class Muon(torch.optim.Optimizer):
@@ -217,10 +275,19 @@ class Muon(torch.optim.Optimizer):
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
     does; a .grad that torch replaced (zero_grad(set_to_none=True) then
-    backward) is rebound, never copied. The momentum buffers live in the
-    library: state_dict() copies them out in torch's format, and
-    load_state_dict() copies them back; `self.state` holds them only while
-    those calls run.
+    backward) is rebound, never copied. A parameter that is not contiguous (a
+    transposed view, a strided slice) is stepped through a contiguous copy,
+    refreshed from it before each step and copied back after (so is a
+    gradient that is not contiguous, copied in); a complex matrix raises
+    RuntimeError at step() once it has a gradient, as torch does. The momentum
+    buffers live in the library: state_dict() copies them out in torch's
+    format, and load_state_dict() copies them back (state_dict() ->
+    load_state_dict() -> state_dict() is the identity); `self.state` holds
+    them only while those calls run. copy.deepcopy() and pickle copy the
+    optimizer as torch copies one (its param groups, with deep copies of the
+    parameters, and its state; no hooks): the copy builds its own library
+    optimizers at its first step. An optimizer with a distributed_config
+    refuses to be copied (TypeError).
 
     distributed_config: a muon.DistributedConfig (the design's: assign_fn,
     gather_fn, redistribute_fn, state), what a create_*_config helper returns,
@@ -240,15 +307,7 @@ class Muon(torch.optim.Optimizer):
             raise TypeError("muon.Muon: distributed_config must provide _options() and "
                             "_attach(optimizer, named_params), got %s"
                             % type(distributed_config).__name__)
-        self._config = distributed_config
-        self._flat = {}        # id(param) -> (param, its FlatBuffer or None for a plain one)
-        self._numbers = {}     # id(param group dict) -> (the dict, its number)
-        self._by_number = {}   # number -> param group dict
-        self._groups = {}      # param group number -> _Group, once it stepped
-        self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
-        self._pending = {}     # id(param) -> momentum to set at build (None: zero)
-        self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
-        self._adamw_key = None
+        self._init_bookkeeping(distributed_config)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
@@ -259,6 +318,18 @@ class Muon(torch.optim.Optimizer):
         if order is not None:
             order([p for gi, group in self._numbered() for _, p in self._members(gi, group)])
         self._prepare_config()
+
+    def _init_bookkeeping(self, config):
+        """What this class keeps beside torch.optim.Optimizer's attributes, empty."""
+        self._config = config
+        self._flat = {}        # id(param) -> (param, its FlatBuffer or None for a plain one)
+        self._numbers = {}     # id(param group dict) -> (the dict, its number)
+        self._by_number = {}   # number -> param group dict
+        self._groups = {}      # param group number -> _Group, once it stepped
+        self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
+        self._pending = {}     # id(param) -> momentum to set at build (None: zero)
+        self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
+        self._adamw_key = None
 
     def _prepare_config(self):
         """Lets the config see every matrix once (the design's assign_fn runs there)."""
@@ -396,17 +467,25 @@ class Muon(torch.optim.Optimizer):
         params = g.params
         placeholders = []
         for i, p in enumerate(params):
+            g.shadows.append(None)
+            g.staged.append(None)
+            target = _library_param(g, i, p)
+            if target is not p:
+                target.copy_(p)
             grad = p.grad
             if grad is None or grad.is_sparse:
                 # The library wants a gradient at registration: an empty one,
                 # unbound right after (the parameter is then skipped).
-                grad = torch.empty_like(p, memory_format=torch.contiguous_format)
+                grad = torch.empty_like(target, memory_format=torch.contiguous_format)
                 placeholders.append(i)
-            g.ids.append(g.opt.register(p, grad, name=self._name(gi, g.index[i])))
+            else:
+                grad = _library_grad(g, i, grad)
+            g.ids.append(g.opt.register(target, grad, name=self._name(gi, g.index[i])))
             g.grads.append(grad)
-            g.param_ptrs.append(p.data_ptr())
+            g.param_ptrs.append(target.data_ptr())
         for i in placeholders:
-            g.opt.rebind(g.ids[i], params[i], None)
+            target = params[i] if g.shadows[i] is None else g.shadows[i]
+            g.opt.rebind(g.ids[i], target, None)
             g.grads[i] = None
 
     def _register_distributed(self, g, gi):
@@ -492,23 +571,34 @@ class Muon(torch.optim.Optimizer):
     # -- binding gradients --------------------------------------------------------------
 
     def _bind_single(self, g, params):
-        """Rebinds what torch replaced; returns the params that have a gradient."""
+        """Rebinds what torch replaced and refreshes the contiguous copies;
+        returns the params that have a gradient."""
         active = []
         for i, p in enumerate(params):
             grad = p.grad
-            if grad is not None and grad.is_sparse:
-                raise RuntimeError("Muon does not support sparse gradients")
-            moved = p.data_ptr() != g.param_ptrs[i]
+            _check_step_param(p, grad)
+            target = _library_param(g, i, p)
+            moved = target.data_ptr() != g.param_ptrs[i]
             if grad is None:
                 if g.grads[i] is not None or moved:
-                    g.opt.rebind(g.ids[i], p, None)
-                    g.grads[i], g.param_ptrs[i] = None, p.data_ptr()
+                    g.opt.rebind(g.ids[i], target, None)
+                    g.grads[i], g.param_ptrs[i] = None, target.data_ptr()
                 continue
-            if moved or grad is not g.grads[i]:
-                g.opt.rebind(g.ids[i], p, grad)
-                g.grads[i], g.param_ptrs[i] = grad, p.data_ptr()
+            if target is not p:
+                target.copy_(p)  # the host may have written p since the last step
+            bound = _library_grad(g, i, grad)
+            if moved or bound is not g.grads[i]:
+                g.opt.rebind(g.ids[i], target, bound)
+                g.grads[i], g.param_ptrs[i] = bound, target.data_ptr()
             active.append(p)
         return active
+
+    @staticmethod
+    def _write_back(g):
+        """Copies the stepped contiguous copies into their parameters."""
+        for p, shadow, grad in zip(g.params, g.shadows, g.grads):
+            if shadow is not None and grad is not None:
+                p.copy_(shadow)
 
     def _bind_distributed(self, g, params):
         """Every rank steps every parameter: a missing gradient is bound as zeros."""
@@ -541,8 +631,9 @@ class Muon(torch.optim.Optimizer):
             for i, p in enumerate(g.params):
                 if g.grads[i] is not None and p.grad is None:
                     # Unbound now, so the dropped gradient's memory can be freed.
-                    g.opt.rebind(g.ids[i], p, None)
-                    g.grads[i], g.param_ptrs[i] = None, p.data_ptr()
+                    target = _library_param(g, i, p)
+                    g.opt.rebind(g.ids[i], target, None)
+                    g.grads[i], g.param_ptrs[i] = None, target.data_ptr()
 
     # -- torch.optim.Optimizer ---------------------------------------------------------
 
@@ -565,6 +656,16 @@ class Muon(torch.optim.Optimizer):
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
                 continue  # (distributed: stepped anyway, the step is collective)
+            for _, p in indexed:  # before the library sees them, as torch's _init_group
+                if self._config is None:
+                    if p.grad is not None:
+                        _check_step_param(p, p.grad)
+                elif torch.is_complex(p):
+                    _check_step_param(p, None)
+            if self._config is None:
+                # A complex matrix without a gradient is skipped, as torch skips it
+                # (with one, _check_step_param refused it).
+                indexed = [(i, p) for i, p in indexed if not torch.is_complex(p)]
             g = self._group_for_step(gi, group, indexed)
             self._push_hyper(g, group)
             if self._config is None:
@@ -581,6 +682,8 @@ class Muon(torch.optim.Optimizer):
                 if g.params or e.status != "FAILED_PRECONDITION" or \
                         g.opt.stats()["matrices_total"] != 0:
                     raise
+            if self._config is None:
+                self._write_back(g)
             for p in stepped:
                 self._has_state[id(p)] = True
                 if _increment_version is not None:
@@ -629,16 +732,10 @@ class Muon(torch.optim.Optimizer):
                     total[k] = total.get(k, 0) + v
         return total
 
-    def state_dict(self):
-        added = []  # (tensor, what self.state held for it before)
-
-        def put(t, entry):
-            added.append((t, self.state.get(t)))
-            if entry is None:
-                self.state.pop(t, None)
-            else:
-                self.state[t] = entry
-
+    def _momentum_buffers(self):
+        """(member, a copy of its momentum buffer) for each member that has one
+        (held by the library, or pending for a group not built yet)."""
+        out = []
         for gi, group in self._numbered():
             g = self._groups.get(gi)
             position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
@@ -652,7 +749,36 @@ class Muon(torch.optim.Optimizer):
                       and k < len(g.ids) and g.ids[k] is not None):
                     buf = self._local_state(g, g.ids[k])
                 if buf is not None:
-                    put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p)))
+                    out.append((p, buf))
+        return out
+
+    def _take_momentum_from_state(self):
+        """Moves the momentum buffers self.state holds (just loaded or copied)
+        to where the next build gives them to the library."""
+        for gi, group in self._numbered():
+            for _, p in self._members(gi, group):
+                entry = self.state.get(p)
+                buf = entry.pop("momentum_buffer", None) if entry is not None else None
+                if entry is not None and not entry:
+                    del self.state[p]
+                self._pending[id(p)] = buf
+                if buf is None:
+                    self._has_state.pop(id(p), None)
+                else:
+                    self._has_state[id(p)] = True
+
+    def state_dict(self):
+        added = []  # (tensor, what self.state held for it before)
+
+        def put(t, entry):
+            added.append((t, self.state.get(t)))
+            if entry is None:
+                self.state.pop(t, None)
+            else:
+                self.state[t] = entry
+
+        for p, buf in self._momentum_buffers():
+            put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p)))
         # A flat buffer's state is the buffer's: its segments' folded into
         # buffer-shaped tensors (torch's format for the param the host gave).
         for fb in self._flat_buffers():
@@ -680,24 +806,48 @@ class Muon(torch.optim.Optimizer):
             self._numbers[id(group)] = (group, n)
             self._by_number[n] = group
         for group in self.param_groups:
-            # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's applies.
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
+            # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's
+            # applies. Only this optimizer's options: torch's __setstate__ put
+            # "differentiable" into self.defaults, and no param group holds it.
+            for key in _GROUP_KEYS:
+                if key not in group:
+                    group[key] = self.defaults[key]
             _check_group(group)
         self._unfold_flat_state()
-        for gi, group in self._numbered():
-            for _, p in self._members(gi, group):
-                entry = self.state.get(p)
-                buf = entry.pop("momentum_buffer", None) if entry is not None else None
-                if entry is not None and not entry:
-                    del self.state[p]
-                self._pending[id(p)] = buf
-                if buf is None:
-                    self._has_state.pop(id(p), None)
-                else:
-                    self._has_state[id(p)] = True
+        self._take_momentum_from_state()
         for g in self._groups.values():
             self._apply_pending(g)
+
+    # -- copy.deepcopy and pickle ------------------------------------------------------
+
+    def __getstate__(self):
+        """torch.optim.Optimizer's copy (defaults, state, param_groups; hooks are
+        not copied), with the momentum buffers the library holds put into the
+        state. The library's handles are not part of it: the copy builds its
+        own at its first step, from its param groups and this state, as
+        load_state_dict does. So a deepcopy of the optimizer deep-copies its
+        parameters, as torch's does, and steps them like the original."""
+        if self._config is not None:
+            raise TypeError("muon.Muon: an optimizer with a distributed_config cannot be copied "
+                            "or pickled (its communicators and process groups belong to this "
+                            "process); save state_dict() and load it into a new optimizer")
+        state = collections.defaultdict(dict)
+        for p, entry in self.state.items():
+            state[p] = dict(entry)
+        for p, buf in self._momentum_buffers():
+            state[p]["momentum_buffer"] = buf
+        return {"defaults": self.defaults, "state": state, "param_groups": self.param_groups,
+                _COPY_MARK: True}
+
+    def __setstate__(self, state):
+        if not state.get(_COPY_MARK):
+            # torch.optim.Optimizer.load_state_dict sets its state and groups this way.
+            super().__setstate__(state)
+            return
+        state = {k: v for k, v in state.items() if k != _COPY_MARK}
+        self._init_bookkeeping(None)
+        super().__setstate__(state)
+        self._take_momentum_from_state()
 
     def _unfold_flat_state(self):
         """A flat buffer's loaded state back onto its segments: momentum for the
