@@ -564,10 +564,8 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
     }();
   }
   // The plan check's verdict: the plan's digest, and whether it was built,
-  // in words no damaged byte turns into each other (a word that is neither
-  // is damage, this rank's own failure).
-  constexpr uint64_t kBuilt = 0x544c495542u;          // "BUILT"
-  constexpr uint64_t kFailed = 0x44454c494146u;       // "FAILED"
+  // in words no damaged byte turns into each other (neither: damage).
+  constexpr uint64_t kBuilt = 0x544c495542u, kFailed = 0x44454c494146u;  // "BUILT", "FAILED"
   struct Verdict {
     uint64_t digest;
     uint64_t state;
