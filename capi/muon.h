@@ -228,7 +228,8 @@ typedef enum muon_assignment_t {
 
 /* One matrix of the job, as the custom assignment sees it. Matrices are
  * ordered by parameter name, then by index within the parameter's matrix
- * view. Pointers are valid during the callback only. */
+ * view; matrices without elements are not listed (nothing is done for
+ * them). Pointers are valid during the callback only. */
 typedef struct muon_matrix_info_t {
   const char* param_name;
   int64_t index;            /* matrix index within the parameter (batched views) */
@@ -295,7 +296,8 @@ typedef struct muon_options_t {
   int32_t skip_nonfinite;
   /* ---- 0.5 ---- */
   /* The optimizer's own memory (momentum, update and exchange buffers, the
-   * Newton-Schulz workspace, the copy descriptors) from the host's allocator,
+   * Newton-Schulz workspace, the copy descriptors, a custom-path owner's
+   * copy of its matrix) from the host's allocator,
    * e.g. a framework's caching allocator; both NULL (default): the library's
    * own (cudaMalloc, calloc). allocate(ctx, bytes, device_type, device_id,
    * stream) returns memory of that device (DLPack type and id: kDLCUDA and
@@ -470,7 +472,24 @@ MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,
  * parameter is named "param<id>"). Registration is closed by the first
  * muon_step: later registrations fail with MUON_FAILED_PRECONDITION. On
  * success *param_id receives the parameter's id: 0, 1, 2, ... in order of
- * registration. The momentum buffer starts at zero. */
+ * registration. The momentum buffer starts at zero.
+ *
+ * Matrices a declaration may ask for: a matrix view (of the global shape,
+ * when one is given) declares matrices, and the first muon_step plans each
+ * one that has elements (a few hundred bytes on every rank). A matrix
+ * without elements (a zero row or column count) has an empty update: it is
+ * not planned, moved or orthogonalized, costs nothing however many are
+ * declared (a [2^32, 0, 3] BATCHED_LEADING parameter steps at once), and
+ * counts in muon_stats_t.matrices_total but in no rank's matrices_owned
+ * (nor in the custom assignment's table). One parameter may declare at most
+ * 2^20 (1,048,576) matrices with elements: more is refused here with
+ * MUON_INVALID_ARGUMENT naming the parameter, its shape and the count,
+ * whatever this rank holds of it. A job may declare at most 2^22
+ * (4,194,304) matrices with elements, every rank's parameters counted once
+ * by name (custom-path and ZeRO-2 ones included): more fails the first
+ * muon_step, on every rank and before anything is planned or changed, with
+ * MUON_INVALID_ARGUMENT naming the parameter (in name order) at which the
+ * count passes the cap; registration then stays open. */
 MUON_API muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
                                            const DLTensor* grad,
                                            const muon_param_options_t* options,
@@ -492,7 +511,19 @@ MUON_API muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor
  *   redistribute_fn: on the owner, `full` holds the orthogonalized matrix;
  *     every rank writes its local_numel values into `local`.
  * Both are collective among the holders (the host's own communication) and
- * return MUON_OK or an error (with muon_set_callback_error for detail). */
+ * return MUON_OK or an error (with muon_set_callback_error for detail).
+ * The declaration: global_rows and global_cols are at least 1; this rank's
+ * piece has at most global_rows * global_cols elements; and the product is
+ * at most (2^63 - 1) / 16 elements (the owner holds an fp32 copy of the
+ * matrix and the Newton-Schulz workspace, 16 bytes per element, counted in
+ * 64 bits); otherwise muon_register_param_custom fails with
+ * MUON_INVALID_ARGUMENT naming the parameter. The owner's copy has the
+ * declared size, however small the pieces: it is allocated once, at the
+ * first muon_step, with the optimizer's other memory (through
+ * muon_options_t.allocate when set, counted in muon_stats_t.memory_bytes);
+ * when that fails, the first step fails on every rank before gather_fn or
+ * redistribute_fn runs, changing nothing, with MUON_RESOURCE_EXHAUSTED
+ * naming the parameter and the bytes. */
 typedef struct muon_gathered_t {
   const float* data;
   int64_t rows;
@@ -749,7 +780,9 @@ typedef struct muon_stats_t {
   int64_t matrices_orthogonalized;
   double ns_flops;                /* Newton-Schulz FLOPs this rank computed */
   /* Planned, the same every step: */
-  int64_t matrices_total;         /* matrices in the whole job */
+  int64_t matrices_total;         /* matrices in the whole job (those without elements
+                                   * included: nothing is done for them, so they count
+                                   * in no rank's matrices_owned) */
   int64_t matrices_owned;         /* of which this rank orthogonalizes (a matrix split
                                    * over ranks, MUON_ASSIGNMENT_SPLIT, counts on each
                                    * of its members, here and in

@@ -56,4 +56,14 @@ absl::StatusOr<MatrixShape> ViewAsMatrices(const std::vector<int64_t>& s, int vi
   return m;
 }
 
+absl::Status CheckDeclaredMatrices(const MatrixShape& m, const std::vector<int64_t>& shape,
+                                   const std::string& who) {
+  if (m.with_elements() <= kMaxParamMatrices) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      who, ": shape ", ShapeString(shape), " declares ", m.with_elements(), " matrices of ",
+      m.rows, " x ", m.cols, ", more than the ", kMaxParamMatrices,
+      " one parameter may declare (the first step plans each matrix); register such a "
+      "tensor as fewer, larger matrices (another matrix view) or split it over parameters"));
+}
+
 }  // namespace muon

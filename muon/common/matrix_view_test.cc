@@ -67,5 +67,24 @@ TEST(MatrixView, ShapesWhoseElementCountOverflowsAreRefused) {
   EXPECT_EQ(View({big, 0, 1}, MatrixView::kBatchedLeading), (MatrixShape{big, 0, 1}));
 }
 
+// Only matrices with elements cost work; one parameter may declare at most
+// kMaxParamMatrices of them, any number of empty ones.
+TEST(MatrixView, DeclaredMatricesWithElementsAreCapped) {
+  EXPECT_EQ((MatrixShape{7, 2, 3}).with_elements(), 7);
+  EXPECT_EQ((MatrixShape{7, 0, 3}).with_elements(), 0);
+  EXPECT_EQ((MatrixShape{7, 2, 0}).with_elements(), 0);
+  EXPECT_EQ((MatrixShape{0, 2, 3}).with_elements(), 0);
+  const int64_t cap = kMaxParamMatrices, huge = int64_t{1} << 32;
+  EXPECT_TRUE(CheckDeclaredMatrices({cap, 1, 1}, {cap, 1, 1}, "param 'w'").ok());
+  EXPECT_TRUE(CheckDeclaredMatrices({huge, 0, 3}, {huge, 0, 3}, "param 'w'").ok());
+  const absl::Status st = CheckDeclaredMatrices({cap + 1, 2, 6}, {cap + 1, 2, 3, 2}, "param 'w'");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "param 'w': shape [1048577, 2, 3, 2] declares 1048577 matrices of 2 x 6, more than "
+            "the 1048576 one parameter may declare (the first step plans each matrix); register "
+            "such a tensor as fewer, larger matrices (another matrix view) or split it over "
+            "parameters");
+}
+
 }  // namespace
 }  // namespace muon

@@ -1,7 +1,6 @@
 #include "muon/engine/custom_stepper.h"
 
 #include <algorithm>
-#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
@@ -12,21 +11,35 @@ absl::StatusOr<std::unique_ptr<CustomStepper>> CustomStepper::Create(std::vector
                                                                      int world_rank,
                                                                      const StepContext& ctx) {
   std::unique_ptr<CustomStepper> s(new CustomStepper(std::move(units), world_rank, ctx));
-  int64_t most = 0;
+  const CustomUnit* largest = nullptr;
   s->stats_.matrices_total = static_cast<int64_t>(s->units_.size());
   for (const CustomUnit& c : s->units_) {
     if (c.owner != world_rank) continue;
-    most = std::max(most, c.rows * c.cols);
+    // (Registration refused a matrix whose working memory has no 64-bit
+    // byte count; a plan is checked again.)
+    if (c.rows < 0 || c.cols < 0 || (c.cols > 0 && c.rows > kMaxCustomElements / c.cols)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param '", c.name, "': a ", c.rows, " x ", c.cols,
+          " custom-path matrix is larger than the owner can hold (", kMaxCustomElements,
+          " elements at most)"));
+    }
+    if (largest == nullptr || c.rows * c.cols > largest->rows * largest->cols) largest = &c;
     ++s->stats_.matrices_owned;
   }
-  try {
-    s->slot_.resize(static_cast<size_t>(most));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of host memory for the custom-path matrix");
+  if (largest != nullptr) {
+    MUON_ASSIGN_OR_RETURN(
+        s->slot_,
+        DeviceBuffer::Make(ctx.device,
+                           static_cast<size_t>(largest->rows * largest->cols) * sizeof(float),
+                           absl::StrCat("the working copy of custom-path param '", largest->name,
+                                        "' (", largest->rows, " x ", largest->cols, " fp32)")));
   }
   for (const CustomUnit& c : s->units_) {
-    if (c.owner == world_rank) {
-      MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(ctx.options->ns, 1, c.rows, c.cols));
+    if (c.owner != world_rank) continue;
+    const absl::Status reserved = ctx.device->math().Reserve(ctx.options->ns, 1, c.rows, c.cols);
+    if (!reserved.ok()) {
+      return absl::Status(reserved.code(),
+                          absl::StrCat("param '", c.name, "': ", reserved.message()));
     }
   }
   return s;
@@ -53,16 +66,16 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
         full == nullptr ? " with no data" : "", "; the parameter is registered as ", c.rows,
         " x ", c.cols));
   }
+  float* slot = slot_.as<float>();
   if (owner && result.ok() && !failed) {
-    std::copy(full, full + rows * cols, slot_.begin());
-    result = ctx_.device->math().Orthogonalize(ctx_.options->ns,
-                                               {slot_.data(), 1, c.rows, c.cols});
+    std::copy(full, full + rows * cols, slot);
+    result = ctx_.device->math().Orthogonalize(ctx_.options->ns, {slot, 1, c.rows, c.cols});
     if (result.ok()) {
       stats_.orthogonalized += 1;
       stats_.ns_flops += c.flops;
     }
   }
-  st = p.custom->redistribute(owner ? slot_.data() : nullptr, c.rows, c.cols, c.owner, update,
+  st = p.custom->redistribute(owner ? slot : nullptr, c.rows, c.cols, c.owner, update,
                               p.numel(), stream);
   if (!st.ok() && result.ok()) {
     result = absl::Status(st.code(), absl::StrCat(who(), ": redistribute_fn failed: ",

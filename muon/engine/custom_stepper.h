@@ -4,6 +4,9 @@
 // with its update values; the owner (chosen by the host's assign_fn at setup)
 // receives the whole matrix, orthogonalizes it, and every holder's
 // redistribute_fn writes its piece of the result back. Host tensors only.
+// The owner's working copy of its largest matrix is the stepper's one
+// allocation, made at setup through the device (counted, and through the
+// host's allocator when one is set).
 #ifndef MUON_ENGINE_CUSTOM_STEPPER_H_
 #define MUON_ENGINE_CUSTOM_STEPPER_H_
 
@@ -19,6 +22,8 @@ namespace muon {
 class CustomStepper : public Stepper {
  public:
   // `units`: the plan's custom-path parameters; `world_rank`: this rank.
+  // Errors (the working copy refused by the allocator, the Newton-Schulz
+  // workspace) name the parameter and the bytes.
   static absl::StatusOr<std::unique_ptr<CustomStepper>> Create(std::vector<CustomUnit> units,
                                                                int world_rank,
                                                                const StepContext& ctx);
@@ -34,7 +39,7 @@ class CustomStepper : public Stepper {
   std::vector<CustomUnit> units_;
   int me_;
   StepContext ctx_;
-  std::vector<float> slot_;  // the largest matrix this rank owns (host)
+  DeviceBuffer slot_;  // fp32, the largest matrix this rank owns (empty when none)
   StepperStats stats_;
 };
 

@@ -6,6 +6,7 @@
 #include "muon/engine/custom_stepper.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,108 @@ TEST(CustomStepper, CallbackErrorsAndWrongShapesNameTheParam) {
   s = RunBroken(3, absl::OkStatus(), absl::InternalError("disk full"));
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_EQ(s.message(), "param 'm': redistribute_fn failed: disk full");
+}
+
+// A host allocator that counts blocks and refuses those over `limit` bytes.
+struct Hook {
+  size_t limit = 0;
+  std::vector<size_t> asked, given;
+  static void* Allocate(void* ctx, size_t bytes, int32_t, int32_t, void*) {
+    Hook* h = static_cast<Hook*>(ctx);
+    h->asked.push_back(bytes);
+    if (bytes > h->limit) return nullptr;
+    h->given.push_back(bytes);
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  static void Release(void*, void* p, size_t, int32_t, int32_t, void*) { std::free(p); }
+  Device::Allocator allocator() { return {&Hook::Allocate, &Hook::Release, this}; }
+};
+
+// The owner's working copy of a custom-path matrix is the declared size,
+// whatever the pieces: it comes from the device (through the host's
+// allocator, counted), once, at setup; a refusal fails the setup naming the
+// parameter and the bytes. Before, it was a std::vector outside the hook: a
+// declaration 8 GiB large made the owner allocate 8 GiB the host never saw.
+TEST(CustomStepper, TheOwnersWorkingCopyComesFromTheDeviceOnceAtSetup) {
+  Hook hook;
+  hook.limit = size_t{1} << 20;
+  HostJob job;
+  ASSERT_TRUE(job.device()->SetAllocator(hook.allocator()).ok());
+  std::vector<float> full(6 * 8, 0.25f);
+  // The host's callbacks for a rows x cols matrix (the same values each time).
+  auto path = [&](int64_t rows, int64_t cols) {
+    auto p = std::make_shared<CustomPath>();
+    p->assign = [](int, std::string*) { return 0; };
+    p->gather = [&full, rows, cols](const float*, int64_t, int, const float** out,
+                                    int64_t* r, int64_t* c, void*) {
+      *out = full.data();
+      *r = rows;
+      *c = cols;
+      return absl::OkStatus();
+    };
+    p->redistribute = [](const float*, int64_t, int64_t, int, float* local, int64_t n, void*) {
+      std::fill(local, local + n, 0.5f);
+      return absl::OkStatus();
+    };
+    return p;
+  };
+  job.Add("big", {2, 4}, 0).custom = path(6, 8);    // a 2 x 4 piece of a 6 x 8 matrix
+  job.Add("small", {2, 4}, 0).custom = path(4, 4);  // and of a 4 x 4 one
+  Options o;
+  o.ns.dtype = NsDtype::kFP32;
+  const int64_t before = job.device()->allocated_bytes();
+  const size_t blocks = hook.given.size();
+
+  // Declared 2048 x 1024 (8 MiB in fp32, over the hook's 1 MiB): refused by
+  // the hook, named.
+  auto refused = CustomStepper::Create(
+      {{"big", 0, 2048, 1024, 0, 1.0}, {"small", 0, 6, 8, 1, 1.0}}, 0, job.Context(&o));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "allocating the working copy of custom-path param 'big' (2048 x 1024 fp32) "
+            "(8388608 bytes on cpu): the host's allocator (muon_options_t.allocate) "
+            "returned NULL");
+  ASSERT_FALSE(hook.asked.empty());
+  EXPECT_EQ(hook.asked.back(), size_t{8388608});
+  EXPECT_EQ(job.device()->allocated_bytes(), before);  // nothing kept
+
+  // Declared 6 x 8: its 192 bytes come through the hook, counted, at setup.
+  auto stepper =
+      CustomStepper::Create({{"big", 0, 6, 8, 0, 1.0}, {"small", 0, 4, 4, 1, 1.0}}, 0,
+                            job.Context(&o));
+  ASSERT_TRUE(stepper.ok()) << stepper.status();
+  ASSERT_GT(hook.given.size(), blocks);
+  EXPECT_EQ(hook.given[blocks], 6 * 8 * sizeof(float));  // the largest matrix owned
+  const int64_t set_up = job.device()->allocated_bytes();
+  EXPECT_GE(set_up - before, 6 * 8 * static_cast<int64_t>(sizeof(float)));
+  const size_t after_setup = hook.asked.size();
+  for (int step = 0; step < 2; ++step) {
+    const absl::Status st = (*stepper)->Run(nullptr, false);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  EXPECT_EQ(hook.asked.size(), after_setup);  // a step allocates nothing
+  EXPECT_EQ(job.device()->allocated_bytes(), set_up);
+  stepper->reset();
+  EXPECT_EQ(job.device()->allocated_bytes(), before + (set_up - before) -
+                                                 6 * 8 * static_cast<int64_t>(sizeof(float)));
+}
+
+// The Newton-Schulz workspace an owned matrix needs is reserved at setup;
+// a refusal names the parameter.
+TEST(CustomStepper, AWorkspaceRefusalNamesTheParameter) {
+  Hook hook;
+  hook.limit = 6 * 8 * sizeof(float);  // the working copy, not the workspace
+  HostJob job;
+  ASSERT_TRUE(job.device()->SetAllocator(hook.allocator()).ok());
+  job.Add("m", {2, 4}, 0).custom = std::make_shared<CustomPath>();
+  Options o;
+  o.ns.dtype = NsDtype::kFP32;
+  auto refused = CustomStepper::Create({{"m", 0, 6, 8, 0, 1.0}}, 0, job.Context(&o));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string why(refused.status().message());
+  EXPECT_EQ(why.rfind("param 'm': allocating the Newton-Schulz workspace", 0), 0u) << why;
 }
 
 }  // namespace

@@ -26,7 +26,9 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
     for (Holder& h : pp.holders) h.first_block = h.num_blocks = 0;
     std::vector<muon::RunBlock>().swap(pp.blocks);
   }
-  // A matrix split over ranks counts once in the job and on each member.
+  // A matrix split over ranks counts once in the job and on each member; an
+  // empty matrix (no unit: nothing to orthogonalize) in the job only.
+  s->stats_.matrices_total = plan.empty_matrices;
   for (const Unit& u : plan.units) {
     s->stats_.matrices_total += u.part == 0;
     s->stats_.matrices_owned += u.owner == me;

@@ -47,6 +47,7 @@ absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std
   }
   p.global_shape = global_shape ? *global_shape : p.value.shape;
   MUON_ASSIGN_OR_RETURN(const MatrixShape m, ViewAsMatrices(p.global_shape, view, who));
+  MUON_RETURN_IF_ERROR(CheckDeclaredMatrices(m, p.global_shape, who));
   p.view = static_cast<MatrixView>(view);
   p.batch = m.batch;
   p.rows = m.rows;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ struct CustomPath {
                              float* local, int64_t n, void* stream)>
       redistribute;
 };
+
+// The most elements a custom-path matrix may declare (global rows x cols):
+// its owner holds an fp32 copy of it and the Newton-Schulz workspace (at most
+// 3 floats per element more), 16 bytes per element, and that byte count must
+// fit in int64_t. Refused at registration (muon.h).
+inline constexpr int64_t kMaxCustomElements = std::numeric_limits<int64_t>::max() / 16;
 
 struct Param {
   std::string name;
@@ -66,7 +73,8 @@ struct Param {
 // whole tensor). Both tensors must be on the same device. The matrix view applies to `global_shape` (the local shape when
 // null). The errors name the parameter and the cause: bad tensors, shape or
 // dtype mismatch between param and grad, fewer than 2 dims (use AdamW), more
-// than 2 dims without a matrix view, unknown view.
+// than 2 dims without a matrix view, unknown view, more matrices with
+// elements than one parameter may declare (kMaxParamMatrices).
 absl::StatusOr<Param> MakeParam(const DLTensor* value, const DLTensor* grad, std::string name,
                                 int view, bool momentum_fp32,
                                 const std::vector<int64_t>* global_shape = nullptr);

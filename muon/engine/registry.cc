@@ -228,12 +228,22 @@ absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DL
     return absl::InvalidArgumentError(absl::StrCat(
         "param '", name, "': assign_fn, gather_fn and redistribute_fn are all required"));
   }
+  // The owner holds the whole matrix, and its Newton-Schulz workspace, in
+  // memory it allocates at the first step: what a declaration can ask for
+  // is bounded here (the allocation itself goes through the device, and the
+  // host's allocator, at setup).
+  if (rows > kMaxCustomElements / cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "param '", name, "': a ", rows, " x ", cols, " custom-path matrix has more than the ",
+        kMaxCustomElements, " elements its owner can hold (an fp32 copy and the Newton-Schulz "
+        "workspace, 16 bytes per element, counted in 64 bits)"));
+  }
   const std::vector<int64_t> global = {rows, cols};
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, name, 0, momentum_fp32, &global));
   if (p.numel() > rows * cols) {
     return absl::InvalidArgumentError(absl::StrCat(
         "param '", name, "': the local tensor has ", p.numel(), " elements, more than the ",
-        rows, " x ", cols, " matrix"));
+        rows, " x ", cols, " matrix it is a piece of"));
   }
   p.layout.global_shape = global;
   p.custom = std::move(path);

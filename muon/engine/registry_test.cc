@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -277,6 +279,118 @@ TEST(Registry, RanksOfAWorldDivideTheCoresOptimizersAloneDoNot) {
   EXPECT_EQ(cpu::ThreadsPerRankHere(), std::max(1, alone / 2));
   ranks.clear();
   EXPECT_EQ(cpu::ThreadsPerRankHere(), alone);
+}
+
+// A float32 tensor of `shape` over `data` (NULL for an empty one).
+struct Tensor {
+  std::vector<int64_t> shape;
+  DLTensor dl{};
+  Tensor(std::vector<int64_t> s, float* data) : shape(std::move(s)) {
+    dl.data = data;
+    dl.device = {kDLCPU, 0};
+    dl.ndim = static_cast<int32_t>(shape.size());
+    dl.dtype = {kDLFloat, 32, 1};
+    dl.shape = shape.data();
+  }
+};
+
+std::unique_ptr<Registry> RegistryWithAWorld() {
+  std::unique_ptr<Registry> r = MakeRegistry();
+  absl::StatusOr<std::shared_ptr<Comm>> world = Comm::Create(SelfCommTable(), "world");
+  EXPECT_TRUE(world.ok()) << world.status();
+  EXPECT_TRUE(r->SetWorld(*world).ok());
+  return r;
+}
+
+// A declaration may ask for at most kMaxParamMatrices matrices with elements
+// (refused at registration, naming the parameter, the shape and the cause),
+// and for any number of empty ones (they cost nothing).
+TEST(Registry, AParameterDeclaresAtMostTheCapOfMatricesWithElements) {
+  const int64_t cap = kMaxParamMatrices;
+  std::unique_ptr<Registry> r = MakeRegistry();
+  Tensor empty({int64_t{1} << 32, 0, 3}, nullptr), empty_grad({int64_t{1} << 32, 0, 3}, nullptr);
+  absl::StatusOr<int64_t> id = r->Register(&empty.dl, &empty_grad.dl, "empty", 2, nullptr, false);
+  EXPECT_TRUE(id.ok()) << id.status();
+
+  std::vector<float> value(cap + 1, 1.0f), grad(cap + 1, 0.5f);
+  Tensor over({cap + 1, 1, 1}, value.data()), over_grad({cap + 1, 1, 1}, grad.data());
+  id = r->Register(&over.dl, &over_grad.dl, "over", 2, nullptr, false);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("param 'over': shape [1048577, 1, 1] declares 1048577 "
+                                       "matrices of 1 x 1, more than the 1048576"),
+            std::string::npos)
+      << id.status();
+  EXPECT_EQ(r->params().size(), 1u);  // nothing half-registered
+  Tensor at({cap, 1, 1}, value.data()), at_grad({cap, 1, 1}, grad.data());
+  id = r->Register(&at.dl, &at_grad.dl, "at", 2, nullptr, false);
+  EXPECT_TRUE(id.ok()) << id.status();
+  // The same shape flattened is one matrix.
+  std::vector<float> value2(cap + 1, 1.0f), grad2(cap + 1, 0.5f);
+  Tensor flat2({cap + 1, 1, 1}, value2.data()), flat2_grad({cap + 1, 1, 1}, grad2.data());
+  id = r->Register(&flat2.dl, &flat2_grad.dl, "flat", 1, nullptr, false);
+  EXPECT_TRUE(id.ok()) << id.status();
+
+  // A global shape is a declaration too, whatever this rank holds of it.
+  std::unique_ptr<Registry> w = RegistryWithAWorld();
+  DistSpec dist;
+  dist.global_shape = {2 * cap, 2, 2};
+  Placement flat;
+  flat.kind = PlacementKind::kFlatRange;
+  flat.group = 0;
+  flat.start = 0;
+  flat.length = 0;
+  dist.placements = {flat};
+  Tensor none({0}, nullptr), none_grad({0}, nullptr);
+  id = w->Register(&none.dl, &none_grad.dl, "declared", 2, &dist, false);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("param 'declared': shape [2097152, 2, 2] declares "
+                                       "2097152 matrices of 2 x 2"),
+            std::string::npos)
+      << id.status();
+  dist.global_shape = {int64_t{1} << 40, 2, 0};
+  id = w->Register(&none.dl, &none_grad.dl, "declared", 2, &dist, false);
+  EXPECT_TRUE(id.ok()) << id.status();
+}
+
+// A custom-path declaration is bounded by what its owner can hold (an fp32
+// copy and the Newton-Schulz workspace, counted in 64 bits), and is at least
+// this rank's piece.
+TEST(Registry, ACustomPathMatrixIsBoundedByWhatItsOwnerCanHold) {
+  auto path = std::make_shared<CustomPath>();
+  path->assign = [](int, std::string*) { return 0; };
+  path->gather = [](const float*, int64_t, int, const float**, int64_t*, int64_t*, void*) {
+    return absl::OkStatus();
+  };
+  path->redistribute = [](const float*, int64_t, int64_t, int, float*, int64_t, void*) {
+    return absl::OkStatus();
+  };
+  std::vector<float> value(8), grad(8);
+  Tensor v({2, 4}, value.data()), g({2, 4}, grad.data());
+  std::unique_ptr<Registry> r = RegistryWithAWorld();
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {max, 2}, {max / 4, 4}, {kMaxCustomElements + 1, 1}, {kMaxCustomElements / 2 + 1, 2}}) {
+    absl::StatusOr<int64_t> id = r->RegisterCustom(&v.dl, &g.dl, "c", rows, cols, path, false);
+    ASSERT_FALSE(id.ok()) << rows << " x " << cols;
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(id.status().message().find(absl::StrCat("param 'c': a ", rows, " x ", cols,
+                                                      " custom-path matrix has more than the ",
+                                                      kMaxCustomElements, " elements")),
+              std::string::npos)
+        << id.status();
+  }
+  absl::StatusOr<int64_t> id = r->RegisterCustom(&v.dl, &g.dl, "c", 2, 3, path, false);
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(id.status().message().find("param 'c': the local tensor has 8 elements, more than "
+                                       "the 2 x 3 matrix it is a piece of"),
+            std::string::npos)
+      << id.status();
+  EXPECT_TRUE(r->params().empty());
+  // The largest declaration passes registration (its owner's allocation, at
+  // the first step, goes through the device).
+  id = r->RegisterCustom(&v.dl, &g.dl, "c", kMaxCustomElements, 1, path, false);
+  EXPECT_TRUE(id.ok()) << id.status();
 }
 
 }  // namespace

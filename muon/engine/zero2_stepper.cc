@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
       Param& p = params[blk.params[c]];
       if (static_cast<int>(c) == me) {
         MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
-        s->stats_.matrices_owned += p.batch;
+        s->stats_.matrices_owned += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
       } else {
         p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
         p.momentum.Reset();
@@ -120,7 +120,7 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
   MUON_RETURN_IF_ERROR(
       math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, {update, DType::kF32})}));
-  stats_.orthogonalized += p.batch;
+  stats_.orthogonalized += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
   stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options.ns.steps);
   return absl::OkStatus();
 }

@@ -185,11 +185,28 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       }
     }
   }
+  // The matrices with elements the job declares, in name order: each one
+  // costs the plan (and the steps) work, so their number is bounded before
+  // any is planned (an empty matrix costs nothing, however many there are).
+  int64_t declared = 0;
   for (const auto& [name, who] : first) {
     const RankParamDesc& cd = *who.second;
+    const std::string param = absl::StrCat("param '", name, "'");
+    // A custom-path parameter is one matrix, its global shape rows x cols.
+    MUON_ASSIGN_OR_RETURN(
+        const MatrixShape m,
+        ViewAsMatrices(cd.global_shape,
+                       cd.custom_owner >= 0 ? static_cast<int>(MatrixView::k2D) : cd.view, param));
+    MUON_RETURN_IF_ERROR(CheckDeclaredMatrices(m, cd.global_shape, param));
+    declared += m.with_elements();
+    if (declared > kMaxJobMatrices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          param, ": with its ", m.with_elements(), " matrices the job declares ", declared,
+          " matrices with elements (parameters in name order), more than the ", kMaxJobMatrices,
+          " one job may declare (the first step plans each one on every rank); register fewer, "
+          "larger matrices"));
+    }
     if (cd.zero2) {
-      MUON_ASSIGN_OR_RETURN(const MatrixShape m, ViewAsMatrices(cd.global_shape, cd.view,
-                                                                absl::StrCat("param '", name, "'")));
       plan.zero2_matrices += m.batch;
       continue;
     }
@@ -197,8 +214,8 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       CustomUnit cu;
       cu.name = name;
       cu.owner = cd.custom_owner;
-      cu.rows = cd.global_shape[0];
-      cu.cols = cd.global_shape[1];
+      cu.rows = m.rows;
+      cu.cols = m.cols;
       cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps);
       std::vector<int> holders;
       for (const auto& [rank, i] : custom_holders[name]) {
@@ -215,13 +232,11 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     }
     PlanParam pp;
     pp.name = name;
-    const RankParamDesc& d = *who.second;
-    pp.state_dtype = d.state_dtype;
-    MUON_ASSIGN_OR_RETURN(const MatrixShape m,
-                          ViewAsMatrices(d.global_shape, d.view, absl::StrCat("param '", name, "'")));
+    pp.state_dtype = cd.state_dtype;
     pp.batch = m.batch;
     pp.rows = m.rows;
     pp.cols = m.cols;
+    plan.empty_matrices += m.batch - m.with_elements();
     index[name] = static_cast<int>(plan.params.size());
     plan.params.push_back(std::move(pp));
   }
@@ -301,11 +316,13 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     if (!tiled.ok()) return tiled;
   }
 
-  // 3. Units (one per matrix), their holders, and the assignment.
+  // 3. Units (one per matrix with elements: an empty one has nothing to
+  // orthogonalize or move), their holders, and the assignment.
   std::vector<MatrixInfo> infos;
   for (size_t pi = 0; pi < plan.params.size(); ++pi) {
     const PlanParam& pp = plan.params[pi];
     const int64_t per = pp.rows * pp.cols;
+    if (per == 0) continue;
     // The matrices in order: each holder's blocks are walked once.
     std::vector<BlockCursor> cursors;
     cursors.reserve(pp.holders.size());
@@ -317,8 +334,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps);
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
       for (size_t h = 0; h < pp.holders.size(); ++h) {
-        const bool meets = cursors[h].Meets(k * per, (k + 1) * per);
-        if (!meets && per > 0) continue;
+        if (!cursors[h].Meets(k * per, (k + 1) * per)) continue;
         u.receivers.push_back(static_cast<int>(h));
         if (pp.holders[h].canonical) u.senders.push_back(static_cast<int>(h));
         info.holders.push_back(pp.holders[h].rank);

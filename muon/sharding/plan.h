@@ -128,9 +128,12 @@ struct CustomUnit {
 
 struct Plan {
   std::vector<PlanParam> params;  // sorted by name (layout path)
-  std::vector<Unit> units;        // global order: by param, then index
+  // Global order: by param, then index; one per matrix with elements (an
+  // empty matrix's update is empty: it has no unit).
+  std::vector<Unit> units;
   std::vector<CustomUnit> custom;  // sorted by name
   int64_t zero2_matrices = 0;      // matrices of ZeRO-2 parameters (stepped outside units)
+  int64_t empty_matrices = 0;      // matrices of `params` without elements (no unit)
   int rounds = 0;
   uint64_t digest = 0;
 };
@@ -156,7 +159,10 @@ uint64_t PlanDigest(const Plan& plan);
 
 // Builds the plan for `my_rank` from every rank's description (indexed by
 // world rank; a rank's params are in its registration order). Errors name the
-// first inconsistent parameter or group and the ranks involved.
+// first inconsistent parameter or group and the ranks involved, or the
+// parameter (in name order) at which the job declares more matrices with
+// elements than kMaxJobMatrices (matrix_view.h), checked before any is
+// planned, as each parameter's kMaxParamMatrices is.
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
                                const PlanOptions& options);
 // The same plan, or the same error, from the same descriptions with their

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "muon/common/matrix_view.h"
 #include "muon/math/backend.h"
 #include "muon/sharding/testing/job.h"
 
@@ -297,6 +298,80 @@ TEST(Plan, ZeroTwoAndCustomPathParamsStayOutOfTheUnits) {
   ranks[1].params[2].custom_owner = 0;
   ranks[0].params[2].custom_owner = 0;
   EXPECT_NE(MustBuild(ranks, 0).digest, p.digest);
+}
+
+// A matrix without elements has an empty update: nothing to orthogonalize or
+// move, so it gets no unit (and no owner), whatever its batch; it still
+// counts among the job's matrices. Before, every one was a unit, so that a
+// [2^32, 0, 3] declaration planned 2^32 units (more than 27 s and 8 GiB).
+TEST(Plan, MatricesWithoutElementsGetNoUnit) {
+  ParamSpec stack{"a.empty_stack", {1000, 0, 3}, {Replicate(0)}, 2};
+  ParamSpec experts{"b.experts", {3, 2, 2}, {Shard(0, 0, ShardSplit::kChunk)}, 2};
+  ParamSpec rows0{"c.rows0", {0, 5}, {Replicate(0)}};
+  ParamSpec cols0{"d.cols0", {4, 0}, {Shard(0, 0)}};
+  const auto ranks = World(2, {stack, experts, rows0, cols0});
+  const Plan p0 = MustBuild(ranks, 0), p1 = MustBuild(ranks, 1);
+  EXPECT_EQ(p0.digest, p1.digest);
+  ASSERT_EQ(p0.params.size(), 4u);  // every parameter is in the plan, with its holders
+  EXPECT_EQ(p0.params[0].holders.size(), 2u);
+  EXPECT_EQ(p0.empty_matrices, 1002);
+  ASSERT_EQ(p0.units.size(), 3u);  // the experts' matrices only
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(p0.units[k].param, 1);
+    EXPECT_EQ(p0.units[k].index, k);
+  }
+  EXPECT_EQ(p0.rounds, 1);
+
+  // A job of empty matrices alone plans nothing, at once, however many.
+  const int64_t huge = int64_t{1} << 32;
+  const Plan none =
+      MustBuild(World(2, {{"huge", {huge, 0, 3}, {Replicate(0)}, 2}, rows0}), 1);
+  EXPECT_TRUE(none.units.empty());
+  EXPECT_EQ(none.empty_matrices, huge + 1);
+  EXPECT_EQ(none.rounds, 0);
+}
+
+// A declaration may not ask the plan for more than kMaxParamMatrices
+// matrices with elements in one parameter, nor kMaxJobMatrices in the job:
+// refused, naming the parameter and the cause, before anything is planned.
+// Empty matrices count in neither.
+TEST(Plan, DeclaredMatricesAreCappedPerParameterAndPerJob) {
+  const int64_t per = kMaxParamMatrices;
+  // One parameter over the cap: its global shape alone, whatever the pieces.
+  std::string e = Error(World(2, {{"big", {per + 1, 1, 1}, {Flat(0, 0, 0)}, 2}}));
+  EXPECT_TRUE(Has(e, "param 'big': shape [1048577, 1, 1] declares 1048577 matrices of 1 x 1, "
+                     "more than the 1048576 one parameter may declare"))
+      << e;
+  // The same for a ZeRO-2 and a custom-path declaration (a custom one is a
+  // single matrix: never over).
+  std::vector<RankDesc> z = World(2, {});
+  for (RankDesc& r : z) {
+    RankParamDesc d = testjob::DescribeParam({"z", {per + 1, 2, 2}, {Replicate(0)}, 2});
+    d.zero2 = 1;
+    r.params.push_back(d);
+  }
+  e = Error(z);
+  EXPECT_TRUE(Has(e, "param 'z': shape [1048577, 2, 2] declares 1048577 matrices")) << e;
+
+  // The job: five parameters at the per-parameter cap cross the job's at
+  // the fifth in name order. (Refused before pieces are computed: the empty
+  // flat ranges here would not tile.)
+  std::vector<ParamSpec> five;
+  for (const char* name : {"p3", "p0", "p4", "p1", "p2"}) {
+    five.push_back({name, {per, 1, 1}, {Flat(0, 0, 0)}, 2});
+  }
+  e = Error(World(2, five));
+  EXPECT_TRUE(Has(e, "param 'p4': with its 1048576 matrices the job declares 5242880 matrices "
+                     "with elements (parameters in name order), more than the 4194304 one job "
+                     "may declare"))
+      << e;
+  // Empty matrices beside them count for nothing; four at the cap pass the
+  // count (and go on to the pieces, which these empty ranges do not tile).
+  five.pop_back();
+  five.push_back({"p9", {int64_t{1} << 40, 0, 7}, {Replicate(0)}, 2});
+  e = Error(World(2, five));
+  EXPECT_TRUE(Has(e, "param 'p0'") && Has(e, "are held by no rank")) << e;
+  EXPECT_FALSE(Has(e, "one job may declare")) << e;
 }
 
 }  // namespace

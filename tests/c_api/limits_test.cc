@@ -1,8 +1,10 @@
 // The C API at the ends of its ranges: muon_status_string over every int a
-// C host can pass, and the step counter at the largest count a state blob
-// holds.
+// C host can pass, the step counter at the largest count a state blob
+// holds, and the matrices a declaration may ask for (muon.h, "Matrices a
+// declaration may ask for").
 #include <dlpack/dlpack.h>
 
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "capi/muon.h"
 #include "gtest/gtest.h"
+#include "tests/c_api/host_matrix.h"
 #include "tests/c_api/status_of_int.h"
 
 namespace {
@@ -164,6 +167,141 @@ TEST(StepCount, AStepPastTheLargestCountABlobHoldsIsRefusedAndChangesNothing) {
   ASSERT_EQ(muon_load_state(m.opt, earlier.data(), earlier.size()), MUON_OK);
   EXPECT_EQ(muon_step(m.opt, nullptr), MUON_OK) << muon_last_error_message();
   EXPECT_EQ(m.Steps(), 6);
+}
+
+// ---- Matrices a declaration may ask for ----
+
+// A float32 tensor of `shape` with no data (an empty one, or a flat range of
+// nothing).
+struct Declared {
+  std::vector<int64_t> shape;
+  DLTensor t{};
+  explicit Declared(std::vector<int64_t> s) : shape(std::move(s)) {
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = kF32;
+    t.shape = shape.data();
+  }
+};
+
+muon_optimizer_t* Create() {
+  muon_options_t o;
+  EXPECT_EQ(muon_options_init(&o, sizeof o), MUON_OK);
+  muon_optimizer_t* opt = nullptr;
+  EXPECT_EQ(muon_create(&o, &opt), MUON_OK) << muon_last_error_message();
+  return opt;
+}
+
+muon_stats_t StatsOf(const muon_optimizer_t* opt) {
+  muon_stats_t s;
+  EXPECT_EQ(muon_stats_init(&s, sizeof s), MUON_OK);
+  EXPECT_EQ(muon_get_stats(opt, &s), MUON_OK);
+  return s;
+}
+
+// An empty batch of 2^32 matrices: an empty matrix's update is empty, so
+// nothing is planned, allocated or computed for it; the step does the rest
+// of the job, as without it, at once. (Before, the first step planned a unit
+// per matrix: more than 27 s and 8 GiB, then failed naming no parameter.)
+TEST(Declarations, AnEmptyBatchOfAnySizeStepsDoingNothing) {
+  const int64_t huge = int64_t{1} << 32;
+  muon_test::HostMatrix w(6, 4), w_alone(6, 4);
+  Declared stack({huge, 0, 3}), stack_grad({huge, 0, 3});
+  muon_optimizer_t* opt = Create();
+  muon_optimizer_t* alone = Create();
+  muon_param_options_t po;
+  ASSERT_EQ(muon_param_options_init(&po, sizeof po), MUON_OK);
+  int64_t id = -1;
+  po.name = "stack";
+  po.matrix_view = MUON_MATRIX_VIEW_BATCHED_LEADING;
+  ASSERT_EQ(muon_register_param(opt, &stack.t, &stack_grad.t, &po, &id), MUON_OK)
+      << muon_last_error_message();
+  po.name = "w";
+  po.matrix_view = MUON_MATRIX_VIEW_2D;
+  ASSERT_EQ(muon_register_param(opt, &w.v, &w.g, &po, &id), MUON_OK) << muon_last_error_message();
+  ASSERT_EQ(muon_register_param(alone, &w_alone.v, &w_alone.g, &po, &id), MUON_OK);
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(muon_step(alone, nullptr), MUON_OK) << muon_last_error_message();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 20.0);  // a few milliseconds; the bound only catches per-matrix work
+  EXPECT_EQ(w.value, w_alone.value);
+  const muon_stats_t with = StatsOf(opt), without = StatsOf(alone);
+  EXPECT_EQ(with.matrices_total, huge + 1);  // declared: the empty ones count
+  EXPECT_EQ(with.matrices_owned, 1);         // orthogonalized: none of them
+  EXPECT_EQ(with.matrices_orthogonalized, 1);
+  EXPECT_EQ(with.memory_bytes, without.memory_bytes);  // nothing per empty matrix
+  muon_destroy(opt);
+  muon_destroy(alone);
+}
+
+// One parameter may declare at most 2^20 matrices with elements: more is
+// refused at registration, naming the parameter, its shape and the cause,
+// whatever this rank holds of it (here nothing: an empty flat range).
+// The job may declare at most 2^22: more is refused by the first step,
+// before anything is planned, naming the parameter that crosses the cap;
+// nothing changes and registration stays open.
+TEST(Declarations, MatricesWithElementsAreCappedPerParameterAndPerJob) {
+  const int64_t per = int64_t{1} << 20;
+  muon_inprocess_world_t* world = nullptr;
+  ASSERT_EQ(muon_inprocess_world_create(1, &world), MUON_OK);
+  muon_comm_t comm;
+  ASSERT_EQ(muon_inprocess_comm(world, nullptr, 0, 0, &comm), MUON_OK);
+  muon_optimizer_t* opt = Create();
+  int32_t group = -1;
+  ASSERT_EQ(muon_set_world(opt, &comm, &group), MUON_OK) << muon_last_error_message();
+  muon_placement_t nothing{};
+  nothing.kind = MUON_PLACEMENT_FLAT_RANGE;
+  nothing.group = group;
+  nothing.start = 0;
+  nothing.length = 0;
+  Declared piece({0}), piece_grad({0});
+  auto declare = [&](const char* name, std::vector<int64_t> global) {
+    muon_param_options_t po;
+    EXPECT_EQ(muon_param_options_init(&po, sizeof po), MUON_OK);
+    po.name = name;
+    po.matrix_view = MUON_MATRIX_VIEW_BATCHED_LEADING;
+    po.global_ndim = static_cast<int32_t>(global.size());
+    po.global_shape = global.data();
+    po.num_placements = 1;
+    po.placements = &nothing;
+    int64_t id = -1;
+    return muon_register_param(opt, &piece.t, &piece_grad.t, &po, &id);
+  };
+  EXPECT_EQ(declare("over", {per + 1, 2, 2}), MUON_INVALID_ARGUMENT);
+  std::string why = muon_last_error_message();
+  EXPECT_NE(why.find("param 'over': shape [1048577, 2, 2] declares 1048577 matrices of 2 x 2, "
+                     "more than the 1048576 one parameter may declare"),
+            std::string::npos)
+      << why;
+  size_t n = 99;
+  ASSERT_EQ(muon_num_params(opt, &n), MUON_OK);
+  EXPECT_EQ(n, 0u);
+  // Empty matrices: any number.
+  EXPECT_EQ(declare("empty", {int64_t{1} << 40, 0, 2}), MUON_OK) << muon_last_error_message();
+  // Five at the cap: each registers, the job crosses its cap at the fifth.
+  for (const char* name : {"p1", "p3", "p0", "p4", "p2"}) {
+    EXPECT_EQ(declare(name, {per, 2, 2}), MUON_OK) << name << ": " << muon_last_error_message();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(muon_step(opt, nullptr), MUON_INVALID_ARGUMENT);
+  why = muon_last_error_message();
+  EXPECT_NE(why.find("param 'p4': with its 1048576 matrices the job declares 5242880 matrices "
+                     "with elements"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("more than the 4194304 one job may declare"), std::string::npos) << why;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 20.0);
+  int64_t steps = -1;
+  ASSERT_EQ(muon_step_count(opt, &steps), MUON_OK);
+  EXPECT_EQ(steps, 0);
+  // Registration is still open (the step's setup failed).
+  EXPECT_EQ(declare("p5", {4, 2, 2}), MUON_OK) << muon_last_error_message();
+  muon_destroy(opt);
+  muon_inprocess_world_destroy(world);
 }
 
 }  // namespace

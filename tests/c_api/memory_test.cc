@@ -1,14 +1,18 @@
 // The optimizer's memory through the C API: every buffer it allocates comes
 // from the host's allocator when one is set (muon_options_t.allocate), goes
-// back to it by muon_destroy, and muon_get_stats reports what it holds.
+// back to it by muon_destroy, and muon_get_stats reports what it holds; the
+// custom path's working copy too, whatever size its declaration asks for.
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,6 +36,8 @@ struct Pool {
   bool refuse = false;
   int64_t misaligned_from = -1;
   size_t offset = 0;
+  size_t largest = SIZE_MAX;   // blocks larger than this are refused
+  std::vector<size_t> asked;  // every request, in order
   std::string bad;  // a contract violation seen, if any
 
   int64_t live_bytes() const {
@@ -42,7 +48,8 @@ struct Pool {
   static void* Allocate(void* ctx, size_t bytes, int32_t type, int32_t id, void* stream) {
     auto* pool = static_cast<Pool*>(ctx);
     if (type != kDLCPU || id != 0 || stream != nullptr) pool->bad = "unexpected device or stream";
-    if (pool->refuse) return nullptr;
+    pool->asked.push_back(bytes);
+    if (pool->refuse || bytes > pool->largest) return nullptr;
     const bool misaligned =
         pool->misaligned_from >= 0 && pool->allocations >= pool->misaligned_from;
     const size_t shift = misaligned ? pool->offset : 0;
@@ -419,6 +426,155 @@ TEST(UpdateInGrad, AParameterKeepsItsGradientStorage) {
   EXPECT_EQ(muon_rebind_param(opt, 0, &other.v, &a.g), MUON_OK);  // the value may move
   ASSERT_EQ(muon_step(opt, nullptr), MUON_OK) << muon_last_error_message();
   muon_destroy(opt);
+}
+
+// ---- The custom path ----
+
+// Two in-process ranks, each holding rows [2r, 2r + 2) of a 4 x 4 matrix on
+// the custom path, owned by rank 1; the host's callbacks move the pieces
+// through a communicator of their own. `declared_rows` x 4 is what each rank
+// declares (4: the truth; larger: a declaration far beyond the pieces).
+struct CustomHost {
+  int64_t declared_rows = 4;
+  size_t largest = SIZE_MAX;  // each rank's pool refuses larger blocks
+  std::vector<float> gathered = std::vector<float>(16), result = std::vector<float>(16);
+  std::vector<muon_comm_t> host_comms = std::vector<muon_comm_t>(2);
+  // What each rank saw.
+  muon_status_t status[2] = {MUON_OK, MUON_OK};
+  std::string error[2];
+  std::vector<float> before[2], after[2];
+  int64_t steps[2] = {-1, -1};
+  int calls[2] = {0, 0};  // gather_fn calls
+  muon_stats_t stats[2];
+  std::vector<size_t> asked[2];
+  int64_t live_after_destroy[2] = {-1, -1};
+};
+
+struct CustomRank {
+  CustomHost* host;
+  int rank;
+};
+
+int32_t CustomAssign(void*, const char*, int32_t) { return 1; }
+
+muon_status_t CustomGather(void* s, const float* local, int64_t n, int32_t owner,
+                           muon_gathered_t* out, void*) {
+  auto* st = static_cast<CustomRank*>(s);
+  ++st->host->calls[st->rank];
+  muon_comm_t& c = st->host->host_comms[st->rank];
+  const muon_status_t rc = c.all_gather(c.ctx, local, st->host->gathered.data(),
+                                        static_cast<size_t>(n) * sizeof(float), nullptr);
+  if (rc == MUON_OK && st->rank == owner) {
+    out->data = st->host->gathered.data();
+    out->rows = st->host->declared_rows;
+    out->cols = 4;
+  }
+  return rc;
+}
+
+muon_status_t CustomRedistribute(void* s, const float* full, int64_t, int64_t, int32_t owner,
+                                 float* local, int64_t n, void*) {
+  auto* st = static_cast<CustomRank*>(s);
+  muon_comm_t& c = st->host->host_comms[st->rank];
+  std::vector<float> mine(16, 0.0f), all(32);
+  if (st->rank == owner) std::memcpy(mine.data(), full, 16 * sizeof(float));
+  const muon_status_t rc = c.all_gather(c.ctx, mine.data(), all.data(), 16 * sizeof(float), nullptr);
+  std::memcpy(local, all.data() + owner * 16 + st->rank * n, static_cast<size_t>(n) * sizeof(float));
+  return rc;
+}
+
+void RunCustom(CustomHost& host, int steps) {
+  muon_inprocess_world_t* world = nullptr;
+  ASSERT_EQ(muon_inprocess_world_create(2, &world), MUON_OK);
+  auto body = [&](int rank) {
+    CustomRank state{&host, rank};
+    Pool pool;
+    pool.largest = host.largest;
+    muon_optimizer_t* opt = Create(&pool);
+    muon_comm_t comm;
+    int32_t world_id = -1;
+    EXPECT_EQ(muon_inprocess_comm(world, nullptr, 0, rank, &comm), MUON_OK);
+    EXPECT_EQ(muon_set_world(opt, &comm, &world_id), MUON_OK);
+    EXPECT_EQ(muon_inprocess_comm(world, nullptr, 0, rank, &host.host_comms[rank]), MUON_OK);
+    Matrix piece(2, 4, 0.1f + 0.05f * static_cast<float>(rank));
+    muon_param_options_t po;
+    muon_param_options_init(&po, sizeof po);
+    po.name = "custom";
+    muon_custom_layout_t layout{sizeof(muon_custom_layout_t), &state, host.declared_rows, 4,
+                                CustomAssign, CustomGather, CustomRedistribute};
+    int64_t id = -1;
+    muon_status_t st = muon_register_param_custom(opt, &piece.v, &piece.g, &po, &layout, &id);
+    EXPECT_EQ(st, MUON_OK) << muon_last_error_message();
+    host.before[rank] = piece.value;
+    for (int s = 0; s < steps && st == MUON_OK; ++s) st = muon_step(opt, nullptr);
+    host.status[rank] = st;
+    if (st != MUON_OK) host.error[rank] = muon_last_error_message();
+    host.after[rank] = piece.value;
+    EXPECT_EQ(muon_step_count(opt, &host.steps[rank]), MUON_OK);
+    host.stats[rank] = Stats(opt);
+    host.asked[rank] = pool.asked;
+    muon_destroy(opt);
+    host.host_comms[rank].release(host.host_comms[rank].ctx);
+    host.live_after_destroy[rank] = static_cast<int64_t>(pool.live.size());
+    EXPECT_EQ(pool.bad, "") << "rank " << rank;
+  };
+  std::thread other(body, 1);
+  body(0);
+  other.join();
+  muon_inprocess_world_destroy(world);
+}
+
+// The owner's copy of the whole matrix comes from the host's allocator, at
+// the first step, counted in the stats; later steps allocate nothing.
+TEST(Memory, TheCustomPathsWorkingCopyComesFromTheHostsAllocator) {
+  CustomHost host;
+  RunCustom(host, 3);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(host.status[r], MUON_OK) << "rank " << r << ": " << host.error[r];
+    EXPECT_EQ(host.steps[r], 3);
+    EXPECT_NE(host.after[r], host.before[r]);
+    EXPECT_EQ(host.live_after_destroy[r], 0) << "rank " << r;
+  }
+  // Only the owner asks for the 4 x 4 fp32 copy (64 bytes).
+  const auto count = [](const std::vector<size_t>& v, size_t n) {
+    return std::count(v.begin(), v.end(), n);
+  };
+  EXPECT_EQ(count(host.asked[1], 64), 1) << "the owner";
+  EXPECT_EQ(host.stats[1].matrices_owned, 1);
+  EXPECT_EQ(host.stats[0].matrices_owned, 0);
+  // (Each rank: momentum 32 and update buffer 32 bytes; the owner: the copy
+  // and the Newton-Schulz workspace besides.)
+  EXPECT_GE(host.stats[1].memory_bytes, host.stats[0].memory_bytes + 64);
+}
+
+// A declaration far larger than the pieces (65536 x 4 fp32 here, 1 MiB,
+// while each rank holds 8 elements) asks the owner's allocator for that
+// much at the first step; an allocator that refuses fails the step on every
+// rank, naming the parameter and the bytes, before any callback runs or
+// anything changes.
+TEST(Memory, AnAllocatorRefusingTheCustomPathsCopyFailsTheStepOnEveryRank) {
+  CustomHost host;
+  host.declared_rows = 65536;
+  host.largest = 64 << 10;  // 64 KiB blocks at most
+  RunCustom(host, 1);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(host.status[r], MUON_RESOURCE_EXHAUSTED);
+    const std::string& why = host.error[r];
+    EXPECT_NE(why.find("the first step's setup"), std::string::npos) << why;
+    EXPECT_NE(why.find("rank 1"), std::string::npos) << why;
+    EXPECT_NE(why.find("allocating the working copy of custom-path param 'custom' (65536 x 4 "
+                       "fp32) (1048576 bytes on cpu): the host's allocator "
+                       "(muon_options_t.allocate) returned NULL"),
+              std::string::npos)
+        << why;
+    EXPECT_EQ(host.after[r], host.before[r]);
+    EXPECT_EQ(host.steps[r], 0);
+    EXPECT_EQ(host.calls[r], 0);
+    EXPECT_EQ(host.live_after_destroy[r], 0);
+  }
+  EXPECT_EQ(std::count(host.asked[1].begin(), host.asked[1].end(), size_t{1} << 20), 1);
+  EXPECT_EQ(std::count(host.asked[0].begin(), host.asked[0].end(), size_t{1} << 20), 0);
 }
 
 }  // namespace

@@ -1109,6 +1109,13 @@ std::vector<Case> Cases() {
         o.global_ndim = 2;
         o.global_shape = f.Shape({4, 4});
       }));
+  add("custom_matrix_larger_than_an_owner_holds", W1, IA,
+      {"param 'x'", "a 1152921504606846976 x 4 custom-path matrix has more than the "
+                    "576460752303423487 elements its owner can hold"},
+      custom([](Fixture&, DLTensor&, muon_param_options_t&, muon_custom_layout_t& l) {
+        l.global_rows = int64_t{1} << 60;
+        l.global_cols = 4;
+      }));
   add("custom_local_larger_than_matrix", W1, IA,
       {"param 'x'", "the local tensor has 8 elements, more than the 2 x 2 matrix"},
       custom([](Fixture&, DLTensor&, muon_param_options_t&, muon_custom_layout_t& l) {

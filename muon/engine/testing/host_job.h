@@ -98,6 +98,8 @@ class HostJob {
   }
 
   std::vector<Param>& params() { return params_; }
+  // Where the job's memory lives (an allocator is set before the first Add).
+  const std::shared_ptr<Device>& device() const { return device_; }
   float* update(size_t i) { return updates_[i].as<float>(); }
   std::vector<float>& value(size_t i) { return storage_[i].value; }
   std::vector<float>& grad(size_t i) { return storage_[i].grad; }
