@@ -718,7 +718,10 @@ typedef enum muon_dtype_t {
  * runs; the thread is started once, at the first step, and ends with
  * muon_destroy); calls on one group never overlap. `release` (optional) is called once for every muon_set_world or
  * muon_add_group call the table was given to: when that optimizer is
- * destroyed, or before the call returns if it fails. A host that gives one
+ * destroyed, or before the call returns if it fails, except when the call
+ * refuses the table's struct_size: then nothing of the table is read, as
+ * "Conventions" says of any refused size, `release` included, and ctx stays
+ * the host's to release. A host that gives one
  * context to several calls (several optimizers, or the world and a group)
  * counts references itself, or passes release = NULL and frees `ctx` after
  * the optimizers are destroyed. The library never frees `ctx` otherwise. */

@@ -240,6 +240,10 @@ muon_status_t muon_set_world(muon_optimizer_t* opt, const muon_comm_t* world,
                              int32_t* group_id) {
   return Guard("muon_set_world", [&]() -> absl::Status {
     if (world == nullptr) return NullArg("world");
+    // A table of a size no header had is not read at all, its release
+    // included (it may lie past the caller's struct): it stays the host's.
+    absl::Status size_ok = CheckStructSize(muon::capi::kCommStruct, "world", world->struct_size);
+    if (!size_ok.ok()) return size_ok;
     // From here on the library owns the table's release, even on failure.
     auto comm = muon::Comm::Create(*world, "world");
     if (!comm.ok()) {
@@ -260,6 +264,9 @@ muon_status_t muon_add_group(muon_optimizer_t* opt, const muon_comm_t* comm, int
     if (comm == nullptr) return NullArg("comm");
     const std::string name =
         opt ? absl::StrCat("group ", opt->impl->num_groups()) : std::string("group");
+    // As muon_set_world: a refused size leaves the table, and its release, alone.
+    absl::Status size_ok = CheckStructSize(muon::capi::kCommStruct, name, comm->struct_size);
+    if (!size_ok.ok()) return size_ok;
     auto group = muon::Comm::Create(*comm, name);
     if (!group.ok()) {
       if (comm->release) comm->release(comm->ctx);

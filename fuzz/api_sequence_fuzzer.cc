@@ -8,8 +8,21 @@
 // damaged, or fuzzed bytes; through muon_load_state, or muon_load_states
 // alone or beside the last saved blob), read the stats and options, orthogonalize,
 // set a world of one in-process rank or add a group, or destroy the optimizer
-// and create another. Shapes stay small: at most 4 dimensions of at most 4
-// elements, except shapes the library must refuse without touching memory.
+// and create another, or register a custom-path parameter (the host's
+// callbacks; a declared matrix of any size when the optimizer has the
+// fuzzer's allocator, which refuses blocks over 1 MiB). Shapes stay small:
+// at most 4 dimensions of at most 4 elements, except shapes the library must
+// refuse without touching memory.
+//
+// Versioned structs (muon_options_t, muon_param_options_t, muon_stats_t,
+// muon_custom_layout_t, muon_comm_t) are passed with a struct_size from the
+// input anywhere in 0 .. sizeof + 64, in a heap block of exactly that many
+// bytes (at least the struct_size field), so that AddressSanitizer sees any
+// byte read or written past it: the sizes muon.h publishes, and larger
+// multiples of 8 (a newer header's struct), are accepted; every other size is
+// refused, naming the struct_size, with nothing written (the *_init
+// functions included) and, for a communicator table, nothing of it read,
+// its release included.
 //
 // Never crash or leak. Every status is one of the header's codes, with a
 // message exactly when it is not MUON_OK. A failed call changes nothing the
@@ -30,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <string>
@@ -41,6 +55,63 @@
 namespace {
 
 bool verbose = false;
+
+// ---- Versioned structs: what muon.h's "Conventions" publishes (LP64) ----
+
+struct Versions {
+  const char* type;
+  std::vector<size_t> published;  // ascending; the last is this header's sizeof
+  // A size the library must accept: a published one, or a larger multiple of 8.
+  bool Accepts(size_t size) const {
+    for (size_t p : published) {
+      if (size == p) return true;
+    }
+    return size > published.back() && size % 8 == 0;
+  }
+};
+const Versions kOptionsVersions{"muon_options_t", {104, 144, 152, 184}};
+const Versions kParamOptionsVersions{"muon_param_options_t", {24, 56}};
+const Versions kStatsVersions{"muon_stats_t", {80, 96, 128}};
+const Versions kCustomLayoutVersions{"muon_custom_layout_t", {56}};
+const Versions kCommVersions{"muon_comm_t", {72}};
+static_assert(sizeof(muon_options_t) == 184 && sizeof(muon_param_options_t) == 56 &&
+                  sizeof(muon_stats_t) == 128 && sizeof(muon_custom_layout_t) == 56 &&
+                  sizeof(muon_comm_t) == 72,
+              "a struct grew: add its new size to the lists above");
+
+// A caller's struct of `size` bytes in a heap block of exactly that size (at
+// least its struct_size field, which the library reads to learn the size),
+// holding the first bytes of `full`, struct_size set to `size`, and a
+// pattern past sizeof(T) (a newer header's fields, which are not read).
+template <typename T>
+class Sized {
+ public:
+  Sized(const T& full, size_t size)
+      : size_(size), bytes_(std::max(size, sizeof(size_t))), block_(new unsigned char[bytes_]) {
+    std::memset(block_.get(), 0xa5, bytes_);
+    std::memcpy(block_.get(), &full, std::min(bytes_, sizeof(T)));
+    std::memcpy(block_.get(), &size_, sizeof(size_t));  // struct_size, the first field
+  }
+  T* get() { return reinterpret_cast<T*>(block_.get()); }
+  // The int64 at `offset` when the caller's struct holds it, else `fallback`.
+  int64_t Int64At(size_t offset, int64_t fallback) const {
+    if (offset + sizeof(int64_t) > size_) return fallback;
+    int64_t v;
+    std::memcpy(&v, block_.get() + offset, sizeof v);
+    return v;
+  }
+
+ private:
+  size_t size_, bytes_;
+  std::unique_ptr<unsigned char[]> block_;
+};
+
+// The refusal of a struct_size says so.
+void CheckSizeRefusal(muon_status_t st, size_t size) {
+  FUZZ_CHECK(st == MUON_INVALID_ARGUMENT);
+  const std::string why = muon_last_error_message();
+  FUZZ_CHECK(why.find("struct_size is " + std::to_string(size)) != std::string::npos);
+}
 
 // Every call's status: a code of the header, and a message exactly on failure.
 muon_status_t Checked(const char* call, muon_status_t st) {
@@ -122,15 +193,14 @@ class Session {
   ~Session() { Destroy(); }
 
   void Create() {
-    // Room past the struct: a caller built against a newer header is bigger.
-    alignas(muon_options_t) unsigned char raw[sizeof(muon_options_t) + 32] = {};
-    muon_options_t* o = reinterpret_cast<muon_options_t*>(raw);
-    Checked("muon_options_init", muon_options_init(o, sizeof raw));
+    muon_options_t full;
+    FUZZ_CHECK(Checked("muon_options_init", muon_options_init(&full, sizeof full)) == MUON_OK);
+    muon_options_t* o = &full;
+    size_t size = sizeof full;  // the caller's struct_size
     if (in_.ConsumeBool()) {
-      if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
-        // Too small, or the first published version (before the distributed fields).
-        o->struct_size = in_.ConsumeBool() ? 8 : offsetof(muon_options_t, assignment);
-      }
+      // Any size: an older header's (read as that version), a newer one's, or
+      // one no header had (refused).
+      if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) size = FuzzSize(kOptionsVersions);
       if (in_.ConsumeBool()) o->lr = FuzzDouble(in_);
       if (in_.ConsumeBool()) o->weight_decay = FuzzDouble(in_);
       if (in_.ConsumeBool()) o->momentum = FuzzDouble(in_);
@@ -169,18 +239,37 @@ class Session {
                               ? in_.ConsumeIntegralInRange<int32_t>(-1, 2)
                               : in_.ConsumeBool();
     }
-    if (Checked("muon_create", muon_create(o, &opt_)) != MUON_OK) {
+    if (in_.ConsumeBool()) {  // the fuzzer's allocator (read from 0.5 structs on)
+      o->allocate = &Session::Allocate;
+      o->release = &Session::Release;
+      o->allocator_ctx = this;
+    }
+    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
+      CheckInit("muon_options_init", &muon_options_init, kOptionsVersions);
+    }
+    Sized<muon_options_t> caller(full, size);
+    muon_status_t st = muon_create(caller.get(), &opt_);
+    if (!kOptionsVersions.Accepts(size)) CheckSizeRefusal(st, size);
+    if (Checked("muon_create", st) != MUON_OK) {
       FUZZ_CHECK(opt_ == nullptr);
       muon_options_t d;
       Checked("muon_options_init", muon_options_init(&d, sizeof d));
       FUZZ_CHECK(Checked("muon_create", muon_create(&d, &opt_)) == MUON_OK);
     }
     FUZZ_CHECK(opt_ != nullptr);
+    // Whether the optimizer's memory comes from the fuzzer's allocator (an
+    // options struct older than 0.5 has no allocator fields).
+    muon_options_t now;
+    Checked("muon_options_init", muon_options_init(&now, sizeof now));
+    FUZZ_CHECK(Checked("muon_get_options", muon_get_options(opt_, &now)) == MUON_OK);
+    hooked_ = now.allocate == &Session::Allocate;
   }
 
   void Destroy() {
     muon_destroy(opt_);
     opt_ = nullptr;
+    hooked_ = false;
+    custom_.clear();  // the callbacks' state: no optimizer calls them any more
     if (world_) muon_inprocess_world_destroy(world_);
     world_ = nullptr;
     has_world_ = false;
@@ -213,11 +302,94 @@ class Session {
           Create();
         }
         return;
-      default: return Queries();
+      default: return Custom();
     }
   }
 
  private:
+  // A struct_size for a struct of versions `v`: mostly this header's, else a
+  // published one or anything in 0 .. sizeof + 64.
+  size_t FuzzSize(const Versions& v) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
+      case 0: return in_.ConsumeIntegralInRange<size_t>(0, v.published.back() + 64);
+      case 1: return v.published[in_.ConsumeIntegralInRange<size_t>(0, v.published.size() - 1)];
+      case 2: return v.published.back() + 8 * in_.ConsumeIntegralInRange<size_t>(1, 8);
+      default: return v.published.back();
+    }
+  }
+
+  // `init` on a heap block of exactly a fuzzed struct_size: it fills the
+  // accepted sizes (struct_size set, a newer header's tail zeroed) and
+  // refuses the others writing nothing.
+  template <typename T>
+  void CheckInit(const char* call, muon_status_t (*init)(T*, size_t), const Versions& v) {
+    const size_t size = FuzzSize(v);
+    std::unique_ptr<unsigned char[]> block(new unsigned char[size]);
+    std::memset(block.get(), 0xa5, size);
+    const muon_status_t st = init(reinterpret_cast<T*>(block.get()), size);
+    if (!v.Accepts(size)) {
+      CheckSizeRefusal(st, size);
+      Checked(call, st);
+      for (size_t i = 0; i < size; ++i) FUZZ_CHECK(block[i] == 0xa5);
+      return;
+    }
+    FUZZ_CHECK(Checked(call, st) == MUON_OK);
+    size_t written = 0;
+    std::memcpy(&written, block.get(), sizeof written);
+    FUZZ_CHECK(written == size);
+    for (size_t i = sizeof(T); i < size; ++i) FUZZ_CHECK(block[i] == 0);
+  }
+
+  // The fuzzer's allocator (muon_options_t.allocate): 64-byte aligned blocks
+  // of up to 1 MiB; larger ones are refused, as a host short of memory would.
+  static void* Allocate(void*, size_t bytes, int32_t, int32_t, void*) {
+    if (bytes > (size_t{1} << 20)) return nullptr;
+    return std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  }
+  static void Release(void*, void* ptr, size_t, int32_t, int32_t, void*) { std::free(ptr); }
+
+  // The host's side of a custom-path parameter in a world of one rank: the
+  // declared rows x cols matrix, of which the local tensor is the first
+  // elements; the fuzzer holds matrices of up to 2^16 elements.
+  struct CustomState {
+    int64_t rows = 0, cols = 0;
+    std::vector<float> full;
+  };
+  static int64_t Elements(const CustomState& c) {
+    int64_t n = 0;
+    return __builtin_mul_overflow(c.rows, c.cols, &n) ? -1 : n;
+  }
+  static int32_t CustomAssign(void*, const char*, int32_t world_size) {
+    FUZZ_CHECK(world_size == 1);
+    return 0;
+  }
+  static muon_status_t CustomGather(void* state, const float* local, int64_t n, int32_t owner,
+                                    muon_gathered_t* out, void*) {
+    auto* c = static_cast<CustomState*>(state);
+    const int64_t elements = Elements(*c);
+    // Registration admitted only what its owner can hold, and local pieces
+    // no larger than the matrix.
+    FUZZ_CHECK(owner == 0 && elements >= 0 && n >= 0 && n <= elements);
+    if (elements > (int64_t{1} << 16)) {
+      muon_set_callback_error("the fuzzer's host holds no matrix this large");
+      return MUON_RESOURCE_EXHAUSTED;
+    }
+    c->full.assign(static_cast<size_t>(elements), 0.0f);
+    if (n > 0) std::memcpy(c->full.data(), local, static_cast<size_t>(n) * sizeof(float));
+    out->data = c->full.data();
+    out->rows = c->rows;
+    out->cols = c->cols;
+    return MUON_OK;
+  }
+  static muon_status_t CustomRedistribute(void* state, const float* full, int64_t rows,
+                                          int64_t cols, int32_t owner, float* local, int64_t n,
+                                          void*) {
+    auto* c = static_cast<CustomState*>(state);
+    FUZZ_CHECK(owner == 0 && rows == c->rows && cols == c->cols && n >= 0 && n <= Elements(*c));
+    if (full != nullptr && n > 0) std::memcpy(local, full, static_cast<size_t>(n) * sizeof(float));
+    return MUON_OK;
+  }
+
   static muon_status_t Assign(void* state, size_t n, const muon_matrix_info_t* m, int32_t* owners) {
     Session* s = static_cast<Session*>(state);
     for (size_t i = 0; i < n; ++i) {
@@ -418,7 +590,8 @@ class Session {
     po.matrix_view = in_.ConsumeIntegralInRange<int32_t>(0, 3) % 3;
     if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) po.matrix_view = in_.ConsumeBool() ? 3 : -1;
     if (in_.ConsumeIntegralInRange<int>(0, 31) == 0) po.reserved0 = 1;
-    if (in_.ConsumeIntegralInRange<int>(0, 31) == 0) po.struct_size = 8;
+    const size_t po_size =
+        in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? FuzzSize(kParamOptionsVersions) : sizeof po;
     if (has_world_ && in_.ConsumeBool()) {
       global = shape;
       if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
@@ -481,9 +654,17 @@ class Session {
       }
     }
     int64_t id = -7;
+    Sized<muon_param_options_t> caller(po, po_size);
+    const bool refused_size = options != nullptr && !kParamOptionsVersions.Accepts(po_size);
     const muon_status_t st = Atomic("muon_register_param", [&] {
-      return muon_register_param(opt_, &value.t, &grad.t, options, &id);
+      const muon_status_t r =
+          muon_register_param(opt_, &value.t, &grad.t, options ? caller.get() : nullptr, &id);
+      if (refused_size) FUZZ_CHECK(r != MUON_OK);
+      return r;
     });
+    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
+      CheckInit("muon_param_options_init", &muon_param_options_init, kParamOptionsVersions);
+    }
     if (st != MUON_OK) {
       FUZZ_CHECK(id == -7);  // out-parameters untouched on error
       return;
@@ -546,7 +727,22 @@ class Session {
     }
     const Snapshot before = Observe();
     const int64_t skipped = Skipped();
-    const muon_status_t st = Atomic("muon_step", [&] { return muon_step(opt_, nullptr); });
+    const muon_status_t st = Checked("muon_step", muon_step(opt_, nullptr));
+    if (st != MUON_OK) {
+      const Snapshot now = Observe();
+      if (!(now == before)) {
+        // A failure once momentum updates began (a host callback failing
+        // mid-step) poisons, as muon.h says: the step is not counted, the
+        // next one is refused, and loading a whole blob lifts it.
+        FUZZ_CHECK(now.steps == before.steps && now.params == before.params);
+        FUZZ_CHECK(Checked("muon_step", muon_step(opt_, nullptr)) == MUON_FAILED_PRECONDITION);
+        FUZZ_CHECK(std::string(muon_last_error_message()).find("failed mid-way") !=
+                   std::string::npos);
+        FUZZ_CHECK(Checked("muon_load_state", muon_load_state(opt_, before.blob.data(),
+                                                              before.blob.size())) == MUON_OK);
+        FUZZ_CHECK(Observe() == before);
+      }
+    }
     int64_t after = -1;
     FUZZ_CHECK(Checked("muon_step_count", muon_step_count(opt_, &after)) == MUON_OK);
     if (st == MUON_OK && after == before.steps) {
@@ -669,15 +865,27 @@ class Session {
   }
 
   void Stats() {
-    alignas(muon_stats_t) unsigned char raw[sizeof(muon_stats_t) + 16] = {};
-    muon_stats_t* s = reinterpret_cast<muon_stats_t*>(raw);
-    Checked("muon_stats_init", muon_stats_init(s, sizeof raw));
-    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) s->struct_size = in_.ConsumeBool() ? 0 : 16;
-    if (Atomic("muon_get_stats", [&] { return muon_get_stats(opt_, s); }) == MUON_OK) {
+    muon_stats_t full;
+    FUZZ_CHECK(Checked("muon_stats_init", muon_stats_init(&full, sizeof full)) == MUON_OK);
+    const size_t size = FuzzSize(kStatsVersions);
+    Sized<muon_stats_t> s(full, size);
+    const bool accepted = kStatsVersions.Accepts(size);
+    const muon_status_t st = Atomic("muon_get_stats", [&] {
+      const muon_status_t r = muon_get_stats(opt_, s.get());
+      if (!accepted) CheckSizeRefusal(r, size);
+      return r;
+    });
+    FUZZ_CHECK((st == MUON_OK) == accepted);
+    if (st == MUON_OK) {
       int64_t steps = 0;
       FUZZ_CHECK(Checked("muon_step_count", muon_step_count(opt_, &steps)) == MUON_OK);
-      FUZZ_CHECK(s->steps <= steps && s->steps >= 0);
-      FUZZ_CHECK(s->matrices_owned <= s->matrices_total);
+      const int64_t got = s.Int64At(offsetof(muon_stats_t, steps), 0);
+      FUZZ_CHECK(got <= steps && got >= 0);
+      FUZZ_CHECK(s.Int64At(offsetof(muon_stats_t, matrices_owned), 0) <=
+                 s.Int64At(offsetof(muon_stats_t, matrices_total), 0));
+    }
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      CheckInit("muon_stats_init", &muon_stats_init, kStatsVersions);
     }
   }
 
@@ -706,10 +914,20 @@ class Session {
   void Queries() {
     switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
       case 0: {
-        muon_options_t o;
-        Checked("muon_options_init", muon_options_init(&o, sizeof o));
-        if (in_.ConsumeBool()) o.struct_size = in_.ConsumeBool() ? 8 : sizeof o - 8;
-        Atomic("muon_get_options", [&] { return muon_get_options(opt_, &o); });
+        muon_options_t full;
+        Checked("muon_options_init", muon_options_init(&full, sizeof full));
+        const size_t size = FuzzSize(kOptionsVersions);
+        Sized<muon_options_t> o(full, size);
+        const bool accepted = kOptionsVersions.Accepts(size);
+        const muon_status_t st = Atomic("muon_get_options", [&] {
+          const muon_status_t r = muon_get_options(opt_, o.get());
+          if (!accepted) CheckSizeRefusal(r, size);
+          return r;
+        });
+        FUZZ_CHECK((st == MUON_OK) == accepted);
+        if (st == MUON_OK) {  // the struct_size the caller gave stays
+          FUZZ_CHECK(static_cast<size_t>(o.Int64At(0, -1)) == size);
+        }
         break;
       }
       case 1: {
@@ -723,6 +941,73 @@ class Session {
     }
   }
 
+  // A custom-path parameter (with a world): the host's callbacks over a
+  // declared rows x cols matrix, small, or (with the fuzzer's allocator, which
+  // refuses blocks over 1 MiB) of any size; versioned structs of any size.
+  void Custom() {
+    const std::vector<int64_t> shape = FuzzShape();
+    const DLDataType dtype = kDTypes[in_.ConsumeIntegralInRange<int>(0, 2)];
+    Tensor value = MakeTensor(shape, dtype, in_.ConsumeIntegralInRange<int>(0, 7) == 0);
+    Tensor grad = MakeTensor(shape, dtype, in_.ConsumeIntegralInRange<int>(0, 7) == 0);
+    custom_.emplace_back();
+    CustomState& c = custom_.back();
+    auto extent = [&] {
+      if (hooked_ && in_.ConsumeBool()) {
+        return in_.ConsumeBool() ? SpecialInt(in_) : int64_t{1} << in_.ConsumeIntegralInRange(8, 40);
+      }
+      return in_.ConsumeIntegralInRange<int64_t>(-1, 8);
+    };
+    c.rows = extent();
+    c.cols = extent();
+    muon_param_options_t po;
+    Checked("muon_param_options_init", muon_param_options_init(&po, sizeof po));
+    const std::string name = in_.ConsumeIntegralInRange<int>(0, 7) == 0
+                                 ? "p0"  // maybe a duplicate
+                                 : "c" + std::to_string(params_.size());
+    po.name = in_.ConsumeIntegralInRange<int>(0, 15) == 0 ? nullptr : name.c_str();
+    if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) po.global_ndim = 2;  // refused: a layout
+    const size_t po_size =
+        in_.ConsumeIntegralInRange<int>(0, 3) == 0 ? FuzzSize(kParamOptionsVersions) : sizeof po;
+    muon_custom_layout_t layout{sizeof layout, &c,           c.rows,           c.cols,
+                                &CustomAssign, &CustomGather, &CustomRedistribute};
+    if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) layout.gather_fn = nullptr;
+    const size_t layout_size =
+        in_.ConsumeIntegralInRange<int>(0, 3) == 0 ? FuzzSize(kCustomLayoutVersions) : sizeof layout;
+    Sized<muon_param_options_t> caller_po(po, po_size);
+    Sized<muon_custom_layout_t> caller_layout(layout, layout_size);
+    const bool refused_size =
+        !kParamOptionsVersions.Accepts(po_size) || !kCustomLayoutVersions.Accepts(layout_size);
+    if (verbose) {
+      std::fprintf(stderr, "  custom %lld x %lld, struct sizes %zu and %zu%s\n",
+                   static_cast<long long>(c.rows), static_cast<long long>(c.cols), po_size,
+                   layout_size, hooked_ ? ", the fuzzer's allocator" : "");
+    }
+    int64_t id = -7;
+    const muon_status_t st = Atomic("muon_register_param_custom", [&] {
+      const muon_status_t r = muon_register_param_custom(opt_, &value.t, &grad.t, caller_po.get(),
+                                                         caller_layout.get(), &id);
+      if (refused_size) FUZZ_CHECK(r == MUON_INVALID_ARGUMENT);
+      return r;
+    });
+    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
+      CheckInit("muon_param_options_init", &muon_param_options_init, kParamOptionsVersions);
+    }
+    if (st != MUON_OK) {
+      FUZZ_CHECK(id == -7);
+      return;
+    }
+    FUZZ_CHECK(has_world_);
+    FUZZ_CHECK(id == static_cast<int64_t>(params_.size()));
+    FUZZ_CHECK(value.owns_memory && grad.owns_memory);
+    // What the header promises of the declaration.
+    FUZZ_CHECK(c.rows >= 1 && c.cols >= 1);
+    const int64_t elements = Elements(c);
+    FUZZ_CHECK(elements >= value.numel && elements <= std::numeric_limits<int64_t>::max() / 16);
+    params_.push_back({value.storage->shape, value.t.dtype, grad.storage,
+                       grad.storage->bytes.data() + grad.t.byte_offset,
+                       grad.storage->bytes.size() - grad.t.byte_offset});
+  }
+
   // A world of one in-process rank (placements become possible), or a group.
   void World() {
     if (world_ == nullptr) {
@@ -734,9 +1019,19 @@ class Session {
                MUON_OK);
     int32_t group = -7;
     const bool as_world = !has_world_ || in_.ConsumeIntegralInRange<int>(0, 3) == 0;
+    const size_t size =
+        in_.ConsumeIntegralInRange<int>(0, 3) == 0 ? FuzzSize(kCommVersions) : sizeof comm;
+    const bool accepted = kCommVersions.Accepts(size);
+    Sized<muon_comm_t> table(comm, size);
     const muon_status_t st = Atomic("muon_set_world/add_group", [&] {
-      return as_world ? muon_set_world(opt_, &comm, &group) : muon_add_group(opt_, &comm, &group);
+      const muon_status_t r = as_world ? muon_set_world(opt_, table.get(), &group)
+                                       : muon_add_group(opt_, table.get(), &group);
+      if (!accepted) CheckSizeRefusal(r, size);
+      return r;
     });
+    // A table of a refused size is not read, its release included: the host
+    // releases it (else the library did, or will at muon_destroy).
+    if (!accepted) comm.release(comm.ctx);
     if (st != MUON_OK) {
       FUZZ_CHECK(group == -7);
       return;
@@ -748,6 +1043,8 @@ class Session {
 
   FuzzedDataProvider& in_;
   muon_optimizer_t* opt_ = nullptr;
+  bool hooked_ = false;  // its memory comes from Session::Allocate
+  std::deque<CustomState> custom_;  // stable addresses: the callbacks' state
   muon_inprocess_world_t* world_ = nullptr;
   bool has_world_ = false;
   int32_t num_groups_ = 0;

@@ -1,12 +1,23 @@
 // Fuzzes the distributed layout logic without communication: a world of 2 to
 // 4 ranks with fuzzed groups (partitions of the world, fuzzed member order),
-// parameters with fuzzed global shapes, views, dtypes and placement lists
-// (SHARD even / chunk / sizes, FLAT_RANGE, REPLICATE, possibly invalid), each
-// registered on all ranks or some. Every rank's description goes through the
-// handshake's wire form (SerializeRankDesc, ParseRankDesc), then BuildPlan
-// runs once per rank, as the first step's handshake does.
+// parameters with fuzzed global shapes (small, or huge dimensions around an
+// empty one, or a batch past the per-parameter cap), views, dtypes and kinds:
+// placement lists (SHARD even / chunk / sizes, FLAT_RANGE, REPLICATE,
+// possibly invalid), ZeRO-2 (one REPLICATE over a group) or the custom path
+// (a fuzzed owner), each registered on all ranks, on a fuzzed subset, on the
+// members of one group only (a ZeRO-2 group or a stage without the other
+// ranks), or on one rank; so that some ranks hold none of a kind. Every
+// rank's description goes through the handshake's wire form
+// (SerializeRankDesc, ParseRankDesc), then BuildPlan runs once per rank, as
+// the first step's handshake does.
 //
 // Never crash. Every rank reaches the same verdict and the same plan digest.
+// A parameter declaring more matrices with elements than kMaxParamMatrices,
+// or a custom-path owner that did not register the parameter, makes the plan
+// refused. An accepted plan is the job's on every rank: one unit per matrix
+// with elements (none for empty ones, counted apart), the ZeRO-2 matrices,
+// the custom-path parameters with their owners, and each rank's own entries
+// (holders, local indices) for exactly what it registered.
 // An independent model of the placements (each rank's piece computed element
 // by element on an explicit index tensor) must agree with ComputePiece and
 // PieceShape, and a layout the model refuses makes the plan refused. When the
@@ -32,6 +43,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "muon/common/dtype.h"
+#include "muon/common/matrix_view.h"
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/handshake.h"
 #include "muon/sharding/layout.h"
@@ -122,9 +134,10 @@ ModelPiece Model(const Layout& layout, const std::vector<int>& sizes,
       a = r * (d / n);
       b = a + d / n;
     } else if (p.split == ShardSplit::kChunk) {
+      // (In 128 bits: a dimension may be near INT64_MAX beside an empty one.)
       const int64_t c = d / n + (d % n != 0);
-      a = std::min(r * c, d);
-      b = std::min(a + c, d);
+      a = static_cast<int64_t>(std::min<__int128>(static_cast<__int128>(r) * c, d));
+      b = static_cast<int64_t>(std::min<__int128>(static_cast<__int128>(a) + c, d));
     } else if (p.split == ShardSplit::kSizes) {
       if (p.sizes.size() != static_cast<size_t>(n)) {
         m.valid = false;
@@ -147,8 +160,9 @@ ModelPiece Model(const Layout& layout, const std::vector<int>& sizes,
       m.valid = false;
       return m;
     }
-    if (simulate) {
-      // Row-major slice [a, b) of dimension dim.
+    if (simulate && numel > 0) {
+      // Row-major slice [a, b) of dimension dim (an empty tensor has no
+      // elements to slice, however large its other dimensions).
       int64_t outer = 1, inner = 1;
       for (int i = 0; i < p.dim; ++i) outer *= m.shape[i];
       for (size_t i = p.dim + 1; i < m.shape.size(); ++i) inner *= m.shape[i];
@@ -315,16 +329,36 @@ Job MakeJob(FuzzedDataProvider& in) {
           extreme && in.ConsumeBool() ? SpecialInt(in) : in.ConsumeIntegralInRange<int64_t>(0, 6));
     }
     // Extreme dimensions are for shapes the library must refuse (negative,
-    // overflowing); a valid shape stays small, as its cost is its size.
-    if (Numel(d.global_shape) >= 0) {
+    // overflowing) and for empty ones of any size (whose matrices cost
+    // nothing); any other valid shape stays small, as its cost is its size.
+    const int64_t numel = Numel(d.global_shape);
+    if (numel > 0 || (numel == 0 && !extreme)) {
       for (int64_t& x : d.global_shape) x = x < 0 ? 0 : x % 7;
     }
+    bool batched = false;
+    if (extreme && numel > 0 && in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      // A batch just past the per-parameter cap: refused before it is planned.
+      d.global_shape = {kMaxParamMatrices + in.ConsumeIntegralInRange<int64_t>(1, 2), 1,
+                        in.ConsumeIntegralInRange<int64_t>(1, 2)};
+      batched = true;
+    }
     d.view = static_cast<uint8_t>(in.ConsumeIntegralInRange<int>(0, 3) % 3);
+    if (batched) d.view = 2;
     d.param_dtype = d.state_dtype = static_cast<uint8_t>(in.ConsumeIntegralInRange<int>(0, 2));
-    d.zero2 = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? 1 : 0;
+    // The kind: ZeRO-2 (1 in 8), the custom path (1 in 16), else placements.
+    const int kind = in.ConsumeIntegralInRange<int>(0, 15);
+    d.zero2 = kind % 8 == 0 ? 1 : 0;
+    if (kind == 1) d.custom_owner = in.ConsumeIntegralInRange<int>(0, world);  // world: nobody
     d.layout.global_shape = d.global_shape;
     std::vector<PlacementTemplate> t;
-    if (d.zero2) {
+    if (d.custom_owner >= 0) {
+      // The custom path: no layout (the host moves the pieces); mostly the
+      // 2-D shape the registry admits.
+      if (in.ConsumeIntegralInRange<int>(0, 7) != 0) {
+        d.global_shape.resize(2, 1);
+        d.layout.global_shape = d.global_shape;
+      }
+    } else if (d.zero2) {
       // What the registry admits in ZeRO-2 mode: one REPLICATE over a known group.
       PlacementTemplate pt;
       pt.base.kind = PlacementKind::kReplicate;
@@ -347,10 +381,24 @@ Job MakeJob(FuzzedDataProvider& in) {
         t.push_back(pt);
       }
     }
+    // Who registers it: every rank, or (bits 4-5 of `mask`) the ranks of the
+    // mask, the members of one group of one rank (a ZeRO-2 group or a stage
+    // that leaves the other ranks out), or one rank.
     const bool everywhere = in.ConsumeIntegralInRange<int>(0, 3) != 0;
     const uint8_t mask = in.ConsumeIntegral<uint8_t>();
+    std::vector<bool> registers(world, true);
+    if (!everywhere) {
+      const int pattern = (mask >> 4) & 3;
+      const int k = (mask & 3) % world;
+      const auto& group = job.ranks[k].groups[(mask >> 6) % num_groups];
+      for (int r = 0; r < world; ++r) {
+        registers[r] = pattern <= 1   ? (mask & (1u << r)) != 0
+                       : pattern == 2 ? std::find(group.begin(), group.end(), r) != group.end()
+                                      : r == k;
+      }
+    }
     for (int r = 0; r < world; ++r) {
-      if (!everywhere && !(mask & (1u << r))) continue;
+      if (!registers[r]) continue;
       RankParamDesc mine = d;
       mine.layout.placements = Realize(in, t, d.global_shape, sizes[r], coords[r]);
       if (in.ConsumeIntegralInRange<int>(0, 31) == 0) {
@@ -423,8 +471,9 @@ void Dump(const Job& job) {
     }
     std::fprintf(stderr, "\n");
     for (const RankParamDesc& p : r.params) {
-      std::fprintf(stderr, "  %s shape %s view %d dtype %d zero2 %d:", p.name.c_str(),
-                   ints(p.global_shape).c_str(), p.view, p.param_dtype, p.zero2);
+      std::fprintf(stderr, "  %s shape %s view %d dtype %d zero2 %d custom_owner %d:",
+                   p.name.c_str(), ints(p.global_shape).c_str(), p.view, p.param_dtype, p.zero2,
+                   p.custom_owner);
       for (const Placement& pl : p.layout.placements) {
         std::fprintf(stderr, " {kind %d group %d dim %d split %d sizes %s start %lld len %lld}",
                      static_cast<int>(pl.kind), pl.group, pl.dim, static_cast<int>(pl.split),
@@ -476,6 +525,7 @@ void CheckAccepted(const Job& job, const std::vector<Plan>& plans,
     FUZZ_CHECK(u.index >= 0 && u.index < pp.batch);
     FUZZ_CHECK(u.round >= 0 && u.round < plan.rounds);
     const int64_t per = pp.rows * pp.cols;
+    FUZZ_CHECK(per > 0);  // an empty matrix has no unit
     bool owner_holds = false;
     for (const Holder& h : pp.holders) {
       if (h.rank != u.owner) continue;
@@ -484,7 +534,6 @@ void CheckAccepted(const Job& job, const std::vector<Plan>& plans,
         if (job.ranks[h.rank].params[i].name == pp.name) m = &model[h.rank][i];
       }
       FUZZ_CHECK(m != nullptr);
-      if (per == 0) owner_holds = true;
       for (int64_t g : m->idx) owner_holds = owner_holds || g / per == u.index;
     }
     FUZZ_CHECK(owner_holds);
@@ -572,11 +621,145 @@ void CheckAccepted(const Job& job, const std::vector<Plan>& plans,
       }
     }
   }
-  // Every holder got each of its elements back (ZeRO-2 parameters move elsewhere).
+  // Every holder got each of its elements back (ZeRO-2 and custom-path
+  // parameters move elsewhere).
   for (int r = 0; r < world; ++r) {
     for (size_t i = 0; i < results[r].size(); ++i) {
-      if (job.ranks[r].params[i].zero2) continue;
+      if (job.ranks[r].params[i].zero2 || job.ranks[r].params[i].custom_owner >= 0) continue;
       FUZZ_CHECK(results[r][i] == updates[r][i]);
+    }
+  }
+}
+
+// What the job declares, from the descriptions alone (an accepted plan has
+// every parameter registered alike: the first registration speaks for all).
+struct JobFacts {
+  struct Kind {
+    int64_t batch = 1, with_elements = 0;
+    int zero2 = 0;
+    int custom_owner = -1;
+    std::vector<int> ranks;  // that registered it, ascending
+  };
+  std::map<std::string, Kind> params;
+  bool over_cap = false;              // a parameter declares too many matrices with elements
+  bool custom_owner_missing = false;  // a custom-path owner did not register its parameter
+};
+
+// The matrix view of `shape` (muon_matrix_view_t `view`) as batch x rows x
+// cols, when the shape fits it.
+bool ViewOf(const std::vector<int64_t>& shape, int view, int64_t* batch, int64_t* rows,
+            int64_t* cols) {
+  if (shape.size() < 2 || Numel(shape) < 0) return false;
+  auto prod = [&](size_t from) {
+    int64_t n = 1;
+    for (size_t i = from; i < shape.size(); ++i) n *= shape[i];
+    return n;
+  };
+  *batch = 1;
+  if (view == 0) {
+    if (shape.size() != 2) return false;
+    *rows = shape[0];
+    *cols = shape[1];
+  } else if (view == 1) {
+    *rows = shape[0];
+    *cols = prod(1);
+  } else if (view == 2) {
+    if (shape.size() < 3) return false;
+    *batch = shape[0];
+    *rows = shape[1];
+    *cols = prod(2);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+JobFacts FactsOf(const Job& job) {
+  JobFacts f;
+  for (const RankDesc& r : job.ranks) {
+    for (const RankParamDesc& p : r.params) {
+      auto [it, added] = f.params.try_emplace(p.name);
+      JobFacts::Kind& k = it->second;
+      k.ranks.push_back(r.world_rank);
+      if (!added) continue;
+      k.zero2 = p.zero2;
+      k.custom_owner = p.custom_owner;
+      int64_t rows = 0, cols = 0;
+      if (ViewOf(p.global_shape, p.custom_owner >= 0 ? 0 : p.view, &k.batch, &rows, &cols)) {
+        k.with_elements = rows > 0 && cols > 0 ? k.batch : 0;
+        f.over_cap = f.over_cap || k.with_elements > kMaxParamMatrices;
+      }
+    }
+  }
+  for (const auto& [name, k] : f.params) {
+    if (k.custom_owner >= 0 &&
+        std::find(k.ranks.begin(), k.ranks.end(), k.custom_owner) == k.ranks.end()) {
+      f.custom_owner_missing = true;
+    }
+  }
+  return f;
+}
+
+// An accepted plan is the job's on every rank: the same units, matrix counts
+// and custom-path owners, one unit per matrix with elements, and each rank's
+// own entries for exactly what it registered (none on a rank that holds no
+// parameter of a kind).
+void CheckJobWide(const Job& job, const JobFacts& facts, const std::vector<Plan>& plans) {
+  const int world = job.world;
+  int64_t units = 0, empty = 0, zero2 = 0;
+  std::vector<std::string> custom, layout;
+  for (const auto& [name, k] : facts.params) {
+    if (k.zero2) {
+      zero2 += k.batch;
+    } else if (k.custom_owner >= 0) {
+      custom.push_back(name);
+    } else {
+      layout.push_back(name);
+      units += k.with_elements;
+      empty += k.batch - k.with_elements;
+    }
+  }
+  FUZZ_CHECK(static_cast<int>(plans.size()) == world);
+  for (int r = 0; r < world; ++r) {
+    const Plan& plan = plans[r];
+    // (Split matrices aside: this fuzzer's assignments never split.)
+    FUZZ_CHECK(static_cast<int64_t>(plan.units.size()) == units);
+    FUZZ_CHECK(plan.empty_matrices == empty);
+    FUZZ_CHECK(plan.zero2_matrices == zero2);
+    FUZZ_CHECK(plan.rounds == plans[0].rounds);
+    for (size_t u = 0; u < plan.units.size(); ++u) {
+      FUZZ_CHECK(plan.units[u].param == plans[0].units[u].param);
+      FUZZ_CHECK(plan.units[u].index == plans[0].units[u].index);
+      FUZZ_CHECK(plan.units[u].owner == plans[0].units[u].owner);
+      FUZZ_CHECK(plan.units[u].owner >= 0 && plan.units[u].owner < world);
+    }
+    // This rank's index of each parameter it registered, by name.
+    std::map<std::string, int> mine;
+    for (size_t i = 0; i < job.ranks[r].params.size(); ++i) {
+      mine[job.ranks[r].params[i].name] = static_cast<int>(i);
+    }
+    FUZZ_CHECK(plan.params.size() == layout.size());
+    for (size_t i = 0; i < plan.params.size(); ++i) {
+      const PlanParam& pp = plan.params[i];
+      FUZZ_CHECK(pp.name == layout[i]);
+      const JobFacts::Kind& k = facts.params.at(pp.name);
+      FUZZ_CHECK(pp.holders.size() == k.ranks.size());
+      for (size_t h = 0; h < pp.holders.size(); ++h) FUZZ_CHECK(pp.holders[h].rank == k.ranks[h]);
+      const auto it = mine.find(pp.name);
+      FUZZ_CHECK(pp.local == (it == mine.end() ? -1 : it->second));
+      FUZZ_CHECK((pp.local_holder >= 0) == (pp.local >= 0));
+      if (pp.local_holder >= 0) FUZZ_CHECK(pp.holders[pp.local_holder].rank == r);
+    }
+    FUZZ_CHECK(plan.custom.size() == custom.size());
+    for (size_t i = 0; i < plan.custom.size(); ++i) {
+      const CustomUnit& c = plan.custom[i];
+      FUZZ_CHECK(c.name == custom[i]);
+      const JobFacts::Kind& k = facts.params.at(c.name);
+      FUZZ_CHECK(c.owner == k.custom_owner);
+      FUZZ_CHECK(std::find(k.ranks.begin(), k.ranks.end(), c.owner) != k.ranks.end());
+      const auto it = mine.find(c.name);
+      FUZZ_CHECK(c.local == (it == mine.end() ? -1 : it->second));
+      FUZZ_CHECK(c.rows >= 0 && c.cols >= 0);
     }
   }
 }
@@ -680,7 +863,19 @@ void FuzzOne(FuzzedDataProvider& in) {
     FUZZ_CHECK(!first.ok());  // a layout the model refuses is refused
     return;
   }
-  if (!first.ok() || !simulate) return;
+  const JobFacts facts = FactsOf(job);
+  if (facts.over_cap || facts.custom_owner_missing) {
+    FUZZ_CHECK(!first.ok());
+    return;
+  }
+  if (!first.ok()) return;
+  CheckJobWide(job, facts, plans);
+  if (std::getenv("MUON_FUZZ_VERBOSE") != nullptr) {
+    std::fprintf(stderr, "accepted job: %zu custom, %lld ZeRO-2 matrices, %lld empty matrices\n",
+                 plans[0].custom.size(), static_cast<long long>(plans[0].zero2_matrices),
+                 static_cast<long long>(plans[0].empty_matrices));
+  }
+  if (!simulate) return;
 
   // Accepted: the canonical copies tile every parameter once, the copies lie inside.
   const Plan& plan = plans[0];
@@ -689,7 +884,7 @@ void FuzzOne(FuzzedDataProvider& in) {
   for (int r = 0; r < world; ++r) {
     for (size_t i = 0; i < job.ranks[r].params.size(); ++i) {
       const RankParamDesc& p = job.ranks[r].params[i];
-      if (p.zero2) continue;
+      if (p.zero2 || p.custom_owner >= 0) continue;
       holders[p.name].push_back({r, &model[r][i]});
       desc[p.name] = &p;
     }

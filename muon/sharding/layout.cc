@@ -175,9 +175,13 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
             b = a + d / n;
             break;
           case ShardSplit::kChunk: {
-            const int64_t c = (d + n - 1) / n;
-            a = std::min<int64_t>(r * c, d);
-            b = std::min<int64_t>(a + c, d);
+            // ceil(d / n) each, the tail short or empty; computed without
+            // d + n - 1, r * c past d or a + c, which overflow for a
+            // dimension near INT64_MAX (of an empty tensor, or a global
+            // shape a rank declares).
+            const int64_t c = d / n + (d % n != 0 ? 1 : 0);
+            a = r > 0 && c > d / r ? d : std::min<int64_t>(r * c, d);
+            b = a + std::min<int64_t>(c, d - a);
             break;
           }
           case ShardSplit::kSizes: {

@@ -233,6 +233,32 @@ TEST(Layout, PieceShapeCostsNothingWhateverTheShape) {
   EXPECT_TRUE(empty->runs.empty());
 }
 
+// Found by fuzz/placement_fuzzer (once it kept huge dimensions beside an
+// empty one): a chunked dimension near INT64_MAX overflowed computing its
+// chunks (d + n - 1, and a + c on the last rank), undefined behaviour. Its
+// chunks are torch.chunk's: ceil(d / n) each, the tail short.
+TEST(Layout, ChunksOfADimensionNearTheLargestCountDoNotOverflow) {
+  const int64_t max = INT64_MAX;
+  const int64_t c = max / 3 + 1;  // 3074457345618258603
+  for (int r = 0; r < 3; ++r) {
+    auto p = ComputePiece({{max, 0}, {Shard(0, 0, ShardSplit::kChunk)}}, {3}, {r}, "w");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->shape[0], r < 2 ? c : max - 2 * c) << r;
+    EXPECT_EQ(p->numel, 0);
+    auto shape = PieceShape({{max, 1}, {Shard(0, 0, ShardSplit::kChunk)}}, {3}, {r}, "w");
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_EQ(shape->shape[0], r < 2 ? c : max - 2 * c) << r;
+  }
+  // Two ranks: the last chunk is the first's size less one.
+  auto last = PieceShape({{max, 1}, {Shard(0, 0, ShardSplit::kChunk)}}, {2}, {1}, "w");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->shape[0], max / 2);
+  // More ranks than rows: the tail ranks hold nothing.
+  auto tail = PieceShape({{2, 3}, {Shard(0, 0, ShardSplit::kChunk)}}, {4}, {3}, "w");
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_EQ(tail->shape, (std::vector<int64_t>{0, 3}));
+}
+
 TEST(Layout, TilingFindsOverlapAndGap) {
   Piece a = MustCompute({{4, 5}, {Flat(0, 0, 10)}}, {2}, {0});
   Piece b = MustCompute({{4, 5}, {Flat(0, 8, 12)}}, {2}, {1});

@@ -7,10 +7,12 @@
 // accepted and read as that version (the fields past it take their defaults).
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -348,11 +350,22 @@ TEST(StructVersions, CustomRegistrationRefusesUnpublishedSizes) {
   EXPECT_EQ(count, 0u);
 }
 
+// The release a refused table must not see.
+int released = 0;
+void CountRelease(void*) { ++released; }
+
+// A table of a refused size is read no further than its struct_size: not
+// even its release, which may lie past the caller's struct (the host keeps
+// it, and releases the table itself). Each table here is a heap block of
+// exactly its struct_size (at least the field itself), so that
+// AddressSanitizer sees a read past it. Found by fuzz/api_sequence_fuzzer:
+// the library called the release of a refused table, reading past a
+// shorter one.
 TEST(StructVersions, SetWorldAndAddGroupRefuseACommOfAnUnpublishedSize) {
   muon_inprocess_world_t* world = nullptr;
   ASSERT_EQ(muon_inprocess_world_create(1, &world), MUON_OK);
   for (bool as_world : {true, false}) {
-    for (size_t size : {size_t{0}, size_t{64}, size_t{70}, size_t{76}, size_t{77}}) {
+    for (size_t size : {size_t{0}, size_t{64}, size_t{70}, size_t{76}, size_t{77}, size_t{81}}) {
       muon_optimizer_t* opt = nullptr;
       muon_options_t o = FullOptions();
       ASSERT_EQ(muon_create(&o, &opt), MUON_OK);
@@ -364,14 +377,24 @@ TEST(StructVersions, SetWorldAndAddGroupRefuseACommOfAnUnpublishedSize) {
       }
       muon_comm_t c;
       ASSERT_EQ(muon_inprocess_comm(world, nullptr, 0, 0, &c), MUON_OK);
-      c.struct_size = size;
+      muon_comm_t counted = c;
+      counted.release = &CountRelease;
+      counted.struct_size = size;
+      const size_t bytes = std::max(size, sizeof(size_t));
+      std::unique_ptr<unsigned char[]> block(new unsigned char[bytes]);
+      std::memcpy(block.get(), &counted, std::min(bytes, sizeof counted));
+      muon_comm_t* table = reinterpret_cast<muon_comm_t*>(block.get());
+      released = 0;
       int32_t out = -7;
       const muon_status_t st =
-          as_world ? muon_set_world(opt, &c, &out) : muon_add_group(opt, &c, &out);
+          as_world ? muon_set_world(opt, table, &out) : muon_add_group(opt, table, &out);
       ExpectRefusal(st, as_world ? "world->struct_size" : "group 1->struct_size", size,
                     "muon_comm_t", {kCommSize});
       EXPECT_EQ(out, -7);
+      EXPECT_EQ(released, 0) << size;
+      c.release(c.ctx);  // still the host's
       muon_destroy(opt);
+      EXPECT_EQ(released, 0) << size;
     }
   }
   muon_inprocess_world_destroy(world);
