@@ -161,3 +161,45 @@ def test_initialize_wants_a_deepspeed_config():
     opt = muon.Muon([torch.nn.Parameter(torch.zeros(3, 3))], lr=0.02)
     with pytest.raises(TypeError, match="create_deepspeed_config"):
         muon.deepspeed.initialize(model=torch.nn.Linear(3, 3), optimizer=opt, config={})
+
+
+def test_deepspeeds_use_muon_flag_is_refused():
+    # DeepSpeed orthogonalizes such a gradient itself when the optimizer's class
+    # name says Muon: with ours, Newton-Schulz would run twice, silently.
+    w = torch.nn.Parameter(torch.zeros(4, 3))
+    w.use_muon = True
+    with pytest.raises(ValueError, match=r"use_muon flag set.*leave use_muon unset"):
+        muon.Muon([w], lr=0.02)
+
+
+def _plain_worker(rank, world):
+    """muon.Muon without a distributed_config handed to deepspeed.initialize
+    itself (ZeRO-2): DeepSpeed gives it flat 1-D partitions in place of the
+    matrices, which would be stepped as AdamW. step() refuses, naming the fix."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed
+    torch.manual_seed(0)
+    model = Net()
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32")
+    config = dict(_ds_config(2), zero_allow_untested_optimizer=True)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x, y = _batch(0, rank)
+    engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    try:
+        engine.step()
+    except RuntimeError as e:
+        unchanged = all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+        return {"error": str(e), "unchanged": unchanged}
+    return {"error": None, "unchanged": False}
+
+
+def test_muon_without_its_config_under_zero_is_refused_not_adamw():
+    runs = launch(_plain_worker, 2, timeout=300)
+    for rank, r in enumerate(runs):
+        assert r["error"] is not None, "rank %d stepped the flat partitions" % rank
+        assert "would be stepped as AdamW" in r["error"], r["error"]
+        assert "muon.deepspeed.create_deepspeed_config()" in r["error"], r["error"]
+        assert r["unchanged"], rank

@@ -314,6 +314,24 @@ class Muon(torch.optim.Optimizer):
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd)
         _check_group(defaults)
         super().__init__(params, defaults)
+        for gi, group in self._numbered():
+            for _, p in self._members(gi, group):
+                if getattr(p, "use_muon", False):
+                    # DeepSpeed orthogonalizes the gradient of a parameter so
+                    # flagged itself when the optimizer's class name says Muon:
+                    # Newton-Schulz would run twice, with no error.
+                    raise ValueError(
+                        "muon.Muon: a parameter of size %s has DeepSpeed's use_muon flag set; "
+                        "DeepSpeed would orthogonalize its gradient itself before muon.Muon "
+                        "does (twice, silently): leave use_muon unset (del p.use_muon) and let "
+                        "muon.Muon choose the matrices" % (tuple(p.shape),))
+        if self._config is None:
+            # What each group held when built: a wrapper that swaps its matrices
+            # for flat 1-D partitions (DeepSpeed ZeRO) is refused at step().
+            self._built_matrices = {gi: len(self._matrices(gi, group))
+                                    for gi, group in self._numbered()}
+            self._built_ids = {id(p) for gi, group in self._numbered()
+                               for _, p in self._members(gi, group)}
         order = getattr(self._config, "_set_param_order", None)
         if order is not None:
             order([p for gi, group in self._numbered() for _, p in self._members(gi, group)])
@@ -330,6 +348,8 @@ class Muon(torch.optim.Optimizer):
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
         self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
         self._adamw_key = None
+        self._built_matrices = {}  # param group number -> its matrices when built (single process)
+        self._built_ids = set()    # id(param) of every param it was built with
 
     def _prepare_config(self):
         """Lets the config see every matrix once (the design's assign_fn runs there)."""
@@ -655,6 +675,7 @@ class Muon(torch.optim.Optimizer):
         for gi, group in self._numbered():
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
+                self._check_not_flattened(gi, group)
                 continue  # (distributed: stepped anyway, the step is collective)
             for _, p in indexed:  # before the library sees them, as torch's _init_group
                 if self._config is None:
@@ -693,6 +714,22 @@ class Muon(torch.optim.Optimizer):
         if after is not None:
             after()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss
+
+    def _check_not_flattened(self, gi, group):
+        """A group built with matrices that now holds only 1-D tensors it was not
+        built with: a wrapper replaced the matrices with flat partitions (DeepSpeed
+        ZeRO hands the client optimizer one per group), which would be stepped as
+        AdamW, silently. Refused, naming the wiring that steps them as Muon."""
+        had = self._built_matrices.get(gi, 0)
+        new = [p for _, p in self._members(gi, group) if id(p) not in self._built_ids]
+        if had and new and all(p.ndim < 2 for p in new):
+            raise RuntimeError(
+                "muon.Muon: param group %d was built with %d matri%s and now holds only flat "
+                "1-D tensors it was not built with (sizes %s): a wrapper replaced its "
+                "parameters with flat partitions (DeepSpeed ZeRO does), which would be stepped "
+                "as AdamW, not Muon. Under DeepSpeed build muon.Muon with distributed_config="
+                "muon.deepspeed.create_deepspeed_config() and call muon.deepspeed.initialize"
+                % (gi, had, "x" if had == 1 else "ces", [tuple(p.shape) for p in new[:3]]))
 
     def _step_adamw(self):
         """torch.optim.AdamW over every group's non-matrix params, with the group's

@@ -24,7 +24,10 @@ optimizer it builds; with deepspeed.initialize itself, call
 config.bind(engine.optimizer) before the first step. Not mapped: ZeRO stage
 3 (params partitioned outside the optimizer), MoE expert groups (another
 data-parallel group) and DeepSpeed's own Muon (its `use_muon` param flag
-must stay unset: it would orthogonalize the gradients itself).
+must stay unset: it would orthogonalize the gradients itself; muon.Muon
+refuses a parameter that carries it). muon.Muon handed to deepspeed.initialize
+without this config raises at step() rather than step ZeRO's flat partitions
+as AdamW.
 """
 
 import json
