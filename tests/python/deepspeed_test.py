@@ -203,3 +203,29 @@ def test_muon_without_its_config_under_zero_is_refused_not_adamw():
         assert "would be stepped as AdamW" in r["error"], r["error"]
         assert "muon.deepspeed.create_deepspeed_config()" in r["error"], r["error"]
         assert r["unchanged"], rank
+
+
+def _elastic_worker(rank, world):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed  # noqa: F401
+    torch.manual_seed(0)
+    model = Net()
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    config = _ds_config(2)
+    config["zero_optimization"]["elastic_checkpoint"] = True
+    try:
+        muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
+    # DeepSpeed's elastic checkpoints would save muon.Muon's state empty: refused
+    # at bind, before any step or save, on every rank.
+    for rank, error in enumerate(launch(_elastic_worker, 2, timeout=300)):
+        assert error is not None, "rank %d accepted elastic_checkpoint" % rank
+        assert '"elastic_checkpoint": false' in error, error

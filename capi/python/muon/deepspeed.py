@@ -25,7 +25,8 @@ config.bind(engine.optimizer) before the first step. Not mapped: ZeRO stage
 3 (params partitioned outside the optimizer), MoE expert groups (another
 data-parallel group) and DeepSpeed's own Muon (its `use_muon` param flag
 must stay unset: it would orthogonalize the gradients itself; muon.Muon
-refuses a parameter that carries it). muon.Muon handed to deepspeed.initialize
+refuses a parameter that carries it), and elastic checkpoints (they would save
+muon.Muon's state empty: refused at bind). muon.Muon handed to deepspeed.initialize
 without this config raises at step() rather than step ZeRO's flat partitions
 as AdamW.
 """
@@ -112,6 +113,15 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         if not hasattr(zero, "real_dp_process_group") and hasattr(zero, "optimizer"):
             zero = zero.optimizer  # the engine
         partitions = _partitions(zero)
+        if getattr(zero, "elastic_checkpoint", False):
+            # DeepSpeed's elastic save reads the base optimizer's state by the
+            # flat partitions, which muon.Muon's state is not keyed by: it would
+            # be saved empty, and the load would fail later (on some ranks).
+            raise ValueError("muon.deepspeed: zero_optimization.elastic_checkpoint is on; its "
+                             "checkpoints would drop muon.Muon's state (momentum and AdamW "
+                             "moments): set \"elastic_checkpoint\": false (the default) and "
+                             "resume at another size through muon's own state "
+                             "(opt.state_dict() / muon_load_states)")
         groups = list(zero.real_dp_process_group)
         if any(g is not groups[0] for g in groups):
             raise ValueError("muon.deepspeed: the param groups are partitioned over different "
