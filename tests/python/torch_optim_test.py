@@ -460,3 +460,28 @@ def test_stats_count_every_matrix_once_across_param_groups():
     assert stats["matrices_total"] == 3
     assert stats["matrices_orthogonalized"] == 3
     assert stats["bytes_sent"] == 0 and stats["bytes_received"] == 0  # one process moves nothing
+
+
+def test_a_group_can_send_its_matrices_to_adamw():
+    # Muon recipes step embeddings and output heads with AdamW: a group with
+    # "adamw": True. Its matrix steps exactly as the same values held as a 1-D
+    # tensor (which AdamW steps element by element), and Muon never sees it.
+    torch.manual_seed(3)
+    emb = torch.nn.Parameter(torch.randn(6, 4))
+    twin = torch.nn.Parameter(emb.detach().clone().reshape(-1))
+    w = torch.nn.Parameter(torch.randn(5, 4))
+    opt = muon.Muon([{"params": [emb], "adamw": True}, {"params": [w]}], lr=0.02,
+                    ns_dtype="fp32", adamw_lr=3e-3, adamw_wd=0.01)
+    ref = muon.Muon([twin], lr=0.02, ns_dtype="fp32", adamw_lr=3e-3, adamw_wd=0.01)
+    for step in range(3):
+        g = torch.randn(6, 4)
+        emb.grad, twin.grad = g.clone(), g.clone().reshape(-1)
+        w.grad = torch.randn(5, 4)
+        opt.step()
+        ref.step()
+    assert torch.equal(emb.detach().reshape(-1), twin.detach())
+    assert set(opt.state[emb]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert opt.stats()["matrices_orthogonalized"] == 1  # w alone
+    assert opt.state_dict()["param_groups"][0]["adamw"] is True
+    with pytest.raises(TypeError, match='"adamw" must be True'):
+        muon.Muon([{"params": [emb], "adamw": "yes"}], lr=0.02)

@@ -101,6 +101,9 @@ def _lowlevel_kwargs(group):
 
 def _check_group(group):
     """torch.optim.Muon's checks (same messages), then the library's own."""
+    if not isinstance(group.get("adamw", False), bool):
+        raise TypeError("muon.Muon: a param group's \"adamw\" must be True (every param of "
+                        "the group to AdamW) or False, got %r" % (group["adamw"],))
     lr = _real("lr", group["lr"])
     if not 0.0 <= lr:
         raise ValueError("Learning rate should be >= 0 but is: %s" % lr)
@@ -265,7 +268,10 @@ class Muon(torch.optim.Optimizer):
     by torch.optim.AdamW inside this optimizer, with lr adamw_lr (None: the
     group's lr), betas adamw_betas, eps adamw_eps and weight decay adamw_wd, so
     one optimizer takes model.parameters(). Their AdamW state (step, exp_avg,
-    exp_avg_sq) is in state_dict() in torch's format. adjust_lr_fn:
+    exp_avg_sq) is in state_dict() in torch's format. A param group with
+    "adamw": True sends its matrices to AdamW too (embeddings and output heads,
+    as Muon recipes do: {"params": [emb.weight, head.weight], "adamw": True}).
+    adjust_lr_fn:
     None or "original" (lr * sqrt(max(1, rows / cols))), "match_rms_adamw"
     (lr * 0.2 * sqrt(max(rows, cols))) or "spectral_unclamped" (lr * sqrt(rows /
     cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
@@ -453,7 +459,11 @@ class Muon(torch.optim.Optimizer):
         return "group%d.param%d" % (gi, i)
 
     def _is_matrix(self, gi, i, p):
-        """Muon's (a matrix, globally) or AdamW's."""
+        """Muon's (a matrix, globally, in a group that does not ask for AdamW) or
+        AdamW's."""
+        group = self._by_number.get(gi)
+        if group is not None and group.get("adamw", False):
+            return False
         segment = getattr(p, "_muon_segment", None)
         if segment is not None:
             return len(segment.shape) >= 2
