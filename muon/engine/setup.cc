@@ -165,7 +165,8 @@ absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream
   // A failure every rank read alike from the plan check (a rank that could
   // not build the plan, which reports its cause below; plans that differ).
   absl::Status job_error;
-  if (!plan.ok()) (own ? local.Note(plan.status()) : void(job_error = plan.status()));
+  if (!plan.ok() && own) local.Note(plan.status());
+  if (!plan.ok() && !own) job_error = plan.status();
 
   auto s = std::make_unique<StepSetup>();
   if (plan.ok()) local.Note(Build(registry, options, members, *plan, world, s.get()));
