@@ -157,16 +157,6 @@ muon_comm_t Wrap(const muon_comm_t& inner, const Job* job, int rank, int* calls,
   return t;
 }
 
-muon_status_t Checked(muon_status_t st) {
-  FUZZ_CHECK(std::strcmp(muon_status_string(st), "UNRECOGNIZED_STATUS") != 0);
-  if (st == MUON_OK) {
-    FUZZ_CHECK(muon_last_error_message()[0] == '\0');
-  } else {
-    FUZZ_CHECK(muon_last_error_message()[0] != '\0');
-  }
-  return st;
-}
-
 float Value(size_t param, int64_t i, int step) {
   const uint32_t h = static_cast<uint32_t>(param * 2654435761u + i * 40503u + step * 97u);
   return static_cast<float>(static_cast<int32_t>(h % 2001u) - 1000) * 1e-3f;
@@ -182,7 +172,7 @@ struct RankRun {
 void RunRank(const Job& job, muon_inprocess_world_t* world, int rank,
              std::atomic<bool>* enabled, RankRun* out) {
   muon_options_t o;
-  Checked(muon_options_init(&o, sizeof o));
+  CheckStatus(muon_options_init(&o, sizeof o));
   o.lr = 0.02;
   o.weight_decay = 0.1;
   o.ns_dtype = MUON_NS_DTYPE_FP32;
@@ -191,17 +181,17 @@ void RunRank(const Job& job, muon_inprocess_world_t* world, int rank,
   o.assignment = job.assignment;
   o.round_bytes = job.round_bytes;
   muon_optimizer_t* opt = nullptr;
-  if (Checked(muon_create(&o, &opt)) != MUON_OK) {
+  if (CheckStatus(muon_create(&o, &opt)) != MUON_OK) {
     out->setup_ok = false;
     return;
   }
   int calls = 0;
   muon_comm_t comm;
   int32_t world_id = -1;
-  bool ok = Checked(muon_inprocess_comm(world, nullptr, 0, rank, &comm)) == MUON_OK;
+  bool ok = CheckStatus(muon_inprocess_comm(world, nullptr, 0, rank, &comm)) == MUON_OK;
   if (ok) {
     comm = Wrap(comm, &job, rank, &calls, enabled);
-    ok = Checked(muon_set_world(opt, &comm, &world_id)) == MUON_OK;
+    ok = CheckStatus(muon_set_world(opt, &comm, &world_id)) == MUON_OK;
   }
   // Every parameter's piece on this rank.
   const size_t np = job.params.size();
@@ -256,7 +246,7 @@ void RunRank(const Job& job, muon_inprocess_world_t* world, int rank,
     v.dtype = g.dtype = {kDLFloat, 32, 1};
     v.shape = g.shape = local_shape[k].data();
     muon_param_options_t po;
-    Checked(muon_param_options_init(&po, sizeof po));
+    CheckStatus(muon_param_options_init(&po, sizeof po));
     po.name = p.name.c_str();
     const int64_t global[2] = {p.rows, p.cols};
     po.global_ndim = 2;
@@ -265,7 +255,7 @@ void RunRank(const Job& job, muon_inprocess_world_t* world, int rank,
     po.placements = &pl;
     po.replicated_mode = p.kind == kZero2 ? MUON_REPLICATED_ZERO2 : MUON_REPLICATED_HOST_AVERAGED;
     int64_t id = -1;
-    ok = Checked(muon_register_param(opt, &v, &g, &po, &id)) == MUON_OK;
+    ok = CheckStatus(muon_register_param(opt, &v, &g, &po, &id)) == MUON_OK;
   }
   out->setup_ok = ok;
   for (int s = 0; s <= kSteps && ok; ++s) {
@@ -275,13 +265,13 @@ void RunRank(const Job& job, muon_inprocess_world_t* world, int rank,
     for (size_t k = 0; k < np; ++k) {
       for (size_t i = 0; i < grads[k].size(); ++i) grads[k][i] = Value(k, global_index[k][i], s);
     }
-    const muon_status_t st = Checked(muon_step(opt, nullptr));
+    const muon_status_t st = CheckStatus(muon_step(opt, nullptr));
     out->steps.push_back(st);
     out->errors.push_back(st == MUON_OK ? "" : muon_last_error_message());
   }
   muon_stats_t stats;
   muon_stats_init(&stats, sizeof stats);
-  Checked(muon_get_stats(opt, &stats));
+  CheckStatus(muon_get_stats(opt, &stats));
   muon_destroy(opt);
 }
 

@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+
+#include "capi/muon.h"
 
 #define FUZZ_CHECK(cond)                                                            \
   do {                                                                              \
@@ -29,6 +32,18 @@ inline int64_t SpecialInt(FuzzedDataProvider& in) {
                                     std::numeric_limits<int64_t>::max(),
                                     std::numeric_limits<int64_t>::min()};
   return kValues[in.ConsumeIntegralInRange<size_t>(0, 7)];
+}
+
+// A C API call's status: a code of the header, with a message (this
+// thread's muon_last_error_message) exactly when it is not MUON_OK.
+inline muon_status_t CheckStatus(muon_status_t st) {
+  FUZZ_CHECK(std::strcmp(muon_status_string(st), "UNRECOGNIZED_STATUS") != 0);
+  if (st == MUON_OK) {
+    FUZZ_CHECK(muon_last_error_message()[0] == '\0');
+  } else {
+    FUZZ_CHECK(muon_last_error_message()[0] != '\0');
+  }
+  return st;
 }
 
 #endif  // MUON_FUZZ_FUZZ_UTIL_H_

@@ -203,50 +203,38 @@ absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcome& loca
   std::memcpy(report + 4, text.data(), std::min(text.size(), kReportBytes - 5));
   const absl::Status reported = GatherAll(world, device, report, kReportBytes, &all, stream,
                                           absl::StrCat("reporting the outcome of ", what));
-  if (!reported.ok()) {
-    // The causes did not reach this rank, but the verdicts did, as on every
-    // rank: the same code as the others return, the ranks named from them.
-    std::string ranks;
-    int first = -1, count = 0;
-    for (int r = 0; r < n; ++r) {
-      const Verdict& x = v[static_cast<size_t>(r)];
-      if (x.magic != kVerdictMagic || x.code == 0) continue;
-      if (first < 0) first = r;
-      if (++count <= 4) {
-        absl::StrAppend(&ranks, ranks.empty() ? "" : ", ", r, " (",
-                        absl::StatusCodeToString(static_cast<absl::StatusCode>(x.code)), ")");
-      }
-    }
-    if (!failed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the ranks step with different hyper-parameters; their values could not be "
-          "gathered here (", reported.message(), "); set the same lr, weight_decay, momentum, "
-          "nesterov and adjust_lr on every rank"));
-    }
-    return absl::Status(static_cast<absl::StatusCode>(v[static_cast<size_t>(first)].code),
-                        absl::StrCat(what, " failed on ", count, " of ", n, " ranks (ranks ",
-                                     ranks, count > 4 ? ", ..." : "",
-                                     "); their causes could not be gathered here: ",
-                                     reported.message()));
-  }
   if (failed) {
-    // Bounded: the first few failing ranks' causes, each cut short.
+    // Bounded: the first few failing ranks' causes, each cut short; when the
+    // causes did not reach this rank, their codes (the verdicts did, as on
+    // every rank: the same code as the others return).
     constexpr int kNamed = 4;
     constexpr size_t kCause = 240;
     int first = -1, count = 0;
     std::string causes;
     for (int r = 0; r < n; ++r) {
-      if (v[static_cast<size_t>(r)].code == 0) continue;
+      const Verdict& x = v[static_cast<size_t>(r)];
+      if (x.magic != kVerdictMagic || x.code == 0) continue;  // (damaged: counts for nothing)
       if (first < 0) first = r;
       if (++count > kNamed) continue;
-      std::string cause = ReportText(all.data() + static_cast<size_t>(r) * kReportBytes);
+      std::string cause =
+          reported.ok() ? ReportText(all.data() + static_cast<size_t>(r) * kReportBytes)
+                        : absl::StatusCodeToString(static_cast<absl::StatusCode>(x.code));
       if (cause.size() > kCause) cause = cause.substr(0, kCause) + "...";
       absl::StrAppend(&causes, causes.empty() ? "" : "; ", "rank ", r, ": ", cause);
     }
     if (count > kNamed) absl::StrAppend(&causes, "; and ", count - kNamed, " more rank(s)");
-    return absl::Status(static_cast<absl::StatusCode>(v[static_cast<size_t>(first)].code),
-                        absl::StrCat(what, " failed on ", count, " of ", n, " ranks (", causes,
-                                     "); every rank returns this error"));
+    return absl::Status(
+        static_cast<absl::StatusCode>(v[static_cast<size_t>(first)].code),
+        absl::StrCat(what, " failed on ", count, " of ", n, " ranks (", causes, "); ",
+                     reported.ok() ? "every rank returns this error"
+                                   : absl::StrCat("their causes could not be gathered here: ",
+                                                  reported.message())));
+  }
+  if (!reported.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the ranks step with different hyper-parameters; their values could not be "
+        "gathered here (", reported.message(), "); set the same lr, weight_decay, momentum, "
+        "nesterov and adjust_lr on every rank"));
   }
   std::string values;
   for (int r = 0; r < n; ++r) {

@@ -67,13 +67,27 @@ struct Case {
   int assignment = MUON_ASSIGNMENT_BALANCED;
 };
 
+// A run of the case's model with its options: `steps` steps at `prefetch`.
+RunConfig ConfigOf(const Case& c, int prefetch, int steps) {
+  RunConfig cfg;
+  cfg.steps = steps;
+  cfg.prefetch_count = prefetch;
+  cfg.round_bytes = c.round_bytes;
+  cfg.assignment = c.assignment;
+  return cfg;
+}
+
+// The collectives of the first step's setup, from a counted run of at least
+// two steps (step 0 and step 1 issue the same besides the setup).
+int SetupCalls(const RankResult& counted) {
+  const std::vector<int>& at = counted.calls_before_step;
+  return at[1] - (at[2] - at[1]);
+}
+
 void InjectEverywhere(const Case& c, int prefetch) {
   SCOPED_TRACE(std::string(c.name) + " prefetch " + std::to_string(prefetch));
-  RunConfig clean;
-  clean.steps = kFaultStep + 1;  // what a recovered run must end equal to
-  clean.prefetch_count = prefetch;
-  clean.round_bytes = c.round_bytes;
-  clean.assignment = c.assignment;
+  // What a recovered run must end equal to.
+  RunConfig clean = ConfigOf(c, prefetch, kFaultStep + 1);
   clean.count_calls = true;
   const std::vector<RankResult> want = RunDistributed(c.model, c.mesh, clean);
   const int n = c.mesh.size();
@@ -88,11 +102,7 @@ void InjectEverywhere(const Case& c, int prefetch) {
     for (int k = first; k < last; ++k) {
       SCOPED_TRACE("collective " + std::to_string(k - first) + " of the step, on " +
                    (fail_rank < 0 ? std::string("every rank") : "rank 1"));
-      RunConfig cfg;
-      cfg.steps = kSteps;
-      cfg.prefetch_count = prefetch;
-      cfg.round_bytes = c.round_bytes;
-      cfg.assignment = c.assignment;
+      RunConfig cfg = ConfigOf(c, prefetch, kSteps);
       cfg.fail_call = k;
       cfg.fail_rank = fail_rank;
       // The step's last collective carries the verdicts (the exchange's last
@@ -151,11 +161,7 @@ void InjectEverywhere(const Case& c, int prefetch) {
 // stepping gives the uninterrupted run bit for bit.
 void InjectInSetup(const Case& c, int prefetch) {
   SCOPED_TRACE(std::string(c.name) + " setup, prefetch " + std::to_string(prefetch));
-  RunConfig clean;
-  clean.steps = 2;
-  clean.prefetch_count = prefetch;
-  clean.round_bytes = c.round_bytes;
-  clean.assignment = c.assignment;
+  RunConfig clean = ConfigOf(c, prefetch, 2);
   clean.count_calls = true;
   const std::vector<RankResult> counted = RunDistributed(c.model, c.mesh, clean);
   clean.steps = 1;
@@ -165,8 +171,7 @@ void InjectInSetup(const Case& c, int prefetch) {
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(counted[r].error.empty()) << counted[r].error;
     ASSERT_TRUE(want[r].error.empty()) << want[r].error;
-    const std::vector<int>& at = counted[r].calls_before_step;
-    const int setup = at[1] - (at[2] - at[1]);  // step 0 and step 1 issue the same
+    const int setup = SetupCalls(counted[r]);
     if (r == 0) setup_calls = setup;
     ASSERT_EQ(setup, setup_calls) << "rank " << r;
   }
@@ -176,11 +181,7 @@ void InjectInSetup(const Case& c, int prefetch) {
     for (int k = 0; k < setup_calls; ++k) {
       SCOPED_TRACE("collective " + std::to_string(k) + " of the setup, on " +
                    (fail_rank < 0 ? std::string("every rank") : "rank 1"));
-      RunConfig cfg;
-      cfg.steps = 2;
-      cfg.prefetch_count = prefetch;
-      cfg.round_bytes = c.round_bytes;
-      cfg.assignment = c.assignment;
+      RunConfig cfg = ConfigOf(c, prefetch, 2);
       cfg.fail_call = k;
       cfg.fail_rank = fail_rank;
       const bool agreement = k == setup_calls - 1;
@@ -227,8 +228,7 @@ TEST(Faults, ADamagedHandshakeHeaderIsRefusedBeforeAnyAllocation) {
   clean.steps = 2;
   clean.count_calls = true;
   const std::vector<RankResult> counted = RunDistributed(ExchangeModel(), Mesh{{2, 2}}, clean);
-  const std::vector<int>& at = counted[1].calls_before_step;
-  const int setup_calls = at[1] - (at[2] - at[1]);
+  const int setup_calls = SetupCalls(counted[1]);
   RunConfig cfg;
   cfg.steps = 1;
   cfg.corrupt_call = setup_calls - 5;  // after the memberships: the headers' all_gather
