@@ -634,9 +634,15 @@ MUON_API muon_status_t muon_num_params(const muon_optimizer_t* opt, size_t* coun
  * takes part in that judgement, a rank that restored its state since too (it
  * returns the error but is not poisoned again): so restore every rank after
  * the call that returned the error everywhere.
+ * The values the stream copies to and from the host (the verdicts, the
+ * non-finite count) live in page-locked memory made at the first step, so
+ * no copy makes the host wait for the stream.
  * CUDA graphs: a GPU step after the first may be captured on `stream` and
- * replayed (it allocates, waits and copies to and from the host nothing
- * during capture; the step count is the captured call's, and muon_get_stats
+ * replayed, `stream` being the last step's or another (torch.cuda.graph
+ * captures on a stream of its own; the capture is not ordered after the
+ * last step's stream, which the caller orders as torch's recipe does by
+ * synchronizing first). It allocates, waits and copies to and from the
+ * host nothing during capture; the step count is the captured call's, and muon_get_stats
  * does not see replays). The kernels read lr, weight_decay and momentum from
  * device memory when they run, written on the stream by every muon_step not
  * being captured and by muon_push_hyperparameters: a replay uses the values

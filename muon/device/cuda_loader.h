@@ -22,8 +22,9 @@ namespace muon {
 // written to error[0, error_size) and a nonzero absl::StatusCode returned.
 // The Device class crosses the boundary: any change to it (device.h,
 // backend.h) bumps this number (2: the communication lane, stream points,
-// allocation through the host's allocator, multi-tensor math).
-inline constexpr int kCudaPluginAbi = 2;
+// allocation through the host's allocator, multi-tensor math; 3: page-locked
+// staging memory).
+inline constexpr int kCudaPluginAbi = 3;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);

@@ -128,6 +128,38 @@ void DeviceBuffer::Reset() {
   device_.reset();
 }
 
+StagingBuffer& StagingBuffer::operator=(StagingBuffer&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    device_ = std::move(o.device_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+absl::StatusOr<StagingBuffer> StagingBuffer::Make(std::shared_ptr<Device> device, size_t bytes,
+                                                  const std::string& what) {
+  StagingBuffer b;
+  if (bytes == 0) return b;
+  absl::StatusOr<void*> p = device->AllocateStaging(bytes, what);
+  if (!p.ok()) return p.status();
+  std::memset(*p, 0, bytes);
+  b.device_ = std::move(device);
+  b.ptr_ = static_cast<unsigned char*>(*p);
+  b.bytes_ = bytes;
+  return b;
+}
+
+void StagingBuffer::Reset() {
+  if (ptr_ != nullptr && device_) device_->FreeStaging(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+  device_.reset();
+}
+
 MemorySource MemorySourceOf(Device* device) {
   MemorySource m;
   m.allocate = [device](size_t bytes, const std::string& what) {
@@ -243,6 +275,10 @@ class HostDevice final : public Device {
     return absl::OkStatus();
   }
   bool Capturing() override { return false; }
+  absl::StatusOr<void*> AllocateStaging(size_t bytes, const std::string& what) override {
+    return AllocateOwn(bytes, what);
+  }
+  void FreeStaging(void* ptr) override { std::free(ptr); }
   absl::Status Mark() override { return absl::OkStatus(); }
   absl::Status WaitMark() override { return absl::OkStatus(); }
 

@@ -153,6 +153,13 @@ class Device {
     return absl::OkStatus();
   }
 
+  // Host memory that the stream reads and writes in a step's stream-ordered
+  // copies (FromHostAsync, ToHostAsync) without the host waiting for it:
+  // page-locked on a GPU, plain on the host. Setup-time only (not while a
+  // stream captures). Not counted in allocated_bytes.
+  virtual absl::StatusOr<void*> AllocateStaging(size_t bytes, const std::string& what) = 0;
+  virtual void FreeStaging(void* ptr) = 0;
+
   // Marks the stream's current point (replacing the last mark); WaitMark
   // blocks the host until the stream passed it (at once on the host device,
   // and when nothing was marked).
@@ -223,6 +230,28 @@ class DeviceBuffer {
  private:
   std::shared_ptr<Device> device_;
   void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Host memory of AllocateStaging, freed with its device (kept alive by it).
+class StagingBuffer {
+ public:
+  StagingBuffer() = default;
+  StagingBuffer(const StagingBuffer&) = delete;
+  StagingBuffer& operator=(const StagingBuffer&) = delete;
+  StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
+  StagingBuffer& operator=(StagingBuffer&& o) noexcept;
+  ~StagingBuffer() { Reset(); }
+
+  static absl::StatusOr<StagingBuffer> Make(std::shared_ptr<Device> device, size_t bytes,
+                                            const std::string& what);
+  void Reset();
+  unsigned char* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  std::shared_ptr<Device> device_;
+  unsigned char* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
 

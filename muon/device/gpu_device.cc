@@ -165,9 +165,11 @@ class GpuDevice final : public Device {
 
   absl::Status SetStream(void* stream) override {
     if (parent_ != nullptr) return absl::InternalError("a lane's stream is its own");
-    if (stream != stream_ && used_) {
+    if (stream != stream_ && used_ && !IsCapturing(stream)) {
       // Another stream than the last step's: it waits for that one's work
-      // (an event, no host wait).
+      // (an event, no host wait). Not a stream that captures a graph: a
+      // capture cannot wait for work outside it (CUDA's capture isolation);
+      // its replays run where the caller orders them.
       MUON_ON_DEVICE(*rt_, ordinal_, "ordering the new stream after the last");
       if (switch_ == nullptr) {
         absl::StatusOr<GpuEvent> e = rt_->EventCreate();
@@ -181,6 +183,11 @@ class GpuDevice final : public Device {
     stream_ = stream;
     used_ = true;
     return math_.SetStream(stream);
+  }
+
+  bool IsCapturing(GpuStream stream) {
+    absl::StatusOr<bool> c = rt_->IsCapturing(stream);
+    return c.ok() && *c;
   }
 
   absl::StatusOr<int> Bind() override {
@@ -274,10 +281,13 @@ class GpuDevice final : public Device {
     MUON_ON_DEVICE(*rt_, ordinal_, "zeroing on the GPU");
     return rt_->MemsetAsync(device, 0, bytes, stream_, "zeroing on the GPU");
   }
-  bool Capturing() override {
-    absl::StatusOr<bool> c = rt_->IsCapturing(stream_);
-    return c.ok() && *c;
+  bool Capturing() override { return IsCapturing(stream_); }
+  absl::StatusOr<void*> AllocateStaging(size_t bytes, const std::string& what) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, absl::StrCat("allocating ", what));
+    return rt_->HostAlloc(bytes, absl::StrCat("allocating ", what, " (", bytes,
+                                              " bytes of page-locked host memory)"));
   }
+  void FreeStaging(void* ptr) override { rt_->HostFree(ptr); }
   absl::Status Mark() override {
     MUON_ON_DEVICE(*rt_, ordinal_, "marking the stream");
     if (mark_ == nullptr) {

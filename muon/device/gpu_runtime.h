@@ -47,6 +47,12 @@ class GpuRuntime {
   // cudaFree does).
   virtual absl::StatusOr<void*> Malloc(size_t bytes, const std::string& what) = 0;
   virtual void Free(void* ptr) = 0;
+  // Page-locked host memory (cudaHostAlloc), which a stream-ordered copy
+  // reads or writes without the host waiting; a copy to or from any other
+  // host memory may make the host wait for the stream (CUDA: "might be
+  // synchronous"). Not while a stream captures.
+  virtual absl::StatusOr<void*> HostAlloc(size_t bytes, const std::string& what) = 0;
+  virtual void HostFree(void* ptr) = 0;
 
   // Stream-ordered. Host memory given to a copy is read or written when the
   // stream reaches the copy, not when it is issued: the host keeps it alive

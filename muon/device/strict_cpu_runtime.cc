@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <thread>
@@ -58,6 +59,7 @@ StrictCpuRuntime::~StrictCpuRuntime() {
   for (Arena& a : devices_) {
     if (a.base != nullptr) munmap(a.base, a.capacity);
   }
+  for (const auto& [p, bytes] : pinned_) std::free(const_cast<unsigned char*>(p));
 }
 
 absl::Status StrictCpuRuntime::SetDevice(int ordinal) {
@@ -302,6 +304,9 @@ absl::Status StrictCpuRuntime::MemcpyAsync(void* dst, const void* src, size_t by
   if (s->capturing && (!src_device || !dst_device)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": a copy from or to host memory is not permitted in a CUDA graph capture"));
+  }
+  if ((!src_device && !PinnedLocked(src, bytes)) || (!dst_device && !PinnedLocked(dst, bytes))) {
+    ++devices_[static_cast<size_t>(s->device)].counters.pageable_copies;
   }
   if (bytes == 0) return EnqueueLocked(s, [] { return absl::OkStatus(); });
   // Memory of another device than the stream's (a peer copy) is opened too.

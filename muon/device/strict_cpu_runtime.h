@@ -23,6 +23,9 @@
 //   - Each device's null stream is a stream like the others (no implicit
 //     ordering with them: stricter than CUDA's legacy default stream).
 //   - Fresh allocations hold a pattern (0xA5 bytes), never zeros.
+//   - Host memory that HostAlloc did not hand out is pageable: a copy to or
+//     from it may make the host wait on a GPU, so each one is counted
+//     (Counters::pageable_copies) for tests to assert that a step makes none.
 //   - A failure of work that ran (a kernel's chunk pointing outside device
 //     memory) is sticky, as a GPU fault is: every later call returns it.
 //
@@ -65,6 +68,8 @@ class StrictCpuRuntime final : public GpuRuntime {
 
   absl::StatusOr<void*> Malloc(size_t bytes, const std::string& what) override;
   void Free(void* ptr) override;
+  absl::StatusOr<void*> HostAlloc(size_t bytes, const std::string& what) override;
+  void HostFree(void* ptr) override;
 
   absl::Status MemsetAsync(void* dst, int value, size_t bytes, GpuStream stream,
                            const std::string& what) override;
@@ -128,6 +133,8 @@ class StrictCpuRuntime final : public GpuRuntime {
     int64_t event_waits = 0;   // EventSynchronize
     int64_t mallocs = 0;
     int64_t frees = 0;
+    int64_t pageable_copies = 0;  // stream-ordered copies from or to pageable host memory
+    int64_t host_allocs = 0;      // HostAlloc while this device was current
   };
   Counters counters(int device) const;
 
@@ -184,6 +191,7 @@ class StrictCpuRuntime final : public GpuRuntime {
   int DeviceOfLocked(const void* ptr) const;
   absl::Status CheckLocked(const void* ptr, size_t bytes, const std::string& what) const;
   absl::Status CheckHostLocked(const void* ptr, size_t bytes, const std::string& what) const;
+  bool PinnedLocked(const void* ptr, size_t bytes) const;
 
   mutable std::mutex mu_;
   std::vector<Arena> devices_;
@@ -192,6 +200,7 @@ class StrictCpuRuntime final : public GpuRuntime {
   std::vector<std::unique_ptr<Event>> events_;
   absl::Status failed_;  // sticky
   int capturing_ = 0;    // streams capturing now
+  std::map<const unsigned char*, size_t> pinned_;  // HostAlloc's blocks: start -> bytes
 };
 
 }  // namespace muon

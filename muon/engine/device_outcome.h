@@ -5,15 +5,19 @@
 // next step judges them before it does anything (Settle), so every rank
 // returns a failed step's error at the same call. The step's non-finite
 // count comes home the same way (one rank or more) and is read when asked.
+// What the stream copies from or to the host lives in page-locked memory
+// (StagingBuffer), so that no copy makes the host wait for the stream.
 #ifndef MUON_ENGINE_DEVICE_OUTCOME_H_
 #define MUON_ENGINE_DEVICE_OUTCOME_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "muon/device/device.h"
 #include "muon/engine/options.h"
 #include "muon/engine/outcome.h"
 #include "muon/engine/registry.h"
@@ -34,7 +38,7 @@ class DeviceOutcome {
                       LocalOutcome& local, void* stream, int64_t step, bool capturing,
                       const std::function<absl::Status(const int32_t* gate)>& apply);
   // One rank: the step's non-finite count home with the stream.
-  absl::Status SendCountHome(Device& device, const StepSetup& setup);
+  absl::Status SendCountHome(const std::shared_ptr<Device>& device, const StepSetup& setup);
   // The finished step was counted by the optimizer (Settle gives it back
   // when the step failed).
   void Counted() { counted_ = true; }
@@ -70,9 +74,24 @@ class DeviceOutcome {
   int64_t step_ = 0;
   absl::Status local_;  // this rank's outcome of it
   Options options_;     // the hyper-parameters it stepped with (for the report)
-  unsigned char mine_[kVerdictBytes] = {};  // read by the stream: kept until judged
-  std::vector<unsigned char> verdicts_;     // written by the stream
-  mutable int64_t nonfinite_ = 0;           // written by the stream
+  // The memory for `ranks` ranks: page-locked, made at the first step that
+  // needs it; plain host memory (whose copies may make the host wait) when
+  // that fails or a capture is under way (no CUDA allocation is permitted
+  // then). Throws std::bad_alloc only.
+  void Reserve(const std::shared_ptr<Device>& device, int ranks);
+  unsigned char* base() const {
+    return home_.size() != 0 ? home_.data() : const_cast<unsigned char*>(plain_.data());
+  }
+  unsigned char* mine() const { return base(); }  // read by the stream
+  int64_t* nonfinite() const {                    // written by the stream
+    return reinterpret_cast<int64_t*>(base() + kVerdictBytes);
+  }
+  unsigned char* verdicts() const {  // written by the stream
+    return base() + kVerdictBytes + sizeof(int64_t);
+  }
+  // This rank's verdict, the non-finite count, then every rank's verdicts.
+  StagingBuffer home_;
+  std::vector<unsigned char> plain_;
   mutable bool count_pending_ = false;
 };
 

@@ -73,6 +73,8 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
                           DeviceBuffer::Make(device, trailers, "the step verdicts"));
     MUON_ASSIGN_OR_RETURN(s->verdict_out_,
                           DeviceBuffer::Make(device, kVerdictBytes, "this rank's step verdict"));
+    MUON_ASSIGN_OR_RETURN(s->verdict_home_, StagingBuffer::Make(device, kVerdictBytes,
+                                                                "this rank's step verdict"));
   }
   for (int r = 0; r < rounds; ++r) {
     MUON_ASSIGN_OR_RETURN(
@@ -332,9 +334,9 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
         std::lock_guard<std::mutex> lock(mu);
         const int32_t code =
             verdict_code_ != 0 ? verdict_code_ : static_cast<int32_t>(first.code());
-        WriteVerdict(code, verdict_digest_, mine_);
+        WriteVerdict(code, verdict_digest_, mine());
       }
-      out = mine_;
+      out = mine();
       in = verdicts_on_device_.as<unsigned char>();
       if (ctx_.device->is_host()) {
         verdicts_.assign(kVerdictBytes * static_cast<size_t>(world_.size()), 0);

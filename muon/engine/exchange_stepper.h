@@ -93,7 +93,11 @@ class ExchangeStepper : public Stepper {
   int32_t verdict_code_ = 0;
   uint64_t verdict_digest_ = 0;
   std::vector<unsigned char> verdicts_;
-  unsigned char mine_[kVerdictBytes] = {};  // read by the stream on a GPU: kept
+  // This rank's verdict, read by the stream: page-locked on a GPU (no host
+  // wait for the copy), else mine_.
+  unsigned char* mine() { return verdict_home_.size() != 0 ? verdict_home_.data() : mine_; }
+  unsigned char mine_[kVerdictBytes] = {};
+  StagingBuffer verdict_home_;
   DeviceBuffer verdicts_on_device_;
   DeviceBuffer verdict_out_;  // on a GPU: this rank's verdict, for a captured step
   std::vector<RoundTable> tables_;

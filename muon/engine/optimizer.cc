@@ -67,6 +67,9 @@ absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, co
 absl::Status Optimizer::Step(void* stream) {
   const CurrentDevice current(*registry_.device());  // for the whole step
   MUON_RETURN_IF_ERROR(current.status());
+  // This step's stream first: whether it captures into a CUDA graph is asked
+  // of it, not of the last step's stream.
+  MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
   // On a GPU: the last step's outcome first (every rank the same); not while
   // the step is captured into a CUDA graph (the host can wait for nothing).
   const bool capturing = registry_.device()->Capturing();
@@ -155,7 +158,7 @@ absl::Status Optimizer::Step(void* stream) {
   ++step_count_;
   CountStats();
   if (!setup_->nonfinite.empty() && !capturing) {
-    return device_outcome_.SendCountHome(*registry_.device(), *setup_);
+    return device_outcome_.SendCountHome(registry_.device(), *setup_);
   }
   return absl::OkStatus();
 }

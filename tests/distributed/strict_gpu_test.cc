@@ -322,6 +322,71 @@ TEST(StrictGpu, AStepCapturedIntoAGraphReplaysLikeSteps) {
   Rt()->StreamDestroy(stream);
 }
 
+// torch's recipe: warm-up steps on a side stream, then the capture on
+// another stream (torch.cuda.graph's own). The capture is told by the new
+// stream, not the last step's (else the step waits for the host and copies
+// to host memory there, which CUDA refuses mid-capture), and the replays
+// step like muon_step.
+TEST(StrictGpu, AStepCapturedOnAnotherStreamThanTheLastStepsReplaysLikeSteps) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* side = *Rt()->StreamCreate();
+  void* capture = *Rt()->StreamCreate();
+  Model host(-1, 0, nullptr), gpu(0, 0, side);
+  for (int s = 1; s <= 2; ++s) {
+    ASSERT_EQ(host.Step(s), MUON_OK);
+    ASSERT_EQ(gpu.Step(s), MUON_OK);
+  }
+  gpu.stream = capture;
+  ASSERT_TRUE(Rt()->BeginCapture(capture).ok());
+  const muon_status_t captured = muon_step(gpu.opt, capture);
+  const std::string why = muon_last_error_message();
+  absl::StatusOr<StrictCpuRuntime::Graph> graph = Rt()->EndCapture(capture);
+  ASSERT_EQ(captured, MUON_OK) << why;
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  for (int s = 3; s <= 4; ++s) {
+    gpu.kept.clear();
+    for (size_t i = 0; i < gpu.grads.size(); ++i) {
+      gpu.kept.push_back(Values(gpu.grads[i]->numel(), s * 7 + static_cast<int>(i)));
+      gpu.grads[i]->Write(gpu.kept.back(), capture);
+    }
+    ASSERT_TRUE(Rt()->Replay(*graph, capture).ok());
+    ASSERT_EQ(host.Step(s), MUON_OK);
+    EXPECT_EQ(gpu.Values_(), host.Values_()) << "replay of step " << s;
+  }
+  ASSERT_TRUE(Rt()->StreamSynchronize(side, "side").ok());
+  Rt()->StreamDestroy(side);
+  Rt()->StreamDestroy(capture);
+}
+
+// A step only enqueues: after the first (which sets up), one rank's steps
+// copy nothing from or to pageable host memory (a copy CUDA may make the
+// host wait for), wait for no stream, and allocate nothing.
+TEST(StrictGpu, OneRanksStepsCopyNoPageableHostMemory) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  Model gpu(0, 0, stream);
+  ASSERT_EQ(gpu.Step(1), MUON_OK);
+  for (int s = 2; s <= 4; ++s) {
+    gpu.kept.clear();
+    for (size_t i = 0; i < gpu.grads.size(); ++i) {
+      gpu.kept.push_back(Values(gpu.grads[i]->numel(), s * 7 + static_cast<int>(i)));
+      gpu.grads[i]->Write(gpu.kept.back(), stream);
+    }
+    const StrictCpuRuntime::Counters before = Rt()->counters(0);
+    ASSERT_EQ(muon_step(gpu.opt, stream), MUON_OK) << muon_last_error_message();
+    const StrictCpuRuntime::Counters after = Rt()->counters(0);
+    EXPECT_EQ(after.pageable_copies - before.pageable_copies, 0) << "step " << s;
+    EXPECT_EQ(after.stream_waits - before.stream_waits, 0) << "step " << s;
+    EXPECT_EQ(after.mallocs - before.mallocs, 0) << "step " << s;
+    EXPECT_EQ(after.host_allocs - before.host_allocs, 0) << "step " << s;
+    ASSERT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
+  }
+  EXPECT_EQ(Stats(gpu.opt).nonfinite_grads, 0);
+  Rt()->StreamDestroy(stream);
+}
+
 // The momentum and update of every parameter are one launch each per step
 // (multi-tensor kernels), however many parameters.
 TEST(StrictGpu, EachStepLaunchesOneMomentumAndOneUpdateKernel) {
@@ -685,6 +750,7 @@ void ExpectRanksEqualOneProcess(Wire wire, int ranks, int prefetch, size_t round
           // copied at that step's end.
           EXPECT_EQ(after.stream_waits - before.stream_waits, 0) << "step " << s;
           EXPECT_EQ(after.event_waits - before.event_waits, 1) << "step " << s;
+          EXPECT_EQ(after.pageable_copies - before.pageable_copies, 0) << "step " << s;
           EXPECT_EQ(after.mallocs - before.mallocs, 0) << "step " << s;
           EXPECT_EQ(after.frees - before.frees, 0) << "step " << s;
         }

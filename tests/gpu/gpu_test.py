@@ -7,6 +7,7 @@ machines have none); tests/gpu/run_on_gpu.sh runs it on a machine with one.
 """
 
 import threading
+import time
 
 import pytest
 import torch
@@ -222,6 +223,78 @@ def test_a_step_replays_from_a_cuda_graph():
     torch.cuda.synchronize()
     for p, e in zip(params, eager):
         assert torch.equal(p, e)
+
+
+def test_a_step_captured_on_torch_graphs_own_stream_replays_like_steps():
+    # torch's recipe: warm up on a side stream, then capture with
+    # torch.cuda.graph() on the stream it makes (another than the last step's).
+    init, grads = make_problem(8, steps=4)
+    params = [p.clone().to(DEV) for p in init]
+    bufs = [torch.zeros_like(p) for p in params]
+    eager = [p.clone() for p in params]
+    ebufs = [torch.zeros_like(p) for p in params]
+    opt = muon.Optimizer(lr=LR, weight_decay=WD)
+    ref = muon.Optimizer(lr=LR, weight_decay=WD)
+    for k, (p, g, e, eg) in enumerate(zip(params, bufs, eager, ebufs)):
+        opt.register(p, g, name="w%d" % k)
+        ref.register(e, eg, name="w%d" % k)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for b, eb, g in zip(bufs, ebufs, grads[0]):
+            b.copy_(g)
+            eb.copy_(g)
+        opt.step()
+        ref.step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for step in grads[1:]:
+        for b, eb, g in zip(bufs, ebufs, step):
+            b.copy_(g)
+            eb.copy_(g)
+        graph.replay()
+        ref.step()
+    torch.cuda.synchronize()
+    for p, e in zip(params, eager):
+        assert torch.equal(p, e)
+
+
+def test_a_step_returns_while_the_gpu_is_busy():
+    # About a second of GPU work is queued ahead of the step: a step that only
+    # enqueues returns at once; one that makes the host wait (a copy to
+    # pageable host memory, a stream wait) returns after it. torch's own
+    # p.add_(g) is the baseline, timed the same way.
+    p = torch.randn(1024, 1024, device=DEV)
+    g = torch.randn_like(p)
+    opt = muon.Optimizer(lr=LR)
+    opt.register(p, g, name="w")
+    opt.step()
+    opt.step()
+    torch.cuda.synchronize()
+
+    def behind_a_busy_gpu(fn):
+        torch.cuda._sleep(int(2e9))  # about a second at H100/H200 clocks
+        t = time.perf_counter()
+        fn()
+        returned = time.perf_counter() - t
+        t = time.perf_counter()
+        torch.cuda.synchronize()
+        return returned, time.perf_counter() - t
+
+    torch_returned, torch_waited = behind_a_busy_gpu(lambda: p.add_(g))
+    print("torch p.add_(g) returned after %.3f s, then the host waited %.3f s"
+          % (torch_returned, torch_waited))
+    if torch_returned > 0.25:
+        pytest.skip("launches wait for the GPU on this machine (torch's own p.add_(g) returned "
+                    "after %.3f s; CUDA_LAUNCH_BLOCKING=%r): nothing to compare with"
+                    % (torch_returned, os.environ.get("CUDA_LAUNCH_BLOCKING")))
+    ours_returned, ours_waited = behind_a_busy_gpu(opt.step)
+    print("muon step returned after %.3f s, then the host waited %.3f s"
+          % (ours_returned, ours_waited))
+    assert ours_waited > 0.3, "the queued work ended early (%.3f s): nothing proved" % ours_waited
+    assert ours_returned < 0.25, "muon step waited %.3f s for the GPU" % ours_returned
 
 
 def test_the_steady_state_allocates_no_device_memory():

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
 # The GPU proof, on a machine with a GPU, from the repository root with the
-# .gpu folder made by tools/gpu_bundle.sh: the CUDA backend's unit test, the
+# .gpu folder made by tools/gpu_bundle.sh (or .carry/gpu.tar.xz, that folder
+# compressed, which this script unpacks): the CUDA backend's unit test, the
 # GPU tests (parity with torch.optim.Muon and the CPU backend, ranks on one
-# GPU, CUDA graphs, memory) and the benchmark table. Writes what it printed
-# to ${OUT:-.gpu/out}/ as well.
+# GPU, CUDA graphs, memory, no host wait), the benchmark table, the profile
+# (tests/gpu/probes.py) and compute-sanitizer. Each stage has its own time
+# limit, so one that hangs cannot take the others' time, and every output
+# file is written as it goes to ${OUT:-.gpu/out}/ (a run cut off still
+# leaves what it did).
+#
+#   bash tests/gpu/run_on_gpu.sh [STAGE...]   # no names: every stage, in order
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-.gpu/out}"
 mkdir -p "$out"
+if [ ! -d .gpu ] && [ -f .carry/gpu.tar.xz ]; then
+  python3 -c "import tarfile; tarfile.open('.carry/gpu.tar.xz').extractall('.')"
+fi
 
 # CUDA's libraries: the toolkit's, or the ones torch's packages bring.
 cuda_dirs="$(python3 - <<'PY' 2>/dev/null
@@ -22,14 +31,15 @@ PY
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MUON_LIBRARY="$PWD/.gpu/lib/libmuon.so"
 export PYTHONPATH="$PWD/capi/python"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export MUON_REQUIRE_GPU=1  # every GPU test's skip is a failure here
+san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+summary="$out/summary.txt"
 
 # Before anything: a driver, a GPU, and every library the bundle needs.
 preflight() {
-  nvidia-smi -L >"$out/gpu.txt" 2>&1 || { cat "$out/gpu.txt"; echo "preflight: no driver or GPU (nvidia-smi)"; return 1; }
-  cat "$out/gpu.txt"
-  nvidia-smi --query-gpu=driver_version,compute_cap --format=csv,noheader
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.max.sm,power.limit --format=csv \
+    || { echo "preflight: no driver or GPU (nvidia-smi)"; return 1; }
   local missing=0 f
   for f in .gpu/lib/libmuon.so .gpu/lib/libmuon_cuda.so .gpu/bin/cuda_backend_test .gpu/bin/ns_bench; do
     [ -e "$f" ] || { echo "preflight: $f is missing (tools/gpu_bundle.sh makes it)"; missing=1; continue; }
@@ -37,22 +47,42 @@ preflight() {
       echo "preflight: $f has unresolved libraries:"; ldd "$f" | grep "not found"; missing=1
     fi
   done
+  ldd .gpu/lib/libmuon_cuda.so | grep -E "cudart|cublas"
+  echo "CUDA_LAUNCH_BLOCKING=${CUDA_LAUNCH_BLOCKING-unset}; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
   python3 -c 'import torch, sys; ok = torch.cuda.is_available(); print("torch", torch.__version__, "CUDA", torch.version.cuda, "sees a GPU:", ok); sys.exit(0 if ok else 1)' \
     || { echo "preflight: torch sees no GPU"; missing=1; }
   return $missing
 }
-if ! preflight; then
-  echo "preflight failed: nothing was run"
-  exit 1
-fi
 
+# stage NAME LIMIT_S OUTFILE CMD...: runs CMD under its limit, appends its
+# output to OUTFILE and one line (rc, seconds) to the summary.
 status=0
-echo "== cuda_backend_test"
-.gpu/bin/cuda_backend_test 2>&1 | tee "$out/cuda_backend_test.txt" || status=1
-echo "== gpu_test.py"
-python3 -m pytest -q -rs -s -p no:cacheprovider tests/gpu/gpu_test.py 2>&1 | tee "$out/gpu_test.txt" \
-  || status=1
-echo "== bench_gpu.py"
-python3 tests/gpu/bench_gpu.py --ns-bench .gpu/bin/ns_bench "$@" 2>&1 | tee "$out/bench.md" \
-  || status=1
+stage() {
+  local name=$1 limit=$2 file=$3; shift 3
+  echo "== $name (limit ${limit}s)" | tee -a "$out/$file"
+  local t0=$SECONDS rc
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$out/$file"
+  rc=${PIPESTATUS[0]}
+  local note=""
+  [ "$rc" = 124 ] && note=" (timed out)"
+  echo "$name rc=$rc$note in $((SECONDS - t0))s" | tee -a "$summary"
+  [ "$rc" = 0 ] || status=1
+  return "$rc"
+}
+
+want() { [ ${#stages[@]} = 0 ] || [[ " ${stages[*]} " == *" $1 "* ]]; }
+stages=("$@")
+export -f preflight
+stage preflight 30 preflight.txt bash -c preflight || { echo "preflight failed: nothing was run"; exit 1; }
+want cuda_backend_test && stage cuda_backend_test 40 tests.txt .gpu/bin/cuda_backend_test
+want gpu_test && stage gpu_test 150 tests.txt \
+  python3 -m pytest -q -rs -s -p no:cacheprovider --timeout 60 tests/gpu/gpu_test.py
+want bench && stage bench 120 bench.md \
+  python3 tests/gpu/bench_gpu.py --ns-bench .gpu/bin/ns_bench --iters 5
+want profile && stage profile 50 profile.txt python3 tests/gpu/probes.py profile
+want memcheck && stage memcheck 45 sanitizer.txt \
+  "$san" --tool memcheck --leak-check no --error-exitcode 3 .gpu/bin/cuda_backend_test
+want racecheck && stage racecheck 40 sanitizer.txt \
+  "$san" --tool racecheck --error-exitcode 3 .gpu/bin/ns_bench --iters 1 2x64x96
+cat "$summary"
 exit $status

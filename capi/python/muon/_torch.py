@@ -172,11 +172,10 @@ def _check_param(p, distributed):
     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError("muon.Muon: parameter of size %s has dtype %s; libmuon steps float32, "
                         "bfloat16 and float16 parameters" % (tuple(p.shape), p.dtype))
-    if distributed:
-        return  # the config registers the local pieces; the library checks them
-    if p.device.type != "cpu":
-        raise ValueError("muon.Muon: parameter of size %s is on %s; this libmuon computes on "
-                         "the CPU" % (tuple(p.shape), p.device))
+    # A CUDA parameter needs libmuon_cuda.so (the library names it when missing).
+    if p.device.type not in ("cpu", "cuda"):
+        raise ValueError("muon.Muon: parameter of size %s is on %s; libmuon steps parameters on "
+                         "the CPU and on CUDA GPUs" % (tuple(p.shape), p.device))
 
 
 def _check_step_param(p, grad):

@@ -51,6 +51,13 @@ class CudaRuntime final : public GpuRuntime {
     return p;
   }
   void Free(void* ptr) override { cudaFree(ptr); }
+  absl::StatusOr<void*> HostAlloc(size_t bytes, const std::string& what) override {
+    void* p = nullptr;
+    absl::Status st = CudaStatus(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), what);
+    if (!st.ok()) return st;
+    return p;
+  }
+  void HostFree(void* ptr) override { cudaFreeHost(ptr); }
 
   absl::Status MemsetAsync(void* dst, int value, size_t bytes, GpuStream stream,
                            const std::string& what) override {
