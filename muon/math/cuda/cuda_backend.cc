@@ -1,7 +1,6 @@
 #include "muon/math/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>

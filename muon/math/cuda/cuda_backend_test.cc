@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "muon/common/half.h"
 #include "muon/math/cpu/cpu_backend.h"
 
 namespace muon {
@@ -170,6 +172,74 @@ TEST(CudaBackend, MomentumAndApplyMatchCpu) {
     EXPECT_LT(MaxRel(dout[i]->Get(), out_cpu[i]), 1e-6) << i;
     EXPECT_LT(MaxRel(dp[i]->Get(), p_cpu[i]), 1e-6) << i;
   }
+}
+
+// The element-wise kernels take 4 elements per vector access where every
+// pointer is aligned for it, else one at a time: the same element math, so
+// the same bits. Each tensor is stepped twice, aligned (vector path, scalar
+// tail) and one element off alignment (scalar path), in bf16 and fp32 mixes.
+TEST(CudaBackend, VectorAndScalarElementPathsGiveTheSameBits) {
+  REQUIRE_GPU(gpu);
+  const StepScalars scalars{0.02, 0.05, 0.9};
+  StepScalars* dscalars = nullptr;
+  ASSERT_EQ(cudaMalloc(&dscalars, sizeof(StepScalars)), cudaSuccess);
+  ASSERT_TRUE(gpu->StoreScalars(dscalars, scalars).ok());
+  struct Mix {
+    DType grad, buf, out, param;
+  };
+  for (const Mix& mix : {Mix{DType::kBF16, DType::kF32, DType::kBF16, DType::kBF16},
+                         Mix{DType::kF32, DType::kF32, DType::kF32, DType::kF32},
+                         Mix{DType::kF16, DType::kF16, DType::kF32, DType::kF16}}) {
+    std::vector<std::vector<float>> results[2];  // [offset]: buf, out, param of each size
+    for (int offset = 0; offset < 2; ++offset) {
+      for (int64_t n : {int64_t{4096}, int64_t{5000}, int64_t{3}}) {
+        // One element in: 4 bytes (fp32) or 2 (16-bit) off the 16/8-byte
+        // alignment, holding the same bytes as the aligned run's tensor.
+        const auto shift = [&](DType t) { return offset * (t == DType::kF32 ? 4 : 2); };
+        const auto values = [&](uint32_t seed, DType t) {
+          const std::vector<float> v = Random(static_cast<size_t>(n), seed);
+          std::vector<float> out(static_cast<size_t>(n) + 2, 0.0f);
+          std::vector<uint16_t> half(v.size());
+          for (size_t i = 0; i < v.size(); ++i) {
+            half[i] = t == DType::kBF16 ? ew::FloatToBf16Bits(v[i]) : ew::FloatToF16Bits(v[i]);
+          }
+          const void* src = t == DType::kF32 ? static_cast<const void*>(v.data()) : half.data();
+          std::memcpy(reinterpret_cast<char*>(out.data()) + shift(t), src,
+                      v.size() * (t == DType::kF32 ? 4 : 2));
+          return out;
+        };
+        Device<float> g(values(1, mix.grad)), b(values(2, mix.buf)), o(values(3, mix.out)),
+            pa(values(4, mix.param));
+        const auto at = [&](DType t, float* base) -> void* {
+          return reinterpret_cast<char*>(base) + shift(t);
+        };
+        MomentumArgs m{mix.grad, at(mix.grad, g.p), mix.buf, at(mix.buf, b.p), n,
+                       at(mix.out, o.p), mix.out};
+        ApplyArgs a{mix.param, at(mix.param, pa.p), n, at(mix.out, o.p), 1.5, mix.out};
+        MomentumStep step;
+        step.scalars = dscalars;
+        ASSERT_TRUE(gpu->Momentum(step, {&m, 1}).ok());
+        ASSERT_TRUE(gpu->Apply({dscalars, nullptr}, {&a, 1}).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        // Compared as the bytes each tensor's n elements occupy, from its start.
+        for (auto* d : {&b, &o, &pa}) {
+          std::vector<float> all = d->Get();
+          const DType t = d == &b ? mix.buf : d == &o ? mix.out : mix.param;
+          const size_t bytes = static_cast<size_t>(n) * (t == DType::kF32 ? 4 : 2);
+          std::vector<float> mine((bytes + 3) / 4 + 1, 0.0f);
+          std::memcpy(mine.data(), reinterpret_cast<char*>(all.data()) + shift(t), bytes);
+          results[offset].push_back(mine);
+        }
+      }
+    }
+    ASSERT_EQ(results[0].size(), results[1].size());
+    for (size_t k = 0; k < results[0].size(); ++k) {
+      EXPECT_EQ(0, std::memcmp(results[0][k].data(), results[1][k].data(),
+                               results[0][k].size() * 4))
+          << "tensor " << k << " of mix grad " << static_cast<int>(mix.grad);
+    }
+  }
+  cudaFree(dscalars);
 }
 
 }  // namespace

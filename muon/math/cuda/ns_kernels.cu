@@ -12,16 +12,67 @@ using ew::Load;
 using ew::Store;
 __device__ __forceinline__ float Round(int type, float v) { return ew::RoundTo(type, v); }
 
+// Four consecutive elements i .. i + 3 in one vector access (16 bytes of
+// fp32, 8 of a 16-bit type): i a multiple of 4 and `base` aligned to that
+// access (Aligned4). The element conversions are Load's and Store's, so the
+// values are the scalar path's bit for bit.
+__host__ __device__ __forceinline__ bool Aligned4(int type, const void* base) {
+  return reinterpret_cast<uintptr_t>(base) % (type == ew::kF32 ? 16 : 8) == 0;
+}
+__device__ __forceinline__ float Half(int type, uint32_t bits) {
+  return type == ew::kBF16 ? ew::Bf16BitsToFloat(static_cast<uint16_t>(bits))
+                           : ew::F16BitsToFloat(static_cast<uint16_t>(bits));
+}
+__device__ __forceinline__ uint32_t HalfBits(int type, float f) {
+  return type == ew::kBF16 ? ew::FloatToBf16Bits(f) : ew::FloatToF16Bits(f);
+}
+__device__ __forceinline__ void Load4(int type, const void* base, int64_t i, float v[4]) {
+  if (type == ew::kF32) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(base) + i / 4);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    return;
+  }
+  const uint2 q = __ldg(reinterpret_cast<const uint2*>(base) + i / 4);
+  v[0] = Half(type, q.x & 0xffffu), v[1] = Half(type, q.x >> 16);
+  v[2] = Half(type, q.y & 0xffffu), v[3] = Half(type, q.y >> 16);
+}
+// As Load4, for memory the same kernel writes too (no read-only cache).
+__device__ __forceinline__ void Load4Rw(int type, const void* base, int64_t i, float v[4]) {
+  if (type == ew::kF32) {
+    const float4 q = reinterpret_cast<const float4*>(base)[i / 4];
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    return;
+  }
+  const uint2 q = reinterpret_cast<const uint2*>(base)[i / 4];
+  v[0] = Half(type, q.x & 0xffffu), v[1] = Half(type, q.x >> 16);
+  v[2] = Half(type, q.y & 0xffffu), v[3] = Half(type, q.y >> 16);
+}
+__device__ __forceinline__ void Store4(int type, void* base, int64_t i, const float v[4]) {
+  if (type == ew::kF32) {
+    reinterpret_cast<float4*>(base)[i / 4] = make_float4(v[0], v[1], v[2], v[3]);
+    return;
+  }
+  reinterpret_cast<uint2*>(base)[i / 4] =
+      make_uint2(HalfBits(type, v[0]) | (HalfBits(type, v[1]) << 16),
+                 HalfBits(type, v[2]) | (HalfBits(type, v[3]) << 16));
+}
+
 unsigned Blocks(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);
+}
+// The scaling's grid: a group of 4 elements per thread and pass, at most
+// 4096 blocks (16 per SM of an H100: the grid-stride loop does the rest).
+unsigned ScaleBlocks(int64_t elems) {
+  const int64_t b = (elems + 4 * kThreads - 1) / (4 * kThreads);
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 4096 ? 4096 : b));
 }
 
 // Multi-tensor launches: the tensors ride in the kernel's argument (up to
 // kTensorsPerLaunch of them); block b works on chunk b - first_block of the
 // tensor whose block range holds b.
 constexpr int kTensorsPerLaunch = 40;
-constexpr int64_t kChunk = int64_t{kThreads} * 4;
+constexpr int64_t kChunk = int64_t{kThreads} * 4;  // a group of 4 elements per thread
 
 struct MomentumEntry {
   const void* grad;
@@ -32,6 +83,7 @@ struct MomentumEntry {
   int grad_type;
   int buf_type;
   int out_type;
+  bool vec;  // every pointer aligned for Load4 / Store4
 };
 struct MomentumLaunchArgs {
   MomentumEntry t[kTensorsPerLaunch];
@@ -46,6 +98,7 @@ struct ApplyEntry {
   double lr_ratio;
   int param_type;
   int update_type;
+  bool vec;  // both pointers aligned for Load4 / Store4
 };
 struct ApplyLaunchArgs {
   ApplyEntry t[kTensorsPerLaunch];
@@ -76,6 +129,21 @@ __global__ void MomentumKernel(MomentumLaunchArgs a, const double* scalars, bool
   const int64_t begin = (block - t.first_block) * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
   unsigned long long bad = 0;  // counted in the same pass; one atomic per thread that saw one
+  // A whole chunk is kThreads groups of 4: one per thread, in vector accesses.
+  const int64_t i4 = begin + 4 * int64_t{threadIdx.x};
+  if (t.vec && end - begin == kChunk) {
+    float g[4], b[4], o[4];
+    Load4(t.grad_type, t.grad, i4, g);
+    Load4Rw(t.buf_type, t.buf, i4, b);
+    for (int k = 0; k < 4; ++k) {
+      bad += ew::IsFinite(g[k]) ? 0 : 1;
+      o[k] = ew::MomentumElement(t.buf_type, g[k], &b[k], w_buf, w_out, nesterov);
+    }
+    Store4(t.out_type, t.out, i4, o);
+    Store4(t.buf_type, t.buf, i4, b);
+    if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
+    return;
+  }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float g = Load(t.grad_type, t.grad, i);
     bad += ew::IsFinite(g) ? 0 : 1;
@@ -94,6 +162,15 @@ __global__ void ApplyKernel(ApplyLaunchArgs a, const double* scalars, const int3
   const float alpha = ew::UpdateAlpha(scalars[0], t.lr_ratio);
   const int64_t begin = (block - t.first_block) * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  const int64_t i4 = begin + 4 * int64_t{threadIdx.x};
+  if (t.vec && end - begin == kChunk) {  // one group of 4 per thread, as MomentumKernel
+    float p[4], u[4];
+    Load4Rw(t.param_type, t.param, i4, p);
+    Load4(t.update_type, t.update, i4, u);
+    for (int k = 0; k < 4; ++k) p[k] = ew::ApplyElement(t.param_type, p[k], u[k], decay, alpha);
+    Store4(t.param_type, t.param, i4, p);
+    return;
+  }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     Store(t.param_type, t.param, i,
           ew::ApplyElement(t.param_type, Load(t.param_type, t.param, i),
@@ -190,15 +267,38 @@ __global__ void ScaleKernel(const float* u, int64_t elems, int x_type, const flo
   }
   __syncthreads();
   const int64_t base = blockIdx.y * elems;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elems;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  // Groups of 4 in vector accesses when every matrix's start is aligned
+  // (elems % 4 == 0 and both buffers aligned), else one element at a time.
+  if (elems % 4 == 0 && Aligned4(ew::kF32, u) && Aligned4(x_type, x)) {
+    for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < elems / 4; g += stride) {
+      float v[4];
+      Load4(ew::kF32, u, base + 4 * g, v);
+      for (int k = 0; k < 4; ++k) v[k] = Round(x_type, v[k]) / norm;
+      Store4(x_type, x, base + 4 * g, v);
+    }
+    return;
+  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elems; i += stride) {
     Store(x_type, x, base + i, Round(x_type, u[base + i]) / norm);
   }
 }
 
 __global__ void FinishKernel(int x_type, const void* x, int64_t n, float* u) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
-       e += int64_t{gridDim.x} * blockDim.x) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  if (Aligned4(x_type, x) && Aligned4(ew::kF32, u)) {  // groups of 4, then the tail
+    for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < n / 4; g += stride) {
+      float v[4];
+      Load4(x_type, x, 4 * g, v);
+      Store4(ew::kF32, u, 4 * g, v);
+    }
+    for (int64_t e = n / 4 * 4 + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+         e += stride) {
+      u[e] = Load(x_type, x, e);
+    }
+    return;
+  }
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += stride) {
     u[e] = Load(x_type, x, e);
   }
 }
@@ -225,6 +325,8 @@ cudaError_t LaunchMomentum(const MomentumTensor* tensors, int64_t count, const v
     e.grad_type = t.grad_type;
     e.buf_type = t.buf_type;
     e.out_type = t.out_type;
+    e.vec = Aligned4(t.grad_type, t.grad) && Aligned4(t.buf_type, t.buf) &&
+            Aligned4(t.out_type, t.out);
   };
   auto launch = [&](const MomentumLaunchArgs& args, int64_t blocks) {
     MomentumKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -244,6 +346,7 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
     e.lr_ratio = t.lr_ratio;
     e.param_type = t.param_type;
     e.update_type = t.update_type;
+    e.vec = Aligned4(t.param_type, t.param) && Aligned4(t.update_type, t.update);
   };
   auto launch = [&](const ApplyLaunchArgs& args, int64_t blocks) {
     ApplyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
@@ -307,13 +410,27 @@ cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t elems, int x_ty
                           float* partials, void* x, cudaStream_t stream) {
   if (count == 0 || elems == 0) return cudaSuccess;
   const int parts = NormBlocks(elems);
-  const bool vec4 = elems % 4 == 0 && reinterpret_cast<uintptr_t>(u) % 16 == 0;
-  const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(count));
-  SumSquaresKernel<<<grid, kThreads, 0, stream>>>(u, elems, x_type, vec4, partials);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  ScaleKernel<<<grid, kThreads, 0, stream>>>(u, elems, x_type, partials, parts, eps, x);
-  return cudaGetLastError();
+  const size_t x_size = x_type == ew::kF32 ? 4 : 2;
+  // A grid's y extent is at most 65,535: more matrices go in several launches.
+  constexpr int64_t kMaxGridY = 65535;
+  for (int64_t first = 0; first < count; first += kMaxGridY) {
+    const int64_t n = count - first < kMaxGridY ? count - first : kMaxGridY;
+    const float* uk = u + first * elems;
+    float* pk = partials + first * parts;
+    void* xk = static_cast<char*>(x) + static_cast<size_t>(first * elems) * x_size;
+    const bool vec4 = elems % 4 == 0 && reinterpret_cast<uintptr_t>(uk) % 16 == 0;
+    const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(n));
+    SumSquaresKernel<<<grid, kThreads, 0, stream>>>(uk, elems, x_type, vec4, pk);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    // The scaling's own grid: enough blocks to fill the GPU (a group of 4
+    // elements per thread and pass), whatever the norm's split.
+    const dim3 scale_grid(ScaleBlocks(elems), static_cast<unsigned>(n));
+    ScaleKernel<<<scale_grid, kThreads, 0, stream>>>(uk, elems, x_type, pk, parts, eps, xk);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, float* u, cudaStream_t stream) {
