@@ -86,6 +86,9 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "storing bytes on the GPU");
     return math_->StoreBytes(dst, src, bytes);
   }
+  DType SlotDtype(const NsConfig& config) override {
+    return math_ != nullptr ? math_->SlotDtype(config) : DType::kF32;
+  }
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");
     return math_->Orthogonalize(config, batch);

@@ -278,12 +278,20 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   return absl::OkStatus();
 }
 
+DType CudaBackend::SlotDtype(const NsConfig& config) {
+  // bf16 Newton-Schulz rounds its input to bf16 first and returns bf16: a bf16
+  // slot holds the same values in half the bytes (and half the traffic).
+  return config.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
-  if (batch.dtype != DType::kF32) {
-    return absl::InternalError("the CUDA backend orthogonalizes fp32 batches only");
+  if (batch.dtype != DType::kF32 && batch.dtype != SlotDtype(config)) {
+    return absl::InternalError("the CUDA backend orthogonalizes fp32 batches, and bf16 ones for "
+                               "bf16 Newton-Schulz");
   }
-  float* const data = static_cast<float*>(batch.data);
+  void* const data = batch.data;
+  const int u_type = batch.dtype == DType::kF32 ? cuda::kF32 : cuda::kBF16;
   if (batch.count > INT32_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", batch.count, " matrices exceeds cuBLASLt's batch count"));
@@ -300,7 +308,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
 
   // X <- U / max(||U||, eps), no transpose: the program reads either
   // orientation as stored.
-  MUON_CUDA(cuda::LaunchPrepare(data, batch.count, p.x_elems, x_type,
+  MUON_CUDA(cuda::LaunchPrepare(data, u_type, batch.count, p.x_elems, x_type,
                                 static_cast<float>(config.eps),
                                 static_cast<float*>(impl_->partials.ptr), buffers[0], s),
             "Newton-Schulz input kernels");
@@ -321,7 +329,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
-  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, s),
+  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, u_type, s),
             "Newton-Schulz output kernel");
   return absl::OkStatus();
 }

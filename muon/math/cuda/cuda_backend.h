@@ -33,6 +33,9 @@ class CudaBackend final : public MathBackend {
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
   absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
+  // bf16 for bf16 Newton-Schulz: the exchange's slots hold bf16.
+  DType SlotDtype(const NsConfig& config) override;
+  // fp32 batches, and bf16 ones for bf16 Newton-Schulz (the same results).
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

@@ -101,6 +101,34 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
   }
 }
 
+// bf16 Newton-Schulz on a bf16 batch (the exchange's bf16 slots) gives the
+// fp32 batch's results bit for bit: its input is rounded to bf16 first and
+// its result is bf16 either way. Shapes with and without vector loads.
+TEST(CudaBackend, Bf16BatchesGiveTheFp32BatchesResults) {
+  REQUIRE_GPU(gpu);
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kBF16;
+  EXPECT_EQ(gpu->SlotDtype(cfg), DType::kBF16);
+  for (Case c : {Case{3, 64, 96}, Case{1, 257, 513}, Case{2, 520, 256}, Case{1, 1, 17}}) {
+    const size_t n = static_cast<size_t>(c.count * c.rows * c.cols);
+    const auto u = Random(n, 21);
+    std::vector<uint16_t> u16(n);
+    for (size_t i = 0; i < n; ++i) u16[i] = ew::FloatToBf16Bits(u[i]);
+    Device<float> wide(u);
+    Device<uint16_t> narrow(u16);
+    ASSERT_TRUE(gpu->Orthogonalize(cfg, {wide.p, c.count, c.rows, c.cols}).ok());
+    MatrixBatch b{narrow.p, c.count, c.rows, c.cols};
+    b.dtype = DType::kBF16;
+    ASSERT_TRUE(gpu->Orthogonalize(cfg, b).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> w = wide.Get();
+    const std::vector<uint16_t> got = narrow.Get();
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i) differ += ew::FloatToBf16Bits(w[i]) != got[i] ? 1 : 0;
+    EXPECT_EQ(differ, 0u) << "count " << c.count << " " << c.rows << "x" << c.cols;
+  }
+}
+
 // The norm's reduction has a fixed order: two runs give the same bits.
 TEST(CudaBackend, NewtonSchulzIsDeterministic) {
   REQUIRE_GPU(gpu);

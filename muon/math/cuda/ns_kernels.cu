@@ -227,26 +227,28 @@ __device__ float BlockSum(float acc) {
   return partial[0];
 }
 
-// partials[k * gridDim.x + b] = the sum of squares of chunk b of matrix k,
-// each element first rounded to x_type.
-__global__ void SumSquaresKernel(const float* u, int64_t elems, int x_type, bool vec4,
+// partials[k * gridDim.x + b] = the sum of squares of chunk b of matrix k
+// (u_type elements), each element first rounded to x_type. The groups of 4
+// are summed in the same order whatever u_type, so an fp32 matrix and its
+// bf16 copy (already rounded) give the same bits.
+__global__ void SumSquaresKernel(const void* u, int u_type, int64_t elems, int x_type, bool vec4,
                                  float* partials) {
   const int64_t chunk = NormChunk(elems, gridDim.x);
-  const float* m = u + blockIdx.y * elems;
+  const int64_t m = blockIdx.y * elems;
   const int64_t begin = blockIdx.x * chunk;
   const int64_t end = begin + chunk < elems ? begin + chunk : elems;
   float acc = 0.0f;
-  if (vec4) {  // elems % 4 == 0 and u 16-byte aligned: begin and end are too
-    const float4* m4 = reinterpret_cast<const float4*>(m);
+  if (vec4) {  // elems % 4 == 0 and u aligned: begin and end are multiples of 4 too
     for (int64_t i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
-      const float4 v = m4[i];
-      const float a = Round(x_type, v.x), b = Round(x_type, v.y), c = Round(x_type, v.z),
-                  d = Round(x_type, v.w);
+      float v[4];
+      Load4(u_type, u, m + 4 * i, v);
+      const float a = Round(x_type, v[0]), b = Round(x_type, v[1]), c = Round(x_type, v[2]),
+                  d = Round(x_type, v[3]);
       acc += a * a + b * b + c * c + d * d;
     }
   } else {
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const float v = Round(x_type, m[i]);
+      const float v = Round(x_type, Load(u_type, u, m + i));
       acc += v * v;
     }
   }
@@ -256,8 +258,8 @@ __global__ void SumSquaresKernel(const float* u, int64_t elems, int x_type, bool
 
 // x[k] <- round(u[k]) / max(||round(u[k])||_F, eps), the norm rounded to
 // x_type as torch's is; every block sums matrix k's partials in the same order.
-__global__ void ScaleKernel(const float* u, int64_t elems, int x_type, const float* partials,
-                            int parts, float eps, void* x) {
+__global__ void ScaleKernel(const void* u, int u_type, int64_t elems, int x_type,
+                            const float* partials, int parts, float eps, void* x) {
   __shared__ float norm;
   if (threadIdx.x == 0) {
     float sum = 0.0f;
@@ -270,17 +272,17 @@ __global__ void ScaleKernel(const float* u, int64_t elems, int x_type, const flo
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   // Groups of 4 in vector accesses when every matrix's start is aligned
   // (elems % 4 == 0 and both buffers aligned), else one element at a time.
-  if (elems % 4 == 0 && Aligned4(ew::kF32, u) && Aligned4(x_type, x)) {
+  if (elems % 4 == 0 && Aligned4(u_type, u) && Aligned4(x_type, x)) {
     for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < elems / 4; g += stride) {
       float v[4];
-      Load4(ew::kF32, u, base + 4 * g, v);
+      Load4(u_type, u, base + 4 * g, v);
       for (int k = 0; k < 4; ++k) v[k] = Round(x_type, v[k]) / norm;
       Store4(x_type, x, base + 4 * g, v);
     }
     return;
   }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elems; i += stride) {
-    Store(x_type, x, base + i, Round(x_type, u[base + i]) / norm);
+    Store(x_type, x, base + i, Round(x_type, Load(u_type, u, base + i)) / norm);
   }
 }
 
@@ -406,36 +408,44 @@ int NormBlocks(int64_t elems) {
   return static_cast<int>(b < 1 ? 1 : (b > kMaxNormBlocks ? kMaxNormBlocks : b));
 }
 
-cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t elems, int x_type, float eps,
-                          float* partials, void* x, cudaStream_t stream) {
+cudaError_t LaunchPrepare(const void* u, int u_type, int64_t count, int64_t elems, int x_type,
+                          float eps, float* partials, void* x, cudaStream_t stream) {
   if (count == 0 || elems == 0) return cudaSuccess;
   const int parts = NormBlocks(elems);
   const size_t x_size = x_type == ew::kF32 ? 4 : 2;
+  const size_t u_size = u_type == ew::kF32 ? 4 : 2;
   // A grid's y extent is at most 65,535: more matrices go in several launches.
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t first = 0; first < count; first += kMaxGridY) {
     const int64_t n = count - first < kMaxGridY ? count - first : kMaxGridY;
-    const float* uk = u + first * elems;
+    const void* uk = static_cast<const char*>(u) + static_cast<size_t>(first * elems) * u_size;
     float* pk = partials + first * parts;
     void* xk = static_cast<char*>(x) + static_cast<size_t>(first * elems) * x_size;
-    const bool vec4 = elems % 4 == 0 && reinterpret_cast<uintptr_t>(uk) % 16 == 0;
+    const bool vec4 = elems % 4 == 0 && Aligned4(u_type, uk);
     const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(n));
-    SumSquaresKernel<<<grid, kThreads, 0, stream>>>(uk, elems, x_type, vec4, pk);
+    SumSquaresKernel<<<grid, kThreads, 0, stream>>>(uk, u_type, elems, x_type, vec4, pk);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     // The scaling's own grid: enough blocks to fill the GPU (a group of 4
     // elements per thread and pass), whatever the norm's split.
     const dim3 scale_grid(ScaleBlocks(elems), static_cast<unsigned>(n));
-    ScaleKernel<<<scale_grid, kThreads, 0, stream>>>(uk, elems, x_type, pk, parts, eps, xk);
+    ScaleKernel<<<scale_grid, kThreads, 0, stream>>>(uk, u_type, elems, x_type, pk, parts, eps,
+                                                     xk);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, float* u, cudaStream_t stream) {
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_type,
+                         cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, n, u);
+  if (u_type == x_type) {
+    return cudaMemcpyAsync(u, x, static_cast<size_t>(n) * (x_type == ew::kF32 ? 4 : 2),
+                           cudaMemcpyDeviceToDevice, stream);
+  }
+  if (u_type != ew::kF32) return cudaErrorInvalidValue;  // (a bf16 slot takes bf16 results)
+  FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, n, static_cast<float*>(u));
   return cudaGetLastError();
 }
 

@@ -71,17 +71,19 @@ cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, i
 // `partials` buffer holds count * NormBlocks(elems) floats.
 int NormBlocks(int64_t elems);
 
-// For each of `count` matrices of `elems` fp32 elements at u (no transpose:
+// For each of `count` matrices of `elems` elements of u_type at u (no transpose:
 // muon/math/ns_program.h reads either orientation as stored):
 //   x[k] <- round(u[k]) / max(||round(u[k])||_F, eps)   in x_type
 // the norm in fp32 (rounded to bf16 when x_type is bf16, as torch's bf16 norm
 // is), split over NormBlocks(elems) blocks per matrix with float4 loads and a
-// fixed reduction order (deterministic). Two launches.
-cudaError_t LaunchPrepare(const float* u, int64_t count, int64_t elems, int x_type, float eps,
-                          float* partials, void* x, cudaStream_t stream);
+// fixed reduction order (deterministic; the same bits for an fp32 u and its
+// bf16 copy when x_type is bf16). Two launches.
+cudaError_t LaunchPrepare(const void* u, int u_type, int64_t count, int64_t elems, int x_type,
+                          float eps, float* partials, void* x, cudaStream_t stream);
 
-// u[0, n) (fp32) <- x[0, n) (in x_type).
-cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, float* u, cudaStream_t stream);
+// u[0, n) (u_type: fp32, or x_type itself) <- x[0, n) (in x_type).
+cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_type,
+                         cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace muon
