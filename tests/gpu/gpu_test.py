@@ -261,6 +261,48 @@ def test_a_step_captured_on_torch_graphs_own_stream_replays_like_steps():
         assert torch.equal(p, e)
 
 
+def test_muon_muon_captured_follows_its_lr_scheduler_through_push_hyperparameters():
+    # A training loop captured with torch.cuda.graph: the scheduler changes lr
+    # between replays, push_hyperparameters() carries it to the captured step.
+    init, grads = make_problem(9, steps=6)
+    params = [torch.nn.Parameter(p.clone().to(DEV)) for p in init]
+    eager = [torch.nn.Parameter(p.clone().to(DEV)) for p in init]
+    for p, e in zip(params, eager):
+        p.grad = torch.zeros_like(p)
+        e.grad = torch.zeros_like(e)
+    opt = muon.Muon(params, lr=LR, weight_decay=WD)
+    ref = muon.Muon(eager, lr=LR, weight_decay=WD)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=1, gamma=0.5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for p, e, g in zip(params, eager, grads[0]):
+            p.grad.copy_(g.to(DEV))
+            e.grad.copy_(g.to(DEV))
+        opt.step()
+        ref.step()
+    torch.cuda.synchronize()
+    sched.step()
+    ref_sched.step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for step in grads[1:]:
+        for p, e, g in zip(params, eager, step):
+            p.grad.copy_(g.to(DEV))
+            e.grad.copy_(g.to(DEV))
+        opt.push_hyperparameters()
+        graph.replay()
+        ref.step()
+        sched.step()
+        ref_sched.step()
+    torch.cuda.synchronize()
+    assert opt.param_groups[0]["lr"] == ref.param_groups[0]["lr"] < LR / 16
+    for p, e in zip(params, eager):
+        assert torch.equal(p, e)
+
+
 def test_a_step_returns_while_the_gpu_is_busy():
     # About a second of GPU work is queued ahead of the step: a step that only
     # enqueues returns at once; one that makes the host wait (a copy to

@@ -255,6 +255,30 @@ def test_defaults_follow_torch():
     assert fp32.param_groups[0]["ns_dtype"] == torch.float32
 
 
+def test_push_hyperparameters_carries_a_scheduler_and_changes_nothing_else():
+    # On the CPU no step is captured: pushing, before or between steps, moves the
+    # scheduler's values to the library and leaves the run as without it.
+    torch.manual_seed(4)
+    init = torch.randn(8, 6)
+    grads = [torch.randn(8, 6) for _ in range(3)]
+    runs = []
+    for push in (False, True):
+        w = torch.nn.Parameter(init.clone())
+        opt = muon.Muon([w], lr=0.05)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        if push:
+            opt.push_hyperparameters()  # before any step: nothing to push to yet
+        for g in grads:
+            w.grad = g.clone()
+            opt.step()
+            sched.step()
+            if push:
+                opt.push_hyperparameters()
+                assert opt._groups[0].opt.lr == opt.param_groups[0]["lr"]
+        runs.append(w.detach().clone())
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_closure_and_groups_without_grads():
     torch.manual_seed(3)
     model = Model()

@@ -724,6 +724,18 @@ class Muon(torch.optim.Optimizer):
             after()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss
 
+    def push_hyperparameters(self, stream=None):
+        """Before each replay of a step captured into a CUDA graph: writes every
+        group's current lr, weight_decay and momentum where the captured kernels
+        read them, so that the replays follow an LR scheduler (a replay runs no
+        Python; without this it keeps the values of the step that was captured).
+        On `stream` (default: torch's current stream). Harmless elsewhere."""
+        for gi, group in self._numbered():
+            g = self._groups.get(gi)
+            if g is not None:
+                self._push_hyper(g, group)
+                g.opt.push_hyperparameters(stream)
+
     def _check_not_flattened(self, gi, group):
         """A group built with matrices that now holds only 1-D tensors it was not
         built with: a wrapper replaced the matrices with flat partitions (DeepSpeed
