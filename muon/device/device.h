@@ -71,8 +71,15 @@ class Device {
   virtual void Unbind(int previous) = 0;
 
   // Orders every later call on `stream` (a cudaStream_t on a GPU; ignored on
-  // the host).
+  // the host). On a GPU, a stream other than the last call's first waits for
+  // the point the last call ended at (EndCall): the library's own work (its
+  // momentum, its workspace) stays ordered; the old stream itself is not
+  // touched (the host may have destroyed it), and a stream capturing a CUDA
+  // graph does not wait (a capture cannot wait for work outside it).
   virtual absl::Status SetStream(void* stream) = 0;
+  // A call's work is all enqueued: marks its stream's point for SetStream.
+  // Not while the stream captures (the mark would be inside the graph).
+  virtual void EndCall() {}
 
   // Zero-filled device memory; ResourceExhausted naming `what` when short.
   // Through the host's allocator when one is set (SetAllocator), else the
@@ -185,7 +192,8 @@ class Device {
 
 // `device` made the calling thread's current one for a scope (Bind), and the
 // caller's put back after (Unbind): what the communicators and launches of a
-// libmuon call need, whichever thread makes it.
+// libmuon call need, whichever thread makes it. Its end is the call's end
+// (EndCall).
 class CurrentDevice {
  public:
   explicit CurrentDevice(Device& device) : device_(device) {
@@ -194,7 +202,9 @@ class CurrentDevice {
     if (previous.ok()) previous_ = *previous;
   }
   ~CurrentDevice() {
-    if (status_.ok()) device_.Unbind(previous_);
+    if (!status_.ok()) return;
+    device_.EndCall();
+    device_.Unbind(previous_);
   }
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;

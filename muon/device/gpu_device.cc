@@ -168,24 +168,31 @@ class GpuDevice final : public Device {
 
   absl::Status SetStream(void* stream) override {
     if (parent_ != nullptr) return absl::InternalError("a lane's stream is its own");
-    if (stream != stream_ && used_ && !IsCapturing(stream)) {
-      // Another stream than the last step's: it waits for that one's work
-      // (an event, no host wait). Not a stream that captures a graph: a
-      // capture cannot wait for work outside it (CUDA's capture isolation);
-      // its replays run where the caller orders them.
+    if (stream != stream_ && ended_ && !IsCapturing(stream)) {
+      // Another stream than the last call's: it waits for where that call
+      // ended (an event, no host wait; see device.h).
       MUON_ON_DEVICE(*rt_, ordinal_, "ordering the new stream after the last");
-      if (switch_ == nullptr) {
-        absl::StatusOr<GpuEvent> e = rt_->EventCreate();
-        if (!e.ok()) return e.status();
-        switch_ = *e;
-      }
-      absl::Status st = rt_->EventRecord(switch_, stream_);
-      if (st.ok()) st = rt_->StreamWaitEvent(stream, switch_);
+      absl::Status st = rt_->StreamWaitEvent(stream, switch_);
       if (!st.ok()) return st;
     }
     stream_ = stream;
     used_ = true;
+    set_in_call_ = true;
     return math_.SetStream(stream);
+  }
+
+  void EndCall() override {
+    // Only a stream this call set (an earlier call's the host may have destroyed).
+    const bool set = set_in_call_;
+    set_in_call_ = false;
+    if (parent_ != nullptr || !set || IsCapturing(stream_)) return;
+    OnDevice on(*rt_, ordinal_);
+    if (switch_ == nullptr) {
+      absl::StatusOr<GpuEvent> e = rt_->EventCreate();
+      if (!e.ok()) return;  // (nothing marked: the next stream has nothing to wait for)
+      switch_ = *e;
+    }
+    ended_ = rt_->EventRecord(switch_, stream_).ok();
   }
 
   bool IsCapturing(GpuStream stream) {
@@ -354,7 +361,9 @@ class GpuDevice final : public Device {
   void* stream_ = nullptr;
   bool used_ = false;           // a stream was set (work may be on it)
   GpuEvent mark_ = nullptr;
-  GpuEvent switch_ = nullptr;   // orders a new stream after the last
+  GpuEvent switch_ = nullptr;   // where the last call ended (EndCall)
+  bool ended_ = false;          // switch_ is recorded
+  bool set_in_call_ = false;    // SetStream since the last EndCall
 };
 
 }  // namespace

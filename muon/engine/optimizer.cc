@@ -384,6 +384,8 @@ absl::Status Optimizer::Orthogonalize(const DLTensor* in, const DLTensor* out, i
       MUON_ASSIGN_OR_RETURN(device, OpenCudaDevice(v.device.device_id));
     }
   }
+  const CurrentDevice current(*device);  // (its end marks the stream for the next call)
+  MUON_RETURN_IF_ERROR(current.status());
   return OrthogonalizeTensor(device, options_.ns, in, out, view, stream);
 }
 
