@@ -37,7 +37,7 @@ COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
   muon/math/backend.cc muon/math/ns_config.cc muon/math/ns_program.cc muon/math/cpu/cpu_backend.cc
   muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc
-  muon/device/device.cc muon/device/memory_ops.cc
+  muon/device/device.cc muon/device/host_device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
 )
 # The distributed logic (//muon/sharding:{layout,assignment,plan,handshake,exchange}).

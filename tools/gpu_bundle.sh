@@ -4,7 +4,10 @@
 # OpenBLAS), so that the device tool can carry one folder:
 #
 #   tools/gpu_bundle.sh            # here, where the CUDA toolkit is
-#   bash tests/gpu/run_on_gpu.sh   # there, with .gpu carried
+#   bash tests/gpu/run_on_gpu.sh   # there, with .gpu (or .carry/gpu.tar.xz) carried
+#
+# It also writes .carry/gpu.tar.xz, the folder compressed (about 14 MB: what a
+# 64 MiB carry limit takes, with the tree), and prints both sizes.
 #
 # The CUDA libraries themselves (cudart, cuBLAS) are not bundled: the GPU
 # machine has them (its CUDA toolkit or torch's nvidia packages).
@@ -25,4 +28,6 @@ for f in .gpu/lib/*.so .gpu/bin/*; do
 done | sort -u | while read -r name path; do
   if [[ ! "$name" =~ $skip ]]; then cp -L "$path" ".gpu/lib/$name"; fi
 done
-du -sh .gpu
+mkdir -p .carry
+tar cf - .gpu | xz -T0 -4 >.carry/gpu.tar.xz
+du -sh .gpu .carry/gpu.tar.xz

@@ -265,15 +265,9 @@ class StagingBuffer {
   size_t bytes_ = 0;
 };
 
-// The CPU device: host memory and the OpenBLAS backend.
-std::shared_ptr<Device> MakeHostDevice();
 
 // `device`'s Allocate and Free, as a math backend's source of memory.
 MemorySource MemorySourceOf(Device* device);
-
-// Runs `ops` on host memory (the host device's program, also the reference
-// the GPU copy kernel is tested against).
-void RunCopiesOnHost(const std::vector<CopyOp>& ops);
 
 }  // namespace muon
 

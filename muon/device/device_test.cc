@@ -1,4 +1,5 @@
 #include "muon/device/device.h"
+#include "muon/device/host_device.h"
 
 #include <cstdint>
 #include <cstring>

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "muon/common/dtype.h"
 #include "muon/device/device.h"
+#include "muon/device/host_device.h"
 
 namespace muon {
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "muon/device/host_device.h"
 
 namespace muon {
 namespace {

@@ -9,6 +9,7 @@
 #include "muon/comm/self_comm.h"
 #include "muon/common/status.h"
 #include "muon/common/tensor.h"
+#include "muon/device/host_device.h"
 #include "muon/engine/checkpoint.h"
 #include "muon/device/cuda_loader.h"
 #include "muon/engine/local_update.h"

@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/common/dtype.h"
+#include "muon/device/host_device.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {

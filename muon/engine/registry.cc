@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/device/cuda_loader.h"
+#include "muon/device/host_device.h"
 
 namespace muon {
 namespace {

@@ -14,6 +14,7 @@
 #include "muon/comm/comm.h"
 #include "muon/comm/self_comm.h"
 #include "muon/common/dtype.h"
+#include "muon/device/host_device.h"
 #include "muon/math/backend.h"
 #include "muon/sharding/testing/job.h"
 

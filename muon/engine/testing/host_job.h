@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/device/device.h"
+#include "muon/device/host_device.h"
 #include "muon/engine/local_update.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"
