@@ -399,9 +399,13 @@ void StrictCpuRuntime::StreamDestroy(GpuStream stream) {
   }
   (void)RunUntil(s, -1);  // as CUDA: work already issued completes
   std::lock_guard<std::mutex> lock(mu_);
-  streams_.erase(std::remove_if(streams_.begin(), streams_.end(),
-                                [s](const std::unique_ptr<Stream>& x) { return x.get() == s; }),
-                 streams_.end());
+  // Unknown to every later call, but kept: an event recorded on it, and a
+  // wait for that event already issued on another stream, still point to it
+  // (as in CUDA, they stay valid and complete).
+  for (auto& x : streams_) {
+    if (x.get() == s) retired_.push_back(std::move(x));
+  }
+  streams_.erase(std::remove(streams_.begin(), streams_.end(), nullptr), streams_.end());
 }
 
 absl::Status StrictCpuRuntime::RunUntil(Stream* s, int64_t target) {

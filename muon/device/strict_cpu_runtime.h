@@ -197,6 +197,7 @@ class StrictCpuRuntime final : public GpuRuntime {
   std::vector<Arena> devices_;
   std::map<std::thread::id, int> current_;
   std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<std::unique_ptr<Stream>> retired_;  // destroyed, all their work run
   std::vector<std::unique_ptr<Event>> events_;
   absl::Status failed_;  // sticky
   int capturing_ = 0;    // streams capturing now
