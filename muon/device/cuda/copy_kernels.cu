@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "muon/common/half.h"
+#include "muon/common/half4.h"
 
 namespace muon {
 namespace cuda {
@@ -14,34 +14,9 @@ __device__ __forceinline__ float Element(const CopyChunk& k, float v) {
   return ew::RoundTo(k.via, v);
 }
 
-// 4 consecutive elements in one access: 16 bytes of fp32, 8 of a 16-bit type.
-__device__ __forceinline__ bool Aligned4(uint8_t type, const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % (type == ew::kF32 ? 16 : 8) == 0;
-}
-__device__ __forceinline__ void Load4(uint8_t type, const void* p, int32_t i, float v[4]) {
-  if (type == ew::kF32) {
-    const float4 q = reinterpret_cast<const float4*>(p)[i / 4];
-    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    return;
-  }
-  const uint2 q = reinterpret_cast<const uint2*>(p)[i / 4];
-  const uint32_t h[4] = {q.x & 0xffffu, q.x >> 16, q.y & 0xffffu, q.y >> 16};
-  for (int j = 0; j < 4; ++j) {
-    v[j] = type == ew::kBF16 ? ew::Bf16BitsToFloat(static_cast<uint16_t>(h[j]))
-                             : ew::F16BitsToFloat(static_cast<uint16_t>(h[j]));
-  }
-}
-__device__ __forceinline__ void Store4(uint8_t type, void* p, int32_t i, const float v[4]) {
-  if (type == ew::kF32) {
-    reinterpret_cast<float4*>(p)[i / 4] = make_float4(v[0], v[1], v[2], v[3]);
-    return;
-  }
-  uint32_t h[4];
-  for (int j = 0; j < 4; ++j) {
-    h[j] = type == ew::kBF16 ? ew::FloatToBf16Bits(v[j]) : ew::FloatToF16Bits(v[j]);
-  }
-  reinterpret_cast<uint2*>(p)[i / 4] = make_uint2(h[0] | (h[1] << 16), h[2] | (h[3] << 16));
-}
+using ew::Aligned4;
+using ew::Load4Rw;
+using ew::Store4;
 
 // One block per chunk (grid-stride over chunks when there are more); groups
 // of 4 elements in vector accesses where both ends are aligned for them.
@@ -53,7 +28,7 @@ __global__ void CopyChunksKernel(const CopyChunk* chunks, int64_t count) {
       done = k.n / 4 * 4;
       for (int32_t i = 4 * threadIdx.x; i < done; i += 4 * blockDim.x) {
         float v[4];
-        Load4(k.src_type, k.src, i, v);
+        Load4Rw(k.src_type, k.src, i, v);  // (a chunk may copy within one buffer)
         for (int j = 0; j < 4; ++j) v[j] = Element(k, v[j]);
         Store4(k.dst_type, k.dst, i, v);
       }
