@@ -68,13 +68,16 @@ def _batch(step, dp_rank):
     return torch.randn(8, 16, generator=g), torch.randn(8, 6, generator=g)
 
 
-def _train(rank, naive):
+def _train(rank, naive, generic=False):
     from megatron.core import parallel_state as ps
     tp_group, dp_group = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()
     model = _model()
     params = list(model.parameters())
     tp_dims = [muon.megatron.megatron_tp_dim(p) for p in params]
-    config = None if naive else muon.megatron.create_megatron_config()
+    if generic:  # the generic helper, no TP dims given: read from Megatron's attributes
+        config = muon.create_processgroup_config(tp_pg=tp_group, dp_pg=dp_group)
+    else:
+        config = None if naive else muon.megatron.create_megatron_config()
     opt = muon.Muon(params, distributed_config=config, **HP)
     whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
     ref = muon.Muon(whole, **HP)
@@ -103,7 +106,8 @@ def _worker(rank, world):
     from megatron.core import parallel_state as ps
     ps.initialize_model_parallel(tensor_model_parallel_size=TP)
     assert dist.get_world_size(ps.get_data_parallel_group()) == WORLD // TP
-    out = {"muon": _train(rank, naive=False), "naive": _train(rank, naive=True)}
+    out = {"muon": _train(rank, naive=False), "naive": _train(rank, naive=True),
+           "generic": _train(rank, naive=False, generic=True)}
     ps.destroy_model_parallel()
     return out
 
@@ -124,6 +128,15 @@ def test_bit_for_bit_with_single_process_muon_on_the_same_gradients(runs):
     assert sum(r["muon"]["orthogonalized"] for r in runs) == 3
     print("\nMegatron TP 2 x DP 2, %d steps: largest difference %g"
           % (STEPS, max(r["muon"]["worst"] for r in runs)))
+
+
+def test_the_generic_helper_reads_megatrons_tp_attributes(runs):
+    # muon.create_processgroup_config(tp_pg=..., dp_pg=...) with no tp_dims: the
+    # same bits as the Megatron adapter, each matrix orthogonalized once.
+    for rank, res in enumerate(runs):
+        assert res["generic"]["exact"], "rank %d differs by up to %g" % (
+            rank, res["generic"]["worst"])
+    assert sum(r["generic"]["orthogonalized"] for r in runs) == 3
 
 
 def test_a_naive_optimizer_on_the_pieces_differs(runs):

@@ -127,6 +127,17 @@ def _all_gather_along(torch, dist, t, dim, sizes, group):
     return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim)
 
 
+def _has_megatron_tp(param):
+    """Whether Megatron-core marked the param's TP layout (its tensor-parallel
+    layers set tensor_model_parallel and partition_dim on every weight)."""
+    return hasattr(param, "tensor_model_parallel") and hasattr(param, "partition_dim")
+
+
+def _megatron_tp_dim(param):
+    """The dim Megatron splits the param along over TP, or None (replicated)."""
+    return int(param.partition_dim) if param.tensor_model_parallel else None
+
+
 class _ProcessGroupConfig(DistributedConfig):
     """What create_processgroup_config returns (see there)."""
 
@@ -182,7 +193,9 @@ class _ProcessGroupConfig(DistributedConfig):
     def _tp_dim(self, name, default_name, param):
         """The param's TP shard dim, None when replicated over TP; (dim, True) marks
         a dim nobody gave (the design's default, dim 0), which the ranks' values
-        must then bear out."""
+        must then bear out. What the caller's table gives wins; a param it does
+        not list that carries Megatron's TP attributes (tensor_model_parallel,
+        partition_dim) is read from them."""
         table = self._index_tables.get("tp_dims")
         if table is not None:
             if isinstance(table, int):
@@ -190,8 +203,15 @@ class _ProcessGroupConfig(DistributedConfig):
             idx = self._param_index(param)
             if idx in table:
                 return None if table[idx] is None else int(table[idx])
+            if _has_megatron_tp(param):
+                return _megatron_tp_dim(param)
             return _DefaultDim(self._tp_default) if self._tp_default is not None else None
-        return _lookup_any(self.tp_dims, name, default_name, param, int)
+        found, value = _lookup(self.tp_dims, name, param)
+        if not found and isinstance(self.tp_dims, dict) and default_name != name:
+            found, value = _lookup(self.tp_dims, default_name, param)
+        if found:
+            return None if value is None else int(value)
+        return _megatron_tp_dim(param) if _has_megatron_tp(param) else None
 
     def _declared_global_shape(self, default_name, param):
         return self._global_shape(self._name(default_name, param), default_name, param)
@@ -693,7 +713,10 @@ def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None,
                      only. Give experts distinct names (`names`);
       tp_pg          Shard(tp_dim) for params in `tp_dims` (a dict keyed by
                      param or name, or a callable (name, param) -> dim or
-                     None), Replicate for the others;
+                     None); a param it does not give that carries
+                     Megatron-core's tensor_model_parallel / partition_dim
+                     attributes: Shard(partition_dim), or Replicate when
+                     tensor_model_parallel is False; Replicate for the others;
       fsdp_pg        fsdp_mode "chunk": FSDP splits dim 0 in pieces of
                      ceil(rows / n) rows, the tail short or empty (torch.chunk,
                      FSDP2); other splits of dim 0 are read from the ranks;
@@ -776,8 +799,10 @@ def create_auto_config(fsdp_process_group=None, tp_process_group=None,
     tp_dim_per_param: an int (every param is TP-sharded on that dim) or a
     dict {param index: dim or None} (index over all params given to
     muon.Muon, param groups in order; None: replicated over TP). As in the
-    design, a matrix the dict does not list is TP-sharded on dim 0; if its
-    TP ranks hold the same values it is an error that says to list it as None.
+    design, a matrix the dict does not list is TP-sharded on dim 0 (unless it
+    carries Megatron-core's tensor_model_parallel / partition_dim, which are
+    read instead); if its TP ranks hold the same values it is an error that
+    says to list it as None.
     tp_shard_dim: the design's other name for an int tp_dim_per_param.
     expert_assignments: a dict {param index: expert id}: those params are
     experts, named "expert{id}." + muon.Muon's name, so the same expert has the
