@@ -229,3 +229,31 @@ def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
     for rank, error in enumerate(launch(_elastic_worker, 2, timeout=300)):
         assert error is not None, "rank %d accepted elastic_checkpoint" % rank
         assert '"elastic_checkpoint": false' in error, error
+
+
+def _stage_worker(rank, world, stage, bf16):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed  # noqa: F401
+    torch.manual_seed(0)
+    model = Net()
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    config = _ds_config(stage)
+    if bf16:
+        config["bf16"] = {"enabled": True}
+    try:
+        engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+        _train(engine, rank, range(1))
+    except Exception as e:  # noqa: BLE001 - the test reads the message
+        return "%s: %s" % (type(e).__name__, e)
+    return None
+
+
+@pytest.mark.parametrize("stage,bf16", [(0, False), (0, True), (3, False)])
+def test_unmapped_stages_are_refused_naming_the_stage(stage, bf16):
+    for rank, error in enumerate(launch(_stage_worker, 2, stage, bf16, timeout=300)):
+        print("stage %d bf16 %s rank %d: %s" % (stage, bf16, rank, error))
+        assert error is not None, "rank %d accepted ZeRO stage %d" % (rank, stage)
+        assert "ZeRO stage %d" % stage in error, error

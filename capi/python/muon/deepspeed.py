@@ -46,9 +46,10 @@ def _partitions(zero):
         return zero.single_partition_of_fp32_groups
     if hasattr(zero, "fp32_groups_flat_partition"):        # BF16_Optimizer (bf16, stage 1)
         return zero.fp32_groups_flat_partition
-    raise ValueError("muon.deepspeed: %s is not a ZeRO stage 1 or 2 optimizer (stage 3 and "
-                     "stage 0 are not mapped); set zero_optimization.stage to 1 or 2"
-                     % type(zero).__name__)
+    raise ValueError("muon.deepspeed: the optimizer to bind is a %s, not DeepSpeed's ZeRO stage "
+                     "1 or 2 optimizer (DeepSpeedZeroOptimizer, BF16_Optimizer: "
+                     "engine.optimizer under zero_optimization.stage 1 or 2); stages 0 and 3 "
+                     "are not mapped yet" % type(zero).__name__)
 
 
 def zero_partition_segments(zero, group_index, rank, world_size):
@@ -177,6 +178,15 @@ def initialize(*, optimizer, config, **kwargs):
         with open(config) as f:
             config = json.load(f)
     config = dict(config)
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    if stage not in (1, 2):
+        what = {0: "ZeRO stage 0 (data parallelism without ZeRO; DeepSpeed's default when "
+                   "zero_optimization.stage is absent)",
+                3: "ZeRO stage 3 (parameters partitioned too)"}.get(
+                    stage, "ZeRO stage %r" % (stage,))
+        raise ValueError("muon.deepspeed.initialize: %s is not mapped yet; set "
+                         "zero_optimization.stage to 1 or 2 (the same training, the optimizer "
+                         "state partitioned)" % what)
     config.setdefault("zero_allow_untested_optimizer", True)
     out = deepspeed.initialize(optimizer=optimizer, config=config, **kwargs)
     cfg.bind(out[1])
