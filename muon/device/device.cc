@@ -93,67 +93,11 @@ int64_t Device::allocated_bytes() const {
   return live_bytes_;
 }
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    Reset();
-    device_ = std::move(o.device_);
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-absl::StatusOr<DeviceBuffer> DeviceBuffer::Make(std::shared_ptr<Device> device, size_t bytes,
-                                                const std::string& what) {
-  DeviceBuffer b;
-  if (bytes == 0) return b;
-  absl::StatusOr<void*> p = device->Allocate(bytes, what);
-  if (!p.ok()) return p.status();
-  b.device_ = std::move(device);
-  b.ptr_ = *p;
-  b.bytes_ = bytes;
-  return b;
-}
-
-void DeviceBuffer::Reset() {
-  if (ptr_ != nullptr && device_) device_->Free(ptr_);
-  ptr_ = nullptr;
-  bytes_ = 0;
-  device_.reset();
-}
-
-StagingBuffer& StagingBuffer::operator=(StagingBuffer&& o) noexcept {
-  if (this != &o) {
-    Reset();
-    device_ = std::move(o.device_);
-    ptr_ = o.ptr_;
-    bytes_ = o.bytes_;
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-absl::StatusOr<StagingBuffer> StagingBuffer::Make(std::shared_ptr<Device> device, size_t bytes,
-                                                  const std::string& what) {
-  StagingBuffer b;
-  if (bytes == 0) return b;
-  absl::StatusOr<void*> p = device->AllocateStaging(bytes, what);
-  if (!p.ok()) return p.status();
-  std::memset(*p, 0, bytes);
-  b.device_ = std::move(device);
-  b.ptr_ = static_cast<unsigned char*>(*p);
-  b.bytes_ = bytes;
-  return b;
-}
-
-void StagingBuffer::Reset() {
-  if (ptr_ != nullptr && device_) device_->FreeStaging(ptr_);
-  ptr_ = nullptr;
-  bytes_ = 0;
-  device_.reset();
+absl::StatusOr<void*> StagingMemoryKind::Allocate(Device& device, size_t bytes,
+                                                 const std::string& what) {
+  absl::StatusOr<void*> p = device.AllocateStaging(bytes, what);
+  if (p.ok()) std::memset(*p, 0, bytes);
+  return p;
 }
 
 MemorySource MemorySourceOf(Device* device) {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -216,19 +217,48 @@ class CurrentDevice {
   absl::Status status_;
 };
 
-// Device memory owned by a buffer (move-only). Keeps its device alive.
-class DeviceBuffer {
+// Memory of one kind, owned by a buffer (move-only) and zero-filled when
+// made; it keeps its device alive. `Kind` says how the device hands it out
+// and takes it back: DeviceBuffer (Allocate / Free: the device's memory,
+// counted) and StagingBuffer (AllocateStaging / FreeStaging: host memory a
+// step's stream-ordered copies use).
+template <typename Kind>
+class OwnedMemory {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  ~DeviceBuffer() { Reset(); }
+  OwnedMemory() = default;
+  OwnedMemory(const OwnedMemory&) = delete;
+  OwnedMemory& operator=(const OwnedMemory&) = delete;
+  OwnedMemory(OwnedMemory&& o) noexcept { *this = std::move(o); }
+  OwnedMemory& operator=(OwnedMemory&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      device_ = std::move(o.device_);
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~OwnedMemory() { Reset(); }
 
-  static absl::StatusOr<DeviceBuffer> Make(std::shared_ptr<Device> device, size_t bytes,
-                                           const std::string& what);
-  void Reset();
+  static absl::StatusOr<OwnedMemory> Make(std::shared_ptr<Device> device, size_t bytes,
+                                          const std::string& what) {
+    OwnedMemory b;
+    if (bytes == 0) return b;
+    absl::StatusOr<void*> p = Kind::Allocate(*device, bytes, what);
+    if (!p.ok()) return p.status();
+    b.device_ = std::move(device);
+    b.ptr_ = *p;
+    b.bytes_ = bytes;
+    return b;
+  }
+  void Reset() {
+    if (ptr_ != nullptr && device_) Kind::Free(*device_, ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    device_.reset();
+  }
   void* data() const { return ptr_; }
   size_t size() const { return bytes_; }
   bool empty() const { return bytes_ == 0; }
@@ -243,28 +273,20 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Host memory of AllocateStaging, freed with its device (kept alive by it).
-class StagingBuffer {
- public:
-  StagingBuffer() = default;
-  StagingBuffer(const StagingBuffer&) = delete;
-  StagingBuffer& operator=(const StagingBuffer&) = delete;
-  StagingBuffer(StagingBuffer&& o) noexcept { *this = std::move(o); }
-  StagingBuffer& operator=(StagingBuffer&& o) noexcept;
-  ~StagingBuffer() { Reset(); }
-
-  static absl::StatusOr<StagingBuffer> Make(std::shared_ptr<Device> device, size_t bytes,
-                                            const std::string& what);
-  void Reset();
-  unsigned char* data() const { return ptr_; }
-  size_t size() const { return bytes_; }
-
- private:
-  std::shared_ptr<Device> device_;
-  unsigned char* ptr_ = nullptr;
-  size_t bytes_ = 0;
+struct DeviceMemoryKind {
+  static absl::StatusOr<void*> Allocate(Device& device, size_t bytes, const std::string& what) {
+    return device.Allocate(bytes, what);
+  }
+  static void Free(Device& device, void* ptr) { device.Free(ptr); }
+};
+struct StagingMemoryKind {
+  // (AllocateStaging's memory is not zeroed: this zeroes it.)
+  static absl::StatusOr<void*> Allocate(Device& device, size_t bytes, const std::string& what);
+  static void Free(Device& device, void* ptr) { device.FreeStaging(ptr); }
 };
 
+using DeviceBuffer = OwnedMemory<DeviceMemoryKind>;
+using StagingBuffer = OwnedMemory<StagingMemoryKind>;
 
 // `device`'s Allocate and Free, as a math backend's source of memory.
 MemorySource MemorySourceOf(Device* device);

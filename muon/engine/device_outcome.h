@@ -80,7 +80,8 @@ class DeviceOutcome {
   // then). Throws std::bad_alloc only.
   void Reserve(const std::shared_ptr<Device>& device, int ranks);
   unsigned char* base() const {
-    return home_.size() != 0 ? home_.data() : const_cast<unsigned char*>(plain_.data());
+    return home_.size() != 0 ? home_.as<unsigned char>()
+                             : const_cast<unsigned char*>(plain_.data());
   }
   unsigned char* mine() const { return base(); }  // read by the stream
   int64_t* nonfinite() const {                    // written by the stream

@@ -95,7 +95,9 @@ class ExchangeStepper : public Stepper {
   std::vector<unsigned char> verdicts_;
   // This rank's verdict, read by the stream: page-locked on a GPU (no host
   // wait for the copy), else mine_.
-  unsigned char* mine() { return verdict_home_.size() != 0 ? verdict_home_.data() : mine_; }
+  unsigned char* mine() {
+    return verdict_home_.size() != 0 ? verdict_home_.as<unsigned char>() : mine_;
+  }
   unsigned char mine_[kVerdictBytes] = {};
   StagingBuffer verdict_home_;
   DeviceBuffer verdicts_on_device_;

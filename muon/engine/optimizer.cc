@@ -207,7 +207,7 @@ absl::Status Optimizer::Prepare(void* stream) {
     return absl::FailedPreconditionError(
         "no parameters are registered; call muon_register_param first");
   }
-  MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
+  // (Step set the device's stream already.)
   // Setup fails before any tensor is written.
   if (setup_ == nullptr) {
     // A failed setup leaves setup_ NULL on every rank (they all return the
