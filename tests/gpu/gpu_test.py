@@ -191,74 +191,71 @@ def test_ranks_on_one_gpu_equal_one_rank(n, layout):
 # ---------------------------------------------------------------------------
 
 
+class CapturedAndEager:
+    """One problem on two low-level optimizers: `opt`, whose step a test
+    captures, and `ref`, stepped eagerly; feed() writes a step's gradients into
+    both, and equal() says whether their parameters are the same bits."""
+
+    def __init__(self, seed):
+        init, self.grads = make_problem(seed, steps=4)
+        self.params = [p.clone().to(DEV) for p in init]
+        self.bufs = [torch.zeros_like(p) for p in self.params]
+        self.eager = [p.clone() for p in self.params]
+        self.ebufs = [torch.zeros_like(p) for p in self.params]
+        self.opt = muon.Optimizer(lr=LR, weight_decay=WD)
+        self.ref = muon.Optimizer(lr=LR, weight_decay=WD)
+        for k, (p, g, e, eg) in enumerate(zip(self.params, self.bufs, self.eager, self.ebufs)):
+            self.opt.register(p, g, name="w%d" % k)
+            self.ref.register(e, eg, name="w%d" % k)
+
+    def feed(self, step):
+        for b, eb, g in zip(self.bufs, self.ebufs, step):
+            b.copy_(g)
+            eb.copy_(g)
+
+    def equal(self):
+        torch.cuda.synchronize()
+        return all(torch.equal(p, e) for p, e in zip(self.params, self.eager))
+
+
 def test_a_step_replays_from_a_cuda_graph():
-    init, grads = make_problem(5, steps=4)
-    params = [p.clone().to(DEV) for p in init]
-    bufs = [torch.zeros_like(p) for p in params]
-    eager = [p.clone() for p in params]
-    ebufs = [torch.zeros_like(p) for p in params]
-    opt = muon.Optimizer(lr=LR, weight_decay=WD)
-    ref = muon.Optimizer(lr=LR, weight_decay=WD)
-    for k, (p, g, e, eg) in enumerate(zip(params, bufs, eager, ebufs)):
-        opt.register(p, g, name="w%d" % k)
-        ref.register(e, eg, name="w%d" % k)
+    t = CapturedAndEager(5)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         # The first step sets up (allocates, waits once): not capturable.
-        for b, eb, g in zip(bufs, ebufs, grads[0]):
-            b.copy_(g)
-            eb.copy_(g)
-        opt.step(stream=s)
-        ref.step(stream=s)
+        t.feed(t.grads[0])
+        t.opt.step(stream=s)
+        t.ref.step(stream=s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=s):
-            opt.step(stream=s)
-        for step in grads[1:]:
-            for b, eb, g in zip(bufs, ebufs, step):
-                b.copy_(g)
-                eb.copy_(g)
+            t.opt.step(stream=s)
+        for step in t.grads[1:]:
+            t.feed(step)
             graph.replay()
-            ref.step(stream=s)
-    torch.cuda.synchronize()
-    for p, e in zip(params, eager):
-        assert torch.equal(p, e)
+            t.ref.step(stream=s)
+    assert t.equal()
 
 
 def test_a_step_captured_on_torch_graphs_own_stream_replays_like_steps():
     # torch's recipe: warm up on a side stream, then capture with
     # torch.cuda.graph() on the stream it makes (another than the last step's).
-    init, grads = make_problem(8, steps=4)
-    params = [p.clone().to(DEV) for p in init]
-    bufs = [torch.zeros_like(p) for p in params]
-    eager = [p.clone() for p in params]
-    ebufs = [torch.zeros_like(p) for p in params]
-    opt = muon.Optimizer(lr=LR, weight_decay=WD)
-    ref = muon.Optimizer(lr=LR, weight_decay=WD)
-    for k, (p, g, e, eg) in enumerate(zip(params, bufs, eager, ebufs)):
-        opt.register(p, g, name="w%d" % k)
-        ref.register(e, eg, name="w%d" % k)
+    t = CapturedAndEager(8)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for b, eb, g in zip(bufs, ebufs, grads[0]):
-            b.copy_(g)
-            eb.copy_(g)
-        opt.step()
-        ref.step()
+        t.feed(t.grads[0])
+        t.opt.step()
+        t.ref.step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        opt.step()
-    for step in grads[1:]:
-        for b, eb, g in zip(bufs, ebufs, step):
-            b.copy_(g)
-            eb.copy_(g)
+        t.opt.step()
+    for step in t.grads[1:]:
+        t.feed(step)
         graph.replay()
-        ref.step()
-    torch.cuda.synchronize()
-    for p, e in zip(params, eager):
-        assert torch.equal(p, e)
+        t.ref.step()
+    assert t.equal()
 
 
 def test_muon_muon_captured_follows_its_lr_scheduler_through_push_hyperparameters():

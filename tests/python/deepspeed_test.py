@@ -205,33 +205,9 @@ def test_muon_without_its_config_under_zero_is_refused_not_adamw():
         assert r["unchanged"], rank
 
 
-def _elastic_worker(rank, world):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
-    import deepspeed  # noqa: F401
-    torch.manual_seed(0)
-    model = Net()
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
-    config = _ds_config(2)
-    config["zero_optimization"]["elastic_checkpoint"] = True
-    try:
-        muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
-    # DeepSpeed's elastic checkpoints would save muon.Muon's state empty: refused
-    # at bind, before any step or save, on every rank.
-    for rank, error in enumerate(launch(_elastic_worker, 2, timeout=300)):
-        assert error is not None, "rank %d accepted elastic_checkpoint" % rank
-        assert '"elastic_checkpoint": false' in error, error
-
-
-def _stage_worker(rank, world, stage, bf16):
+def _refusal_worker(rank, world, stage, bf16, elastic):
+    """muon.deepspeed.initialize and one step under a config it should refuse:
+    the exception as "Type: message", or None when nothing was refused."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
@@ -243,6 +219,8 @@ def _stage_worker(rank, world, stage, bf16):
     config = _ds_config(stage)
     if bf16:
         config["bf16"] = {"enabled": True}
+    if elastic:
+        config["zero_optimization"]["elastic_checkpoint"] = True
     try:
         engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
         _train(engine, rank, range(1))
@@ -251,9 +229,18 @@ def _stage_worker(rank, world, stage, bf16):
     return None
 
 
+def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
+    # DeepSpeed's elastic checkpoints would save muon.Muon's state empty: refused
+    # at bind, before any step or save, on every rank.
+    for rank, error in enumerate(launch(_refusal_worker, 2, 2, False, True, timeout=300)):
+        assert error is not None, "rank %d accepted elastic_checkpoint" % rank
+        assert error.startswith("ValueError: "), error
+        assert '"elastic_checkpoint": false' in error, error
+
+
 @pytest.mark.parametrize("stage,bf16", [(0, False), (0, True), (3, False)])
 def test_unmapped_stages_are_refused_naming_the_stage(stage, bf16):
-    for rank, error in enumerate(launch(_stage_worker, 2, stage, bf16, timeout=300)):
+    for rank, error in enumerate(launch(_refusal_worker, 2, stage, bf16, False, timeout=300)):
         print("stage %d bf16 %s rank %d: %s" % (stage, bf16, rank, error))
         assert error is not None, "rank %d accepted ZeRO stage %d" % (rank, stage)
         assert "ZeRO stage %d" % stage in error, error

@@ -99,12 +99,18 @@ def _lookup(table, name, param):
     return False, None
 
 
-def _lookup_any(table, name, default_name, param, convert):
+def _lookup_named(table, name, default_name, param):
     """A dict entry keyed by the param, its name or muon.Muon's name for it; or a
-    callable's answer for (name, param). None when there is none."""
+    callable's answer for (name, param). Returns (found, value)."""
     found, value = _lookup(table, name, param)
     if not found and isinstance(table, dict) and default_name != name:
         found, value = _lookup(table, default_name, param)
+    return found, value
+
+
+def _lookup_any(table, name, default_name, param, convert):
+    """_lookup_named's value, converted; None when there is none."""
+    found, value = _lookup_named(table, name, default_name, param)
     return convert(value) if found else None
 
 

@@ -19,7 +19,8 @@ import zlib
 
 from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _lookup_any,
-                      _matrix_ndim_error, _matrix_view, _require_dist, _torch, _torch_version)
+                      _lookup_named, _matrix_ndim_error, _matrix_view, _require_dist, _torch,
+                      _torch_version)
 from ._dist import TorchDistComm
 from ._flat import segment_of
 
@@ -206,9 +207,7 @@ class _ProcessGroupConfig(DistributedConfig):
             if _has_megatron_tp(param):
                 return _megatron_tp_dim(param)
             return _DefaultDim(self._tp_default) if self._tp_default is not None else None
-        found, value = _lookup(self.tp_dims, name, param)
-        if not found and isinstance(self.tp_dims, dict) and default_name != name:
-            found, value = _lookup(self.tp_dims, default_name, param)
+        found, value = _lookup_named(self.tp_dims, name, default_name, param)
         if found:
             return None if value is None else int(value)
         return _megatron_tp_dim(param) if _has_megatron_tp(param) else None
