@@ -36,7 +36,7 @@ fi
 COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
   muon/math/backend.cc muon/math/ns_config.cc muon/math/ns_program.cc muon/math/cpu/cpu_backend.cc
-  muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc
+  muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc muon/math/cpu/onednn_library.cc
   muon/device/device.cc muon/device/host_device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
 )
@@ -73,7 +73,7 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cord_internal -labsl
   -labsl_raw_hash_set -labsl_hash -labsl_city -labsl_low_level_hash)
 # oneDNN for native bf16 products; libgomp for the OpenMP thread count
 # (cpu_threads.cc, compiled with -fopenmp=libgomp as GCC's -fopenmp would).
-LIBS=("${ABSL_LIBS[@]}" -lopenblas -ldnnl -lz -lgomp -ldl -lpthread)
+LIBS=("${ABSL_LIBS[@]}" -lopenblas -lz -lgomp -ldl -lpthread)
 
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 CXXFLAGS=(-std=c++17 -O1 -g "${SAN[@]}" -fsanitize=fuzzer-no-link -I. -DMUON_FUZZING

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/math/cpu/cpu_kernels.h"
+#include "muon/math/cpu/onednn_library.h"
 #include "muon/math/ns_program.h"
 
 namespace muon {
@@ -254,7 +255,10 @@ bool CpuBackend::NativeBf16() {
     if (native_status_.ok()) native_status_ = engine.status();
     if (allow_native_bf16_ && native_status_.ok()) {
       native_bf16_ = NativeBf16Gemm::Create(source_, *engine);
-      if (native_bf16_ == nullptr && *engine != cpu::Bf16Engine::kEmulated) {
+      if (native_bf16_ == nullptr && *engine == cpu::Bf16Engine::kOneDnn &&
+          !LoadOneDnn().ok()) {
+        native_status_ = LoadOneDnn().status();  // names the library and the fix
+      } else if (native_bf16_ == nullptr && *engine != cpu::Bf16Engine::kEmulated) {
         native_status_ = absl::FailedPreconditionError(
             absl::StrCat("the bf16 products on ", cpu::Bf16EngineName(*engine),
                          " could not start on this CPU (features: ",

@@ -13,10 +13,13 @@
 #include "muon/common/status.h"
 #include "muon/math/cpu/bf16_gemm.h"
 #include "muon/math/cpu/cpu_kernels.h"
-#include "oneapi/dnnl/dnnl.h"
+#include "muon/math/cpu/onednn_library.h"
 
 namespace muon {
 namespace {
+
+// oneDNN's functions: called only after Create has loaded them.
+const OneDnn& Dnnl() { return **LoadOneDnn(); }
 
 #define MUON_DNNL(call)                                                                   \
   do {                                                                                   \
@@ -53,11 +56,11 @@ using Entry = NativeBf16Gemm::Entry;
 using Key = NativeBf16Gemm::Key;
 
 void Destroy(Entry& e) {
-  if (e.scratch) dnnl_memory_destroy(e.scratch);
-  if (e.src) dnnl_memory_destroy(e.src);
-  if (e.weights) dnnl_memory_destroy(e.weights);
-  if (e.dst) dnnl_memory_destroy(e.dst);
-  if (e.primitive) dnnl_primitive_destroy(e.primitive);
+  if (e.scratch) Dnnl().memory_destroy(e.scratch);
+  if (e.src) Dnnl().memory_destroy(e.src);
+  if (e.weights) Dnnl().memory_destroy(e.weights);
+  if (e.dst) Dnnl().memory_destroy(e.dst);
+  if (e.primitive) Dnnl().primitive_destroy(e.primitive);
   e = Entry{};
 }
 
@@ -130,8 +133,8 @@ struct NativeBf16Gemm::Impl {
 
   ~Impl() {
     for (Entry& e : cache) Destroy(e);
-    if (stream) dnnl_stream_destroy(stream);
-    if (engine) dnnl_engine_destroy(engine);
+    if (stream) Dnnl().stream_destroy(stream);
+    if (engine) Dnnl().engine_destroy(engine);
   }
 
   // The column-major product D = op(A) op(B) is, read row-major, the product
@@ -148,40 +151,40 @@ struct NativeBf16Gemm::Impl {
     // op(A)^T (p, i) = op(A)(i, p): A(i, p) at i + p lda, or A(p, i) at p + i lda.
     const dnnl_dims_t weights_strides = {key.trans_a ? 1 : key.lda, key.trans_a ? key.lda : 1};
     const dnnl_dims_t dst_strides = {key.ldd, 1};
-    MUON_DNNL(dnnl_memory_desc_init_by_strides(&src_md, 2, src_dims, dnnl_bf16, src_strides));
-    MUON_DNNL(dnnl_memory_desc_init_by_strides(&weights_md, 2, weights_dims, dnnl_bf16,
+    MUON_DNNL(Dnnl().memory_desc_init_by_strides(&src_md, 2, src_dims, dnnl_bf16, src_strides));
+    MUON_DNNL(Dnnl().memory_desc_init_by_strides(&weights_md, 2, weights_dims, dnnl_bf16,
                                                weights_strides));
-    MUON_DNNL(dnnl_memory_desc_init_by_strides(&dst_md, 2, dst_dims, dnnl_bf16, dst_strides));
+    MUON_DNNL(Dnnl().memory_desc_init_by_strides(&dst_md, 2, dst_dims, dnnl_bf16, dst_strides));
     dnnl_matmul_desc_t desc;
-    MUON_DNNL(dnnl_matmul_desc_init(&desc, &src_md, &weights_md, nullptr, &dst_md));
+    MUON_DNNL(Dnnl().matmul_desc_init(&desc, &src_md, &weights_md, nullptr, &dst_md));
 
     dnnl_primitive_attr_t attr = nullptr;
     dnnl_post_ops_t post_ops = nullptr;
     dnnl_primitive_desc_t pd = nullptr;
     absl::Status status = [&]() -> absl::Status {
-      MUON_DNNL(dnnl_primitive_attr_create(&attr));
-      MUON_DNNL(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
-      if (key.alpha != 1.0f) MUON_DNNL(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &key.alpha));
+      MUON_DNNL(Dnnl().primitive_attr_create(&attr));
+      MUON_DNNL(Dnnl().primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
+      if (key.alpha != 1.0f) MUON_DNNL(Dnnl().primitive_attr_set_output_scales(attr, 1, 0, &key.alpha));
       if (key.beta != 0.0f) {
-        MUON_DNNL(dnnl_post_ops_create(&post_ops));
-        MUON_DNNL(dnnl_post_ops_append_sum(post_ops, key.beta));
-        MUON_DNNL(dnnl_primitive_attr_set_post_ops(attr, post_ops));
+        MUON_DNNL(Dnnl().post_ops_create(&post_ops));
+        MUON_DNNL(Dnnl().post_ops_append_sum(post_ops, key.beta));
+        MUON_DNNL(Dnnl().primitive_attr_set_post_ops(attr, post_ops));
       }
-      MUON_DNNL(dnnl_primitive_desc_create(&pd, &desc, attr, engine, nullptr));
-      MUON_DNNL(dnnl_primitive_create(&e->primitive, pd));
-      MUON_DNNL(dnnl_memory_create(&e->src, &src_md, engine, DNNL_MEMORY_NONE));
-      MUON_DNNL(dnnl_memory_create(&e->weights, &weights_md, engine, DNNL_MEMORY_NONE));
-      MUON_DNNL(dnnl_memory_create(&e->dst, &dst_md, engine, DNNL_MEMORY_NONE));
-      const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+      MUON_DNNL(Dnnl().primitive_desc_create(&pd, &desc, attr, engine, nullptr));
+      MUON_DNNL(Dnnl().primitive_create(&e->primitive, pd));
+      MUON_DNNL(Dnnl().memory_create(&e->src, &src_md, engine, DNNL_MEMORY_NONE));
+      MUON_DNNL(Dnnl().memory_create(&e->weights, &weights_md, engine, DNNL_MEMORY_NONE));
+      MUON_DNNL(Dnnl().memory_create(&e->dst, &dst_md, engine, DNNL_MEMORY_NONE));
+      const dnnl_memory_desc_t* scratch_md = Dnnl().primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
       if (scratch_md != nullptr) {
-        e->scratch_bytes = dnnl_memory_desc_get_size(scratch_md);
-        MUON_DNNL(dnnl_memory_create(&e->scratch, scratch_md, engine, DNNL_MEMORY_NONE));
+        e->scratch_bytes = Dnnl().memory_desc_get_size(scratch_md);
+        MUON_DNNL(Dnnl().memory_create(&e->scratch, scratch_md, engine, DNNL_MEMORY_NONE));
       }
       return absl::OkStatus();
     }();
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (post_ops) dnnl_post_ops_destroy(post_ops);
-    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (pd) Dnnl().primitive_desc_destroy(pd);
+    if (post_ops) Dnnl().post_ops_destroy(post_ops);
+    if (attr) Dnnl().primitive_attr_destroy(attr);
     if (!status.ok()) Destroy(*e);
     return status;
   }
@@ -197,12 +200,13 @@ std::unique_ptr<NativeBf16Gemm> NativeBf16Gemm::Create(MemorySource source, Engi
   if (engine != Engine::kOneDnn) {
     return std::unique_ptr<NativeBf16Gemm>(new NativeBf16Gemm(std::move(impl)));
   }
+  if (!LoadOneDnn().ok()) return nullptr;
   // oneDNN asks the CPU itself (ONEDNN_MAX_CPU_ISA caps it).
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const unsigned isa = static_cast<unsigned>(Dnnl().get_effective_cpu_isa());
   const unsigned bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   if ((isa & bf16) != bf16) return nullptr;
-  if (dnnl_engine_create(&impl->engine, dnnl_cpu, 0) != dnnl_success) return nullptr;
-  if (dnnl_stream_create(&impl->stream, impl->engine, dnnl_stream_default_flags) != dnnl_success) {
+  if (Dnnl().engine_create(&impl->engine, dnnl_cpu, 0) != dnnl_success) return nullptr;
+  if (Dnnl().stream_create(&impl->stream, impl->engine, dnnl_stream_default_flags) != dnnl_success) {
     return nullptr;
   }
   return std::unique_ptr<NativeBf16Gemm>(new NativeBf16Gemm(std::move(impl)));
@@ -345,9 +349,9 @@ absl::Status NativeBf16Gemm::Execute(const NsGemm& g, const Key& key, const uint
   absl::StatusOr<Entry*> found = Find(g, key);
   if (!found.ok()) return found.status();
   Entry* entry = *found;
-  MUON_DNNL(dnnl_memory_set_data_handle(entry->src, const_cast<uint16_t*>(b)));
-  MUON_DNNL(dnnl_memory_set_data_handle(entry->weights, const_cast<uint16_t*>(a)));
-  MUON_DNNL(dnnl_memory_set_data_handle(entry->dst, d));
+  MUON_DNNL(Dnnl().memory_set_data_handle(entry->src, const_cast<uint16_t*>(b)));
+  MUON_DNNL(Dnnl().memory_set_data_handle(entry->weights, const_cast<uint16_t*>(a)));
+  MUON_DNNL(Dnnl().memory_set_data_handle(entry->dst, d));
   dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, entry->src},
                             {DNNL_ARG_WEIGHTS, entry->weights},
                             {DNNL_ARG_DST, entry->dst},
@@ -356,11 +360,11 @@ absl::Status NativeBf16Gemm::Execute(const NsGemm& g, const Key& key, const uint
   if (entry->scratch != nullptr && entry->scratch_bytes > 0) {
     absl::StatusOr<void*> scratch = impl_->Scratch(entry->scratch_bytes);
     if (!scratch.ok()) return scratch.status();
-    MUON_DNNL(dnnl_memory_set_data_handle(entry->scratch, *scratch));
+    MUON_DNNL(Dnnl().memory_set_data_handle(entry->scratch, *scratch));
     nargs = 4;
   }
-  MUON_DNNL(dnnl_primitive_execute(entry->primitive, impl_->stream, nargs, args));
-  MUON_DNNL(dnnl_stream_wait(impl_->stream));
+  MUON_DNNL(Dnnl().primitive_execute(entry->primitive, impl_->stream, nargs, args));
+  MUON_DNNL(Dnnl().stream_wait(impl_->stream));
   return absl::OkStatus();
 }
 
