@@ -1,14 +1,15 @@
-"""muon.Muon as DeepSpeed's client optimizer under ZeRO stage 1 and 2, on 4
+"""muon.Muon as DeepSpeed's client optimizer under ZeRO stages 1, 2 and 3, on 4
 gloo processes (CPU): DeepSpeed's real engine and ZeRO optimizer, which hand
 muon.Muon one flat fp32 partition per param group (ranges of several weights
-and biases, split rows, padding). Checked against single-process muon.Muon
-on the whole batch (the 4 ranks' batches together, so the same averaged
-gradient up to the order of DeepSpeed's sums): every weight within 1e-5
-after the run while the weights moved by far more, every matrix
-orthogonalized once per step in the job, ZeRO-1 and ZeRO-2 alike, with two
-param groups (weight decay on matrices only) and gradient clipping; and a
-DeepSpeed checkpoint (engine.save_checkpoint / load_checkpoint) resumed in a
-fresh engine continues bit for bit."""
+and biases, split rows, padding; under ZeRO-3 each param's own even piece).
+Checked against single-process muon.Muon on the whole batch (the 4 ranks'
+batches together, so the same averaged gradient up to the order of
+DeepSpeed's sums): every weight within 1e-5 after the run while the weights
+moved by far more, every matrix orthogonalized once per step in the job,
+ZeRO-1, 2 and 3 alike (ZeRO-3 also under zero.Init and with accumulated
+micro-batches), with two param groups (weight decay on matrices only) and
+gradient clipping; and a DeepSpeed checkpoint (engine.save_checkpoint /
+load_checkpoint) resumed in a fresh engine continues bit for bit."""
 
 import os
 import sys
@@ -48,8 +49,10 @@ def _batch(step, rank):
 
 def _groups(model):
     # Two param groups, as training recipes have them: decayed matrices, the rest.
-    matrices = [p for p in model.parameters() if p.ndim == 2]
-    others = [p for p in model.parameters() if p.ndim < 2]
+    # Under deepspeed.zero.Init a param is empty; its shape is in ds_shape.
+    ndim = {p: len(getattr(p, "ds_shape", p.shape)) for p in model.parameters()}
+    matrices = [p for p in model.parameters() if ndim[p] == 2]
+    others = [p for p in model.parameters() if ndim[p] < 2]
     return [{"params": matrices}, {"params": others, "weight_decay": 0.0}]
 
 
@@ -113,7 +116,10 @@ def _worker(rank, world, stage, ckpt_dir):
     _train(engine, rank, range(RESUME_AT, STEPS))
     full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in model.named_parameters()}
     orthogonalized = opt.stats()["matrices_orthogonalized"]
-    partitions = [tuple(g["params"][0].shape) for g in opt.param_groups]
+    # The flat fp32 partitions DeepSpeed hands the optimizer to step.
+    flat = zero.fp32_partitioned_groups_flat if stage == 3 else \
+        [g["params"][0] for g in opt.param_groups]
+    partitions = [tuple(t.shape) for t in flat]
 
     # A fresh engine from the checkpoint, the rest of the run again.
     model2, opt2, engine2, _ = _engine(stage)
@@ -131,12 +137,13 @@ def reference():
     return _reference()
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_stage_equals_single_process_muon(stage, reference, tmp_path):
     runs = launch(_worker, WORLD, stage, str(tmp_path), timeout=400)
     start, want = reference
     for rank, r in enumerate(runs):
-        assert r["zero"] == "DeepSpeedZeroOptimizer", r["zero"]
+        assert r["zero"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else
+                             "DeepSpeedZeroOptimizer"), r["zero"]
         # One flat partition per param group, as DeepSpeed hands them to the optimizer.
         assert len(r["partitions"]) == 2 and all(len(s) == 1 for s in r["partitions"])
         for n, w in want.items():
@@ -149,6 +156,83 @@ def test_zero_stage_equals_single_process_muon(stage, reference, tmp_path):
     print("\nZeRO-%d, %d ranks: largest difference from single-process Muon %g" % (
         stage, WORLD, max((r["full"][n] - w).abs().max().item()
                           for r in runs for n, w in want.items())))
+
+
+def _stage3_worker(rank, world, variant):
+    """ZeRO-3 as its users run it: the model built under deepspeed.zero.Init
+    (muon.Muon then sees empty, partitioned params with ds_shape), or two
+    micro-batches of 2 accumulated into each step (gradient_accumulation_steps
+    2, the same samples as the reference's batch of 4). Per optimizer step:
+    the library's step count and the matrices orthogonalized on this rank."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
+    config = _ds_config(3)
+    torch.manual_seed(0)
+    if variant == "zero_init":
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = Net()
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        assert all(s == (0,) for s in shapes.values()), shapes  # partitioned at birth
+    else:
+        model = Net()
+        config.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2)
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+    per_step = []
+    for step in range(STEPS):
+        x, y = _batch(step, rank)
+        micro = [(x, y)] if variant == "zero_init" else [(x[:2], y[:2]), (x[2:], y[2:])]
+        for mx, my in micro:
+            engine.backward(torch.nn.functional.mse_loss(engine(mx), my))
+            engine.step()
+        stats = opt.stats()
+        per_step.append((stats["steps"], stats["matrices_orthogonalized"]))
+    full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in model.named_parameters()}
+    return {"full": full, "per_step": per_step}
+
+
+@pytest.mark.parametrize("variant", ["zero_init", "accumulate"])
+def test_zero3_variants_equal_single_process_muon(variant, reference):
+    runs = launch(_stage3_worker, WORLD, variant, timeout=400)
+    start, want = reference
+    for rank, r in enumerate(runs):
+        # One library step per optimizer step, micro-batches or not.
+        assert [s for s, _ in r["per_step"]] == list(range(1, STEPS + 1)), r["per_step"]
+        for n, w in want.items():
+            assert (w - start[n]).abs().max().item() > 1e-2, n
+            err = (r["full"][n] - w).abs().max().item()
+            assert err <= 1e-5, "%s rank %d %s: %g off" % (variant, rank, n, err)
+    for step in range(STEPS):  # each matrix orthogonalized once per step in the job
+        assert sum(r["per_step"][step][1] for r in runs) == MATRICES, step
+
+
+def _sub_group_worker(rank, world):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed  # noqa: F401
+    torch.manual_seed(0)
+    model = Net()
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    config = _ds_config(3)
+    config["zero_optimization"]["sub_group_size"] = 100  # splits the matrices' group
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_zero3_sub_groups_that_split_a_param_group_are_refused():
+    for rank, error in enumerate(launch(_sub_group_worker, 2, timeout=300)):
+        assert error is not None, "rank %d accepted a split param group" % rank
+        assert "sub_group_size" in error and "elements per rank" in error, error
 
 
 def test_an_unbound_config_says_how_to_bind():
@@ -172,32 +256,40 @@ def test_deepspeeds_use_muon_flag_is_refused():
         muon.Muon([w], lr=0.02)
 
 
-def _plain_worker(rank, world):
+def _plain_worker(rank, world, stage):
     """muon.Muon without a distributed_config handed to deepspeed.initialize
-    itself (ZeRO-2): DeepSpeed gives it flat 1-D partitions in place of the
+    itself (ZeRO-2 or 3): DeepSpeed gives it flat 1-D partitions in place of the
     matrices, which would be stepped as AdamW. step() refuses, naming the fix."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
     import deepspeed
+    from deepspeed.utils import safe_get_full_fp32_param
     torch.manual_seed(0)
     model = Net()
     opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32")
-    config = dict(_ds_config(2), zero_allow_untested_optimizer=True)
+    config = dict(_ds_config(stage), zero_allow_untested_optimizer=True)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def master():  # DeepSpeed's fp32 weights, whole (gathered under ZeRO-3)
+        return {n: safe_get_full_fp32_param(p).detach().clone()
+                for n, p in model.named_parameters()}
+
+    before = master()
     x, y = _batch(0, rank)
     engine.backward(torch.nn.functional.mse_loss(engine(x), y))
     try:
         engine.step()
     except RuntimeError as e:
-        unchanged = all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+        after = master()
+        unchanged = all(torch.equal(after[n], before[n]) for n in before)
         return {"error": str(e), "unchanged": unchanged}
     return {"error": None, "unchanged": False}
 
 
-def test_muon_without_its_config_under_zero_is_refused_not_adamw():
-    runs = launch(_plain_worker, 2, timeout=300)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_muon_without_its_config_under_zero_is_refused_not_adamw(stage):
+    runs = launch(_plain_worker, 2, stage, timeout=300)
     for rank, r in enumerate(runs):
         assert r["error"] is not None, "rank %d stepped the flat partitions" % rank
         assert "would be stepped as AdamW" in r["error"], r["error"]
@@ -238,7 +330,7 @@ def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
         assert '"elastic_checkpoint": false' in error, error
 
 
-@pytest.mark.parametrize("stage,bf16", [(0, False), (0, True), (3, False)])
+@pytest.mark.parametrize("stage,bf16", [(0, False), (0, True)])
 def test_unmapped_stages_are_refused_naming_the_stage(stage, bf16):
     for rank, error in enumerate(launch(_refusal_worker, 2, stage, bf16, False, timeout=300)):
         print("stage %d bf16 %s rank %d: %s" % (stage, bf16, rank, error))

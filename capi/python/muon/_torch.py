@@ -681,7 +681,10 @@ class Muon(torch.optim.Optimizer):
         for fb in self._flat_buffers():
             fb.sync()
         self._prepare_config()
+        skip_empty = getattr(self._config, "_skip_empty_groups", False)
         for gi, group in self._numbered():
+            if skip_empty and not group["params"]:
+                continue  # ZeRO-3 steps its sub-groups one at a time (muon.deepspeed)
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
                 self._check_not_flattened(gi, group)

@@ -1,4 +1,4 @@
-"""muon.Muon inside DeepSpeed's ZeRO stage 1 and 2.
+"""muon.Muon inside DeepSpeed's ZeRO stages 1, 2 and 3.
 
     opt = muon.Muon(model.parameters(), lr=0.02,
                     distributed_config=muon.deepspeed.create_deepspeed_config())
@@ -18,11 +18,18 @@ DeepSpeed averages, unscales and clips the gradients before step(), skips a
 step on every rank when one overflowed, and steps the groups one at a time in
 the same order on every rank.
 
+ZeRO-3 partitions every param on its own (rank r holds elements [r*c, r*c+c)
+of it, c = ceil(numel / world), ds_shape its shape, zero.Init included) and
+hands the client one fp32 partition per sub-group, the pieces one after
+another: FlatRange pieces again. muon.Muon steps a param group's matrices
+together, so a group must be one sub-group: initialize sets
+"sub_group_size" when it is unset, and bind refuses a size that splits one.
+
 muon.deepspeed.initialize is deepspeed.initialize with
 "zero_allow_untested_optimizer" set and the config bound to the ZeRO
 optimizer it builds; with deepspeed.initialize itself, call
 config.bind(engine.optimizer) before the first step. Not mapped: ZeRO stage
-3 (params partitioned outside the optimizer), MoE expert groups (another
+0, MiCS, MoE expert groups (another
 data-parallel group) and DeepSpeed's own Muon (its `use_muon` param flag
 must stay unset: it would orthogonalize the gradients itself; muon.Muon
 refuses a parameter that carries it), and elastic checkpoints (they would save
@@ -40,16 +47,24 @@ from ._flat import Segment
 __all__ = ["create_deepspeed_config", "initialize", "zero_partition_segments"]
 
 
+def _stage3(zero):
+    return hasattr(zero, "fp32_partitioned_groups_flat") and hasattr(zero, "fp16_groups")
+
+
 def _partitions(zero):
-    """The fp32 partitions the client optimizer's groups hold, one per group."""
+    """The fp32 partitions the client optimizer steps: one per param group
+    (ZeRO-1/2), one per sub-group (ZeRO-3)."""
+    if _stage3(zero):                                      # DeepSpeedZeroOptimizer_Stage3
+        return zero.fp32_partitioned_groups_flat
     if hasattr(zero, "single_partition_of_fp32_groups"):   # DeepSpeedZeroOptimizer
         return zero.single_partition_of_fp32_groups
     if hasattr(zero, "fp32_groups_flat_partition"):        # BF16_Optimizer (bf16, stage 1)
         return zero.fp32_groups_flat_partition
     raise ValueError("muon.deepspeed: the optimizer to bind is a %s, not DeepSpeed's ZeRO stage "
                      "1 or 2 optimizer (DeepSpeedZeroOptimizer, BF16_Optimizer: "
-                     "engine.optimizer under zero_optimization.stage 1 or 2); stages 0 and 3 "
-                     "are not mapped yet" % type(zero).__name__)
+                     "engine.optimizer under zero_optimization.stage 1 or 2, "
+                     "DeepSpeedZeroOptimizer_Stage3 under stage 3); stage 0 is not mapped yet"
+                     % type(zero).__name__)
 
 
 def zero_partition_segments(zero, group_index, rank, world_size):
@@ -58,6 +73,8 @@ def zero_partition_segments(zero, group_index, rank, world_size):
     order, with its range [start, start + length) in that partition (empty
     where the partition holds none of it), named by DeepSpeed's param names."""
     g = group_index
+    if _stage3(zero):
+        return _stage3_segments(zero, g, rank, world_size)
     if hasattr(zero, "round_robin_bit16_groups"):
         # The buffer's order is the round-robin one (the group's own order unless
         # round_robin_gradients is on); offsets include parameter_alignment's padding.
@@ -95,6 +112,53 @@ def zero_partition_segments(zero, group_index, rank, world_size):
     return out
 
 
+def _stage3_segments(zero, sub_group, rank, world_size):
+    """ZeRO-3: every param of a sub-group is split on its own, rank r holding
+    elements [r*c, r*c + c) of the flattened param (c = ceil(numel / world),
+    the last rank's piece padded), and the sub-group's flat fp32 partition is
+    those pieces, padded, one after another."""
+    names = getattr(zero, "param_names", None) or {}
+    out, at = [], 0
+    for k, p in enumerate(zero.fp16_groups[sub_group]):
+        c = p.partition_numel()
+        if c * world_size < p.ds_numel:
+            raise ValueError("muon.deepspeed: %s's ZeRO-3 partitions (%d elements on each of %d "
+                             "ranks) do not cover its %d elements; this DeepSpeed partitions in "
+                             "a way muon.deepspeed does not know"
+                             % (names.get(p, "a param"), c, world_size, p.ds_numel))
+        start = rank * c
+        length = max(0, min(c, p.ds_numel - start))
+        name = names.get(p, "subgroup%d.param%d" % (sub_group, k))
+        out.append(Segment(name, tuple(p.ds_shape), start if length else 0, length, at))
+        at += c
+    flat = zero.fp32_partitioned_groups_flat[sub_group]
+    if at != flat.numel():
+        raise ValueError("muon.deepspeed: ZeRO-3 sub-group %d's fp32 partition has %d elements, "
+                         "its params' pieces %d; this DeepSpeed lays partitions out in a way "
+                         "muon.deepspeed does not know" % (sub_group, flat.numel(), at))
+    return out
+
+
+def _check_stage3(zero):
+    """What ZeRO-3 must be for muon.Muon: one sub-group per param group (the
+    client steps a param group's matrices together), no MiCS shard groups."""
+    if "MiCS" in type(zero).__name__:
+        raise ValueError("muon.deepspeed: MiCS (mics_shard_size) partitions over shard groups "
+                         "that muon.deepspeed does not map; unset mics_shard_size")
+    owner = zero.sub_group_to_group_id
+    groups = [owner[s] for s in range(len(zero.fp16_groups))]
+    if len(set(groups)) != len(groups):
+        per_group = {}
+        for s, g in enumerate(groups):
+            per_group[g] = per_group.get(g, 0) + sum(p.partition_numel()
+                                                     for p in zero.fp16_groups[s])
+        raise ValueError("muon.deepspeed: zero_optimization.sub_group_size splits the param "
+                         "groups into %d sub-groups; muon.Muon steps a group's matrices "
+                         "together. Set \"sub_group_size\" above the largest group's partition "
+                         "(%d elements per rank here), or leave it unset under "
+                         "muon.deepspeed.initialize" % (len(groups), max(per_group.values())))
+
+
 class DeepSpeedConfig(_ProcessGroupConfig):
     """What create_deepspeed_config returns: a muon.DistributedConfig whose FSDP
     group is ZeRO's data-parallel group, known once bound to the ZeRO optimizer."""
@@ -111,9 +175,12 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         (engine.optimizer; an engine is accepted too)."""
         from ._config import _torch
         zero = zero_optimizer
-        if not hasattr(zero, "real_dp_process_group") and hasattr(zero, "optimizer"):
+        if not (_stage3(zero) or hasattr(zero, "real_dp_process_group")) and \
+                hasattr(zero, "optimizer"):
             zero = zero.optimizer  # the engine
         partitions = _partitions(zero)
+        if _stage3(zero):
+            _check_stage3(zero)
         if getattr(zero, "elastic_checkpoint", False):
             # DeepSpeed's elastic save reads the base optimizer's state by the
             # flat partitions, which muon.Muon's state is not keyed by: it would
@@ -123,7 +190,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
                              "moments): set \"elastic_checkpoint\": false (the default) and "
                              "resume at another size through muon's own state "
                              "(opt.state_dict() / muon_load_states)")
-        groups = list(zero.real_dp_process_group)
+        groups = [zero.dp_process_group] if _stage3(zero) else list(zero.real_dp_process_group)
         if any(g is not groups[0] for g in groups):
             raise ValueError("muon.deepspeed: the param groups are partitioned over different "
                              "data-parallel groups (MoE expert groups), which muon.deepspeed "
@@ -133,6 +200,14 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         self._segments = {g: zero_partition_segments(zero, g, rank, size)
                           for g in range(len(partitions))}
         self._zero = zero
+        if _stage3(zero):
+            # ZeRO-3 puts a sub-group's partition into its param group for the
+            # one step() that steps it and empties the group after; until the
+            # first, the groups hold the model's (partitioned) params. Emptied
+            # here, so that every step() sees only the partition it steps.
+            self._skip_empty_groups = True
+            for group in zero.optimizer.param_groups:
+                group["params"] = []
         self.groups["fsdp"] = groups[0]
         self.state["groups"]["fsdp"] = groups[0]
         self.world_pg = groups[0]
@@ -147,6 +222,14 @@ class DeepSpeedConfig(_ProcessGroupConfig):
                 return self._segments[g]
         return None
 
+    def _declared_global_shape(self, default_name, param):
+        # A param partitioned by ZeRO-3 (zero.Init, or after initialize) is
+        # empty; DeepSpeed keeps its shape in ds_shape.
+        shape = getattr(param, "ds_shape", None)
+        if shape is not None:
+            return tuple(shape)
+        return _ProcessGroupConfig._declared_global_shape(self, default_name, param)
+
     def _attach(self, optimizer, named_params):
         if self._zero is None:
             raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's ZeRO "
@@ -159,7 +242,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
 def create_deepspeed_config(*, verify_replicas=True, async_gpu_parallelism=True,
                             prefetch_count=1):
     """A muon.DistributedConfig for muon.Muon as DeepSpeed's client optimizer
-    under ZeRO stage 1 or 2 (see the module's docstring)."""
+    under ZeRO stage 1, 2 or 3 (see the module's docstring)."""
     return DeepSpeedConfig(verify_replicas, async_gpu_parallelism, prefetch_count)
 
 
@@ -178,15 +261,19 @@ def initialize(*, optimizer, config, **kwargs):
         with open(config) as f:
             config = json.load(f)
     config = dict(config)
-    stage = (config.get("zero_optimization") or {}).get("stage", 0)
-    if stage not in (1, 2):
+    zero_config = dict(config.get("zero_optimization") or {})
+    stage = zero_config.get("stage", 0)
+    if stage not in (1, 2, 3):
         what = {0: "ZeRO stage 0 (data parallelism without ZeRO; DeepSpeed's default when "
-                   "zero_optimization.stage is absent)",
-                3: "ZeRO stage 3 (parameters partitioned too)"}.get(
-                    stage, "ZeRO stage %r" % (stage,))
+                   "zero_optimization.stage is absent)"}.get(stage, "ZeRO stage %r" % (stage,))
         raise ValueError("muon.deepspeed.initialize: %s is not mapped yet; set "
-                         "zero_optimization.stage to 1 or 2 (the same training, the optimizer "
-                         "state partitioned)" % what)
+                         "zero_optimization.stage to 1, 2 or 3 (the same training, the "
+                         "optimizer state partitioned)" % what)
+    if stage == 3 and "sub_group_size" not in zero_config:
+        # One sub-group per param group: muon.Muon steps a group's matrices
+        # together (DeepSpeed's default splits groups above 1e9 elements).
+        zero_config["sub_group_size"] = 10 ** 15
+        config["zero_optimization"] = zero_config
     config.setdefault("zero_allow_untested_optimizer", True)
     out = deepspeed.initialize(optimizer=optimizer, config=config, **kwargs)
     cfg.bind(out[1])
