@@ -1,11 +1,12 @@
-"""DeepSpeed's ZeRO (stage 2; stage 1 alike) trained with libmuon's Muon, on 4
-processes (gloo on CPU): DeepSpeed's engine averages and partitions the
-gradients and hands muon.Muon each param group's flat fp32 partition;
+"""DeepSpeed's ZeRO (stage 2 by default; 0, 1 and 3 with --stage N) trained
+with libmuon's Muon, on 4 processes (gloo on CPU): DeepSpeed's engine averages
+and partitions the gradients and hands muon.Muon each param group's flat fp32
+partition (at stage 0, the whole params);
 muon.deepspeed maps the partitions back to the weights, the library
 orthogonalizes each matrix once in the job, and AdamW steps the biases and
 norms inside the same optimizer.
 
-    .venv/bin/python examples/python/deepspeed_zero.py   (PYTHONPATH=capi/python)
+    .venv/bin/python examples/python/deepspeed_zero.py [--stage 3]   (PYTHONPATH=capi/python)
 
 On GPUs: the same script with deepspeed's launcher (`deepspeed
 examples/python/deepspeed_zero.py`), NCCL picked by DeepSpeed.
@@ -29,7 +30,7 @@ DS_CONFIG = {
 }
 
 
-def train(rank, world, port):
+def train(rank, world, port, stage):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -46,7 +47,8 @@ def train(rank, world, port):
                                 torch.nn.LayerNorm(64), torch.nn.Linear(64, 4))
     opt = muon.Muon(model.parameters(), lr=0.05, weight_decay=0.0, adamw_lr=3e-3,
                     distributed_config=muon.deepspeed.create_deepspeed_config())
-    engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=DS_CONFIG)
+    config = dict(DS_CONFIG, zero_optimization={"stage": stage})
+    engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
 
     g = torch.Generator().manual_seed(rank)   # this rank's data
     x = torch.randn(16, 16, generator=g)
@@ -58,15 +60,16 @@ def train(rank, world, port):
         engine.step()
         losses.append(loss.item())
     if rank == 0:
-        print("loss %.4f -> %.4f (Newton-Schulz on rank 0: %d matrices)"
-              % (losses[0], losses[-1], opt.stats()["matrices_orthogonalized"]))
+        print("ZeRO-%d: loss %.4f -> %.4f (Newton-Schulz on rank 0: %d matrices)"
+              % (stage, losses[0], losses[-1], opt.stats()["matrices_orthogonalized"]))
     assert losses[-1] < 0.5 * losses[0], "rank %d: the loss did not go down" % rank
     deepspeed.comm.destroy_process_group()
 
 
 if __name__ == "__main__":
+    stage = int(sys.argv[sys.argv.index("--stage") + 1]) if "--stage" in sys.argv else 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(train, args=(WORLD, port), nprocs=WORLD)
+    mp.spawn(train, args=(WORLD, port, stage), nprocs=WORLD)
     print("deepspeed_zero: OK")

@@ -96,6 +96,14 @@ def _reference(clip_norm=5.0):
     return start, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _full(p):
+    """DeepSpeed's fp32 copy of p, whole (gathered under ZeRO-3); p itself at
+    stage 0, where the engine steps the model's params."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    full = safe_get_full_fp32_param(p)
+    return (p if full is None else full).detach().clone()
+
+
 def _no_shm_build():
     # DeepSpeed compiles a shared-memory collective (for inference) with g++ the
     # first time its communication backend starts, 1-2 minutes; training never
@@ -109,23 +117,24 @@ def _worker(rank, world, stage, ckpt_dir):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
     import deepspeed  # noqa: F401
-    from deepspeed.utils import safe_get_full_fp32_param
     model, opt, engine, zero = _engine(stage)
     _train(engine, rank, range(RESUME_AT))
     engine.save_checkpoint(ckpt_dir, tag="mid")
     _train(engine, rank, range(RESUME_AT, STEPS))
-    full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in model.named_parameters()}
+    full = {n: _full(p) for n, p in model.named_parameters()}
     orthogonalized = opt.stats()["matrices_orthogonalized"]
     # The flat fp32 partitions DeepSpeed hands the optimizer to step.
     flat = zero.fp32_partitioned_groups_flat if stage == 3 else \
         [g["params"][0] for g in opt.param_groups]
     partitions = [tuple(t.shape) for t in flat]
+    if stage == 0:  # whole params, replicated over the data-parallel ranks
+        partitions = [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups]
 
     # A fresh engine from the checkpoint, the rest of the run again.
     model2, opt2, engine2, _ = _engine(stage)
     engine2.load_checkpoint(ckpt_dir, tag="mid")
     _train(engine2, rank, range(RESUME_AT, STEPS))
-    resumed = {n: safe_get_full_fp32_param(p).detach().clone()
+    resumed = {n: _full(p)
                for n, p in model2.named_parameters()}
     return {"full": full, "orthogonalized": orthogonalized, "partitions": partitions,
             "zero": type(zero).__name__,
@@ -137,15 +146,18 @@ def reference():
     return _reference()
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_equals_single_process_muon(stage, reference, tmp_path):
     runs = launch(_worker, WORLD, stage, str(tmp_path), timeout=400)
     start, want = reference
     for rank, r in enumerate(runs):
-        assert r["zero"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else
-                             "DeepSpeedZeroOptimizer"), r["zero"]
-        # One flat partition per param group, as DeepSpeed hands them to the optimizer.
-        assert len(r["partitions"]) == 2 and all(len(s) == 1 for s in r["partitions"])
+        assert r["zero"] == {0: "Muon", 3: "DeepSpeedZeroOptimizer_Stage3"}.get(
+            stage, "DeepSpeedZeroOptimizer"), r["zero"]
+        if stage == 0:  # the model's own params, whole
+            assert r["partitions"] == [[(13, 10), (13, 13), (5, 13), (3, 5)],
+                                       [(13,), (13,), (13,), (13,), (5,)]], r["partitions"]
+        else:  # one flat partition per param group, as DeepSpeed hands them over
+            assert len(r["partitions"]) == 2 and all(len(s) == 1 for s in r["partitions"])
         for n, w in want.items():
             moved = (w - start[n]).abs().max().item()
             err = (r["full"][n] - w).abs().max().item()
@@ -168,7 +180,6 @@ def _stage3_worker(rank, world, variant):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
     import deepspeed
-    from deepspeed.utils import safe_get_full_fp32_param
     config = _ds_config(3)
     torch.manual_seed(0)
     if variant == "zero_init":
@@ -191,7 +202,7 @@ def _stage3_worker(rank, world, variant):
             engine.step()
         stats = opt.stats()
         per_step.append((stats["steps"], stats["matrices_orthogonalized"]))
-    full = {n: safe_get_full_fp32_param(p).detach().clone() for n, p in model.named_parameters()}
+    full = {n: _full(p) for n, p in model.named_parameters()}
     return {"full": full, "per_step": per_step}
 
 
@@ -237,7 +248,7 @@ def test_zero3_sub_groups_that_split_a_param_group_are_refused():
 
 def test_an_unbound_config_says_how_to_bind():
     cfg = muon.deepspeed.create_deepspeed_config()
-    with pytest.raises(RuntimeError, match=r"config.bind\(engine.optimizer\)"):
+    with pytest.raises(RuntimeError, match=r"config.bind\(engine\) after deepspeed.initialize"):
         cfg._attach(None, [])
 
 
@@ -264,7 +275,6 @@ def _plain_worker(rank, world, stage):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
     import deepspeed
-    from deepspeed.utils import safe_get_full_fp32_param
     torch.manual_seed(0)
     model = Net()
     opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32")
@@ -272,7 +282,7 @@ def _plain_worker(rank, world, stage):
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
 
     def master():  # DeepSpeed's fp32 weights, whole (gathered under ZeRO-3)
-        return {n: safe_get_full_fp32_param(p).detach().clone()
+        return {n: _full(p)
                 for n, p in model.named_parameters()}
 
     before = master()
@@ -310,7 +320,7 @@ def _refusal_worker(rank, world, stage, bf16, elastic):
                     distributed_config=muon.deepspeed.create_deepspeed_config())
     config = _ds_config(stage)
     if bf16:
-        config["bf16"] = {"enabled": True}
+        config[bf16 if isinstance(bf16, str) else "bf16"] = {"enabled": True}
     if elastic:
         config["zero_optimization"]["elastic_checkpoint"] = True
     try:
@@ -330,9 +340,18 @@ def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
         assert '"elastic_checkpoint": false' in error, error
 
 
-@pytest.mark.parametrize("stage,bf16", [(0, False), (0, True)])
-def test_unmapped_stages_are_refused_naming_the_stage(stage, bf16):
-    for rank, error in enumerate(launch(_refusal_worker, 2, stage, bf16, False, timeout=300)):
-        print("stage %d bf16 %s rank %d: %s" % (stage, bf16, rank, error))
-        assert error is not None, "rank %d accepted ZeRO stage %d" % (rank, stage)
-        assert "ZeRO stage %d" % stage in error, error
+def test_an_unknown_stage_is_refused_naming_it():
+    for rank, error in enumerate(launch(_refusal_worker, 2, 4, False, False, timeout=300)):
+        assert error is not None, "rank %d accepted ZeRO stage 4" % rank
+        assert "zero_optimization.stage is 4" in error, error
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_zero_stage0_in_half_precision_is_refused_before_deepspeed_steps(precision):
+    # At stage 0 DeepSpeed wraps the client in FP16_UnfusedOptimizer, whose
+    # constructor steps it once with zero gradients: weight decay would shrink
+    # every weight before training starts.
+    for rank, error in enumerate(launch(_refusal_worker, 2, 0, precision, False, timeout=300)):
+        assert error is not None, "rank %d accepted %s at stage 0" % (rank, precision)
+        assert error.startswith("ValueError: ") and "zero gradients" in error, error
+        assert "zero_optimization.stage 1" in error, error

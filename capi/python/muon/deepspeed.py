@@ -1,4 +1,4 @@
-"""muon.Muon inside DeepSpeed's ZeRO stages 1, 2 and 3.
+"""muon.Muon inside DeepSpeed, ZeRO stages 0 to 3.
 
     opt = muon.Muon(model.parameters(), lr=0.02,
                     distributed_config=muon.deepspeed.create_deepspeed_config())
@@ -25,17 +25,22 @@ another: FlatRange pieces again. muon.Muon steps a param group's matrices
 together, so a group must be one sub-group: initialize sets
 "sub_group_size" when it is unset, and bind refuses a size that splits one.
 
+ZeRO stage 0 (DeepSpeed's default) is replicated data parallelism: the engine
+averages the gradients and hands the client the whole params (or whole fp32
+copies of them under bf16 and fp16), which the config registers replicated
+over the engine's data-parallel group: each matrix orthogonalized by one rank.
+
 muon.deepspeed.initialize is deepspeed.initialize with
-"zero_allow_untested_optimizer" set and the config bound to the ZeRO
-optimizer it builds; with deepspeed.initialize itself, call
-config.bind(engine.optimizer) before the first step. Not mapped: ZeRO stage
-0, MiCS, MoE expert groups (another
-data-parallel group) and DeepSpeed's own Muon (its `use_muon` param flag
-must stay unset: it would orthogonalize the gradients itself; muon.Muon
-refuses a parameter that carries it), and elastic checkpoints (they would save
-muon.Muon's state empty: refused at bind). muon.Muon handed to deepspeed.initialize
-without this config raises at step() rather than step ZeRO's flat partitions
-as AdamW.
+"zero_allow_untested_optimizer" set and the config bound to the engine it
+builds; with deepspeed.initialize itself, call config.bind(engine) (or
+config.bind(engine.optimizer) at stages 1-3) before the first step. Not
+mapped: MiCS, MoE expert groups (another data-parallel group) and
+DeepSpeed's own Muon (its `use_muon` param flag must stay unset: it would
+orthogonalize the gradients itself; muon.Muon refuses a parameter that
+carries it), and elastic checkpoints (they would save muon.Muon's state
+empty: refused at bind). muon.Muon handed to deepspeed.initialize without
+this config raises at step() rather than step ZeRO's flat partitions as
+AdamW.
 """
 
 import json
@@ -63,8 +68,7 @@ def _partitions(zero):
     raise ValueError("muon.deepspeed: the optimizer to bind is a %s, not DeepSpeed's ZeRO stage "
                      "1 or 2 optimizer (DeepSpeedZeroOptimizer, BF16_Optimizer: "
                      "engine.optimizer under zero_optimization.stage 1 or 2, "
-                     "DeepSpeedZeroOptimizer_Stage3 under stage 3); stage 0 is not mapped yet"
-                     % type(zero).__name__)
+                     "DeepSpeedZeroOptimizer_Stage3 under stage 3)" % type(zero).__name__)
 
 
 def zero_partition_segments(zero, group_index, rank, world_size):
@@ -167,17 +171,20 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         _ProcessGroupConfig.__init__(
             self, {"fsdp": None}, None, None, "flat", None, "host_averaged", None,
             verify_replicas, async_gpu_parallelism, prefetch_count, ("fsdp", "tp"))
-        self._zero = None
+        self._zero = None      # the ZeRO optimizer (stages 1-3)
+        self._bound = False
         self._segments = {}  # group index -> Segments of this rank's partition
 
     def bind(self, zero_optimizer):
-        """Binds the config to the ZeRO optimizer deepspeed.initialize built
-        (engine.optimizer; an engine is accepted too)."""
+        """Binds the config to the engine deepspeed.initialize built (or, at
+        stages 1-3, to its ZeRO optimizer, engine.optimizer)."""
         from ._config import _torch
         zero = zero_optimizer
-        if not (_stage3(zero) or hasattr(zero, "real_dp_process_group")) and \
-                hasattr(zero, "optimizer"):
-            zero = zero.optimizer  # the engine
+        engine = None
+        if hasattr(zero, "module") and hasattr(zero, "optimizer"):
+            engine, zero = zero, zero.optimizer
+        if not (_stage3(zero) or hasattr(zero, "real_dp_process_group")):
+            return self._bind_stage0(engine, zero)
         partitions = _partitions(zero)
         if _stage3(zero):
             _check_stage3(zero)
@@ -208,11 +215,34 @@ class DeepSpeedConfig(_ProcessGroupConfig):
             self._skip_empty_groups = True
             for group in zero.optimizer.param_groups:
                 group["params"] = []
-        self.groups["fsdp"] = groups[0]
-        self.state["groups"]["fsdp"] = groups[0]
-        self.world_pg = groups[0]
-        self.state["world_pg"] = groups[0]
+        self._set_group("fsdp", groups[0])
         return self
+
+    def _bind_stage0(self, engine, wrapper):
+        """ZeRO stage 0: DeepSpeed averages the gradients over the data-parallel
+        group and hands the client the whole params (fp32), or whole fp32 copies
+        of them (FP16_UnfusedOptimizer under bf16 or fp16): replicated data
+        parallelism, each matrix orthogonalized by one rank of the group."""
+        if engine is None or engine.zero_optimization_stage() != 0:
+            raise ValueError(
+                "muon.deepspeed: the optimizer to bind is a %s, not DeepSpeed's ZeRO optimizer "
+                "(DeepSpeedZeroOptimizer, BF16_Optimizer or DeepSpeedZeroOptimizer_Stage3: "
+                "engine.optimizer under zero_optimization.stage 1, 2 or 3); under stage 0 bind "
+                "the engine itself: config.bind(engine)" % type(wrapper).__name__)
+        if getattr(wrapper, "fused", False) or hasattr(wrapper, "fp32_groups_flat"):
+            raise ValueError("muon.deepspeed: DeepSpeed's fused fp16 optimizer hands the client "
+                             "one flat buffer of every param, which muon.deepspeed does not map "
+                             "at stage 0; use bf16, or zero_optimization.stage 1, 2 or 3")
+        self._bound = True
+        self._set_group("dp", engine.seq_data_parallel_group)
+        return self
+
+    def _set_group(self, role, group):
+        self._bound = True
+        self.groups = {role: group}
+        self.state["groups"] = {role: group}
+        self.world_pg = group
+        self.state["world_pg"] = group
 
     def _flat_segments(self, name, param):
         if self._zero is None:
@@ -231,18 +261,19 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         return _ProcessGroupConfig._declared_global_shape(self, default_name, param)
 
     def _attach(self, optimizer, named_params):
-        if self._zero is None:
-            raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's ZeRO "
-                               "optimizer; build the engine with muon.deepspeed.initialize, "
-                               "or call config.bind(engine.optimizer) after "
-                               "deepspeed.initialize")
+        if not self._bound:
+            raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's engine; "
+                               "build the engine with muon.deepspeed.initialize, or call "
+                               "config.bind(engine) after deepspeed.initialize and before the "
+                               "first step (DeepSpeed's FP16_UnfusedOptimizer, bf16 or fp16 at "
+                               "ZeRO stage 0, steps at construction: use stage 1 there)")
         return _ProcessGroupConfig._attach(self, optimizer, named_params)
 
 
 def create_deepspeed_config(*, verify_replicas=True, async_gpu_parallelism=True,
                             prefetch_count=1):
     """A muon.DistributedConfig for muon.Muon as DeepSpeed's client optimizer
-    under ZeRO stage 1, 2 or 3 (see the module's docstring)."""
+    under any ZeRO stage (see the module's docstring)."""
     return DeepSpeedConfig(verify_replicas, async_gpu_parallelism, prefetch_count)
 
 
@@ -263,12 +294,17 @@ def initialize(*, optimizer, config, **kwargs):
     config = dict(config)
     zero_config = dict(config.get("zero_optimization") or {})
     stage = zero_config.get("stage", 0)
-    if stage not in (1, 2, 3):
-        what = {0: "ZeRO stage 0 (data parallelism without ZeRO; DeepSpeed's default when "
-                   "zero_optimization.stage is absent)"}.get(stage, "ZeRO stage %r" % (stage,))
-        raise ValueError("muon.deepspeed.initialize: %s is not mapped yet; set "
-                         "zero_optimization.stage to 1, 2 or 3 (the same training, the "
-                         "optimizer state partitioned)" % what)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError("muon.deepspeed.initialize: zero_optimization.stage is %r; DeepSpeed's "
+                         "stages are 0, 1, 2 and 3" % (stage,))
+    half = [k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled", False)]
+    if stage == 0 and half:
+        raise ValueError("muon.deepspeed.initialize: %s at ZeRO stage 0 wraps the optimizer in "
+                         "DeepSpeed's FP16_UnfusedOptimizer, which steps it once with zero "
+                         "gradients when it is built (weight decay would shrink every weight "
+                         "before training); set zero_optimization.stage 1 (the same training, "
+                         "the optimizer state partitioned), or train in fp32 at stage 0"
+                         % half[0])
     if stage == 3 and "sub_group_size" not in zero_config:
         # One sub-group per param group: muon.Muon steps a group's matrices
         # together (DeepSpeed's default splits groups above 1e9 elements).
@@ -276,5 +312,5 @@ def initialize(*, optimizer, config, **kwargs):
         config["zero_optimization"] = zero_config
     config.setdefault("zero_allow_untested_optimizer", True)
     out = deepspeed.initialize(optimizer=optimizer, config=config, **kwargs)
-    cfg.bind(out[1])
+    cfg.bind(out[0])  # the engine: stage 0's data-parallel group is the engine's
     return out
