@@ -14,6 +14,8 @@ implementation (WARM_BELOW_S below).
    AMX kernel, its AVX512-BF16 kernel, or emulated: fp32 products rounded to
    bf16) and on each engine named by --engines (MUON_CPU_BF16) against
    torch.optim._muon._zeropower_via_newtonschulz.
+   --schedules instead: the schedules (cubic5, CANS, Polar Express,
+   DeepSeek-V4) against torch's 5-step quintic, all libmuon's, bf16 and fp32.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
@@ -167,6 +169,30 @@ def bf16_table(shapes, reps, engines):
         o.close()
 
 
+def schedules_table(shapes, reps, dtype):
+    """Newton-Schulz schedules against torch's 5-step quintic, both libmuon's,
+    in one run: cubic5 runs two products an iteration instead of three."""
+    print("\n## Newton-Schulz schedules, %s (median ms; libmuon on its %s engine)\n"
+          % (dtype, "bf16" if dtype == "bf16" else "fp32"))
+    runs = [("quintic x5", (A, B, C), 5), ("cubic5", "cubic5", 5), ("cans", "cans", 5),
+            ("polar_express x5", "polar_express", 5), ("deepseekv4", "deepseekv4", 10)]
+    print("| shape | %s | %s |" % (" | ".join("%s ms" % n for n, _, _ in runs),
+                                   " | ".join("%s vs quintic" % n for n, _, _ in runs[1:])))
+    print("|---|%s%s" % ("---|" * len(runs), "---|" * (len(runs) - 1)))
+    opts = [muon.Optimizer(ns_dtype=dtype, ns_coefficients=co, ns_steps=k) for _, co, k in runs]
+    out_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    for rows, cols in shapes:
+        g = torch.randn(rows, cols)
+        outs = [torch.empty(rows, cols, dtype=out_dtype) for _ in runs]
+        times = interleaved([(lambda o=o, out=out: o.orthogonalize(g, out))
+                             for o, out in zip(opts, outs)], reps)
+        print("| %dx%d | %s | %s |" % (
+            rows, cols, " | ".join("%.2f" % (t * 1e3) for t in times),
+            " | ".join("%.2fx" % (times[0] / t) for t in times[1:])))
+    for o in opts:
+        o.close()
+
+
 def products_table(reps):
     """torch's own bf16 products (its bundled oneDNN) of one Newton-Schulz
     iteration, as torch runs them: bench/bf16_gemm_bench's rows."""
@@ -238,6 +264,9 @@ def main():
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
     ap.add_argument("--engines", default="auto,emulated",
                     help="libmuon's bf16 engines to time (MUON_CPU_BF16 values, comma-separated)")
+    ap.add_argument("--schedules", action="store_true",
+                    help="only the schedules table (cubic5, CANS, Polar Express, DeepSeek-V4 "
+                         "against torch's quintic), bf16 and fp32")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -262,6 +291,10 @@ def main():
             "OPENBLAS_CORETYPE", "MUON_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MUON_CPU_BF16"))))
     sizes = [s for s in (256, 512, 1024, 2048, 4096) if s <= args.max_size]
     shapes = [(s, s) for s in sizes] + [(1024, 4096), (4096, 1024)]
+    if args.schedules:
+        for dtype in ("bf16", "fp32"):
+            schedules_table(shapes, args.reps, dtype)
+        return
     if not args.no_fp32:
         ns_table(shapes, args.reps)
     bf16_table(shapes, args.reps, args.engines.split(","))

@@ -84,6 +84,18 @@ CustomAssignFn AssignmentFromC(decltype(muon_options_t::assign_fn) fn, void* sta
   };
 }
 
+// A built-in schedule's rows, refusing an iteration count it is not made for.
+absl::Status UseSchedule(NsSchedule schedule, const char* name, int32_t steps, NsConfig* ns) {
+  const int want = ScheduleSteps(schedule);
+  if (want != 0 && steps != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->ns_steps is ", steps, "; MUON_NS_COEFFICIENTS_", name, " is a ", want,
+        "-iteration schedule: set ns_steps = ", want));
+  }
+  ns->coefficients = ScheduleCoefficients(schedule);
+  return absl::OkStatus();
+}
+
 absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
   switch (c.ns_coefficients) {
     case MUON_NS_COEFFICIENTS_FIXED: {
@@ -121,10 +133,17 @@ absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
     case MUON_NS_COEFFICIENTS_POLAR_EXPRESS:
       ns->coefficients = PolarExpressCoefficients();
       return absl::OkStatus();
+    case MUON_NS_COEFFICIENTS_CANS:
+      return UseSchedule(NsSchedule::kCans, "CANS", c.ns_steps, ns);
+    case MUON_NS_COEFFICIENTS_DEEPSEEK_V4:
+      return UseSchedule(NsSchedule::kDeepSeekV4, "DEEPSEEK_V4", c.ns_steps, ns);
+    case MUON_NS_COEFFICIENTS_CUBIC5:
+      return UseSchedule(NsSchedule::kCubic5, "CUBIC5", c.ns_steps, ns);
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "options->ns_coefficients: unknown value ", c.ns_coefficients,
-          "; use MUON_NS_COEFFICIENTS_FIXED (0), TABLE (1) or POLAR_EXPRESS (2)"));
+          "; use MUON_NS_COEFFICIENTS_FIXED (0), TABLE (1), POLAR_EXPRESS (2), CANS (3), "
+          "DEEPSEEK_V4 (4) or CUBIC5 (5)"));
   }
 }
 

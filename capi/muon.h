@@ -181,7 +181,24 @@ typedef enum muon_ns_coefficients_t {
   MUON_NS_COEFFICIENTS_TABLE = 1,
   /* The built-in Polar Express table (degree-5 polynomials, one per
    * iteration); iterations past its end reuse its last row. */
-  MUON_NS_COEFFICIENTS_POLAR_EXPRESS = 2
+  MUON_NS_COEFFICIENTS_POLAR_EXPRESS = 2,
+  /* ---- 0.6: the schedules of Emerging-Optimizers (NVIDIA-NeMo), value for
+   * value (4 decimals; cubic5 7) ---- */
+  /* CANS, Chebyshev-accelerated (arXiv 2506.10935): 5 rows, the last reused
+   * past them: (8.4703, -25.1081, 18.6293), (4.1828, -3.1087, 0.5806),
+   * (3.9619, -2.9541, 0.5630), (3.2866, -2.4647, 0.5074),
+   * (2.2737, -1.6447, 0.4162). Any ns_steps. */
+  MUON_NS_COEFFICIENTS_CANS = 3,
+  /* DeepSeek-V4's hybrid: 8 x (3.4445, -4.7750, 2.0315), then
+   * 2 x (2, -1.5, 0.5). ns_steps must be 10 (fewer would drop the two
+   * finishing rows: INVALID_ARGUMENT naming ns_steps). */
+  MUON_NS_COEFFICIENTS_DEEPSEEK_V4 = 4,
+  /* The relaxed cubic schedule (c = 0): (3.3656576, -3.3420992),
+   * (2.5744352, -1.4957376), (2.5368962, -1.4312570),
+   * (2.4418906, -1.2764040), (2.2230472, -0.9630650). ns_steps must be 5.
+   * A cubic iteration, this one's or any with c == 0 (FIXED, TABLE), runs
+   * two products, X' = a X + b (X X^T) X, instead of three. */
+  MUON_NS_COEFFICIENTS_CUBIC5 = 5
 } muon_ns_coefficients_t;
 
 /* Who orthogonalizes each matrix (distributed engine). Every choice gives

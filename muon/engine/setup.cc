@@ -31,6 +31,7 @@ PlanOptions PlanOptionsOf(const Options& o) {
   po.async_parallelism = o.dist.async_parallelism;
   po.round_bytes = o.dist.round_bytes;
   po.ns_steps = o.ns.steps;
+  po.ns_cubic_steps = CubicIterations(o.ns);
   return po;
 }
 

@@ -190,12 +190,14 @@ class MathBackend {
 };
 
 // FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with
-// `steps` iterations, counting 4 m^2 n + 2 m^3 per iteration (m <= n).
-double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps);
+// `steps` iterations, counting 4 m^2 n + 2 m^3 per iteration (m <= n), of
+// which `cubic_steps` (c == 0: no polynomial product) count 4 m^2 n.
+double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps, int cubic_steps = 0);
 // The FLOPs of one member of a split Newton-Schulz (OrthogonalizeBlock) with
 // a block `width` wide of a matrix whose short side is m: 4 m^2 width + 2 m^3
-// per iteration (every member computes the m x m polynomial).
-double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps);
+// per iteration (every member computes the m x m polynomial), 4 m^2 width
+// per cubic one.
+double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps, int cubic_steps = 0);
 
 }  // namespace muon
 

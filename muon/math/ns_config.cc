@@ -28,6 +28,44 @@ std::vector<NsCoefficients> PolarExpressCoefficients() {
   return out;
 }
 
+std::vector<NsCoefficients> ScheduleCoefficients(NsSchedule schedule) {
+  switch (schedule) {
+    case NsSchedule::kCans:
+      return {{8.4703, -25.1081, 18.6293},
+              {4.1828, -3.1087, 0.5806},
+              {3.9619, -2.9541, 0.5630},
+              {3.2866, -2.4647, 0.5074},
+              {2.2737, -1.6447, 0.4162}};
+    case NsSchedule::kDeepSeekV4: {
+      std::vector<NsCoefficients> rows(8, NsCoefficients{3.4445, -4.7750, 2.0315});
+      rows.insert(rows.end(), 2, NsCoefficients{2.0, -1.5, 0.5});
+      return rows;
+    }
+    case NsSchedule::kCubic5:
+      return {{3.3656576, -3.3420992, 0.0},
+              {2.5744352, -1.4957376, 0.0},
+              {2.5368962, -1.4312570, 0.0},
+              {2.4418906, -1.2764040, 0.0},
+              {2.2230472, -0.9630650, 0.0}};
+  }
+  return {};
+}
+
+int ScheduleSteps(NsSchedule schedule) {
+  switch (schedule) {
+    case NsSchedule::kCans: return 0;
+    case NsSchedule::kDeepSeekV4: return 10;
+    case NsSchedule::kCubic5: return 5;
+  }
+  return 0;
+}
+
+int CubicIterations(const NsConfig& config) {
+  int cubic = 0;
+  for (int it = 0; it < config.steps; ++it) cubic += config.ForIteration(it)[2] == 0.0 ? 1 : 0;
+  return cubic;
+}
+
 absl::Status ValidateNsConfig(const NsConfig& config) {
   if (config.steps < 0 || config.steps >= 100) {
     return absl::InvalidArgumentError(absl::StrCat(

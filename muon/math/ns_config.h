@@ -32,6 +32,22 @@ struct NsConfig {
 // table, with its 1.01 safety factor applied to every row but the last).
 std::vector<NsCoefficients> PolarExpressCoefficients();
 
+// The built-in schedules besides Polar Express, as Emerging-Optimizers
+// (NVIDIA-NeMo) ships them: 4-decimal values, the cubic ones to 7.
+enum class NsSchedule {
+  kCans,        // Chebyshev-accelerated (arXiv 2506.10935): 5 rows, the last repeats
+  kDeepSeekV4,  // DeepSeek-V4: 8 x (3.4445, -4.7750, 2.0315), 2 x (2, -1.5, 0.5)
+  kCubic5,      // relaxed cubic (c = 0): 5 rows; an iteration runs one product less
+};
+std::vector<NsCoefficients> ScheduleCoefficients(NsSchedule schedule);
+// The iteration count a schedule is made for (DeepSeek-V4: 10, cubic5: 5),
+// or 0 when it runs at any count (CANS: its last row repeats).
+int ScheduleSteps(NsSchedule schedule);
+
+// How many of the config's iterations are cubic (c == 0): those run two
+// products (W' = a W + b (W W^T) W) instead of three.
+int CubicIterations(const NsConfig& config);
+
 // Checks steps in [0, 100), eps > 0 and finite, a non-empty finite table.
 absl::Status ValidateNsConfig(const NsConfig& config);
 

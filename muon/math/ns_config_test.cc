@@ -1,5 +1,7 @@
 #include "muon/math/ns_config.h"
 
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace muon {
@@ -36,6 +38,46 @@ TEST(NsConfig, PolarExpressPreset) {
   EXPECT_EQ(pe[7][0] + pe[7][1] + pe[7][2], 1.0);
   // The first one inflates small singular values the most.
   for (size_t i = 1; i < pe.size(); ++i) EXPECT_GT(pe[0][0], pe[i][0]);
+}
+
+// The published tables (Emerging-Optimizers' _COEFFICIENT_SETS), typed here
+// value for value.
+TEST(NsConfig, CansPresetIsThePublishedTable) {
+  const std::vector<NsCoefficients> want = {{8.4703, -25.1081, 18.6293},
+                                            {4.1828, -3.1087, 0.5806},
+                                            {3.9619, -2.9541, 0.5630},
+                                            {3.2866, -2.4647, 0.5074},
+                                            {2.2737, -1.6447, 0.4162}};
+  EXPECT_EQ(ScheduleCoefficients(NsSchedule::kCans), want);
+  EXPECT_EQ(ScheduleSteps(NsSchedule::kCans), 0);  // any count: the last row repeats
+}
+
+TEST(NsConfig, DeepSeekV4PresetIsEightQuinticsThenTwoFinishers) {
+  const auto rows = ScheduleCoefficients(NsSchedule::kDeepSeekV4);
+  ASSERT_EQ(rows.size(), 10u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(rows[i], (NsCoefficients{3.4445, -4.7750, 2.0315})) << i;
+  for (int i = 8; i < 10; ++i) EXPECT_EQ(rows[i], (NsCoefficients{2.0, -1.5, 0.5})) << i;
+  EXPECT_EQ(ScheduleSteps(NsSchedule::kDeepSeekV4), 10);
+}
+
+TEST(NsConfig, Cubic5PresetIsThePublishedTableWithCZero) {
+  const std::vector<NsCoefficients> want = {{3.3656576, -3.3420992, 0.0},
+                                            {2.5744352, -1.4957376, 0.0},
+                                            {2.5368962, -1.4312570, 0.0},
+                                            {2.4418906, -1.2764040, 0.0},
+                                            {2.2230472, -0.9630650, 0.0}};
+  EXPECT_EQ(ScheduleCoefficients(NsSchedule::kCubic5), want);
+  EXPECT_EQ(ScheduleSteps(NsSchedule::kCubic5), 5);
+}
+
+TEST(NsConfig, CubicIterationsCountsTheRowsWithCZero) {
+  NsConfig c;
+  EXPECT_EQ(CubicIterations(c), 0);
+  c.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+  EXPECT_EQ(CubicIterations(c), 5);
+  c.coefficients = {{3, -3, 0}, {2, -1, 0.5}};  // one cubic, then the quintic repeats
+  c.steps = 4;
+  EXPECT_EQ(CubicIterations(c), 1);
 }
 
 TEST(NsConfig, Validation) {

@@ -64,6 +64,13 @@ NsProgram PlanOriented(int64_t count, int64_t short_side, int64_t long_side, boo
   u.d = x_next;
   u.alpha = NsScalar::kOne;
   u.beta = NsScalar::kA;
+
+  NsGemm& cu = p.cubic_update;  // W' = a W + b gram W
+  cu = u;
+  cu.name = "cubic update";
+  cu.a = p.tall ? gram : x;
+  cu.b = p.tall ? x : gram;
+  cu.alpha = NsScalar::kB;
   return p;
 }
 
@@ -75,6 +82,18 @@ NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols) {
 
 NsProgram PlanNewtonSchulzBlock(int64_t m, int64_t width, bool tall) {
   return PlanOriented(1, m, width, tall);
+}
+
+NsIterationProducts ProductsFor(const NsProgram& program, const NsCoefficients& abc) {
+  NsIterationProducts out;
+  if (abc[2] == 0.0) {
+    out.gemm = {&program.iteration[0], &program.cubic_update, nullptr};
+    out.count = 2;
+  } else {
+    out.gemm = {&program.iteration[0], &program.iteration[1], &program.iteration[2]};
+    out.count = 3;
+  }
+  return out;
 }
 
 float NsScalarValue(NsScalar s, const NsCoefficients& abc) {

@@ -11,6 +11,8 @@
 //   gram  = W W^T                     (symmetric, m x m)
 //   poly  = b * gram + c * gram gram  (symmetric)
 //   W'    = a * W + poly W            (for W^T: a * W^T + W^T poly)
+// A cubic iteration (c == 0) runs two: gram, then W' = a * W + b * gram W
+// (Emerging-Optimizers' cubic path), one m^2 n product less than three.
 // Every product with a C term is out of place (D != C): the buffers are x, x_next (m x n
 // each) and gram, poly (m x m each); after an iteration x and x_next swap.
 #ifndef MUON_MATH_NS_PROGRAM_H_
@@ -56,8 +58,17 @@ struct NsProgram {
   bool tall = false;     // rows > cols: the memory is W, not W^T
   int64_t x_elems = 0;     // m * n per matrix (x and x_next)
   int64_t gram_elems = 0;  // m * m per matrix (gram and poly)
-  std::array<NsGemm, 3> iteration;
+  std::array<NsGemm, 3> iteration;  // gram, polynomial, update
+  NsGemm cubic_update;              // W' = a W + b gram W: a cubic iteration's second
 };
+
+// The products one iteration with coefficients `abc` runs, in order: the
+// three of `iteration`, or, when c is 0, iteration[0] and cubic_update.
+struct NsIterationProducts {
+  std::array<const NsGemm*, 3> gemm{};
+  int count = 0;
+};
+NsIterationProducts ProductsFor(const NsProgram& program, const NsCoefficients& abc);
 
 // The program for `count` row-major rows x cols matrices (all positive).
 NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols);

@@ -5,6 +5,7 @@
 // batches, with no transpose anywhere.
 #include "muon/math/ns_program.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -38,7 +39,9 @@ void Execute(const NsProgram& p, const NsCoefficients& abc, int steps, std::vect
          : s == NsScalar::kA  ? abc[0] : s == NsScalar::kB ? abc[1] : abc[2];
   };
   for (int it = 0; it < steps; ++it) {
-    for (const NsGemm& g : p.iteration) {
+    const NsIterationProducts run = ProductsFor(p, abc);
+    for (int r = 0; r < run.count; ++r) {
+      const NsGemm& g = *run.gemm[r];
       for (int64_t b = 0; b < p.count; ++b) {
         const double* a = buffers[static_cast<int>(g.a.buffer)]->data() + b * g.a.stride;
         const double* bm = buffers[static_cast<int>(g.b.buffer)]->data() + b * g.b.stride;
@@ -107,7 +110,6 @@ TEST_P(NsProgramTest, EqualsTheIterationOnRowMajorMatrices) {
   const auto [rows, cols] = GetParam();
   const int64_t count = 3;
   const int steps = 3;
-  const NsCoefficients abc = {3.4445, -4.7750, 2.0315};
   std::mt19937 rng(static_cast<unsigned>(rows * 131 + cols));
   std::normal_distribution<double> normal;
   Mat batch(count * rows * cols);
@@ -117,16 +119,37 @@ TEST_P(NsProgramTest, EqualsTheIterationOnRowMajorMatrices) {
   EXPECT_EQ(p.m, std::min(rows, cols));
   EXPECT_EQ(p.n, std::max(rows, cols));
   EXPECT_EQ(p.x_elems, rows * cols);
-  std::vector<double> x = batch;  // the row-major memory, untouched by any transpose
-  Execute(p, abc, steps, &x);
-  if (HasFatalFailure()) return;
-  for (int64_t b = 0; b < count; ++b) {
-    const Mat one(batch.begin() + b * rows * cols, batch.begin() + (b + 1) * rows * cols);
-    const Mat want = Direct(one, rows, cols, abc, steps);
-    for (int64_t e = 0; e < rows * cols; ++e) {
-      ASSERT_NEAR(x[b * rows * cols + e], want[e], 1e-12) << "matrix " << b << " element " << e;
+  // torch's quintic (three products), and a cubic (c == 0: two products).
+  for (const NsCoefficients& abc :
+       {NsCoefficients{3.4445, -4.7750, 2.0315}, NsCoefficients{3.3656576, -3.3420992, 0.0}}) {
+    SCOPED_TRACE(abc[2] == 0.0 ? "cubic" : "quintic");
+    std::vector<double> x = batch;  // the row-major memory, untouched by any transpose
+    Execute(p, abc, steps, &x);
+    if (HasFatalFailure()) return;
+    for (int64_t b = 0; b < count; ++b) {
+      const Mat one(batch.begin() + b * rows * cols, batch.begin() + (b + 1) * rows * cols);
+      const Mat want = Direct(one, rows, cols, abc, steps);
+      for (int64_t e = 0; e < rows * cols; ++e) {
+        ASSERT_NEAR(x[b * rows * cols + e], want[e], 1e-12 * std::max(1.0, std::fabs(want[e])))
+            << "matrix " << b << " element " << e;
+      }
     }
   }
+}
+
+TEST(NsProgram, ACubicIterationRunsTwoProductsTheOthersThree) {
+  const NsProgram p = PlanNewtonSchulz(1, 6, 4);
+  const NsIterationProducts quintic = ProductsFor(p, {3.4445, -4.7750, 2.0315});
+  ASSERT_EQ(quintic.count, 3);
+  EXPECT_EQ(quintic.gemm[0], &p.iteration[0]);
+  EXPECT_EQ(quintic.gemm[1], &p.iteration[1]);
+  EXPECT_EQ(quintic.gemm[2], &p.iteration[2]);
+  const NsIterationProducts cubic = ProductsFor(p, {2.0, -1.0, 0.0});
+  ASSERT_EQ(cubic.count, 2);
+  EXPECT_EQ(cubic.gemm[0], &p.iteration[0]);
+  EXPECT_EQ(cubic.gemm[1], &p.cubic_update);
+  EXPECT_EQ(p.cubic_update.alpha, NsScalar::kB);  // W' = a W + b gram W
+  EXPECT_EQ(p.cubic_update.beta, NsScalar::kA);
 }
 
 TEST_P(NsProgramTest, OperandsStayInsideTheirBuffersAndSymmetryClaimsHold) {
@@ -135,7 +158,8 @@ TEST_P(NsProgramTest, OperandsStayInsideTheirBuffersAndSymmetryClaimsHold) {
   auto elems = [&](NsBuffer b) {
     return b == NsBuffer::kX || b == NsBuffer::kXNext ? p.x_elems : p.gram_elems;
   };
-  for (const NsGemm& g : p.iteration) {
+  for (const NsGemm* gp : {&p.iteration[0], &p.iteration[1], &p.iteration[2], &p.cubic_update}) {
+    const NsGemm& g = *gp;
     SCOPED_TRACE(g.name);
     int64_t r, c;
     Stored(g, 'a', &r, &c);

@@ -216,7 +216,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       cu.owner = cd.custom_owner;
       cu.rows = m.rows;
       cu.cols = m.cols;
-      cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps);
+      cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps, options.ns_cubic_steps);
       std::vector<int> holders;
       for (const auto& [rank, i] : custom_holders[name]) {
         holders.push_back(rank);
@@ -331,7 +331,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       Unit u;
       u.param = static_cast<int>(pi);
       u.index = k;
-      u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps);
+      u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps, options.ns_cubic_steps);
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
       for (size_t h = 0; h < pp.holders.size(); ++h) {
         if (!cursors[h].Meets(k * per, (k + 1) * per)) continue;
@@ -409,7 +409,8 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   }
   // The split matrices' parts, in the last round.
   if (!splits.empty()) {
-    MUON_RETURN_IF_ERROR(SplitUnits(&plan, splits, world, options.ns_steps, plan.rounds));
+    MUON_RETURN_IF_ERROR(SplitUnits(&plan, splits, world, options.ns_steps, plan.rounds,
+                                    options.ns_cubic_steps));
     ++plan.rounds;
   }
   plan.digest = PlanDigest(plan);
@@ -441,7 +442,7 @@ uint64_t PlanDigest(const Plan& plan) {
 }
 
 absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int world,
-                        int ns_steps, int round) {
+                        int ns_steps, int round, int ns_cubic_steps) {
   std::vector<const SplitChoice*> at(plan->units.size(), nullptr);
   for (const SplitChoice& c : splits) {
     if (c.matrix >= plan->units.size()) {
@@ -492,7 +493,7 @@ absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int 
       u.parts = static_cast<int>(parts);
       u.first = first;
       u.width = PartWidth(n, parts, p);
-      u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps);
+      u.flops = NewtonSchulzBlockFlops(m, u.width, ns_steps, ns_cubic_steps);
       first += u.width;
       units.push_back(std::move(u));
     }
@@ -503,8 +504,8 @@ absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int 
 }
 
 absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
-                       int ns_steps) {
-  return SplitUnits(plan, {SplitChoice{unit, owners}}, world, ns_steps, -1);
+                       int ns_steps, int ns_cubic_steps) {
+  return SplitUnits(plan, {SplitChoice{unit, owners}}, world, ns_steps, -1, ns_cubic_steps);
 }
 
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,

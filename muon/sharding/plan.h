@@ -55,6 +55,7 @@ struct PlanOptions {
   bool async_parallelism = true;
   int64_t round_bytes = int64_t{256} << 20;
   int ns_steps = 5;
+  int ns_cubic_steps = 0;  // of which cubic (c == 0), priced without the polynomial
   // Pieces computed row by row (ComputePieceRowByRow, then grouped into
   // blocks) instead of from boxes: the same plan, the old cost of computing
   // pieces; for tests and the setup benchmark.
@@ -146,12 +147,12 @@ struct Plan {
 // there are fewer than 2 owners or more than the long side, or when an
 // owner repeats or is outside the world.
 absl::Status SplitUnit(Plan* plan, size_t unit, const std::vector<int>& owners, int world,
-                       int ns_steps);
+                       int ns_steps, int ns_cubic_steps = 0);
 // The same for several units at once (SplitChoice::matrix a unit's index,
 // its members the parts' owners), in one pass; with `round` >= 0 every part
 // goes to that round instead of its unit's.
 absl::Status SplitUnits(Plan* plan, const std::vector<SplitChoice>& splits, int world,
-                        int ns_steps, int round);
+                        int ns_steps, int round, int ns_cubic_steps = 0);
 
 // The digest every rank's plan must share: units (param names, matrix,
 // part, owner, round) and custom units (names, owners).

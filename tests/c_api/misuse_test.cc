@@ -661,6 +661,15 @@ std::vector<Case> Cases() {
   add("create_ns_coefficients_unknown", E, IA,
       {"options->ns_coefficients", "unknown value 7", "POLAR_EXPRESS"},
       CreateWith([](muon_options_t& o) { o.ns_coefficients = 7; }));
+  add("create_cubic5_with_4_steps", E, IA,
+      {"options->ns_steps is 4", "CUBIC5 is a 5-iteration schedule", "set ns_steps = 5"},
+      CreateWith([](muon_options_t& o) {
+        o.ns_coefficients = MUON_NS_COEFFICIENTS_CUBIC5;
+        o.ns_steps = 4;
+      }));
+  add("create_deepseek_v4_with_5_steps", E, IA,
+      {"options->ns_steps is 5", "DEEPSEEK_V4 is a 10-iteration schedule", "ns_steps = 10"},
+      CreateWith([](muon_options_t& o) { o.ns_coefficients = MUON_NS_COEFFICIENTS_DEEPSEEK_V4; }));
   add("create_ns_coefficients_negative", E, IA, {"options->ns_coefficients", "-1"},
       CreateWith([](muon_options_t& o) { o.ns_coefficients = -1; }));
   add("create_ns_table_null", E, IA, {"options->ns_table", "NULL"},

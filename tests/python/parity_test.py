@@ -61,6 +61,18 @@ _PE_RAW = [
     (1.875, -1.25, 0.375),
 ]
 POLAR_EXPRESS = [(a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _PE_RAW[:-1]] + [_PE_RAW[-1]]
+# The published schedules, as Emerging-Optimizers (NVIDIA-NeMo) ships them in
+# _COEFFICIENT_SETS, typed here value for value.
+SCHEDULES = {
+    "polar_express": POLAR_EXPRESS,
+    "cans": [(8.4703, -25.1081, 18.6293), (4.1828, -3.1087, 0.5806),
+             (3.9619, -2.9541, 0.5630), (3.2866, -2.4647, 0.5074),
+             (2.2737, -1.6447, 0.4162)],
+    "deepseekv4": [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2,
+    "cubic5": [(3.3656576, -3.3420992, 0.0), (2.5744352, -1.4957376, 0.0),
+               (2.5368962, -1.4312570, 0.0), (2.4418906, -1.2764040, 0.0),
+               (2.2230472, -0.9630650, 0.0)],
+}
 
 
 # ---------------------------------------------------------------------------
@@ -173,8 +185,8 @@ def _ref_kwargs(lib_kwargs):
     """The reference's arguments for the library's Optimizer arguments."""
     k = dict(lib_kwargs)
     coefficients = k.pop("ns_coefficients", TORCH_DEFAULT_ABC)
-    if coefficients == "polar_express":
-        coefficients = POLAR_EXPRESS
+    if isinstance(coefficients, str):
+        coefficients = SCHEDULES[coefficients]
     elif len(coefficients) == 3 and not hasattr(coefficients[0], "__len__"):
         coefficients = [coefficients]
     k["coefficients"] = coefficients
@@ -309,6 +321,25 @@ def test_fp32_polar_express_preset():
     got = parity(dict(FP32, ns_coefficients="polar_express", ns_steps=10),
                  "fp32 polar_express, 10 iterations")
     assert got <= 1e-5
+
+
+@pytest.mark.parametrize("schedule,ns_steps", [("cans", 5), ("deepseekv4", 10), ("cubic5", 5)])
+def test_fp32_schedule_presets(schedule, ns_steps):
+    # The reference runs each row as torch's addmm does (three products; for
+    # cubic5's c = 0 the polynomial is b * gram), libmuon two products where
+    # c = 0: the same update to 1e-5.
+    got = parity(dict(FP32, ns_coefficients=schedule, ns_steps=ns_steps),
+                 "fp32 %s, %d iterations" % (schedule, ns_steps))
+    assert got <= 1e-5
+
+
+@pytest.mark.parametrize("schedule,ns_steps,want", [
+    ("cubic5", 4, "set ns_steps = 5"), ("deepseekv4", 5, "set ns_steps = 10"),
+    ("quintic_2024", 5, "unknown ns_coefficients preset")])
+def test_schedule_presets_refuse_what_they_are_not(schedule, ns_steps, want):
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    with pytest.raises(ValueError, match=want):
+        muon.Muon([w], lr=0.02, ns_coefficients=schedule, ns_steps=ns_steps)
 
 
 def test_fp32_custom_table():

@@ -183,6 +183,23 @@ def test_newton_schulz_matches_torchs_own(shape, bf16_engine):
     assert relative(fp32.double(), exact) < 1e-5
 
 
+def test_the_design_documents_call_forms():
+    # The design's examples call _zeropower_via_newtonschulz(x, ns_steps) and
+    # (x): torch.optim.Muon's defaults for what is left out; each equals
+    # torch's four-argument call bit for bit (the same library call).
+    torch.manual_seed(5)
+    g = torch.randn(12, 20)
+    four = muon._zeropower_via_newtonschulz(g, (A, B, C), 5, 1e-7)
+    assert torch.equal(muon._zeropower_via_newtonschulz(g, 5), four)
+    assert torch.equal(muon._zeropower_via_newtonschulz(g), four)
+    three = muon._zeropower_via_newtonschulz(g, (A, B, C), 3, 1e-7)
+    assert torch.equal(muon._zeropower_via_newtonschulz(g, 3), three)
+    assert not torch.equal(three, four)
+    theirs = torch_muon._zeropower_via_newtonschulz(g, (A, B, C), 3, 1e-7)
+    exact = newton_schulz(g.double(), (A, B, C), 3, 1e-7, torch.float64)
+    assert relative(three.double(), exact) <= 1.1 * relative(theirs.double(), exact) + 1e-3
+
+
 def test_newton_schulz_batches_and_refuses_like_torch():
     g = torch.randn(3, 8, 5)
     batch = muon.zeropower_via_newtonschulz(g, ns_dtype="fp32")

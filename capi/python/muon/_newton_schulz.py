@@ -5,7 +5,9 @@ torch.optim.Muon applies to each update (muon_orthogonalize).
                                       or CUDA, in bf16 (as torch) or fp32
   _zeropower_via_newtonschulz(grad, ns_coefficients, ns_steps, eps)
                                       torch.optim._muon's private function,
-                                      same signature, checks and bf16 result
+                                      same signature, checks and bf16 result;
+                                      also (grad, ns_steps) and (grad), the
+                                      design documents' call forms
 """
 
 import torch
@@ -43,9 +45,22 @@ def zeropower_via_newtonschulz(G, ns_coefficients=_DEFAULT_COEFFICIENTS, ns_step
     return out
 
 
-def _zeropower_via_newtonschulz(grad, ns_coefficients, ns_steps, eps):
+_DEFAULT_STEPS = 5
+_DEFAULT_EPS = 1e-7
+
+
+def _zeropower_via_newtonschulz(grad, ns_coefficients=None, ns_steps=None, eps=_DEFAULT_EPS):
     """torch.optim._muon._zeropower_via_newtonschulz on libmuon's backend: the same
-    arguments, the same ValueErrors, a bfloat16 result."""
+    arguments, the same ValueErrors, a bfloat16 result. The design documents
+    call it as (grad, ns_steps) and (grad) too: an int second argument is the
+    iteration count, and what is left out is torch.optim.Muon's default
+    ((3.4445, -4.775, 2.0315), 5 iterations, eps 1e-7)."""
+    if isinstance(ns_coefficients, int) and ns_steps is None:  # (grad, ns_steps)
+        ns_coefficients, ns_steps = None, ns_coefficients
+    if ns_coefficients is None:
+        ns_coefficients = _DEFAULT_COEFFICIENTS
+    if ns_steps is None:
+        ns_steps = _DEFAULT_STEPS
     if ns_steps >= 100:
         raise ValueError("Number of steps must be less than 100 for computational efficiency")
     if len(grad.shape) != 2:

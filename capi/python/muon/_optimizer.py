@@ -56,13 +56,25 @@ def _choice(kind, value, table):
     return table[key]
 
 
+# The built-in schedules (muon.h's muon_ns_coefficients_t), by name.
+NS_PRESETS = {
+    "polar_express": _lib.NS_COEFFICIENTS_POLAR_EXPRESS,
+    "cans": _lib.NS_COEFFICIENTS_CANS,
+    "deepseekv4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
+    "deepseek_v4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
+    "cubic5": _lib.NS_COEFFICIENTS_CUBIC5,
+}
+
+
 def _set_coefficients(o, spec):
     """Fills the coefficient fields of `o`; returns the ctypes table to keep alive."""
     if isinstance(spec, str):
-        if spec.lower().replace("-", "_") != "polar_express":
-            raise ValueError("muon: unknown ns_coefficients preset %r; use 'polar_express', "
-                             "an (a, b, c) tuple or a list of them" % spec)
-        o.ns_coefficients = _lib.NS_COEFFICIENTS_POLAR_EXPRESS
+        key = spec.lower().replace("-", "_")
+        if key not in NS_PRESETS:
+            raise ValueError("muon: unknown ns_coefficients preset %r; use one of %s, an "
+                             "(a, b, c) tuple or a list of them"
+                             % (spec, ", ".join(repr(k) for k in NS_PRESETS if k != "deepseek_v4")))
+        o.ns_coefficients = NS_PRESETS[key]
         return None
     rows = list(spec)
     if len(rows) == 3 and not any(hasattr(v, "__len__") for v in rows):

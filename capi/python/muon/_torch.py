@@ -71,7 +71,8 @@ def _coefficients_key(spec):
         rows = list(spec)
     except TypeError:
         raise TypeError("muon.Muon: ns_coefficients must be an (a, b, c) tuple, a list of them "
-                        "or 'polar_express', got %r" % (spec,)) from None
+                        "or a preset ('polar_express', 'cans', 'deepseekv4', 'cubic5'), got %r"
+                        % (spec,)) from None
     if not any(hasattr(v, "__len__") for v in rows):
         if len(rows) != 3:
             raise ValueError("muon.Muon: ns_coefficients must be (a, b, c), got %d values"
@@ -275,7 +276,9 @@ class Muon(torch.optim.Optimizer):
     (lr * 0.2 * sqrt(max(rows, cols))) or "spectral_unclamped" (lr * sqrt(rows /
     cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
     torch.optim.Muon computes it) or "fp32". ns_coefficients may also be a
-    list of (a, b, c) rows, one per iteration, or "polar_express".
+    list of (a, b, c) rows, one per iteration, or a preset: "polar_express",
+    "cans", "deepseekv4" (ns_steps=10) or "cubic5" (ns_steps=5; c = 0, one
+    product less per iteration); muon.h lists their values.
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch

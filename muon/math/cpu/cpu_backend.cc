@@ -160,7 +160,9 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   const NsProgram runs = transpose ? PlanNewtonSchulz(1, cols, rows) : PlanNewtonSchulz(1, rows, cols);
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : runs.iteration) {
+    const NsIterationProducts products = ProductsFor(runs, abc);
+    for (int i = 0; i < products.count; ++i) {
+      const NsGemm& g = *products.gemm[i];
       MUON_RETURN_IF_ERROR(
           native_bf16_->Prepare(g, NsScalarValue(g.alpha, abc), NsScalarValue(g.beta, abc)));
     }
@@ -238,8 +240,8 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
     const cpu::CoreSlots slots(threads);
     if (bf16) cpu::RoundToBf16(gram, gram_elems);
-    RunGemm(program.iteration[1], abc, buffers, bf16);
-    RunGemm(program.iteration[2], abc, buffers, bf16);
+    const NsIterationProducts products = ProductsFor(program, abc);
+    for (int i = 1; i < products.count; ++i) RunGemm(*products.gemm[i], abc, buffers, bf16);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   const float* x = buffers[static_cast<int>(NsBuffer::kX)];
@@ -378,7 +380,9 @@ absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsPro
                                              uint16_t** buffers) {
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : program.iteration) {
+    const NsIterationProducts products = ProductsFor(program, abc);
+    for (int i = 0; i < products.count; ++i) {
+      const NsGemm& g = *products.gemm[i];
       MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
                                              NsScalarValue(g.beta, abc), buffers));
     }
@@ -441,8 +445,13 @@ void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& prog
     cblas_ssyrk(CblasColMajor, CblasUpper, program.tall ? CblasNoTrans : CblasTrans, m, n, 1.0f,
                 x, ld_x, 0.0f, gram, m);
     cpu::MirrorUpper(gram, m, m);
-    // poly = c gram gram^T + b gram + a I (upper).
-    cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, m, m, c, gram, m, 0.0f, poly, m);
+    // poly = c gram gram^T + b gram + a I (upper); a cubic iteration (c == 0)
+    // skips the product.
+    if (c != 0.0f) {
+      cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, m, m, c, gram, m, 0.0f, poly, m);
+    } else {
+      std::fill(poly, poly + program.gram_elems, 0.0f);
+    }
     cpu::FoldPolynomial(poly, gram, m, a, b);
     // W' = poly W (W'^T = W^T poly), poly read as the symmetric matrix its
     // upper triangle is.
@@ -469,7 +478,8 @@ void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& progr
   // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm& g : program.iteration) RunGemm(g, abc, buffers, bf16);
+    const NsIterationProducts products = ProductsFor(program, abc);
+    for (int i = 0; i < products.count; ++i) RunGemm(*products.gemm[i], abc, buffers, bf16);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   x = buffers[static_cast<int>(NsBuffer::kX)];

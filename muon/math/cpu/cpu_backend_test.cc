@@ -57,6 +57,29 @@ TEST_P(NsShapes, Fp32MatchesDoubleReference) {
   }
 }
 
+TEST_P(NsShapes, Fp32SchedulesMatchDoubleReference) {
+  // CANS's 5 rows, DeepSeek-V4's 10, and cubic5 (c == 0: two products an
+  // iteration, the polynomial product skipped). (CANS's first rows overshoot
+  // a singular value of 1 on purpose: past its 5 rows fp32 and double part.)
+  const Shape s = GetParam();
+  for (NsSchedule schedule : {NsSchedule::kCans, NsSchedule::kDeepSeekV4, NsSchedule::kCubic5}) {
+    NsConfig cfg;
+    cfg.dtype = NsDtype::kFP32;
+    cfg.coefficients = ScheduleCoefficients(schedule);
+    cfg.steps = static_cast<int>(cfg.coefficients.size());
+    auto u = Random(s.rows * s.cols, 4);
+    auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+    // fp32 done naively: CANS amplifies round-off near a singular value of 1
+    // (its first polynomial's slope there is 26), so no fp32 run lands within
+    // 1e-5 of double; ours must land as close as the naive one, or closer.
+    const double naive = MaxRelErr(ReferenceNewtonSchulzFp32(u, s.rows, s.cols, cfg), want);
+    CpuBackend be;
+    ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
+    EXPECT_LT(MaxRelErr(u, want), std::max(1e-5, 2.0 * naive))
+        << "schedule " << static_cast<int>(schedule) << ", naive fp32 " << naive;
+  }
+}
+
 TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
   const Shape s = GetParam();
   NsConfig cfg;  // bf16 by default

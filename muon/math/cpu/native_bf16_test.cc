@@ -107,7 +107,9 @@ TEST_P(NativeProducts, EveryProductOfTheProgramIsExact) {
   std::mt19937 rng(static_cast<uint32_t>(s.rows * 100 + s.cols));
   std::uniform_int_distribution<int> small(-4, 4);
   const float scalars[][2] = {{1.0f, 0.0f}, {0.25f, -0.5f}, {-2.0f, 2.0f}};
-  for (const NsGemm& g : program.iteration) {
+  for (const NsGemm* gp :
+       {&program.iteration[0], &program.iteration[1], &program.iteration[2], &program.cubic_update}) {
+    const NsGemm& g = *gp;
     for (const auto& ab : scalars) {
       std::vector<std::vector<uint16_t>> bufs = {
           std::vector<uint16_t>(program.x_elems), std::vector<uint16_t>(program.x_elems),
@@ -216,12 +218,20 @@ std::vector<float> Random(int64_t n, uint32_t seed) {
   return v;
 }
 
+// The configs every engine runs: torch's quintic, and the cubic5 schedule
+// (c == 0: two products an iteration).
+std::vector<NsConfig> Schedules() {
+  NsConfig cubic;
+  cubic.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+  return {NsConfig(), cubic};
+}
+
 // bf16 Newton-Schulz of u on `engine`, asked for through MUON_CPU_BF16.
-std::vector<float> Orthogonalize(Engine engine, std::vector<float> u, int64_t rows, int64_t cols) {
+std::vector<float> Orthogonalize(Engine engine, std::vector<float> u, int64_t rows, int64_t cols,
+                                 const NsConfig& cfg = NsConfig()) {
   ScopedEnv setting("MUON_CPU_BF16", cpu::Bf16EngineName(engine));
   CpuBackend backend;
   EXPECT_STREQ(backend.Bf16EngineName(), cpu::Bf16EngineName(engine));
-  NsConfig cfg;  // bf16
   MatrixBatch batch{u.data(), 1, rows, cols};
   EXPECT_TRUE(backend.Orthogonalize(cfg, batch).ok());
   return u;
@@ -231,15 +241,16 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
   MUON_REQUIRE_NATIVE();
   const Shape shapes[] = {{96, 160}, {160, 96}, {128, 128}, {7, 300},
                           {300, 7}, {33, 65}, {520, 600}, {600, 520}};
+  for (const NsConfig& cfg : Schedules()) {
+  SCOPED_TRACE(cfg.coefficients[0][2] == 0.0 ? "cubic5" : "torch's quintic");
   for (const Shape& s : shapes) {
     const std::vector<float> u = Random(s.rows * s.cols, 7);
-    const std::vector<float> emulated = Orthogonalize(Engine::kEmulated, u, s.rows, s.cols);
-    NsConfig cfg;
+    const std::vector<float> emulated = Orthogonalize(Engine::kEmulated, u, s.rows, s.cols, cfg);
     const std::vector<double> want =
         ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), s.rows, s.cols, cfg);
     for (Engine engine : Engines()) {
       SCOPED_TRACE(cpu::Bf16EngineName(engine));
-      const std::vector<float> native = Orthogonalize(engine, u, s.rows, s.cols);
+      const std::vector<float> native = Orthogonalize(engine, u, s.rows, s.cols, cfg);
       double max_abs = 0, err_native = 0, diff = 0;
       for (size_t i = 0; i < u.size(); ++i) {
         ASSERT_EQ(ew::Bits(native[i]) & 0xffffu, 0u) << "not a bf16 value: " << native[i];
@@ -251,6 +262,7 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
       // Only the order of fp32 sums differs: a few bf16 steps apart at most.
       EXPECT_LT(diff / max_abs, 0.05) << s.rows << "x" << s.cols;
     }
+  }
   }
 }
 
@@ -273,9 +285,10 @@ TEST(NativeBf16, Bf16BatchesEqualFp32Batches) {
   EXPECT_EQ(probe.SlotDtype(fp32_config), DType::kF32);
   const Shape shapes[] = {{96, 160}, {160, 96}, {33, 65}, {300, 7}};
   for (const Shape& s : shapes) {
-    for (int steps : {5, 4, 1, 0}) {
+    for (int steps : {5, 4, 1, 0, -5}) {  // -5: the cubic5 schedule
       NsConfig cfg;
-      cfg.steps = steps;
+      cfg.steps = steps < 0 ? -steps : steps;
+      if (steps < 0) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
       std::vector<float> u = Random(2 * s.rows * s.cols, 13);
       std::vector<uint16_t> bits(u.size());
       for (size_t i = 0; i < u.size(); ++i) bits[i] = FloatToBf16Bits(u[i]);

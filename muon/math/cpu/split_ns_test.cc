@@ -189,10 +189,12 @@ class SplitNs : public ::testing::TestWithParam<Case> {};
 
 TEST_P(SplitNs, Fp32MatchesTheWholeMatrixAndTheReference) {
   const Case c = GetParam();
-  for (int steps : {5, 4, 0}) {
+  for (int steps : {5, 4, 0, -5}) {  // -5: the cubic5 schedule (two products an iteration)
     NsConfig cfg;
     cfg.dtype = NsDtype::kFP32;
-    cfg.steps = steps;
+    cfg.steps = steps < 0 ? -steps : steps;
+    if (steps < 0) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+    steps = cfg.steps;
     const std::vector<float> u = Random(c.rows * c.cols, 11);
     const std::vector<double> ref = ReferenceNewtonSchulz(
         std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);

@@ -149,8 +149,9 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   WorkBuffer x, x_next, gram, poly, partials;
-  // The three products of each shape seen, planned once (heuristics cached).
-  std::map<ShapeKey, std::array<LtProduct, 3>> products;
+  // The products of each shape seen (gram, polynomial, update, cubic update),
+  // planned once (heuristics cached).
+  std::map<ShapeKey, std::array<LtProduct, 4>> products;
   // The multi-tensor launches' host-side lists, kept across calls.
   std::vector<cuda::MomentumTensor> momentum_tensors;
   std::vector<cuda::ApplyTensor> apply_tensors;
@@ -267,8 +268,10 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   if (impl_->products.count(key) != 0) return absl::OkStatus();
   auto& products = impl_->products[key];
   const cudaDataType_t type = config.dtype == NsDtype::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
-  for (size_t i = 0; i < p.iteration.size(); ++i) {
-    st = MakeProduct(impl_->lt, p.iteration[i], type, static_cast<int32_t>(count),
+  const std::array<const NsGemm*, 4> all = {&p.iteration[0], &p.iteration[1], &p.iteration[2],
+                                             &p.cubic_update};
+  for (size_t i = 0; i < all.size(); ++i) {
+    st = MakeProduct(impl_->lt, *all[i], type, static_cast<int32_t>(count),
                      Impl::kLtWorkspaceBytes, &products[i]);
     if (!st.ok()) {
       impl_->products.erase(key);
@@ -314,9 +317,11 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
             "Newton-Schulz input kernels");
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (size_t i = 0; i < p.iteration.size(); ++i) {
-      const NsGemm& g = p.iteration[i];
-      const LtProduct& lp = products[i];
+    const NsIterationProducts run = ProductsFor(p, abc);  // a cubic iteration runs two
+    for (int r = 0; r < run.count; ++r) {
+      const NsGemm& g = *run.gemm[r];
+      const LtProduct& lp =
+          products[&g == &p.cubic_update ? 3 : static_cast<size_t>(&g - p.iteration.data())];
       const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
       // Out of place: with beta zero C is not read; D is its own buffer.
       MUON_CUBLAS(cublasLtMatmul(impl_->lt, lp.op, &alpha, buffers[static_cast<int>(g.a.buffer)],

@@ -14,6 +14,11 @@ namespace muon {
 // `u` is a rows x cols row-major matrix; the result has the same layout.
 std::vector<double> ReferenceNewtonSchulz(const std::vector<double>& u, int64_t rows,
                                           int64_t cols, const NsConfig& config);
+// The same loops in float (torch's formula in fp32, naively summed): how far
+// any fp32 Newton-Schulz may land from the double one, for schedules that
+// amplify round-off (CANS).
+std::vector<float> ReferenceNewtonSchulzFp32(const std::vector<float>& u, int64_t rows,
+                                             int64_t cols, const NsConfig& config);
 
 }  // namespace muon
 
