@@ -108,7 +108,7 @@ extern "C" {
 #endif
 
 #define MUON_VERSION_MAJOR 0
-#define MUON_VERSION_MINOR 5
+#define MUON_VERSION_MINOR 6
 #define MUON_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */

@@ -79,12 +79,16 @@ struct Case {
 TEST(CudaBackend, NewtonSchulzMatchesCpu) {
   REQUIRE_GPU(gpu);
   for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16}) {
+  // torch's quintic, and cubic5 (c == 0: the cubic update, two products).
+  for (bool cubic : {false, true}) {
+    SCOPED_TRACE(cubic ? "cubic5" : "quintic");
     // Wide, tall, square, a vector; and matrices whose norm spans many
     // blocks, with float4 loads (elements % 4 == 0) and without.
     for (Case c : {Case{3, 64, 96}, Case{2, 96, 64}, Case{4, 33, 33}, Case{1, 1, 17},
                    Case{2, 520, 256}, Case{1, 257, 513}}) {
       NsConfig cfg;
       cfg.dtype = dtype;
+      if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
       auto u = Random(c.count * c.rows * c.cols, 7);
       auto want = u;
       CpuBackend cpu;
@@ -98,6 +102,7 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
       EXPECT_LT(err, dtype == NsDtype::kFP32 ? 1e-4 : 5e-2)
           << "count " << c.count << " " << c.rows << "x" << c.cols;
     }
+  }
   }
 }
 
