@@ -205,6 +205,7 @@ void DefaultOptions(muon_options_t* o) {
   o->prefetch_count = d.dist.prefetch_count;
   o->async_parallelism = d.dist.async_parallelism ? 1 : 0;
   o->round_bytes = static_cast<size_t>(d.dist.round_bytes);
+  o->update_scale = d.update_scale;
 }
 
 void DefaultParamOptions(muon_param_options_t* o) {
@@ -254,6 +255,7 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.allocator.release = c.release;
   o.allocator.ctx = c.allocator_ctx;
   o.update_in_grad = c.update_in_grad != 0;
+  o.update_scale = c.update_scale;
   if (c.reserved0 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
@@ -307,6 +309,7 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.release = o.allocator.release;
   c.allocator_ctx = o.allocator.ctx;
   c.update_in_grad = o.update_in_grad ? 1 : 0;
+  c.update_scale = o.update_scale;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;

@@ -19,7 +19,7 @@
  *   are passed by pointer, and are filled with defaults by their *_init
  *   function (usable from ctypes/cffi, which cannot expand macros).
  *   struct_size must be the sizeof the struct had in some released header:
- *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5)
+ *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 192 (0.6)
  *     muon_param_options_t  24 (0.1), 56 (0.2)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
@@ -350,6 +350,13 @@ typedef struct muon_options_t {
    * always have one. Custom-path and MUON_REPLICATED_ZERO2 parameters keep
    * their buffer. Zero (default): gradients are only read, as torch's. */
   int32_t update_in_grad;
+  /* ---- 0.6 ---- */
+  /* Multiplies every Muon update after the lr adjustment (Emerging-Optimizers'
+   * extra_scale_factor): param <- param - lr * adjust_lr(A, B) * update_scale
+   * * update. Weight decay keeps the plain lr. Finite, >= 0. Default 1.0. An
+   * update RMS target such as DeepSeek-V4's 0.18: MATCH_RMS_ADAMW (RMS 0.2)
+   * with update_scale 0.9. Must be the same on every rank (checked). */
+  double update_scale;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`

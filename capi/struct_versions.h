@@ -61,6 +61,7 @@ inline constexpr StructVersion kOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_options_t, assign_state), "0.2"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, skip_nonfinite), "0.4"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, update_in_grad), "0.5"},
+    {MUON_SIZE_ENDING_AT_(muon_options_t, update_scale), "0.6"},
 };
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},
@@ -84,13 +85,14 @@ inline constexpr StructVersion kComm[] = {
 static_assert(kOptions[0].size == offsetof(muon_options_t, assignment), "options 0.2 starts");
 static_assert(kOptions[1].size == offsetof(muon_options_t, skip_nonfinite), "options 0.4 starts");
 static_assert(kOptions[2].size == offsetof(muon_options_t, allocate), "options 0.5 starts");
+static_assert(kOptions[3].size == offsetof(muon_options_t, update_scale), "options 0.6 starts");
 static_assert(kParamOptions[0].size == offsetof(muon_param_options_t, global_ndim),
               "param options 0.2 starts");
 static_assert(kStats[0].size == offsetof(muon_stats_t, nonfinite_grads), "stats 0.4 starts");
 static_assert(kStats[1].size == offsetof(muon_stats_t, memory_bytes), "stats 0.5 starts");
 // The last version is this header's struct: a field added at the end fails
 // here until it has its row above.
-static_assert(kOptions[3].size == sizeof(muon_options_t), "muon_options_t grew: add a version");
+static_assert(kOptions[4].size == sizeof(muon_options_t), "muon_options_t grew: add a version");
 static_assert(kParamOptions[1].size == sizeof(muon_param_options_t),
               "muon_param_options_t grew: add a version");
 static_assert(kStats[2].size == sizeof(muon_stats_t), "muon_stats_t grew: add a version");

@@ -38,7 +38,7 @@ ApplyArgs ApplyOf(const Options& options, const Param& p, const LocalBuffer& upd
   a.n = p.numel();
   a.update = update.data;
   a.update_dtype = update.dtype;
-  a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols);
+  a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols) * options.update_scale;
   return a;
 }
 

@@ -37,6 +37,10 @@ absl::Status ValidateOptions(const Options& o) {
   MUON_RETURN_IF_ERROR(ValidateWeightDecay(o.weight_decay));
   MUON_RETURN_IF_ERROR(ValidateMomentum(o.momentum));
   MUON_RETURN_IF_ERROR(ValidateNsConfig(o.ns));
+  if (!(o.update_scale >= 0) || !std::isfinite(o.update_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update_scale: ", o.update_scale, " is invalid; it must be a finite number >= 0"));
+  }
   switch (o.adjust_lr) {
     case AdjustLr::kOriginal:
     case AdjustLr::kMatchRmsAdamW:

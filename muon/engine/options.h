@@ -38,6 +38,8 @@ struct Options {
   // The update lives in each gradient's own memory between the momentum and
   // the apply (no per-parameter update buffer); see muon_options_t.
   bool update_in_grad = false;
+  // Multiplies every Muon update after the lr adjustment (muon_options_t).
+  double update_scale = 1.0;
 };
 
 absl::Status ValidateLr(double lr);

@@ -661,6 +661,11 @@ std::vector<Case> Cases() {
   add("create_ns_coefficients_unknown", E, IA,
       {"options->ns_coefficients", "unknown value 7", "POLAR_EXPRESS"},
       CreateWith([](muon_options_t& o) { o.ns_coefficients = 7; }));
+  add("create_update_scale_negative", E, IA,
+      {"options->update_scale: -1 is invalid", "finite number >= 0"},
+      CreateWith([](muon_options_t& o) { o.update_scale = -1; }));
+  add("create_update_scale_nan", E, IA, {"options->update_scale", "nan"},
+      CreateWith([](muon_options_t& o) { o.update_scale = std::nan(""); }));
   add("create_cubic5_with_4_steps", E, IA,
       {"options->ns_steps is 4", "CUBIC5 is a 5-iteration schedule", "set ns_steps = 5"},
       CreateWith([](muon_options_t& o) {

@@ -144,11 +144,12 @@ class ReferenceMuon:
     def __init__(self, params, views, lr, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_steps=5, coefficients=(TORCH_DEFAULT_ABC,), eps=1e-7,
                  adjust_lr="original", ns_dtype=torch.bfloat16, momentum_dtype=None,
-                 acc=torch.float32):
+                 acc=torch.float32, update_scale=1.0):
         self.params, self.views = params, views
         self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
         self.nesterov, self.ns_steps, self.coefficients = nesterov, ns_steps, list(coefficients)
         self.eps, self.adjust_lr, self.ns_dtype, self.acc = eps, adjust_lr, ns_dtype, acc
+        self.update_scale = update_scale  # Emerging-Optimizers' extra_scale_factor
         self.bufs = [torch.zeros_like(p, dtype=momentum_dtype or p.dtype) for p in params]
 
     @torch.no_grad()
@@ -168,8 +169,9 @@ class ReferenceMuon:
                     reference_newton_schulz(m, self.coefficients, self.ns_steps, self.eps,
                                             self.ns_dtype, self.acc) for m in mats
                 ]).reshape(p.shape)
-            # Decoupled decay with the plain lr, then the shape-adjusted update.
-            lr_adj = adjusted_lr(self.lr, self.adjust_lr, rows, cols)
+            # Decoupled decay with the plain lr, then the shape-adjusted update
+            # (times the extra scale).
+            lr_adj = adjusted_lr(self.lr, self.adjust_lr, rows, cols) * self.update_scale
             decayed = (p.float() * (1 - self.lr * self.weight_decay)).to(p.dtype)
             p.copy_(decayed.float().add_(ortho, alpha=-lr_adj))
 
@@ -340,6 +342,15 @@ def test_schedule_presets_refuse_what_they_are_not(schedule, ns_steps, want):
     w = torch.nn.Parameter(torch.randn(4, 3))
     with pytest.raises(ValueError, match=want):
         muon.Muon([w], lr=0.02, ns_coefficients=schedule, ns_steps=ns_steps)
+
+
+@pytest.mark.parametrize("adjust_lr,scale", [("match_rms_adamw", 0.9), ("original", 2.5)])
+def test_fp32_update_scale(adjust_lr, scale):
+    # DeepSeek-V4's update RMS of 0.18 is match_rms_adamw's 0.2 times 0.9; the
+    # decay keeps the plain lr.
+    got = parity(dict(FP32, adjust_lr=adjust_lr, update_scale=scale),
+                 "fp32 %s, update_scale %g" % (adjust_lr, scale))
+    assert got <= 1e-5
 
 
 def test_fp32_custom_table():

@@ -255,6 +255,35 @@ def test_defaults_follow_torch():
     assert fp32.param_groups[0]["ns_dtype"] == torch.float32
 
 
+def test_extra_scale_factor_scales_the_update_not_the_decay():
+    # Without decay, extra_scale_factor s at lr is the same step as lr * s; with
+    # decay, the decay keeps the plain lr: p <- p (1 - lr wd) - lr s U.
+    torch.manual_seed(3)
+    start, grads = torch.randn(8, 5), [torch.randn(8, 5) for _ in range(3)]
+
+    def run(**kwargs):
+        w = torch.nn.Parameter(start.clone())
+        opt = muon.Muon([w], ns_dtype="fp32", **kwargs)
+        for g in grads:
+            w.grad = g.clone()
+            opt.step()
+        return w.detach()
+
+    scaled = run(lr=0.02, weight_decay=0.0, extra_scale_factor=0.5)
+    assert (scaled - run(lr=0.01, weight_decay=0.0)).abs().max() < 1e-6
+    assert (scaled - run(lr=0.02, weight_decay=0.0)).abs().max() > 1e-3  # it does act
+    w = torch.nn.Parameter(start.clone())
+    w.grad = grads[0].clone()
+    plain = muon.Muon([w], lr=0.02, weight_decay=0.1, ns_dtype="fp32")
+    plain.step()
+    update = (start * (1 - 0.02 * 0.1) - w.detach()) / 0.02  # lr * ratio * U, over lr
+    w2 = torch.nn.Parameter(start.clone())
+    w2.grad = grads[0].clone()
+    muon.Muon([w2], lr=0.02, weight_decay=0.1, ns_dtype="fp32", extra_scale_factor=3.0).step()
+    want = start * (1 - 0.02 * 0.1) - 0.02 * 3.0 * update
+    assert (w2.detach() - want).abs().max() < 1e-5
+
+
 def test_push_hyperparameters_carries_a_scheduler_and_changes_nothing_else():
     # On the CPU no step is captured: pushing, before or between steps, moves the
     # scheduler's values to the library and leaves the run as without it.
@@ -345,6 +374,8 @@ def test_non_2d_params_are_refused_at_construction(shape):
     (dict(ns_coefficients=(1.0, float("inf"), 0.0)), ValueError, "non-finite"),
     (dict(ns_coefficients=(1.0, 2.0)), ValueError, "ns_coefficients"),
     (dict(distributed_config=object()), TypeError, "distributed_config must provide"),
+    (dict(extra_scale_factor=-0.5), ValueError, "extra_scale_factor should be a finite"),
+    (dict(extra_scale_factor=float("inf")), ValueError, "extra_scale_factor"),
 ])
 def test_invalid_options_raise_clear_exceptions(kwargs, error, fragment):
     with pytest.raises(error, match=fragment):

@@ -173,6 +173,8 @@ class muon_options_t(ctypes.Structure):
         ("release", RELEASE_FN),
         ("allocator_ctx", ctypes.c_void_p),
         ("update_in_grad", ctypes.c_int32),
+        # 0.6
+        ("update_scale", ctypes.c_double),
     ]
 
 

@@ -179,6 +179,8 @@ class Optimizer:
     buffer per parameter in the Newton-Schulz dtype (2 bytes per element less
     with ns_dtype "bf16", 4 with "fp32"; the gradients then hold the
     orthogonalized updates after step; see muon_options_t).
+    update_scale: multiplies every Muon update after the lr adjustment
+    (Emerging-Optimizers' extra_scale_factor; weight decay keeps the plain lr).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -188,7 +190,7 @@ class Optimizer:
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
                  momentum_fp32=None, assignment=None, prefetch_count=None,
                  async_parallelism=None, round_bytes=None, skip_nonfinite=None,
-                 update_in_grad=None):
+                 update_in_grad=None, update_scale=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -222,6 +224,8 @@ class Optimizer:
             o.skip_nonfinite = 1 if skip_nonfinite else 0
         if update_in_grad is not None:
             o.update_in_grad = 1 if update_in_grad else 0
+        if update_scale is not None:
+            o.update_scale = float(update_scale)
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM

@@ -11,6 +11,7 @@ a contiguous copy, as the library reads and writes contiguous memory).
 """
 
 import collections
+import math
 import numbers
 import operator
 
@@ -97,6 +98,7 @@ def _lowlevel_kwargs(group):
         eps=_real("eps", group["eps"]),
         adjust_lr="original" if adjust is None else adjust,
         ns_dtype=_ns_dtype(group["ns_dtype"]),
+        update_scale=_real("extra_scale_factor", group.get("extra_scale_factor", 1.0)),
     )
 
 
@@ -119,6 +121,10 @@ def _check_group(group):
     eps = _real("eps", group["eps"])
     if not eps > 0.0:
         raise ValueError("eps should be > 0 but is: %s" % eps)
+    scale = _real("extra_scale_factor", group.get("extra_scale_factor", 1.0))
+    if not (0.0 <= scale < math.inf):
+        raise ValueError("muon.Muon: extra_scale_factor should be a finite number >= 0 but is: "
+                         "%s" % scale)
     try:
         ns_steps = operator.index(group["ns_steps"])
     except TypeError:
@@ -260,7 +266,8 @@ class Muon(torch.optim.Optimizer):
     Muon(params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
          ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
          adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
-         adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0)
+         adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
+         extra_scale_factor=1.0)
 
     params: parameters, or param groups (dicts) with their own values of the
     options. Matrices (2 or more dims; for a sharded parameter, its global
@@ -279,6 +286,9 @@ class Muon(torch.optim.Optimizer):
     list of (a, b, c) rows, one per iteration, or a preset: "polar_express",
     "cans", "deepseekv4" (ns_steps=10) or "cubic5" (ns_steps=5; c = 0, one
     product less per iteration); muon.h lists their values.
+    extra_scale_factor multiplies every Muon update after adjust_lr_fn
+    (Emerging-Optimizers' name; weight decay keeps the plain lr): an update
+    RMS target such as DeepSeek-V4's 0.18 is "match_rms_adamw" (0.2) with 0.9.
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
@@ -308,7 +318,8 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=_DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
                  adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
-                 adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0):
+                 adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
+                 extra_scale_factor=1.0):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -319,7 +330,8 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
-                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd)
+                        adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd,
+                        extra_scale_factor=extra_scale_factor)
         _check_group(defaults)
         super().__init__(params, defaults)
         for gi, group in self._numbered():
@@ -451,7 +463,8 @@ class Muon(torch.optim.Optimizer):
     def _rebuild_key(group):
         return (bool(group["nesterov"]), _coefficients_key(group["ns_coefficients"]),
                 _real("eps", group["eps"]), operator.index(group["ns_steps"]),
-                group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]))
+                group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]),
+                _real("extra_scale_factor", group.get("extra_scale_factor", 1.0)))
 
     def _name(self, gi, i):
         if isinstance(i, tuple):  # a segment of a flat buffer
