@@ -256,6 +256,7 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.allocator.ctx = c.allocator_ctx;
   o.update_in_grad = c.update_in_grad != 0;
   o.update_scale = c.update_scale;
+  o.cautious_wd = c.cautious_wd != 0;
   if (c.reserved0 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
@@ -263,6 +264,10 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   if (c.reserved1 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved1 is ", c.reserved1, "; it must be 0"));
+  }
+  if (c.reserved2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->reserved2 is ", c.reserved2, "; it must be 0"));
   }
   if (c.round_bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     return absl::InvalidArgumentError(
@@ -310,6 +315,7 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.allocator_ctx = o.allocator.ctx;
   c.update_in_grad = o.update_in_grad ? 1 : 0;
   c.update_scale = o.update_scale;
+  c.cautious_wd = o.cautious_wd ? 1 : 0;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;

@@ -19,7 +19,7 @@
  *   are passed by pointer, and are filled with defaults by their *_init
  *   function (usable from ctypes/cffi, which cannot expand macros).
  *   struct_size must be the sizeof the struct had in some released header:
- *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 192 (0.6)
+ *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6)
  *     muon_param_options_t  24 (0.1), 56 (0.2)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
@@ -357,6 +357,13 @@ typedef struct muon_options_t {
    * update RMS target such as DeepSeek-V4's 0.18: MATCH_RMS_ADAMW (RMS 0.2)
    * with update_scale 0.9. Must be the same on every rank (checked). */
   double update_scale;
+  /* Nonzero: cautious weight decay (arXiv 2510.12402, as Dion and
+   * Emerging-Optimizers ship it): an element decays only where its update
+   * and its value have the same sign (update * param >= 0; the update is
+   * what param - lr * ... * update subtracts). Zero (default): every element
+   * decays, as torch. Must be the same on every rank (checked). */
+  int32_t cautious_wd;
+  int32_t reserved2;       /* must be 0 */
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`

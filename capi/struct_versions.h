@@ -61,7 +61,7 @@ inline constexpr StructVersion kOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_options_t, assign_state), "0.2"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, skip_nonfinite), "0.4"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, update_in_grad), "0.5"},
-    {MUON_SIZE_ENDING_AT_(muon_options_t, update_scale), "0.6"},
+    {MUON_SIZE_ENDING_AT_(muon_options_t, reserved2), "0.6"},
 };
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},

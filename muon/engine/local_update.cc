@@ -39,6 +39,7 @@ ApplyArgs ApplyOf(const Options& options, const Param& p, const LocalBuffer& upd
   a.update = update.data;
   a.update_dtype = update.dtype;
   a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols) * options.update_scale;
+  a.cautious = options.cautious_wd;
   return a;
 }
 

@@ -40,6 +40,8 @@ struct Options {
   bool update_in_grad = false;
   // Multiplies every Muon update after the lr adjustment (muon_options_t).
   double update_scale = 1.0;
+  // Cautious weight decay (muon_options_t.cautious_wd).
+  bool cautious_wd = false;
 };
 
 absl::Status ValidateLr(double lr);

@@ -20,7 +20,8 @@ std::string Fingerprint(const Options& o) {
                                " ns_dtype=", static_cast<int>(o.ns.dtype), " eps=", o.ns.eps,
                                " momentum_fp32=", o.momentum_fp32,
                                " skip_nonfinite=", o.skip_nonfinite,
-                               " update_scale=", o.update_scale, " coefficients=");
+                               " update_scale=", o.update_scale,
+                               " cautious_wd=", o.cautious_wd, " coefficients=");
   for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
   return f;
 }

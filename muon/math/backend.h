@@ -94,6 +94,9 @@ struct ApplyArgs {
   const void* update = nullptr;
   double lr_ratio = 1.0;  // the shape's lr adjustment: adjusted lr = lr * lr_ratio
   DType update_dtype = DType::kF32;
+  // Cautious weight decay: the decay only where update * param >= 0
+  // (ew::CautiousDecay).
+  bool cautious = false;
 };
 
 // What every tensor of one Apply call shares.

@@ -33,6 +33,14 @@ MUON_HD float ApplyElement(int param_type, float p, float update, float decay, f
   return RoundTo(param_type, p * decay) + alpha * update;
 }
 
+// Cautious weight decay (arXiv 2510.12402; Dion, Emerging-Optimizers): the
+// decay factor where update * p >= 0 (the decay moves p the way the update
+// does, or one of them is zero), 1 (no decay) where their signs differ.
+// Signs compared, not the product, which could underflow to 0.
+MUON_HD float CautiousDecay(float p, float update, float decay) {
+  return (update == 0.0f || p == 0.0f || (update > 0.0f) == (p > 0.0f)) ? decay : 1.0f;
+}
+
 // The fp32 factors the element functions take, from the step's double
 // hyper-parameters (StepScalars), computed alike on the host and in a kernel
 // (the device's multiply-subtract kept from fusing into one fma, which

@@ -72,5 +72,19 @@ TEST(Elementwise, DecayIsRoundedBeforeTheUpdateIsAdded) {
   EXPECT_EQ(ew::ApplyElement(ew::kF32, 2.0f, 1.0f, 0.5f, -0.25f), 0.75f);
 }
 
+TEST(Elementwise, CautiousDecayIsThePapersIndicator) {
+  // arXiv 2510.12402: decay where update * param >= 0, evaluated in double.
+  const float values[] = {-3.0f, -1e-30f, -0.0f, 0.0f, 1e-30f, 2.5f};
+  for (float p : values) {
+    for (float u : values) {
+      const double product = static_cast<double>(p) * static_cast<double>(u);
+      const float want = product >= 0.0 ? 0.99f : 1.0f;
+      EXPECT_EQ(ew::CautiousDecay(p, u, 0.99f), want) << "p " << p << " u " << u;
+    }
+  }
+  // Underflowing products keep their signs: 1e-30 * -1e-30 is 0 in float.
+  EXPECT_EQ(ew::CautiousDecay(1e-30f, -1e-30f, 0.99f), 1.0f);
+}
+
 }  // namespace
 }  // namespace muon

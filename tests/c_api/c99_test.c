@@ -53,7 +53,9 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, release) == 160, opt_release);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, allocator_ctx) == 168, opt_allocator_ctx);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, update_in_grad) == 176, opt_update_in_grad);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, update_scale) == 184, opt_update_scale);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 192, opt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, cautious_wd) == 192, opt_cautious_wd);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved2) == 196, opt_reserved2);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 200, opt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, struct_size) == 0, popt_struct_size);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, name) == 8, popt_name);

@@ -732,6 +732,8 @@ std::vector<Case> Cases() {
       CreateWith([](muon_options_t& o) { o.reserved0 = 1; }));
   add("create_reserved1_nonzero", E, IA, {"options->reserved1", "2"},
       CreateWith([](muon_options_t& o) { o.reserved1 = 2; }));
+  add("create_reserved2_nonzero", E, IA, {"options->reserved2 is 3", "must be 0"},
+      CreateWith([](muon_options_t& o) { o.reserved2 = 3; }));
 
   // ---- muon_get_options and the setters ----
   add("get_options_null_opt", P, IA, {"muon_get_options", "opt is NULL"},

@@ -144,12 +144,13 @@ class ReferenceMuon:
     def __init__(self, params, views, lr, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_steps=5, coefficients=(TORCH_DEFAULT_ABC,), eps=1e-7,
                  adjust_lr="original", ns_dtype=torch.bfloat16, momentum_dtype=None,
-                 acc=torch.float32, update_scale=1.0):
+                 acc=torch.float32, update_scale=1.0, cautious_wd=False):
         self.params, self.views = params, views
         self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
         self.nesterov, self.ns_steps, self.coefficients = nesterov, ns_steps, list(coefficients)
         self.eps, self.adjust_lr, self.ns_dtype, self.acc = eps, adjust_lr, ns_dtype, acc
         self.update_scale = update_scale  # Emerging-Optimizers' extra_scale_factor
+        self.cautious_wd = cautious_wd    # decay only where update * param >= 0
         self.bufs = [torch.zeros_like(p, dtype=momentum_dtype or p.dtype) for p in params]
 
     @torch.no_grad()
@@ -172,7 +173,10 @@ class ReferenceMuon:
             # Decoupled decay with the plain lr, then the shape-adjusted update
             # (times the extra scale).
             lr_adj = adjusted_lr(self.lr, self.adjust_lr, rows, cols) * self.update_scale
-            decayed = (p.float() * (1 - self.lr * self.weight_decay)).to(p.dtype)
+            decay = torch.full(p.shape, 1 - self.lr * self.weight_decay)
+            if self.cautious_wd:  # arXiv 2510.12402's indicator, in float64
+                decay[(ortho.double() * p.double()) < 0] = 1.0
+            decayed = (p.float() * decay).to(p.dtype)
             p.copy_(decayed.float().add_(ortho, alpha=-lr_adj))
 
 
@@ -351,6 +355,17 @@ def test_fp32_update_scale(adjust_lr, scale):
     got = parity(dict(FP32, adjust_lr=adjust_lr, update_scale=scale),
                  "fp32 %s, update_scale %g" % (adjust_lr, scale))
     assert got <= 1e-5
+
+
+@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
+def test_cautious_weight_decay(param_dtype):
+    # ns_steps=0: the update is the normalized momentum, whose signs both sides
+    # compute exactly, so the decay masks agree element for element (with
+    # Newton-Schulz, an element near 0 could land on either side).
+    kwargs = dict(FP32, cautious_wd=True, ns_steps=0, weight_decay=0.5)
+    got = parity(kwargs, "cautious weight decay, %s params" % param_dtype,
+                 param_dtype=param_dtype)
+    assert got <= (1e-5 if param_dtype == torch.float32 else 1e-2)
 
 
 def test_fp32_custom_table():

@@ -284,6 +284,26 @@ def test_extra_scale_factor_scales_the_update_not_the_decay():
     assert (w2.detach() - want).abs().max() < 1e-5
 
 
+def test_cautious_wd_spares_the_elements_whose_update_opposes_them():
+    # One step from zero momentum with ns_steps=0: the update is g / ||g||, so
+    # its signs are g's. Where g * p < 0 the decay is skipped.
+    torch.manual_seed(4)
+    start, g = torch.randn(6, 5), torch.randn(6, 5)
+    outs = {}
+    for cautious in (False, True):
+        w = torch.nn.Parameter(start.clone())
+        w.grad = g.clone()
+        muon.Muon([w], lr=0.1, weight_decay=0.5, ns_steps=0, nesterov=False, momentum=0.0,
+                  ns_dtype="fp32", cautious_wd=cautious).step()
+        outs[cautious] = w.detach()
+    update = (start * (1 - 0.1 * 0.5) - outs[False]) / 0.1  # adjusted lr ratio folded in
+    opposed = (g * start) < 0
+    assert 0 < int(opposed.sum()) < g.numel()
+    want = torch.where(opposed, start, start * (1 - 0.1 * 0.5)) - 0.1 * update
+    assert (outs[True] - want).abs().max() < 1e-6
+    assert (outs[True][opposed] - outs[False][opposed]).abs().min() > 1e-3
+
+
 def test_push_hyperparameters_carries_a_scheduler_and_changes_nothing_else():
     # On the CPU no step is captured: pushing, before or between steps, moves the
     # scheduler's values to the library and leaves the run as without it.

@@ -175,6 +175,8 @@ class muon_options_t(ctypes.Structure):
         ("update_in_grad", ctypes.c_int32),
         # 0.6
         ("update_scale", ctypes.c_double),
+        ("cautious_wd", ctypes.c_int32),
+        ("reserved2", ctypes.c_int32),
     ]
 
 

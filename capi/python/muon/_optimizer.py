@@ -181,6 +181,8 @@ class Optimizer:
     orthogonalized updates after step; see muon_options_t).
     update_scale: multiplies every Muon update after the lr adjustment
     (Emerging-Optimizers' extra_scale_factor; weight decay keeps the plain lr).
+    cautious_wd: decay an element only where its update and its value have
+    the same sign (cautious weight decay, arXiv 2510.12402).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -190,7 +192,7 @@ class Optimizer:
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
                  momentum_fp32=None, assignment=None, prefetch_count=None,
                  async_parallelism=None, round_bytes=None, skip_nonfinite=None,
-                 update_in_grad=None, update_scale=None):
+                 update_in_grad=None, update_scale=None, cautious_wd=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -226,6 +228,8 @@ class Optimizer:
             o.update_in_grad = 1 if update_in_grad else 0
         if update_scale is not None:
             o.update_scale = float(update_scale)
+        if cautious_wd is not None:
+            o.cautious_wd = 1 if cautious_wd else 0
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM

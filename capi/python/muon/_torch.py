@@ -99,6 +99,7 @@ def _lowlevel_kwargs(group):
         adjust_lr="original" if adjust is None else adjust,
         ns_dtype=_ns_dtype(group["ns_dtype"]),
         update_scale=_real("extra_scale_factor", group.get("extra_scale_factor", 1.0)),
+        cautious_wd=bool(group.get("cautious_wd", False)),
     )
 
 
@@ -267,7 +268,7 @@ class Muon(torch.optim.Optimizer):
          ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
          adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
          adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
-         extra_scale_factor=1.0)
+         extra_scale_factor=1.0, cautious_wd=False)
 
     params: parameters, or param groups (dicts) with their own values of the
     options. Matrices (2 or more dims; for a sharded parameter, its global
@@ -289,6 +290,9 @@ class Muon(torch.optim.Optimizer):
     extra_scale_factor multiplies every Muon update after adjust_lr_fn
     (Emerging-Optimizers' name; weight decay keeps the plain lr): an update
     RMS target such as DeepSeek-V4's 0.18 is "match_rms_adamw" (0.2) with 0.9.
+    cautious_wd=True decays a matrix element only where its update and its
+    value have the same sign (cautious weight decay, arXiv 2510.12402; the
+    AdamW-stepped params keep torch's AdamW decay).
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
@@ -319,7 +323,7 @@ class Muon(torch.optim.Optimizer):
                  ns_coefficients=_DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
                  adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
                  adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
-                 extra_scale_factor=1.0):
+                 extra_scale_factor=1.0, cautious_wd=False):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -331,7 +335,7 @@ class Muon(torch.optim.Optimizer):
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd,
-                        extra_scale_factor=extra_scale_factor)
+                        extra_scale_factor=extra_scale_factor, cautious_wd=cautious_wd)
         _check_group(defaults)
         super().__init__(params, defaults)
         for gi, group in self._numbered():
@@ -464,7 +468,8 @@ class Muon(torch.optim.Optimizer):
         return (bool(group["nesterov"]), _coefficients_key(group["ns_coefficients"]),
                 _real("eps", group["eps"]), operator.index(group["ns_steps"]),
                 group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]),
-                _real("extra_scale_factor", group.get("extra_scale_factor", 1.0)))
+                _real("extra_scale_factor", group.get("extra_scale_factor", 1.0)),
+                bool(group.get("cautious_wd", False)))
 
     def _name(self, gi, i):
         if isinstance(i, tuple):  # a segment of a flat buffer

@@ -304,26 +304,32 @@ TEST_P(CpuKernels, MomentumEveryDtypeCombinationMatchesTheElementFunction) {
 }
 
 TEST_P(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
+  for (bool cautious : {false, true}) {
   for (int64_t n : {1, 9, 16, 37, 200}) {
     for (int p = 0; p < 3; ++p) {
       for (int u = 0; u < 3; ++u) {
         auto param = Stored(p, Mixed(n, 3)), update = Stored(u, Mixed(n, 4));
         auto want = param;
+        int decayed = 0;
         for (int64_t i = 0; i < n; ++i) {
-          ew::Store(p, want.data(), i,
-                    ew::ApplyElement(p, ew::Load(p, want.data(), i), ew::Load(u, update.data(), i),
-                                     0.998f, -0.02f));
+          const float pv = ew::Load(p, want.data(), i), uv = ew::Load(u, update.data(), i);
+          const float decay = cautious ? ew::CautiousDecay(pv, uv, 0.998f) : 0.998f;
+          decayed += decay != 1.0f;
+          ew::Store(p, want.data(), i, ew::ApplyElement(p, pv, uv, decay, -0.02f));
         }
+        if (cautious && n >= 37) ASSERT_LT(decayed, n) << "no element escaped the decay";
         ApplyArgs a;
         a.param_dtype = D(p);
         a.param = param.data();
         a.n = n;
         a.update = update.data();
         a.update_dtype = D(u);
+        a.cautious = cautious;
         cpu::Apply(a, 0.998f, -0.02f);
-        ASSERT_EQ(param, want) << "n " << n << " types " << p << u;
+        ASSERT_EQ(param, want) << "n " << n << " types " << p << u << " cautious " << cautious;
       }
     }
+  }
   }
 }
 

@@ -224,7 +224,7 @@ absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArg
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ApplyArgs& a = tensors[i];
     t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio,
-            static_cast<int>(a.update_dtype)};
+            static_cast<int>(a.update_dtype), a.cautious ? 1 : 0};
   }
   MUON_CUDA(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
                               impl_->stream),

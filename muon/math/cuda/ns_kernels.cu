@@ -59,7 +59,8 @@ struct ApplyEntry {
   double lr_ratio;
   int param_type;
   int update_type;
-  bool vec;  // both pointers aligned for Load4 / Store4
+  bool vec;       // both pointers aligned for Load4 / Store4
+  bool cautious;  // the decay only where update * param >= 0 (in vec's padding)
 };
 struct ApplyLaunchArgs {
   ApplyEntry t[kTensorsPerLaunch];
@@ -128,14 +129,17 @@ __global__ void ApplyKernel(ApplyLaunchArgs a, const double* scalars, const int3
     float p[4], u[4];
     Load4Rw(t.param_type, t.param, i4, p);
     Load4(t.update_type, t.update, i4, u);
-    for (int k = 0; k < 4; ++k) p[k] = ew::ApplyElement(t.param_type, p[k], u[k], decay, alpha);
+    for (int k = 0; k < 4; ++k) {
+      const float d = t.cautious ? ew::CautiousDecay(p[k], u[k], decay) : decay;
+      p[k] = ew::ApplyElement(t.param_type, p[k], u[k], d, alpha);
+    }
     Store4(t.param_type, t.param, i4, p);
     return;
   }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    Store(t.param_type, t.param, i,
-          ew::ApplyElement(t.param_type, Load(t.param_type, t.param, i),
-                           Load(t.update_type, t.update, i), decay, alpha));
+    const float p = Load(t.param_type, t.param, i), u = Load(t.update_type, t.update, i);
+    const float d = t.cautious ? ew::CautiousDecay(p, u, decay) : decay;
+    Store(t.param_type, t.param, i, ew::ApplyElement(t.param_type, p, u, d, alpha));
   }
 }
 
@@ -310,6 +314,7 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
     e.param_type = t.param_type;
     e.update_type = t.update_type;
     e.vec = Aligned4(t.param_type, t.param) && Aligned4(t.update_type, t.update);
+    e.cautious = t.cautious != 0;
   };
   auto launch = [&](const ApplyLaunchArgs& args, int64_t blocks) {
     ApplyKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(

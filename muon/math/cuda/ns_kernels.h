@@ -50,6 +50,7 @@ struct ApplyTensor {
   const void* update = nullptr;
   double lr_ratio = 1.0;
   int update_type = kF32;
+  int cautious = 0;  // nonzero: the decay only where update * param >= 0
 };
 
 // For every tensor, lr and weight_decay read from `scalars` when it runs:
