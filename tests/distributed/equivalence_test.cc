@@ -114,6 +114,31 @@ TEST_P(WorldSize, PipelineStages) {
   ExpectEquivalent(c);
 }
 
+// The variants of the update (a cubic schedule, the extra scale, cautious
+// weight decay) over FSDP chunks, ZeRO flat ranges and replication at once:
+// bit for bit with one process.
+TEST_P(WorldSize, UpdateVariantsAreBitIdentical) {
+  const int n = GetParam();
+  Case c{"variants", Mesh{{n}}, {}};
+  c.model = {
+      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"r", {6, 6}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+  };
+  RunConfig cfg;
+  cfg.steps = 6;
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_CUBIC5;
+    o->update_scale = 0.9;
+    o->adjust_lr = MUON_ADJUST_LR_MATCH_RMS_ADAMW;
+    o->cautious_wd = 1;
+    o->weight_decay = 0.5;
+  };
+  ExpectEquivalent(c, cfg);
+  cfg.ns_dtype = MUON_NS_DTYPE_BF16;
+  ExpectEquivalent(c, cfg);
+}
+
 INSTANTIATE_TEST_SUITE_P(OneToEight, WorldSize, ::testing::Range(1, 9));
 
 TEST(Layouts, TensorParallelColumnAndRow) {

@@ -146,6 +146,7 @@ void Options(const RunConfig& cfg, muon_options_t* o) {
   o->async_parallelism = cfg.async_parallelism;
   o->round_bytes = cfg.round_bytes;
   o->assign_fn = cfg.assign_fn;
+  if (cfg.variant) cfg.variant(o);
 }
 
 struct FailingComm {

@@ -110,6 +110,9 @@ struct RunConfig {
   // registered (shape, flat range) and of the options.
   std::function<void(int rank, TParam* p, int64_t* flat_start, int64_t* flat_length)> mutate;
   std::function<void(int rank, muon_options_t* o)> mutate_options;
+  // The same change of the options on every rank and in the reference run
+  // (an algorithm variant: a schedule, cautious weight decay, ...).
+  std::function<void(muon_options_t* o)> variant;
   // >= 0: every rank's world all_to_all_v fails on this call (0-based, counted
   // over the whole run) with MUON_UNAVAILABLE after moving the data. The run
   // then checks the refusal of a further step and the recovery by restoring
