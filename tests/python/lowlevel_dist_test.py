@@ -606,7 +606,10 @@ def test_struct_layouts_follow_the_header():
     # 0.5: the allocator's three pointers, then update_in_grad and padding to 8.
     assert (_lib.muon_options_t.allocate.offset, _lib.muon_options_t.allocator_ctx.offset,
             _lib.muon_options_t.update_in_grad.offset) == (152, 168, 176)
-    assert ctypes.sizeof(_lib.muon_options_t) == 184
+    # 0.6: update_scale, cautious_wd, reserved2.
+    assert (_lib.muon_options_t.update_scale.offset, _lib.muon_options_t.cautious_wd.offset,
+            _lib.muon_options_t.reserved2.offset) == (184, 192, 196)
+    assert ctypes.sizeof(_lib.muon_options_t) == 200
 
 
 def test_inprocess_comm_objects():
