@@ -64,9 +64,12 @@ struct NsProgram {
 
 // The products one iteration with coefficients `abc` runs, in order: the
 // three of `iteration`, or, when c is 0, iteration[0] and cubic_update.
+// A range: for (const NsGemm* g : ProductsFor(program, abc)).
 struct NsIterationProducts {
   std::array<const NsGemm*, 3> gemm{};
   int count = 0;
+  const NsGemm* const* begin() const { return gemm.data(); }
+  const NsGemm* const* end() const { return gemm.data() + count; }
 };
 NsIterationProducts ProductsFor(const NsProgram& program, const NsCoefficients& abc);
 

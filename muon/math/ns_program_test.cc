@@ -39,9 +39,8 @@ void Execute(const NsProgram& p, const NsCoefficients& abc, int steps, std::vect
          : s == NsScalar::kA  ? abc[0] : s == NsScalar::kB ? abc[1] : abc[2];
   };
   for (int it = 0; it < steps; ++it) {
-    const NsIterationProducts run = ProductsFor(p, abc);
-    for (int r = 0; r < run.count; ++r) {
-      const NsGemm& g = *run.gemm[r];
+    for (const NsGemm* gp : ProductsFor(p, abc)) {
+      const NsGemm& g = *gp;
       for (int64_t b = 0; b < p.count; ++b) {
         const double* a = buffers[static_cast<int>(g.a.buffer)]->data() + b * g.a.stride;
         const double* bm = buffers[static_cast<int>(g.b.buffer)]->data() + b * g.b.stride;

@@ -221,31 +221,6 @@ def test_zero3_variants_equal_single_process_muon(variant, reference):
         assert sum(r["per_step"][step][1] for r in runs) == MATRICES, step
 
 
-def _sub_group_worker(rank, world):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
-    import deepspeed  # noqa: F401
-    torch.manual_seed(0)
-    model = Net()
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
-    config = _ds_config(3)
-    config["zero_optimization"]["sub_group_size"] = 100  # splits the matrices' group
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    try:
-        muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def test_zero3_sub_groups_that_split_a_param_group_are_refused():
-    for rank, error in enumerate(launch(_sub_group_worker, 2, timeout=300)):
-        assert error is not None, "rank %d accepted a split param group" % rank
-        assert "sub_group_size" in error and "elements per rank" in error, error
-
-
 def test_an_unbound_config_says_how_to_bind():
     cfg = muon.deepspeed.create_deepspeed_config()
     with pytest.raises(RuntimeError, match=r"config.bind\(engine\) after deepspeed.initialize"):
@@ -307,9 +282,11 @@ def test_muon_without_its_config_under_zero_is_refused_not_adamw(stage):
         assert r["unchanged"], rank
 
 
-def _refusal_worker(rank, world, stage, bf16, elastic):
-    """muon.deepspeed.initialize and one step under a config it should refuse:
-    the exception as "Type: message", or None when nothing was refused."""
+def _refusal_worker(rank, world, stage, bf16, zero_settings):
+    """muon.deepspeed.initialize and one step under a config it should refuse
+    (`bf16`: True or the precision's config key; `zero_settings`: added to
+    zero_optimization): the exception as "Type: message", or None when
+    nothing was refused."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
@@ -321,8 +298,7 @@ def _refusal_worker(rank, world, stage, bf16, elastic):
     config = _ds_config(stage)
     if bf16:
         config[bf16 if isinstance(bf16, str) else "bf16"] = {"enabled": True}
-    if elastic:
-        config["zero_optimization"]["elastic_checkpoint"] = True
+    config["zero_optimization"].update(zero_settings)
     try:
         engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
         _train(engine, rank, range(1))
@@ -334,14 +310,23 @@ def _refusal_worker(rank, world, stage, bf16, elastic):
 def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
     # DeepSpeed's elastic checkpoints would save muon.Muon's state empty: refused
     # at bind, before any step or save, on every rank.
-    for rank, error in enumerate(launch(_refusal_worker, 2, 2, False, True, timeout=300)):
+    elastic = {"elastic_checkpoint": True}
+    for rank, error in enumerate(launch(_refusal_worker, 2, 2, False, elastic, timeout=300)):
         assert error is not None, "rank %d accepted elastic_checkpoint" % rank
         assert error.startswith("ValueError: "), error
         assert '"elastic_checkpoint": false' in error, error
 
 
+def test_zero3_sub_groups_that_split_a_param_group_are_refused():
+    split = {"sub_group_size": 100}  # splits the matrices' group
+    for rank, error in enumerate(launch(_refusal_worker, 2, 3, False, split, timeout=300)):
+        assert error is not None, "rank %d accepted a split param group" % rank
+        assert error.startswith("ValueError: "), error
+        assert "sub_group_size" in error and "elements per rank" in error, error
+
+
 def test_an_unknown_stage_is_refused_naming_it():
-    for rank, error in enumerate(launch(_refusal_worker, 2, 4, False, False, timeout=300)):
+    for rank, error in enumerate(launch(_refusal_worker, 2, 4, False, {}, timeout=300)):
         assert error is not None, "rank %d accepted ZeRO stage 4" % rank
         assert "zero_optimization.stage is 4" in error, error
 
@@ -351,7 +336,7 @@ def test_zero_stage0_in_half_precision_is_refused_before_deepspeed_steps(precisi
     # At stage 0 DeepSpeed wraps the client in FP16_UnfusedOptimizer, whose
     # constructor steps it once with zero gradients: weight decay would shrink
     # every weight before training starts.
-    for rank, error in enumerate(launch(_refusal_worker, 2, 0, precision, False, timeout=300)):
+    for rank, error in enumerate(launch(_refusal_worker, 2, 0, precision, {}, timeout=300)):
         assert error is not None, "rank %d accepted %s at stage 0" % (rank, precision)
         assert error.startswith("ValueError: ") and "zero gradients" in error, error
         assert "zero_optimization.stage 1" in error, error

@@ -183,10 +183,11 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         engine = None
         if hasattr(zero, "module") and hasattr(zero, "optimizer"):
             engine, zero = zero, zero.optimizer
-        if not (_stage3(zero) or hasattr(zero, "real_dp_process_group")):
+        stage3 = _stage3(zero)
+        if not (stage3 or hasattr(zero, "real_dp_process_group")):
             return self._bind_stage0(engine, zero)
         partitions = _partitions(zero)
-        if _stage3(zero):
+        if stage3:
             _check_stage3(zero)
         if getattr(zero, "elastic_checkpoint", False):
             # DeepSpeed's elastic save reads the base optimizer's state by the
@@ -197,7 +198,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
                              "moments): set \"elastic_checkpoint\": false (the default) and "
                              "resume at another size through muon's own state "
                              "(opt.state_dict() / muon_load_states)")
-        groups = [zero.dp_process_group] if _stage3(zero) else list(zero.real_dp_process_group)
+        groups = [zero.dp_process_group] if stage3 else list(zero.real_dp_process_group)
         if any(g is not groups[0] for g in groups):
             raise ValueError("muon.deepspeed: the param groups are partitioned over different "
                              "data-parallel groups (MoE expert groups), which muon.deepspeed "
@@ -207,7 +208,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         self._segments = {g: zero_partition_segments(zero, g, rank, size)
                           for g in range(len(partitions))}
         self._zero = zero
-        if _stage3(zero):
+        if stage3:
             # ZeRO-3 puts a sub-group's partition into its param group for the
             # one step() that steps it and empties the group after; until the
             # first, the groups hold the model's (partitioned) params. Emptied
@@ -233,7 +234,6 @@ class DeepSpeedConfig(_ProcessGroupConfig):
             raise ValueError("muon.deepspeed: DeepSpeed's fused fp16 optimizer hands the client "
                              "one flat buffer of every param, which muon.deepspeed does not map "
                              "at stage 0; use bf16, or zero_optimization.stage 1, 2 or 3")
-        self._bound = True
         self._set_group("dp", engine.seq_data_parallel_group)
         return self
 

@@ -160,11 +160,9 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   const NsProgram runs = transpose ? PlanNewtonSchulz(1, cols, rows) : PlanNewtonSchulz(1, rows, cols);
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    const NsIterationProducts products = ProductsFor(runs, abc);
-    for (int i = 0; i < products.count; ++i) {
-      const NsGemm& g = *products.gemm[i];
+    for (const NsGemm* g : ProductsFor(runs, abc)) {
       MUON_RETURN_IF_ERROR(
-          native_bf16_->Prepare(g, NsScalarValue(g.alpha, abc), NsScalarValue(g.beta, abc)));
+          native_bf16_->Prepare(*g, NsScalarValue(g->alpha, abc), NsScalarValue(g->beta, abc)));
     }
   }
   return absl::OkStatus();
@@ -240,8 +238,8 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
     const cpu::CoreSlots slots(threads);
     if (bf16) cpu::RoundToBf16(gram, gram_elems);
-    const NsIterationProducts products = ProductsFor(program, abc);
-    for (int i = 1; i < products.count; ++i) RunGemm(*products.gemm[i], abc, buffers, bf16);
+    const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
+    for (auto g = products.begin() + 1; g != products.end(); ++g) RunGemm(**g, abc, buffers, bf16);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   const float* x = buffers[static_cast<int>(NsBuffer::kX)];
@@ -380,11 +378,9 @@ absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsPro
                                              uint16_t** buffers) {
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    const NsIterationProducts products = ProductsFor(program, abc);
-    for (int i = 0; i < products.count; ++i) {
-      const NsGemm& g = *products.gemm[i];
-      MUON_RETURN_IF_ERROR(native_bf16_->Run(g, NsScalarValue(g.alpha, abc),
-                                             NsScalarValue(g.beta, abc), buffers));
+    for (const NsGemm* g : ProductsFor(program, abc)) {
+      MUON_RETURN_IF_ERROR(native_bf16_->Run(*g, NsScalarValue(g->alpha, abc),
+                                             NsScalarValue(g->beta, abc), buffers));
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
@@ -478,8 +474,7 @@ void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& progr
   // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    const NsIterationProducts products = ProductsFor(program, abc);
-    for (int i = 0; i < products.count; ++i) RunGemm(*products.gemm[i], abc, buffers, bf16);
+    for (const NsGemm* g : ProductsFor(program, abc)) RunGemm(*g, abc, buffers, bf16);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   x = buffers[static_cast<int>(NsBuffer::kX)];

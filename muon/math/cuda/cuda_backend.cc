@@ -317,9 +317,8 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
             "Newton-Schulz input kernels");
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    const NsIterationProducts run = ProductsFor(p, abc);  // a cubic iteration runs two
-    for (int r = 0; r < run.count; ++r) {
-      const NsGemm& g = *run.gemm[r];
+    for (const NsGemm* gp : ProductsFor(p, abc)) {  // a cubic iteration runs two
+      const NsGemm& g = *gp;
       const LtProduct& lp =
           products[&g == &p.cubic_update ? 3 : static_cast<size_t>(&g - p.iteration.data())];
       const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
