@@ -16,6 +16,8 @@ implementation (WARM_BELOW_S below).
    torch.optim._muon._zeropower_via_newtonschulz.
    --schedules instead: the schedules (cubic5, CANS, Polar Express,
    DeepSeek-V4) against torch's 5-step quintic, all libmuon's, bf16 and fp32.
+   --variants instead: muon.Muon.step with NorMuon against the plain Muon
+   step on the same tensors (both libmuon's), bf16 and fp32 parameters.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
@@ -255,6 +257,34 @@ def step_table(sets, reps):
                 t_theirs * 1e3, t_theirs / t_ours))
 
 
+def variants_table(sets, reps):
+    """The update variants' cost: a full muon.Muon step with each against the
+    plain Muon step, on the same tensors, in one run."""
+    print("\n## Update variants: a full muon.Muon step (median ms) against plain Muon\n")
+    variants = [("plain", {}), ("normuon", dict(normuon=True)),
+                ("cautious_wd", dict(cautious_wd=True))]
+    print("| matrices | params | %s | %s |" % (
+        " | ".join("%s ms" % n for n, _ in variants),
+        " | ".join("%s vs plain" % n for n, _ in variants[1:])))
+    print("|---|---|%s%s" % ("---|" * len(variants), "---|" * (len(variants) - 1)))
+    for label, shapes in sets:
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            start = [torch.randn(r, c).to(dtype) for r, c in shapes]
+            grads = [torch.randn_like(p) for p in start]
+            opts = []
+            for _, kwargs in variants:
+                ps = [torch.nn.Parameter(p.clone()) for p in start]
+                for p, g in zip(ps, grads):
+                    p.grad = g.clone()
+                opts.append(muon.Muon(ps, lr=0.02, **kwargs))
+            times = interleaved([o.step for o in opts], reps)
+            print("| %s | %s | %s | %s |" % (
+                label, "fp32" if dtype == torch.float32 else "bf16",
+                " | ".join("%.1f" % (t * 1e3) for t in times),
+                " | ".join("%.3fx" % (times[0] / t) for t in times[1:])))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
@@ -267,6 +297,9 @@ def main():
     ap.add_argument("--schedules", action="store_true",
                     help="only the schedules table (cubic5, CANS, Polar Express, DeepSeek-V4 "
                          "against torch's quintic), bf16 and fp32")
+    ap.add_argument("--variants", action="store_true",
+                    help="only the update variants' table (NorMuon, cautious weight decay "
+                         "against plain Muon: a full muon.Muon step)")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -294,6 +327,11 @@ def main():
     if args.schedules:
         for dtype in ("bf16", "fp32"):
             schedules_table(shapes, args.reps, dtype)
+        return
+    if args.variants:
+        variants_table([("GPT-2 124M", model_shapes("gpt2-124m")),
+                        ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2,
+                                                                   scale=8))], args.reps)
         return
     if not args.no_fp32:
         ns_table(shapes, args.reps)

@@ -206,6 +206,8 @@ void DefaultOptions(muon_options_t* o) {
   o->async_parallelism = d.dist.async_parallelism ? 1 : 0;
   o->round_bytes = static_cast<size_t>(d.dist.round_bytes);
   o->update_scale = d.update_scale;
+  o->normuon_beta2 = d.normuon_beta2;
+  o->normuon_eps = d.normuon_eps;
 }
 
 void DefaultParamOptions(muon_param_options_t* o) {
@@ -257,6 +259,9 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.update_in_grad = c.update_in_grad != 0;
   o.update_scale = c.update_scale;
   o.cautious_wd = c.cautious_wd != 0;
+  o.normuon = c.normuon != 0;
+  o.normuon_beta2 = c.normuon_beta2;
+  o.normuon_eps = c.normuon_eps;
   if (c.reserved0 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved0 is ", c.reserved0, "; it must be 0"));
@@ -268,6 +273,10 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   if (c.reserved2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved2 is ", c.reserved2, "; it must be 0"));
+  }
+  if (c.reserved3 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->reserved3 is ", c.reserved3, "; it must be 0"));
   }
   if (c.round_bytes > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     return absl::InvalidArgumentError(
@@ -316,6 +325,9 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.update_in_grad = o.update_in_grad ? 1 : 0;
   c.update_scale = o.update_scale;
   c.cautious_wd = o.cautious_wd ? 1 : 0;
+  c.normuon = o.normuon ? 1 : 0;
+  c.normuon_beta2 = o.normuon_beta2;
+  c.normuon_eps = o.normuon_eps;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;
@@ -427,6 +439,52 @@ absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& optio
     };
   }
   return r;
+}
+
+void DefaultQkClipLayer(muon_qk_clip_layer_t* layer) {
+  std::memset(layer, 0, sizeof *layer);
+  layer->struct_size = sizeof *layer;
+  layer->q_param = layer->k_param = -1;
+  layer->alpha = 0.5;
+}
+
+absl::StatusOr<QkClipLayer> QkClipLayerFromC(const muon_qk_clip_layer_t& caller) {
+  absl::Status size_ok = CheckStructSize(kQkClipLayerStruct, "layer", caller.struct_size);
+  if (!size_ok.ok()) return size_ok;
+  muon_qk_clip_layer_t defaults;
+  DefaultQkClipLayer(&defaults);
+  const muon_qk_clip_layer_t c = ReadVersioned(&caller, defaults);
+  for (const auto& [v, name] : {std::pair<int64_t, const char*>{c.q_param, "q_param"},
+                                {c.k_param, "k_param"}}) {
+    if (v < 0 || v > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer->", name, ": ", v, " is not a registered parameter's id"));
+    }
+  }
+  if (c.num_heads <= 0 || c.num_kv_heads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer->num_heads: ", c.num_heads, " (num_kv_heads ", c.num_kv_heads,
+        "); num_heads must be >= 1 and num_kv_heads >= 0 (0: num_heads)"));
+  }
+  const int64_t rows[] = {c.q_first_row, c.q_head_stride, c.q_head_rows, c.q_rotary_rows,
+                          c.k_first_row, c.k_head_stride, c.k_head_rows};
+  const char* names[] = {"q_first_row", "q_head_stride", "q_head_rows", "q_rotary_rows",
+                         "k_first_row", "k_head_stride", "k_head_rows"};
+  for (size_t i = 0; i < 7; ++i) {
+    // (Bounded so that first_row + heads * stride cannot overflow.)
+    if (rows[i] < 0 || rows[i] > (int64_t{1} << 40)) {
+      return absl::InvalidArgumentError(absl::StrCat("layer->", names[i], ": ", rows[i],
+                                                     " is out of range (0 to 2^40)"));
+    }
+  }
+  QkClipLayer l;
+  l.q = {static_cast<int>(c.q_param), c.q_first_row, c.q_head_stride, c.q_head_rows,
+         c.q_rotary_rows};
+  l.k = {static_cast<int>(c.k_param), c.k_first_row, c.k_head_stride, c.k_head_rows, 0};
+  l.num_heads = c.num_heads;
+  l.num_kv_heads = c.num_kv_heads;
+  l.alpha = c.alpha;
+  return l;
 }
 
 void StatsToC(const StepStats& s, muon_stats_t* out) {

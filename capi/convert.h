@@ -66,6 +66,12 @@ struct CustomRegistration {
 absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& options,
                                                const muon_custom_layout_t& layout);
 
+// QK-Clip layers: the defaults, and the caller's layer (a size
+// struct_versions.h accepts) as the core's (checked later, against the
+// parameters). Errors name the field ("layer->num_heads: ...").
+void DefaultQkClipLayer(muon_qk_clip_layer_t* layer);
+absl::StatusOr<QkClipLayer> QkClipLayerFromC(const muon_qk_clip_layer_t& caller);
+
 // Fills the counters of `out` (its struct_size was checked by the caller).
 void StatsToC(const StepStats& s, muon_stats_t* out);
 

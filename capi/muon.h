@@ -19,11 +19,13 @@
  *   are passed by pointer, and are filled with defaults by their *_init
  *   function (usable from ctypes/cffi, which cannot expand macros).
  *   struct_size must be the sizeof the struct had in some released header:
- *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6)
+ *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6),
+ *                           224 (0.7)
  *     muon_param_options_t  24 (0.1), 56 (0.2)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
  *     muon_comm_t           72 (0.2)
+ *     muon_qk_clip_layer_t  96 (0.7)
  *   (LP64 sizes), or larger than this header's sizeof and a multiple of 8 (a
  *   newer header's struct: the fields this library does not know are not
  *   read, and *_init zeroes them). Any other size is refused with
@@ -108,7 +110,7 @@ extern "C" {
 #endif
 
 #define MUON_VERSION_MAJOR 0
-#define MUON_VERSION_MINOR 6
+#define MUON_VERSION_MINOR 7
 #define MUON_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */
@@ -364,6 +366,27 @@ typedef struct muon_options_t {
    * decays, as torch. Must be the same on every rank (checked). */
   int32_t cautious_wd;
   int32_t reserved2;       /* must be 0 */
+  /* ---- 0.7 ---- */
+  /* Nonzero: NorMuon (arXiv 2510.05491). The owner of each matrix keeps a
+   * second moment per row of its orthogonalized update O (fp32, `rows`
+   * values per matrix of the parameter's matrix view) and, after
+   * Newton-Schulz, replaces O by its rows normalized with their norm kept:
+   *   s_i = sum_j O_ij^2;  v_i <- v_i + (1 - normuon_beta2) (s_i / cols - v_i)
+   *   d_i = sqrt(v_i) + normuon_eps
+   *   O_ij <- O_ij / d_i * |O|_F / max(|O / d|_F, normuon_eps)
+   * in double, v stored as fp32 and the result rounded to ns_dtype
+   * (muon/math/normuon.h). This is Dion's NorMuon; Emerging-Optimizers'
+   * AdaptiveMuon("normuon") normalizes the longer side and keeps no norm.
+   * The lr adjustment, update_scale and weight decay apply after it as for
+   * Muon. The moments are part of the state blob (format 3) on the rank
+   * that owns each matrix. CPU backend only so far (on a GPU the first step
+   * fails with MUON_UNIMPLEMENTED); not with MUON_ASSIGNMENT_SPLIT (refused
+   * by muon_create). Zero (default): Muon. Must be the same on every rank,
+   * as must the two below (checked). */
+  int32_t normuon;
+  int32_t reserved3;       /* must be 0 */
+  double normuon_beta2;    /* the moments' decay, in [0, 1). Default 0.95 */
+  double normuon_eps;      /* added to each row's root, finite, > 0. Default 1e-8 */
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`
@@ -380,6 +403,7 @@ MUON_API size_t muon_sizeof_custom_layout(void);
 MUON_API size_t muon_sizeof_gathered(void);
 MUON_API size_t muon_sizeof_matrix_info(void);
 MUON_API size_t muon_sizeof_placement(void);
+/* (muon_sizeof_qk_clip_layer: see QK-Clip below.) */
 
 /* ------------------------------------------------------------------------ */
 /* Optimizer                                                                 */
@@ -896,6 +920,70 @@ MUON_API muon_status_t muon_inprocess_comm(muon_inprocess_world_t* world, const 
 MUON_API muon_status_t muon_comm_from_nccl(void* nccl_comm, muon_comm_t* out);
 
 /* ------------------------------------------------------------------------ */
+/* QK-Clip (MuonClip, Kimi K2)                                               */
+/* ------------------------------------------------------------------------ */
+
+/* One attention layer's query and key heads, as rows of the global matrices
+ * (2D view, one matrix) of registered parameters: query head h is rows
+ * [q_first_row + h * q_head_stride, + q_head_rows) of q_param, key head g
+ * rows [k_first_row + g * k_head_stride, + k_head_rows) of k_param (the same
+ * parameter for a fused QKV projection: the rows may not meet). Zeros ask
+ * for the plain case: num_kv_heads = num_heads; head_rows = (rows -
+ * first_row) / heads (which must divide); head_stride = head_rows. For
+ * MLA, the last q_rotary_rows of each query head are its rotary part (the
+ * key's rotary part is shared by all heads and not scaled). Since 0.7. */
+typedef struct muon_qk_clip_layer_t {
+  size_t struct_size;     /* sizeof(muon_qk_clip_layer_t), set by muon_qk_clip_layer_init */
+  int64_t q_param;        /* the parameter holding the query rows (its id) */
+  int64_t k_param;        /* the key rows' parameter (may be q_param) */
+  int32_t num_heads;      /* query heads, >= 1: one max logit each */
+  int32_t num_kv_heads;   /* key heads (GQA); num_heads is a multiple. 0: num_heads */
+  int64_t q_first_row;
+  int64_t q_head_stride;  /* 0: q_head_rows */
+  int64_t q_head_rows;    /* 0: see above */
+  int64_t q_rotary_rows;  /* MLA: of q_head_rows, the last ones. Default 0 */
+  int64_t k_first_row;
+  int64_t k_head_stride;  /* 0: k_head_rows */
+  int64_t k_head_rows;    /* 0: see above */
+  double alpha;           /* the queries' share of the clip, in [0, 1]. Default 0.5 */
+} muon_qk_clip_layer_t;
+
+/* Fills *layer with the defaults (q_param and k_param -1, the rest as
+ * above) and sets struct_size (96 bytes in 0.7). */
+MUON_API muon_status_t muon_qk_clip_layer_init(muon_qk_clip_layer_t* layer, size_t struct_size);
+MUON_API size_t muon_sizeof_qk_clip_layer(void);
+
+/* Registers a layer for muon_qk_clip and returns its id (0, 1, ... in
+ * registration order). Checked here: the parameters exist, are not on the
+ * custom path, have one matrix, and hold the heads; the counts and alpha.
+ * Not collective: every rank holding a piece of either parameter registers
+ * the layer. */
+MUON_API muon_status_t muon_register_qk_clip(muon_optimizer_t* opt,
+                                             const muon_qk_clip_layer_t* layer,
+                                             int64_t* layer_id);
+
+/* QK-Clip of layer `layer_id` (Kimi K2): with S_h = max_logits[h] (the
+ * layer's largest attention logit of query head h over the step, num_heads
+ * of them, as every rank must pass them) and gamma_h = tau / S_h for each
+ * head with S_h > tau (others 1: also a head whose S_h is <= 0 or not
+ * finite keeps its weights):
+ *   MHA:  W_q[h] *= gamma_h^alpha,  W_k[h] *= gamma_h^(1 - alpha)
+ *   GQA:  W_k[g] *= gamma_g^(1 - alpha), gamma_g the smallest gamma of key
+ *         head g's query heads; W_q[h] *= gamma_h / gamma_g^(1 - alpha), so
+ *         that every head's logits scale by exactly its gamma_h
+ *   MLA:  a query head's rotary rows *= gamma_h
+ * Each factor is computed in double and applied in fp32 (param * factor,
+ * rounded to the parameter's dtype, as torch's mul_). This rank scales the
+ * elements of its own pieces only; the result is the same at any layout
+ * (TP, FSDP, flat ranges, replicas) and world size. Not collective, no
+ * stream: call it on every rank after muon_step (and before the next
+ * forward pass). *clipped_heads (optional) receives the heads clipped.
+ * tau finite and > 0. Host memory (CPU backend) only so far. */
+MUON_API muon_status_t muon_qk_clip(muon_optimizer_t* opt, int64_t layer_id,
+                                    const float* max_logits, int32_t num_heads, double tau,
+                                    int32_t* clipped_heads);
+
+/* ------------------------------------------------------------------------ */
 /* State (checkpoint and resume)                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -918,6 +1006,23 @@ MUON_API muon_status_t muon_get_state(const muon_optimizer_t* opt, int64_t param
  * this rank has been restored. */
 MUON_API muon_status_t muon_set_state(muon_optimizer_t* opt, int64_t param_id,
                                       const DLTensor* src);
+
+/* NorMuon's second moments of a parameter (muon_options_t.normuon): fp32,
+ * one per row of each matrix of its global matrix view, matrix after matrix
+ * (batch x rows values; a matrix without elements has none and reads as
+ * zeros). `dst` / `src` is a contiguous float32 tensor in host memory of
+ * exactly that many elements (any shape). Before the first step,
+ * muon_get_moments reads what was loaded or set (zeros when nothing), and
+ * muon_set_moments keeps the values for whichever rank turns out to own the
+ * matrices (the first step hands them over). After it, the moments live on
+ * each matrix's owner: either call fails with MUON_FAILED_PRECONDITION
+ * unless this rank owns every matrix of the parameter (a world of one owns
+ * all); the state blobs carry everyone's (muon_save_state, muon_load_states).
+ * MUON_FAILED_PRECONDITION too without normuon. */
+MUON_API muon_status_t muon_get_moments(const muon_optimizer_t* opt, int64_t param_id,
+                                        const DLTensor* dst);
+MUON_API muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id,
+                                        const DLTensor* src);
 
 /* Whole-optimizer state as one self-describing byte blob (host memory; on a
  * GPU the call waits for the last step's stream): a header, the step

@@ -78,6 +78,7 @@ size_t muon_sizeof_custom_layout(void) { return sizeof(muon_custom_layout_t); }
 size_t muon_sizeof_gathered(void) { return sizeof(muon_gathered_t); }
 size_t muon_sizeof_matrix_info(void) { return sizeof(muon_matrix_info_t); }
 size_t muon_sizeof_placement(void) { return sizeof(muon_placement_t); }
+size_t muon_sizeof_qk_clip_layer(void) { return sizeof(muon_qk_clip_layer_t); }
 
 muon_status_t muon_options_init(muon_options_t* options, size_t struct_size) {
   return Guard("muon_options_init", [&]() -> absl::Status {
@@ -324,6 +325,53 @@ muon_status_t muon_set_state(muon_optimizer_t* opt, int64_t param_id, const DLTe
   return Guard("muon_set_state", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");
     return opt->impl->CopyStateIn(param_id, src);
+  });
+}
+
+muon_status_t muon_qk_clip_layer_init(muon_qk_clip_layer_t* layer, size_t struct_size) {
+  return Guard("muon_qk_clip_layer_init", [&]() -> absl::Status {
+    muon_qk_clip_layer_t d;
+    muon::capi::DefaultQkClipLayer(&d);
+    return InitStruct(layer, struct_size, "layer", muon::capi::kQkClipLayerStruct, d);
+  });
+}
+
+muon_status_t muon_register_qk_clip(muon_optimizer_t* opt, const muon_qk_clip_layer_t* layer,
+                                    int64_t* layer_id) {
+  return Guard("muon_register_qk_clip", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (layer == nullptr) return NullArg("layer");
+    if (layer_id == nullptr) return NullArg("layer_id");
+    absl::StatusOr<muon::QkClipLayer> core = muon::capi::QkClipLayerFromC(*layer);
+    if (!core.ok()) return core.status();
+    absl::StatusOr<int64_t> id = opt->impl->RegisterQkClip(*core);
+    if (!id.ok()) return id.status();
+    *layer_id = *id;
+    return absl::OkStatus();
+  });
+}
+
+muon_status_t muon_qk_clip(muon_optimizer_t* opt, int64_t layer_id, const float* max_logits,
+                           int32_t num_heads, double tau, int32_t* clipped_heads) {
+  return Guard("muon_qk_clip", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (max_logits == nullptr) return NullArg("max_logits");
+    return opt->impl->QkClip(layer_id, max_logits, num_heads, tau, clipped_heads);
+  });
+}
+
+muon_status_t muon_get_moments(const muon_optimizer_t* opt, int64_t param_id,
+                               const DLTensor* dst) {
+  return Guard("muon_get_moments", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    return opt->impl->CopyMomentsOut(param_id, dst);
+  });
+}
+
+muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id, const DLTensor* src) {
+  return Guard("muon_set_moments", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    return opt->impl->CopyMomentsIn(param_id, src);
   });
 }
 

@@ -62,6 +62,7 @@ inline constexpr StructVersion kOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_options_t, skip_nonfinite), "0.4"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, update_in_grad), "0.5"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, reserved2), "0.6"},
+    {MUON_SIZE_ENDING_AT_(muon_options_t, normuon_eps), "0.7"},
 };
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},
@@ -78,6 +79,9 @@ inline constexpr StructVersion kCustomLayout[] = {
 inline constexpr StructVersion kComm[] = {
     {MUON_SIZE_ENDING_AT_(muon_comm_t, release), "0.2"},
 };
+inline constexpr StructVersion kQkClipLayer[] = {
+    {MUON_SIZE_ENDING_AT_(muon_qk_clip_layer_t, alpha), "0.7"},
+};
 #undef MUON_SIZE_ENDING_AT_
 
 // The next version starts where the one before ended: the first field of
@@ -86,19 +90,22 @@ static_assert(kOptions[0].size == offsetof(muon_options_t, assignment), "options
 static_assert(kOptions[1].size == offsetof(muon_options_t, skip_nonfinite), "options 0.4 starts");
 static_assert(kOptions[2].size == offsetof(muon_options_t, allocate), "options 0.5 starts");
 static_assert(kOptions[3].size == offsetof(muon_options_t, update_scale), "options 0.6 starts");
+static_assert(kOptions[4].size == offsetof(muon_options_t, normuon), "options 0.7 starts");
 static_assert(kParamOptions[0].size == offsetof(muon_param_options_t, global_ndim),
               "param options 0.2 starts");
 static_assert(kStats[0].size == offsetof(muon_stats_t, nonfinite_grads), "stats 0.4 starts");
 static_assert(kStats[1].size == offsetof(muon_stats_t, memory_bytes), "stats 0.5 starts");
 // The last version is this header's struct: a field added at the end fails
 // here until it has its row above.
-static_assert(kOptions[4].size == sizeof(muon_options_t), "muon_options_t grew: add a version");
+static_assert(kOptions[5].size == sizeof(muon_options_t), "muon_options_t grew: add a version");
 static_assert(kParamOptions[1].size == sizeof(muon_param_options_t),
               "muon_param_options_t grew: add a version");
 static_assert(kStats[2].size == sizeof(muon_stats_t), "muon_stats_t grew: add a version");
 static_assert(kCustomLayout[0].size == sizeof(muon_custom_layout_t),
               "muon_custom_layout_t grew: add a version");
 static_assert(kComm[0].size == sizeof(muon_comm_t), "muon_comm_t grew: add a version");
+static_assert(kQkClipLayer[0].size == sizeof(muon_qk_clip_layer_t),
+              "muon_qk_clip_layer_t grew: add a version");
 #if defined(__x86_64__) || defined(__aarch64__)
 // The numbers themselves on LP64 (tests/c_api/c99_test.c freezes the offsets).
 static_assert(kOptions[0].size == 104 && kOptions[1].size == 144 && kOptions[2].size == 152 &&
@@ -110,6 +117,7 @@ static_assert(kStats[0].size == 80 && kStats[1].size == 96 && kStats[2].size == 
               "muon_stats_t's published sizes");
 static_assert(kCustomLayout[0].size == 56, "muon_custom_layout_t's published size");
 static_assert(kComm[0].size == 72, "muon_comm_t's published size");
+static_assert(kQkClipLayer[0].size == 96, "muon_qk_clip_layer_t's published size");
 #endif
 
 template <size_t N>
@@ -135,6 +143,9 @@ inline constexpr VersionedStruct kCustomLayoutStruct{"muon_custom_layout_t", nul
                                                      svi::Count(svi::kCustomLayout)};
 inline constexpr VersionedStruct kCommStruct{"muon_comm_t", nullptr, alignof(muon_comm_t),
                                              svi::kComm, svi::Count(svi::kComm)};
+inline constexpr VersionedStruct kQkClipLayerStruct{
+    "muon_qk_clip_layer_t", "muon_qk_clip_layer_init", alignof(muon_qk_clip_layer_t),
+    svi::kQkClipLayer, svi::Count(svi::kQkClipLayer)};
 
 // OK when `given` is a size `s` accepts (see the top); otherwise
 // InvalidArgument "<owner>->struct_size is <given>, <why>; <type>'s published

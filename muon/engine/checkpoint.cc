@@ -1,8 +1,11 @@
 #include "muon/engine/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
@@ -11,7 +14,8 @@ namespace muon {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'U', 'O', 'N', 'S', 'T', 'A', 'T'};
-constexpr uint32_t kFormat = 2;   // written; format 1 is still read
+constexpr uint32_t kFormat = 2;         // written; format 1 is still read
+constexpr uint32_t kFormatMoments = 3;  // written with NorMuon moments
 
 class Writer {
  public:
@@ -60,8 +64,13 @@ absl::Status Truncated(const std::string& where) {
 
 }  // namespace
 
-size_t StateBlobSize(const std::vector<Param>& params) {
+size_t StateBlobSize(const std::vector<Param>& params,
+                     const std::vector<SavedMoments>* moments) {
   size_t n = sizeof kMagic + 4 + 4 + 8 + 8;
+  if (moments != nullptr) {
+    n += 8;
+    for (const SavedMoments& m : *moments) n += 4 + m.name.size() + 8 + 8 + 4 * m.values.size();
+  }
   for (const Param& p : params) {
     n += 4 + p.name.size() + 4 + 4 + 8 * p.value.shape.size() + 4 + 8 * p.global_shape.size() +
          8 + 16 * SavedRuns(p).size() + 8 + p.momentum.size();
@@ -76,10 +85,11 @@ std::vector<Run> SavedRuns(const Param& p) {
 }
 
 void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
-                    const std::vector<const void*>& momentum, unsigned char* out) {
+                    const std::vector<const void*>& momentum,
+                    const std::vector<SavedMoments>* moments, unsigned char* out) {
   Writer w(out);
   w.Bytes(kMagic, sizeof kMagic);
-  w.Put<uint32_t>(kFormat);
+  w.Put<uint32_t>(moments != nullptr ? kFormatMoments : kFormat);
   w.Put<uint32_t>(0);
   w.Put<int64_t>(step_count);
   w.Put<uint64_t>(params.size());
@@ -103,6 +113,15 @@ void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
     }
     w.Put<uint64_t>(p.momentum.size());
     w.Bytes(momentum[i], p.momentum.size());
+  }
+  if (moments == nullptr) return;
+  w.Put<uint64_t>(moments->size());
+  for (const SavedMoments& m : *moments) {
+    w.Put<uint32_t>(static_cast<uint32_t>(m.name.size()));
+    w.Bytes(m.name.data(), m.name.size());
+    w.Put<int64_t>(m.index);
+    w.Put<int64_t>(static_cast<int64_t>(m.values.size()));
+    w.Bytes(m.values.data(), 4 * m.values.size());
   }
 }
 
@@ -131,6 +150,40 @@ absl::Status GetDims(Reader& r, const std::string& who, const char* which,
   return absl::OkStatus();
 }
 
+// Format 3's section: every matrix's NorMuon moments.
+absl::Status ParseMoments(Reader& r, const std::string& blob, std::vector<SavedMoments>* out) {
+  uint64_t count = 0;
+  if (!r.Get(&count)) return Truncated(absl::StrCat(blob, ", NorMuon moments"));
+  // A corrupted count must not allocate: an entry takes at least 20 bytes.
+  out->reserve(static_cast<size_t>(std::min<uint64_t>(count, r.Remaining() / 20)));
+  std::set<std::pair<std::string, int64_t>> seen;
+  for (uint64_t k = 0; k < count; ++k) {
+    SavedMoments& m = out->emplace_back();
+    std::string who = absl::StrCat(blob, ", NorMuon moments entry ", k);
+    uint32_t name_len = 0;
+    int64_t rows = 0;
+    if (!r.Get(&name_len)) return Truncated(who);
+    const unsigned char* name = r.Skip(name_len);
+    if (name == nullptr || !r.Get(&m.index) || !r.Get(&rows)) return Truncated(who);
+    m.name.assign(reinterpret_cast<const char*>(name), name_len);
+    who = absl::StrCat(blob, ", param '", m.name, "' matrix ", m.index, " (NorMuon moments)");
+    if (m.index < 0) return Bad(who, "the matrix index is negative");
+    if (rows < 0) return Bad(who, absl::StrCat("the row count ", rows, " is negative"));
+    if (static_cast<uint64_t>(rows) > r.Remaining() / 4) return Truncated(who);
+    if (!seen.insert({m.name, m.index}).second) return Bad(who, "is listed twice");
+    m.values.resize(static_cast<size_t>(rows));
+    const unsigned char* bytes = r.Skip(4 * static_cast<size_t>(rows));
+    if (rows > 0) std::memcpy(m.values.data(), bytes, 4 * static_cast<size_t>(rows));
+    for (float v : m.values) {
+      if (!(v >= 0) || !std::isfinite(v)) {
+        return Bad(who, absl::StrCat("holds the moment ", v,
+                                     " (second moments are finite and >= 0)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size,
@@ -146,9 +199,9 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
   if (!r.Get(&out.format) || !r.Get(&reserved) || !r.Get(&out.step_count) || !r.Get(&count)) {
     return Truncated(absl::StrCat(blob, " header"));
   }
-  if (out.format != 1 && out.format != 2) {
+  if (out.format < 1 || out.format > kFormatMoments) {
     return Bad(blob, absl::StrCat("format version ", out.format,
-                                  " is not supported (1 and 2 are)"));
+                                  " is not supported (1, 2 and 3 are)"));
   }
   if (reserved != 0) {
     return Bad(blob, absl::StrCat("header word 'reserved' is ", reserved,
@@ -174,7 +227,7 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
     who = absl::StrCat(blob, ", param '", sp.name, "'");
     uint8_t dtype = 0, pad8 = 0;
     if (!r.Get(&dtype) || !r.Get(&sp.view)) return Truncated(who);
-    if (out.format == 2) {
+    if (out.format >= 2) {
       if (!r.Get(&sp.kind) || !r.Get(&pad8)) return Truncated(who);
       if (sp.kind != kGlobalRuns && sp.kind != kLocalOnly) {
         return Bad(who, absl::StrCat("unknown entry kind ", static_cast<int>(sp.kind)));
@@ -193,7 +246,7 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
     sp.state_dtype = static_cast<DType>(dtype);
     int64_t local_numel = 0, global_numel = 0;
     MUON_RETURN_IF_ERROR(GetDims(r, who, "local", &sp.local_shape, &local_numel));
-    if (out.format == 2) {
+    if (out.format >= 2) {
       MUON_RETURN_IF_ERROR(GetDims(r, who, "global", &sp.global_shape, &global_numel));
       uint64_t runs = 0;
       if (!r.Get(&runs)) return Truncated(who);
@@ -243,7 +296,12 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
     sp.bytes = r.Skip(static_cast<size_t>(sp.nbytes));
     if (sp.bytes == nullptr) return Truncated(who);
   }
-  if (!r.AtEnd()) return Bad(blob, "unexpected bytes after the last parameter");
+  if (out.format == kFormatMoments) MUON_RETURN_IF_ERROR(ParseMoments(r, blob, &out.moments));
+  if (!r.AtEnd()) {
+    return Bad(blob, out.format == kFormatMoments
+                         ? "unexpected bytes after the last NorMuon moments"
+                         : "unexpected bytes after the last parameter");
+  }
   return out;
 }
 

@@ -13,6 +13,11 @@
 // only the host knows): the bytes are this rank's local piece, no runs. A
 // param holding no state here (ZeRO-2, another rank owns it) has no runs and
 // no bytes.
+// Format 3 (written by a NorMuon optimizer): format 2, then the NorMuon
+// second moments of the matrices the saving rank owned:
+//   u64 moment_count | per matrix: u32 name_len, name, i64 matrix index,
+//   i64 rows, f32 moments[rows]
+// (names and indices unique within the blob).
 // Format 1 (read): the same without kind, global dims and runs (a u16 0 after
 // view): local pieces only.
 #ifndef MUON_ENGINE_CHECKPOINT_H_
@@ -41,12 +46,24 @@ constexpr uint8_t kLocalOnly = 1;   // entry kind: a local piece only
 // params holding no state here).
 std::vector<Run> SavedRuns(const Param& p);
 
-size_t StateBlobSize(const std::vector<Param>& params);
+// One matrix's NorMuon second moments in a blob (format 3).
+struct SavedMoments {
+  std::string name;
+  int64_t index = 0;
+  std::vector<float> values;  // one per row
+};
 
-// Writes the blob into out[0, StateBlobSize(params)); momentum[i] is a host
-// copy of params[i].momentum (the buffer itself on the host device).
+// The blob's size; with `moments` (a NorMuon optimizer's, possibly none
+// owned) format 3, else format 2.
+size_t StateBlobSize(const std::vector<Param>& params,
+                     const std::vector<SavedMoments>* moments = nullptr);
+
+// Writes the blob into out[0, StateBlobSize(params, moments)); momentum[i]
+// is a host copy of params[i].momentum (the buffer itself on the host
+// device).
 void WriteStateBlob(const std::vector<Param>& params, int64_t step_count,
-                    const std::vector<const void*>& momentum, unsigned char* out);
+                    const std::vector<const void*>& momentum,
+                    const std::vector<SavedMoments>* moments, unsigned char* out);
 
 // One parameter's entry of a parsed blob; `bytes` points into the blob.
 struct SavedParam {
@@ -65,6 +82,7 @@ struct SavedState {
   uint32_t format = 0;
   int64_t step_count = 0;
   std::vector<SavedParam> params;
+  std::vector<SavedMoments> moments;  // format 3 only
 };
 
 // Checks a blob on its own (magic, format, reserved and padding words, step

@@ -91,7 +91,7 @@ TEST(StateBlob, LayoutIsTheDocumentedOne) {
   Storage a({3, 5}), b({2, 4, 3}, {kDLBfloat, 16, 1});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params), 0xee);
-  WriteStateBlob(params, 42, Momenta(params), blob.data());
+  WriteStateBlob(params, 42, Momenta(params), nullptr, blob.data());
 
   Cursor c(blob);
   EXPECT_EQ(c.Text(8), "MUONSTAT");
@@ -137,7 +137,7 @@ TEST(StateBlob, ParsePointsIntoTheBlob) {
   Storage a({3, 5}), b({2, 4, 3});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> blob(StateBlobSize(params));
-  WriteStateBlob(params, 7, Momenta(params), blob.data());
+  WriteStateBlob(params, 7, Momenta(params), nullptr, blob.data());
   auto parsed = ParseStateBlob(blob.data(), blob.size(), "blob");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->format, 2u);
@@ -159,7 +159,7 @@ TEST(StateBlob, NoParameters) {
   const std::vector<Param> none;
   EXPECT_EQ(StateBlobSize(none), 32u);
   std::vector<unsigned char> blob(StateBlobSize(none));
-  WriteStateBlob(none, 3, {}, blob.data());
+  WriteStateBlob(none, 3, {}, nullptr, blob.data());
   auto parsed = ParseStateBlob(blob.data(), blob.size(), "blob");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->step_count, 3);
@@ -170,7 +170,7 @@ TEST(StateBlob, EveryFieldIsValidated) {
   Storage a({3, 5}), b({2, 4, 3});
   const std::vector<Param> params = TwoParams(&a, &b);
   std::vector<unsigned char> good(StateBlobSize(params));
-  WriteStateBlob(params, 5, Momenta(params), good.data());
+  WriteStateBlob(params, 5, Momenta(params), nullptr, good.data());
   struct Case {
     size_t at;          // byte offset of the field
     int64_t value;      // written over it (little-endian, `width` bytes)
@@ -181,7 +181,7 @@ TEST(StateBlob, EveryFieldIsValidated) {
   const size_t local_dims = w + 4 + 4, global_dims = local_dims + 16 + 4, runs = global_dims + 16;
   const Case cases[] = {
       {0, 0x58585858, 4, "bad magic"},
-      {8, 3, 4, "format version 3 is not supported"},
+      {8, 4, 4, "format version 4 is not supported"},
       {12, 1, 4, "header word 'reserved' is 1"},
       {16, -1, 8, "step count -1 is negative"},
       {16, INT64_MIN, 8, "is negative"},

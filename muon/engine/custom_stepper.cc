@@ -34,6 +34,13 @@ absl::StatusOr<std::unique_ptr<CustomStepper>> CustomStepper::Create(std::vector
                            absl::StrCat("the working copy of custom-path param '", largest->name,
                                         "' (", largest->rows, " x ", largest->cols, " fp32)")));
   }
+  s->moment_ids_.assign(s->units_.size(), -1);
+  for (size_t i = 0; i < s->units_.size() && ctx.moments != nullptr; ++i) {
+    const CustomUnit& c = s->units_[i];
+    if (c.owner == world_rank && c.local >= 0) {
+      s->moment_ids_[i] = ctx.moments->Add(c.name, 0, c.rows);
+    }
+  }
   for (const CustomUnit& c : s->units_) {
     if (c.owner != world_rank) continue;
     const absl::Status reserved = ctx.device->math().Reserve(ctx.options->ns, 1, c.rows, c.cols);
@@ -70,6 +77,13 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
   if (owner && result.ok() && !failed) {
     std::copy(full, full + rows * cols, slot);
     result = ctx_.device->math().Orthogonalize(ctx_.options->ns, {slot, 1, c.rows, c.cols});
+    const int moments = moment_ids_[static_cast<size_t>(&c - units_.data())];
+    if (result.ok() && moments >= 0) {  // NorMuon
+      float* v = ctx_.moments->data(moments);
+      const Options& o = *ctx_.options;
+      result = ctx_.device->math().NorMuon({o.normuon_beta2, o.normuon_eps, o.ns.dtype},
+                                           {slot, 1, c.rows, c.cols}, &v);
+    }
     if (result.ok()) {
       stats_.orthogonalized += 1;
       stats_.ns_flops += c.flops;

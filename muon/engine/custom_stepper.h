@@ -39,6 +39,7 @@ class CustomStepper : public Stepper {
   std::vector<CustomUnit> units_;
   int me_;
   StepContext ctx_;
+  std::vector<int> moment_ids_;  // per unit: its NorMuon moments' id, or -1
   DeviceBuffer slot_;  // fp32, the largest matrix this rank owns (empty when none)
   StepperStats stats_;
 };

@@ -91,6 +91,22 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
       MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
     }
   }
+  if (ctx.moments != nullptr) {  // NorMuon: the moments of every owned matrix
+    for (const RoundTable& t : s->tables_) {
+      auto& ids = s->moment_ids_.emplace_back();
+      auto& locals = s->moment_locals_.emplace_back();
+      for (const ShapeBatch& b : t.batches) {
+        auto& batch = ids.emplace_back();
+        auto& local = locals.emplace_back();
+        for (int i : b.units) {
+          const Unit& u = plan.units[static_cast<size_t>(i)];
+          batch.push_back(ctx.moments->Add(plan.params[u.param].name, u.index, b.rows));
+          local.push_back(plan.params[u.param].local);
+        }
+        s->moment_ptrs_.emplace_back(batch.size());
+      }
+    }
+  }
   // On GPUs with more than one rank, the exchanges run on the device's
   // communication lane (a stream of their own) so that a round's exchange
   // overlaps another's math; stream points order the two (a world of one
@@ -263,17 +279,38 @@ absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
   return st;
 }
 
+absl::Status ExchangeStepper::NorMuon(int round, size_t batch, const MatrixBatch& matrices) {
+  const std::vector<int>& ids = moment_ids_[static_cast<size_t>(round)][batch];
+  const std::vector<int>& locals = moment_locals_[static_cast<size_t>(round)][batch];
+  size_t first = 0;  // this batch's pointers: after the earlier rounds' and batches'
+  for (int r = 0; r < round; ++r) first += moment_ids_[static_cast<size_t>(r)].size();
+  std::vector<float*>& ptrs = moment_ptrs_[first + batch];
+  // A parameter skipped this step (no gradient bound: a world of one only)
+  // keeps its moments: NorMuon passes over its matrix.
+  const std::vector<Param>& params = *ctx_.params;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int local = locals[i];
+    ptrs[i] = local >= 0 && !params[static_cast<size_t>(local)].active ? nullptr
+                                                                        : ctx_.moments->data(ids[i]);
+  }
+  const Options& o = *ctx_.options;
+  return ctx_.device->math().NorMuon({o.normuon_beta2, o.normuon_eps, o.ns.dtype}, matrices,
+                                     ptrs.data());
+}
+
 absl::Status ExchangeStepper::Orthogonalize(int round) {
   Device& device = *ctx_.device;
   Device* lane = lane_.device;
   if (lane != nullptr) MUON_RETURN_IF_ERROR(device.AwaitSignal(*lane, round));  // gathered
   void* slots = slots_[round % slots_.size()].data();
   absl::Status st;
-  for (const ShapeBatch& b : tables_[round].batches) {
-    st = ctx_.device->math().Orthogonalize(
-        ctx_.options->ns,
-        {ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols, slot_dtype_});
-    if (!st.ok()) break;
+  const std::vector<ShapeBatch>& batches = tables_[round].batches;
+  for (size_t k = 0; k < batches.size() && st.ok(); ++k) {
+    const ShapeBatch& b = batches[k];
+    const MatrixBatch matrices{ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols,
+                               slot_dtype_};
+    st = ctx_.device->math().Orthogonalize(ctx_.options->ns, matrices);
+    if (st.ok() && ctx_.moments != nullptr) st = NorMuon(round, k, matrices);
   }
   // The split matrices' sums are collectives: issued even after a failure.
   if (!splits_[static_cast<size_t>(round)].members.empty()) {

@@ -62,6 +62,8 @@ class ExchangeStepper : public Stepper {
  private:
   ExchangeStepper(const StepContext& ctx, Comm& world) : ctx_(ctx), world_(world) {}
   absl::Status Orthogonalize(int round);
+  // NorMuon on the round's batch `batch` (its matrices just orthogonalized).
+  absl::Status NorMuon(int round, size_t batch, const MatrixBatch& matrices);
   // splits_ and the sums' buffers from the plan; InvalidArgument when a
   // round gives this rank parts of two split matrices.
   absl::Status PlanSplits(const Plan& plan);
@@ -119,6 +121,12 @@ class ExchangeStepper : public Stepper {
   // does).
   std::vector<SplitRound> splits_;
   std::vector<unsigned char> sum_send_, sum_recv_, sum_zeros_;
+  // NorMuon (ctx.moments set): per round, per shape batch, the moments' ids
+  // of its matrices in slot order; and per batch of every round in turn, the
+  // pointers NorMuon takes, sized once.
+  std::vector<std::vector<std::vector<int>>> moment_ids_;
+  std::vector<std::vector<std::vector<int>>> moment_locals_;  // their params here, or -1
+  std::vector<std::vector<float*>> moment_ptrs_;
   std::vector<size_t> sum_send_bytes_, sum_send_offsets_, sum_recv_bytes_, sum_recv_offsets_;
 };
 

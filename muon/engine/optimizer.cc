@@ -181,13 +181,6 @@ const StepStats& Optimizer::stats() const {
   return stats_;
 }
 
-void Optimizer::Poison(const absl::Status& cause) {
-  constexpr size_t kKept = 300;  // the refusal repeats it: keep it short
-  poisoned_ = std::string(cause.message().substr(0, kKept));
-  if (cause.message().size() > kKept) poisoned_ += "...";
-  restored_.assign(registry_.params().size(), false);
-}
-
 absl::Status Optimizer::Prepare(void* stream) {
   if (!poisoned_.empty()) {
     size_t done = 0, total = 0;
@@ -197,11 +190,17 @@ absl::Status Optimizer::Prepare(void* stream) {
       ++total;
       done += restored_[i] ? 1 : 0;
     }
+    // NorMuon's moments are only in a blob: muon_set_state cannot restore them.
+    const std::string how =
+        options_.normuon
+            ? std::string("muon_load_state or muon_load_states with whole blobs: NorMuon's "
+                          "second moments are in them, and muon_set_state cannot restore those")
+            : absl::StrCat("muon_load_state with a whole blob, or muon_set_state for every "
+                           "parameter: ", done, " of ", total, " restored so far");
     return absl::FailedPreconditionError(absl::StrCat(
         "refused: an earlier step failed mid-way, so parameters and state may be "
-        "half-updated; restore both from a checkpoint (muon_load_state with a whole blob, or "
-        "muon_set_state for every parameter: ", done, " of ", total,
-        " restored so far) before stepping again. The failure: ", poisoned_));
+        "half-updated; restore both from a checkpoint (", how,
+        ") before stepping again. The failure: ", poisoned_));
   }
   if (registry_.params().empty() && !registry_.distributed()) {
     return absl::FailedPreconditionError(
@@ -214,8 +213,9 @@ absl::Status Optimizer::Prepare(void* stream) {
     // same error and set up again at the next step), except on a rank whose
     // last setup collective failed alone: it keeps setup_ and returns its
     // error, which its step then carries into the step's verdict.
-    const absl::Status set_up = SetUpSteps(registry_, options_, stream, &setup_);
+    const absl::Status set_up = SetUpSteps(registry_, options_, moment_stash_, stream, &setup_);
     if (setup_ == nullptr) return set_up;
+    moment_stash_ = MomentStash();  // the owners took theirs
     int64_t job_matrices = 0;  // the plan's, the same on every rank
     for (const Stepper* s : setup_->steppers()) job_matrices += s->stats().matrices_total;
     if (job_matrices == 0) {

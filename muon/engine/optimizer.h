@@ -24,6 +24,7 @@
 #include "muon/engine/device_outcome.h"
 #include "muon/engine/options.h"
 #include "muon/engine/outcome.h"
+#include "muon/engine/qk_clip.h"
 #include "muon/engine/param.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/setup.h"
@@ -99,6 +100,15 @@ class Optimizer {
   absl::StatusOr<const Param*> GetParam(int64_t id) const { return registry_.Get(id); }
   absl::Status CopyStateOut(int64_t id, const DLTensor* dst) const;
   absl::Status CopyStateIn(int64_t id, const DLTensor* src);
+  // QK-Clip (muon_register_qk_clip, muon_qk_clip; qk_clip.h): a layer's id,
+  // and one clip of its heads on this rank's pieces.
+  absl::StatusOr<int64_t> RegisterQkClip(QkClipLayer layer);
+  absl::Status QkClip(int64_t layer_id, const float* max_logits, int num_heads, double tau,
+                      int32_t* clipped);
+
+  // NorMuon's moments of one parameter (muon_get_moments, muon_set_moments).
+  absl::Status CopyMomentsOut(int64_t id, const DLTensor* dst) const;
+  absl::Status CopyMomentsIn(int64_t id, const DLTensor* src);
   size_t StateBlobSize() const;
   absl::Status SaveState(unsigned char* out) const;
   absl::Status LoadState(const unsigned char* data, size_t size);
@@ -123,10 +133,23 @@ class Optimizer {
   // rank is not finite), agreed before anything changes.
   absl::StatusOr<bool> AgreeToSkip(bool shared, bool local_ok, void* stream);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
+  // With NorMuon: the moments the blob holds (after the first step the
+  // matrices this rank owns, before it what was loaded), with their values
+  // when `values` (else zeros of their sizes); NULL without NorMuon.
+  absl::StatusOr<std::unique_ptr<std::vector<SavedMoments>>> MomentsToSave(bool values) const;
+  // The parameter and the host fp32 tensor of its moments, checked; after the
+  // first step also each matrix's moments id here (-1: a matrix without
+  // elements), refused unless this rank owns every one.
+  absl::Status CheckMoments(int64_t id, const DLTensor* t, const Param** param, float** values,
+                            std::vector<int>* ids) const;
 
   Options options_;
   Registry registry_;
   std::unique_ptr<StepSetup> setup_;  // built at the first step
+  // NorMuon moments loaded before the first step, which its setup hands to
+  // the matrices' owners (then emptied).
+  MomentStash moment_stash_;
+  std::vector<QkClipLayer> qk_layers_;  // registered for muon_qk_clip
   void Poison(const absl::Status& cause);
   // Set when a step failed after changing state; cleared by a whole blob
   // (LoadState) or once every param holding state here was restored (CopyStateIn).

@@ -1,10 +1,13 @@
 // The optimizer's state in and out (muon_get_state / muon_set_state, the
 // state blob: muon_save_state, muon_load_state, muon_load_states). The
 // step's coordination is in optimizer.cc.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/matrix_view.h"
 #include "muon/common/status.h"
 #include "muon/common/tensor.h"
 #include "muon/engine/checkpoint.h"
@@ -12,6 +15,13 @@
 #include "muon/engine/state_restore.h"
 
 namespace muon {
+
+void Optimizer::Poison(const absl::Status& cause) {
+  constexpr size_t kKept = 300;  // the refusal repeats it: keep it short
+  poisoned_ = std::string(cause.message().substr(0, kKept));
+  if (cause.message().size() > kKept) poisoned_ += "...";
+  restored_.assign(registry_.params().size(), false);
+}
 
 absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {
   MUON_ASSIGN_OR_RETURN(const Param* p, registry_.Get(id));
@@ -68,12 +78,114 @@ absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
     restored_[static_cast<size_t>(p - params.data())] = true;
     bool all = true;
     for (size_t i = 0; i < params.size(); ++i) all = all && (restored_[i] || !params[i].holds_state);
-    if (all) poisoned_.clear();
+    // (NorMuon's moments are restored by a whole blob only.)
+    if (all && !options_.normuon) poisoned_.clear();
   }
   return absl::OkStatus();
 }
 
-size_t Optimizer::StateBlobSize() const { return muon::StateBlobSize(registry_.params()); }
+absl::StatusOr<std::unique_ptr<std::vector<SavedMoments>>> Optimizer::MomentsToSave(
+    bool values) const {
+  if (!options_.normuon) return nullptr;
+  auto out = std::make_unique<std::vector<SavedMoments>>();
+  if (setup_ != nullptr && setup_->moments != nullptr) {
+    std::vector<std::vector<float>> copies;
+    if (values) MUON_RETURN_IF_ERROR(setup_->moments->CopyOut(&copies));
+    const auto& entries = setup_->moments->entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      out->push_back({entries[i].name, entries[i].index,
+                      values ? std::move(copies[i])
+                             : std::vector<float>(static_cast<size_t>(entries[i].rows))});
+    }
+  } else if (setup_ == nullptr) {
+    for (const auto& [key, v] : moment_stash_.values) out->push_back({key.first, key.second, v});
+  }
+  return out;
+}
+
+absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, const Param** param,
+                                     float** values, std::vector<int>* ids) const {
+  MUON_ASSIGN_OR_RETURN(const Param* p, registry_.Get(id));
+  const std::string who = absl::StrCat("moments tensor for param '", p->name, "'");
+  if (!options_.normuon) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": NorMuon is off (muon_options_t.normuon), so there are none"));
+  }
+  MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, who));
+  const int64_t want = p->batch * p->rows;
+  if (!v.on_host() || v.dtype != DType::kF32 || v.numel() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": must be a float32 host tensor of ", want, " elements (", p->batch, " x ",
+        p->rows, ": a moment per row of each matrix); got ", DTypeName(v.dtype), " ",
+        ShapeString(v.shape), v.on_host() ? "" : " on a device"));
+  }
+  *param = p;
+  *values = static_cast<float*>(v.data);
+  ids->clear();
+  if (setup_ == nullptr) return absl::OkStatus();
+  const bool empty = MatrixShape{p->batch, p->rows, p->cols}.with_elements() == 0;
+  for (int64_t k = 0; k < p->batch; ++k) {
+    const int found = empty ? -1 : setup_->moments->Find(p->name, k);
+    if (found < 0 && !empty) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "param '", p->name, "': the NorMuon moments of its matrix ", k,
+          " live on the rank that owns it, not this one; the state blobs carry every owner's "
+          "(muon_save_state, muon_load_states)"));
+    }
+    ids->push_back(found);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst) const {
+  const Param* p = nullptr;
+  float* out = nullptr;
+  std::vector<int> ids;
+  MUON_RETURN_IF_ERROR(CheckMoments(id, dst, &p, &out, &ids));
+  std::fill(out, out + p->batch * p->rows, 0.0f);
+  for (int64_t k = 0; k < p->batch; ++k) {
+    float* row = out + k * p->rows;
+    if (setup_ == nullptr) {
+      auto it = moment_stash_.values.find({p->name, k});
+      if (it != moment_stash_.values.end() && static_cast<int64_t>(it->second.size()) == p->rows) {
+        std::copy(it->second.begin(), it->second.end(), row);
+      }
+    } else if (ids[static_cast<size_t>(k)] >= 0) {
+      MUON_RETURN_IF_ERROR(registry_.device()->ToHost(
+          row, setup_->moments->data(ids[static_cast<size_t>(k)]), p->rows * sizeof(float)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src) {
+  const Param* p = nullptr;
+  float* in = nullptr;
+  std::vector<int> ids;
+  MUON_RETURN_IF_ERROR(CheckMoments(id, src, &p, &in, &ids));
+  for (int64_t i = 0; i < p->batch * p->rows; ++i) {
+    if (!(in[i] >= 0) || !std::isfinite(in[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "moments tensor for param '", p->name, "': element ", i, " is ", in[i],
+          " (second moments are finite and >= 0)"));
+    }
+  }
+  for (int64_t k = 0; k < p->batch; ++k) {
+    const float* row = in + k * p->rows;
+    if (setup_ == nullptr) {
+      moment_stash_.values[{p->name, k}].assign(row, row + p->rows);
+    } else if (ids[static_cast<size_t>(k)] >= 0) {
+      MUON_RETURN_IF_ERROR(registry_.device()->FromHost(
+          setup_->moments->data(ids[static_cast<size_t>(k)]), row, p->rows * sizeof(float)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t Optimizer::StateBlobSize() const {
+  absl::StatusOr<std::unique_ptr<std::vector<SavedMoments>>> moments = MomentsToSave(false);
+  return muon::StateBlobSize(registry_.params(), moments.ok() ? moments->get() : nullptr);
+}
 
 absl::Status Optimizer::SaveState(unsigned char* out) const {
   MUON_RETURN_IF_ERROR(device_outcome_.PendingFailure(registry_));
@@ -94,7 +206,8 @@ absl::Status Optimizer::SaveState(unsigned char* out) const {
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of host memory for staging the state");
   }
-  WriteStateBlob(params, step_count_, momentum, out);
+  MUON_ASSIGN_OR_RETURN(std::unique_ptr<std::vector<SavedMoments>> moments, MomentsToSave(true));
+  WriteStateBlob(params, step_count_, momentum, moments.get(), out);
   return absl::OkStatus();
 }
 
@@ -118,11 +231,22 @@ absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_b
   std::vector<Param>& params = registry_.params();
   // Everything is checked before the first byte is written.
   MUON_ASSIGN_OR_RETURN(RestorePlan plan, PlanRestore(params, blobs, own_blob, setup_ != nullptr));
+  // NorMuon's moments: every blob's (replicas' copies are equal; the first
+  // is taken); a blob without them (saved without NorMuon) starts them at 0.
+  MomentStash stash;
+  for (const SavedState& b : blobs) {
+    stash.present = stash.present || b.format >= 3;
+    for (const SavedMoments& m : b.moments) stash.values.emplace(MomentKey{m.name, m.index}, m.values);
+  }
+  OwnerMoments* owned = setup_ != nullptr ? setup_->moments.get() : nullptr;
+  if (owned != nullptr) MUON_RETURN_IF_ERROR(owned->Check(stash));
   Device& device = *registry_.device();
   for (const StateCopy& c : plan.copies) {
     unsigned char* dst = params[c.param].momentum.as<unsigned char>() + c.dst_byte;
     MUON_RETURN_IF_ERROR(device.FromHost(dst, c.src, c.bytes));
   }
+  if (owned != nullptr) MUON_RETURN_IF_ERROR(owned->Restore(stash));
+  if (setup_ == nullptr) moment_stash_ = std::move(stash);
   for (Param& p : params) p.momentum_elsewhere = false;
   for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
   step_count_ = plan.step_count;

@@ -755,6 +755,134 @@ TEST(StateBlob, RoundTrip) {
   EXPECT_TRUE(std::any_of(m0, m0 + p0->momentum.size(), [](unsigned char c) { return c != 0; }));
 }
 
+Options NorMuonOptions() {
+  Options o;
+  o.normuon = true;
+  o.normuon_beta2 = 0.8;
+  return o;
+}
+
+// NorMuon's moments travel in the blob (format 3): a blob loaded after the
+// first step (the setup's moments overwritten) and one loaded before it
+// (handed to the owner at setup) both continue bit for bit.
+TEST(StateBlob, NorMuonMomentsResumeBitForBit) {
+  Model src(NorMuonOptions());
+  src.Steps(3, 100);
+  const std::vector<unsigned char> blob = SaveBlob(*src.opt);
+  uint32_t format = 0;
+  std::memcpy(&format, blob.data() + 8, 4);
+  EXPECT_EQ(format, 3u);
+  const HostTensor a = src.a, b = src.b;
+  src.Steps(2, 200);
+
+  Model later(NorMuonOptions());  // stepped, then restored
+  later.Steps(1, 7);
+  ASSERT_TRUE(later.opt->LoadState(blob.data(), blob.size()).ok());
+  Model fresh(NorMuonOptions());  // restored before its first step
+  ASSERT_TRUE(fresh.opt->LoadState(blob.data(), blob.size()).ok());
+  EXPECT_EQ(SaveBlob(*fresh.opt), blob);  // held, not yet owned, and saved again alike
+  for (Model* m : {&later, &fresh}) {
+    std::memcpy(m->a.data(), a.bytes().data(), a.bytes().size());  // the values saved with it
+    std::memcpy(m->b.data(), b.bytes().data(), b.bytes().size());
+    m->Steps(2, 200);
+    EXPECT_TRUE(SameBytes(m->a, src.a));
+    EXPECT_TRUE(SameBytes(m->b, src.b));
+  }
+  // Without the moments (a plain Muon blob, format 2) they start at zero:
+  // the same momentum, another update.
+  Model plain;
+  plain.Steps(3, 100);
+  const std::vector<unsigned char> muon_blob = SaveBlob(*plain.opt);
+  Model zeroed(NorMuonOptions());
+  ASSERT_TRUE(zeroed.opt->LoadState(muon_blob.data(), muon_blob.size()).ok());
+  std::memcpy(zeroed.a.data(), a.bytes().data(), a.bytes().size());
+  std::memcpy(zeroed.b.data(), b.bytes().data(), b.bytes().size());
+  zeroed.Steps(2, 200);
+  EXPECT_FALSE(SameBytes(zeroed.a, src.a));
+}
+
+// A tensor's DLTensor, kept alive for the call.
+struct Dl {
+  explicit Dl(HostTensor& t) : dl(t.dl()) {}
+  operator const DLTensor*() const { return &dl; }
+  DLTensor dl;
+};
+
+// muon_get_moments / muon_set_moments: zeros before anything, values set
+// before the first step handed to the owner (a world of one: this rank) and
+// changing the steps, read back after them as the blob holds them.
+TEST(State, NorMuonMomentsGetAndSet) {
+  Model m(NorMuonOptions());
+  HostTensor embed({4}), experts({2, 3});  // embed.w: 4 rows; experts: 2 matrices of 3
+  ASSERT_TRUE(m.opt->CopyMomentsOut(0, Dl(embed)).ok());
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(embed.at(i), 0.0f);
+  for (int64_t i = 0; i < 4; ++i) embed.set(i, 0.5f + static_cast<float>(i));
+  ASSERT_TRUE(m.opt->CopyMomentsIn(0, Dl(embed)).ok());
+  HostTensor back({2, 2});  // any shape of 4 elements
+  ASSERT_TRUE(m.opt->CopyMomentsOut(0, Dl(back)).ok());
+  EXPECT_EQ(back.bytes(), embed.bytes());
+  m.Steps(2, 300);
+  Model plain_start(NorMuonOptions());
+  plain_start.Steps(2, 300);
+  EXPECT_FALSE(SameBytes(m.a, plain_start.a)) << "the moments set did not count";
+  EXPECT_TRUE(SameBytes(m.b, plain_start.b)) << "experts' moments were not set";
+  // After the steps: what the blob holds, matrix after matrix.
+  ASSERT_TRUE(m.opt->CopyMomentsOut(1, Dl(experts)).ok());
+  const std::vector<unsigned char> blob = SaveBlob(*m.opt);
+  absl::StatusOr<SavedState> saved = ParseStateBlob(blob.data(), blob.size(), "blob");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_EQ(saved->moments.size(), 3u);  // embed.w's one matrix, experts' two
+  for (const SavedMoments& sm : saved->moments) {
+    if (sm.name != "experts") continue;
+    for (size_t r = 0; r < 3; ++r) {
+      EXPECT_EQ(sm.values[r], experts.at(sm.index * 3 + static_cast<int64_t>(r)));
+      EXPECT_GT(sm.values[r], 0.0f);
+    }
+  }
+  // Refusals name the parameter and the cause, and change nothing.
+  HostTensor wrong_count({5}), wrong_dtype({4}, DType::kBF16), negative({4});
+  negative.set(2, -1.0f);
+  absl::Status st = m.opt->CopyMomentsIn(0, Dl(wrong_count));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(st, "param 'embed.w'") && Mentions(st, "of 4 elements")) << st;
+  st = m.opt->CopyMomentsOut(0, Dl(wrong_dtype));
+  EXPECT_TRUE(Mentions(st, "float32 host tensor")) << st;
+  st = m.opt->CopyMomentsIn(0, Dl(negative));
+  EXPECT_TRUE(Mentions(st, "element 2 is -1")) << st;
+  EXPECT_EQ(SaveBlob(*m.opt), blob);
+  Model plain;
+  st = plain.opt->CopyMomentsOut(0, Dl(embed));
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Mentions(st, "NorMuon is off")) << st;
+}
+
+// A NorMuon blob whose moments section is cut or lies is refused whole.
+TEST(StateBlob, NorMuonMomentsAreValidated) {
+  Model src(NorMuonOptions());
+  src.Steps(2, 100);
+  const std::vector<unsigned char> blob = SaveBlob(*src.opt);
+  Model dst(NorMuonOptions());
+  dst.Steps(1, 9);
+  const std::vector<unsigned char> before = SaveBlob(*dst.opt);
+  // The last entry is experts' matrix 1: 3 rows of fp32 at the very end.
+  auto negative = blob;
+  const float bad = -1.0f;
+  std::memcpy(negative.data() + negative.size() - 4, &bad, 4);
+  absl::Status st = dst.opt->LoadState(negative.data(), negative.size());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Mentions(st, "param 'experts' matrix 1 (NorMuon moments)")) << st;
+  EXPECT_TRUE(Mentions(st, "holds the moment -1")) << st;
+  auto cut = blob;
+  cut.resize(cut.size() - 4);
+  st = dst.opt->LoadState(cut.data(), cut.size());
+  EXPECT_TRUE(Mentions(st, "truncated")) << st;
+  auto longer = blob;
+  longer.push_back(0);
+  st = dst.opt->LoadState(longer.data(), longer.size());
+  EXPECT_TRUE(Mentions(st, "unexpected bytes after the last NorMuon moments")) << st;
+  EXPECT_EQ(SaveBlob(*dst.opt), before);
+}
+
 // Found by fuzz/api_sequence_fuzzer: the stats went on counting the steps
 // taken before a blob was loaded.
 TEST(StateBlob, LoadingSetsTheStepCountOfTheStats) {
@@ -859,8 +987,8 @@ TEST_F(CorruptBlob, AnotherGlobalShape) {
 
 TEST_F(CorruptBlob, UnsupportedFormat) {
   auto bad = blob_;
-  Poke<uint32_t>(&bad, 8, 3);
-  ExpectRefused(bad, "format version 3");
+  Poke<uint32_t>(&bad, 8, 4);
+  ExpectRefused(bad, "format version 4");
 }
 
 TEST_F(CorruptBlob, WrongCount) {

@@ -41,6 +41,19 @@ absl::Status ValidateOptions(const Options& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "update_scale: ", o.update_scale, " is invalid; it must be a finite number >= 0"));
   }
+  if (!(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normuon_beta2: ", o.normuon_beta2, " is invalid; it must be in [0, 1)"));
+  }
+  if (!(o.normuon_eps > 0) || !std::isfinite(o.normuon_eps)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normuon_eps: ", o.normuon_eps, " is invalid; it must be a finite number > 0"));
+  }
+  if (o.normuon && o.dist.assignment == Assignment::kSplit) {
+    return absl::InvalidArgumentError(
+        "normuon: MUON_ASSIGNMENT_SPLIT orthogonalizes a matrix over several ranks, and "
+        "NorMuon's rows need the whole matrix at one owner; use MUON_ASSIGNMENT_BALANCED");
+  }
   switch (o.adjust_lr) {
     case AdjustLr::kOriginal:
     case AdjustLr::kMatchRmsAdamW:

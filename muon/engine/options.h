@@ -42,6 +42,10 @@ struct Options {
   double update_scale = 1.0;
   // Cautious weight decay (muon_options_t.cautious_wd).
   bool cautious_wd = false;
+  // NorMuon (muon_options_t.normuon; muon/math/normuon.h).
+  bool normuon = false;
+  double normuon_beta2 = 0.95;
+  double normuon_eps = 1e-8;
 };
 
 absl::Status ValidateLr(double lr);

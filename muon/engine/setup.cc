@@ -21,7 +21,9 @@ std::string Fingerprint(const Options& o) {
                                " momentum_fp32=", o.momentum_fp32,
                                " skip_nonfinite=", o.skip_nonfinite,
                                " update_scale=", o.update_scale,
-                               " cautious_wd=", o.cautious_wd, " coefficients=");
+                               " cautious_wd=", o.cautious_wd, " normuon=", o.normuon,
+                               " normuon_beta2=", o.normuon_beta2,
+                               " normuon_eps=", o.normuon_eps, " coefficients=");
   for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
   return f;
 }
@@ -92,7 +94,7 @@ namespace {
 // Everything the steps need, allocated once (local: may fail on one rank).
 absl::Status Build(Registry& registry, const Options& options,
                    const std::vector<std::vector<int>>& members, Plan& plan, Comm& world,
-                   StepSetup* s) {
+                   const MomentStash& stash, StepSetup* s) {
   std::vector<Param>& params = registry.params();
   for (const Param& p : params) {
     if (registry.UpdateInGrad(p)) {  // in the gradient's own memory (update_in_grad)
@@ -126,6 +128,15 @@ absl::Status Build(Registry& registry, const Options& options,
   ctx.options = &options;
   ctx.params = &params;
   ctx.updates = &s->updates;
+  if (options.normuon) {
+    if (!registry.device()->is_host()) {
+      return absl::UnimplementedError(
+          "normuon: NorMuon runs on the CPU backend only so far; this optimizer's parameters "
+          "are on a GPU");
+    }
+    s->moments = std::make_unique<OwnerMoments>();
+    ctx.moments = s->moments.get();
+  }
   // The exchange's last scatter ends the step unless the job has custom-path
   // or ZeRO-2 matrices (the plan is the job's: the same answer on every rank).
   const bool exchange_ends_step = plan.custom.empty() && plan.zero2_matrices == 0;
@@ -134,6 +145,9 @@ absl::Status Build(Registry& registry, const Options& options,
   MUON_ASSIGN_OR_RETURN(s->custom, CustomStepper::Create(std::move(plan.custom), world.rank(), ctx));
   MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
                                                        plan.zero2_matrices, ctx));
+  if (s->moments != nullptr) {
+    MUON_RETURN_IF_ERROR(s->moments->Allocate(registry.device(), stash));
+  }
   if (!registry.device()->is_host()) {
     MUON_ASSIGN_OR_RETURN(s->nonfinite, DeviceBuffer::Make(registry.device(), sizeof(int64_t),
                                                            "the non-finite gradient count"));
@@ -150,8 +164,8 @@ absl::Status Build(Registry& registry, const Options& options,
 
 }  // namespace
 
-absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream,
-                        std::unique_ptr<StepSetup>* setup) {
+absl::Status SetUpSteps(Registry& registry, const Options& options, const MomentStash& stash,
+                        void* stream, std::unique_ptr<StepSetup>* setup) {
   setup->reset();
   Comm& world = registry.world();
   Device* device = registry.device().get();
@@ -172,7 +186,7 @@ absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream
   if (!plan.ok() && !own) job_error = plan.status();
 
   auto s = std::make_unique<StepSetup>();
-  if (plan.ok()) local.Note(Build(registry, options, members, *plan, world, s.get()));
+  if (plan.ok()) local.Note(Build(registry, options, members, *plan, world, stash, s.get()));
   // What each rank allocated is its own: the ranks agree on it (and on the
   // hyper-parameters) before any step, so that none steps alone.
   bool job_failed = false;

@@ -12,6 +12,7 @@
 #include "muon/engine/custom_stepper.h"
 #include "muon/engine/exchange_stepper.h"
 #include "muon/engine/outcome.h"
+#include "muon/engine/owner_moments.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/zero2_stepper.h"
 
@@ -23,6 +24,9 @@ struct StepSetup {
   // update buffers of those whose update is not in their gradient.
   std::vector<LocalBuffer> updates;
   std::vector<DeviceBuffer> update_buffers;
+
+  // NorMuon's moments of the matrices this rank owns (NULL without NorMuon).
+  std::unique_ptr<OwnerMoments> moments;
 
   std::unique_ptr<ExchangeStepper> exchange;
   std::unique_ptr<CustomStepper> custom;
@@ -63,8 +67,10 @@ struct StepSetup {
 // whether the others stepped on. It keeps *setup and returns its error: its
 // step goes on taking part in the step's collectives, refusing, so that
 // every rank fails that same step (the others learn why from its verdict).
-absl::Status SetUpSteps(Registry& registry, const Options& options, void* stream,
-                        std::unique_ptr<StepSetup>* setup);
+// `stash`: NorMuon moments loaded before the first step, for the matrices
+// this rank turns out to own.
+absl::Status SetUpSteps(Registry& registry, const Options& options, const MomentStash& stash,
+                        void* stream, std::unique_ptr<StepSetup>* setup);
 
 }  // namespace muon
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "muon/device/device.h"
 #include "muon/engine/options.h"
+#include "muon/engine/owner_moments.h"
 #include "muon/engine/param.h"
 
 namespace muon {
@@ -35,6 +36,10 @@ struct StepContext {
   // exchange-stepped parameter when Newton-Schulz is bf16, else fp32), or
   // with update_in_grad the gradient's own memory (exchange-stepped ones).
   const std::vector<LocalBuffer>* updates = nullptr;
+  // With NorMuon (options->normuon): where each stepper adds the matrices
+  // it orthogonalizes at Create; allocated after every stepper was created,
+  // so a stepper takes their memory at Run. NULL without NorMuon.
+  OwnerMoments* moments = nullptr;
 
   // The fp32 update buffer of a custom-path or ZeRO-2 parameter (those
   // always have one).

@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
     }
   }
   for (Param& p : params) p.momentum_elsewhere = false;
+  s->moment_first_.assign(params.size(), -1);
   for (const Block& blk : s->blocks_) {
     const int me = groups[blk.group]->rank();
     for (size_t c = 0; c < blk.params.size(); ++c) {
@@ -86,6 +87,12 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
       Param& p = params[blk.params[c]];
       if (static_cast<int>(c) == me) {
         MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
+        if (ctx.moments != nullptr) {  // NorMuon: ids of one param's matrices run on
+          s->moment_first_[static_cast<size_t>(blk.params[c])] =
+              ctx.moments->Add(p.name, 0, p.rows);
+          for (int64_t k = 1; k < p.batch; ++k) ctx.moments->Add(p.name, k, p.rows);
+          s->moment_ptrs_.resize(std::max<size_t>(s->moment_ptrs_.size(), p.batch));
+        }
         s->stats_.matrices_owned += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
       } else {
         p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
@@ -118,6 +125,11 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
       math.Momentum(MomentumStepOf(options, ctx_.scalars, &stats_.nonfinite),
                     {MomentumOf(p, DType::kF32, average_.data(), {update, DType::kF32})}));
   MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
+  if (const int first = moment_first_[static_cast<size_t>(param)]; first >= 0) {  // NorMuon
+    for (int64_t k = 0; k < p.batch; ++k) moment_ptrs_[k] = ctx_.moments->data(first + k);
+    MUON_RETURN_IF_ERROR(math.NorMuon({options.normuon_beta2, options.normuon_eps, options.ns.dtype},
+                                      {update, p.batch, p.rows, p.cols}, moment_ptrs_.data()));
+  }
   MUON_RETURN_IF_ERROR(
       math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, {update, DType::kF32})}));
   stats_.orthogonalized += MatrixShape{p.batch, p.rows, p.cols}.with_elements();

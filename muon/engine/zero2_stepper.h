@@ -57,6 +57,10 @@ class Zero2Stepper : public Stepper {
   std::vector<Block> blocks_;
   std::vector<unsigned char> send_, recv_;
   std::vector<float> average_;
+  // NorMuon: per param, the moments' id of its first matrix (the others'
+  // follow), or -1; and the pointers NorMuon takes, sized once.
+  std::vector<int> moment_first_;
+  std::vector<float*> moment_ptrs_;
   StepperStats stats_;
 };
 

@@ -107,6 +107,14 @@ struct ApplyStep {
   const int32_t* gate = nullptr;
 };
 
+// NorMuon's settings (muon/math/normuon.h): the moments' decay, the root's
+// eps, and the dtype whose precision the normalized update keeps.
+struct NorMuonStep {
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  NsDtype ns_dtype = NsDtype::kBF16;
+};
+
 // Where a backend's own memory (its Newton-Schulz workspace) comes from: the
 // device's Allocate (counted, and served by the host's allocator when one is
 // set). Unset: the backend allocates by itself.
@@ -155,6 +163,18 @@ class MathBackend {
     (void)sums;
     return absl::UnimplementedError("split Newton-Schulz (one matrix over several ranks) is not "
                                     "available on this backend");
+  }
+  // NorMuon on every matrix of `batch` (orthogonalized updates, in place),
+  // matrix k with its rows' second moments at moments[k] (fp32, `rows`
+  // each, backend memory), as muon/math/normuon.h defines it; a NULL
+  // moments[k] passes over matrix k (its parameter is not stepped).
+  // Unimplemented on backends that lack it.
+  virtual absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                               float* const* moments) {
+    (void)step;
+    (void)batch;
+    (void)moments;
+    return absl::UnimplementedError("NorMuon is not available on this backend yet");
   }
   // The dtype Orthogonalize takes its matrices in with the least work for
   // `config`: kBF16 where bf16 Newton-Schulz multiplies bf16 natively and

@@ -126,8 +126,9 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     for (int r = 0; r < plan.rounds; ++r) {
       RoundTable& t = tables[r];
       for (const auto& key : shape_order[r]) {
-        ShapeBatch b{key.first, key.second, t.slot_floats, 0};
+        ShapeBatch b{key.first, key.second, t.slot_floats, 0, {}};
         for (int i : by_shape[r][key]) {
+          b.units.push_back(i);
           slot_of[i] = t.slot_floats;
           t.slot_floats += key.first * key.second;
           ++b.count;

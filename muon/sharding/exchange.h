@@ -43,6 +43,7 @@ struct ShapeBatch {
   int64_t rows = 0, cols = 0;
   int64_t offset = 0;  // in slots (floats)
   int64_t count = 0;   // matrices
+  std::vector<int> units;  // indices into Plan::units, in slot order
 };
 
 // An owned part of a split matrix (Unit::parts > 1) in the working buffer:

@@ -55,7 +55,16 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, update_in_grad) == 176, opt_upd
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, update_scale) == 184, opt_update_scale);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, cautious_wd) == 192, opt_cautious_wd);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved2) == 196, opt_reserved2);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 200, opt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, normuon) == 200, opt_normuon);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved3) == 204, opt_reserved3);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, normuon_beta2) == 208, opt_normuon_beta2);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, normuon_eps) == 216, opt_normuon_eps);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 224, opt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_qk_clip_layer_t, num_heads) == 24, qk_num_heads);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_qk_clip_layer_t, q_first_row) == 32, qk_q_first_row);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_qk_clip_layer_t, k_head_rows) == 80, qk_k_head_rows);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_qk_clip_layer_t, alpha) == 88, qk_alpha);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_qk_clip_layer_t) == 96, qk_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, struct_size) == 0, popt_struct_size);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, name) == 8, popt_name);
@@ -281,6 +290,9 @@ static void test_struct_sizes_and_init(void) {
   CHECK(o.ns_dtype == MUON_NS_DTYPE_BF16);
   CHECK(o.momentum_fp32 == 0);
   CHECK(o.reserved0 == 0);
+  CHECK(o.update_scale == 1.0 && o.cautious_wd == 0);
+  CHECK(o.normuon == 0 && o.reserved3 == 0);
+  CHECK(o.normuon_beta2 == 0.95 && o.normuon_eps == 1e-8);
 
   CHECK_STATUS(muon_options_init(NULL, sizeof o), MUON_INVALID_ARGUMENT, "options");
   CHECK_STATUS(muon_options_init(&o, 8), MUON_INVALID_ARGUMENT, "struct_size");

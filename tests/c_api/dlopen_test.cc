@@ -64,6 +64,12 @@ namespace {
   X(muon_get_state_dtype)        \
   X(muon_get_state)              \
   X(muon_set_state)              \
+  X(muon_get_moments)            \
+  X(muon_qk_clip_layer_init)     \
+  X(muon_sizeof_qk_clip_layer)   \
+  X(muon_register_qk_clip)       \
+  X(muon_qk_clip)                \
+  X(muon_set_moments)            \
   X(muon_save_state)             \
   X(muon_load_state)             \
   X(muon_load_states)

@@ -666,6 +666,18 @@ std::vector<Case> Cases() {
       CreateWith([](muon_options_t& o) { o.update_scale = -1; }));
   add("create_update_scale_nan", E, IA, {"options->update_scale", "nan"},
       CreateWith([](muon_options_t& o) { o.update_scale = std::nan(""); }));
+  add("create_normuon_beta2_negative", E, IA,
+      {"options->normuon_beta2: -0.5 is invalid", "[0, 1)"},
+      CreateWith([](muon_options_t& o) { o.normuon = 1; o.normuon_beta2 = -0.5; }));
+  add("create_normuon_beta2_one", E, IA, {"options->normuon_beta2: 1 is invalid"},
+      CreateWith([](muon_options_t& o) { o.normuon = 1; o.normuon_beta2 = 1; }));
+  add("create_normuon_eps_zero", E, IA, {"options->normuon_eps: 0 is invalid", "> 0"},
+      CreateWith([](muon_options_t& o) { o.normuon = 1; o.normuon_eps = 0; }));
+  add("create_normuon_split", E, IA, {"options->normuon", "MUON_ASSIGNMENT_SPLIT",
+                                      "MUON_ASSIGNMENT_BALANCED"},
+      CreateWith([](muon_options_t& o) { o.normuon = 1; o.assignment = MUON_ASSIGNMENT_SPLIT; }));
+  add("create_reserved3", E, IA, {"options->reserved3 is 1; it must be 0"},
+      CreateWith([](muon_options_t& o) { o.reserved3 = 1; }));
   add("create_cubic5_with_4_steps", E, IA,
       {"options->ns_steps is 4", "CUBIC5 is a 5-iteration schedule", "set ns_steps = 5"},
       CreateWith([](muon_options_t& o) {
@@ -1303,6 +1315,55 @@ std::vector<Case> Cases() {
         out.device = {kDLCUDA, 0};
       }));
 
+  // ---- QK-Clip: layers of param "w" (4 x 4) ----
+  auto qk_layer = [](std::function<void(muon_qk_clip_layer_t&)> edit) {
+    return [edit](Fixture& f) {
+      muon_qk_clip_layer_t l;
+      muon_qk_clip_layer_init(&l, sizeof l);
+      l.q_param = l.k_param = 0;
+      l.num_heads = 1;
+      l.q_head_rows = l.k_head_rows = 2;
+      l.k_first_row = 2;
+      edit(l);
+      int64_t id = -7;
+      const muon_status_t st = muon_register_qk_clip(f.opt, &l, &id);
+      return st != MUON_OK || id == 0 ? st : MUON_INTERNAL;
+    };
+  };
+  add("qk_clip_layer_init_null", E, IA, {"muon_qk_clip_layer_init", "layer is NULL"},
+      [](Fixture&) { return muon_qk_clip_layer_init(nullptr, sizeof(muon_qk_clip_layer_t)); });
+  add("qk_clip_layer_init_size_16", E, IA, {"layer->struct_size is 16"}, [](Fixture&) {
+    muon_qk_clip_layer_t l;
+    return muon_qk_clip_layer_init(&l, 16);
+  });
+  add("register_qk_clip_null_layer", S, IA, {"muon_register_qk_clip", "layer is NULL"},
+      [](Fixture& f) {
+        int64_t id;
+        return muon_register_qk_clip(f.opt, nullptr, &id);
+      });
+  add("register_qk_clip_unset_param", S, IA, {"layer->q_param: -1 is not a registered"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.q_param = -1; }));
+  add("register_qk_clip_unknown_param", S, NF, {"param_id 3 is not registered"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.k_param = 3; }));
+  add("register_qk_clip_no_heads", S, IA, {"layer->num_heads: 0"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.num_heads = 0; }));
+  add("register_qk_clip_heads_past_the_rows", S, IA,
+      {"qk_clip keys (param 'w')", "heads end at row 6; the matrix has 4 rows"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.k_first_row = 4; }));
+  add("register_qk_clip_q_meets_k", S, IA, {"query head 0's rows [0, 2) meet key head 0's"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.k_first_row = 1; }));
+  add("register_qk_clip_key_rotary", S, IA, {"k_head_stride", "out of range"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.k_head_stride = -2; }));
+  add("register_qk_clip_alpha", S, IA, {"qk_clip: alpha 1.5 must be in [0, 1]"},
+      qk_layer([](muon_qk_clip_layer_t& l) { l.alpha = 1.5; }));
+  add("qk_clip_unknown_layer", S, NF, {"layer_id 0 is not a registered QK-Clip layer (0 are)"},
+      [](Fixture& f) {
+        const float logits[1] = {200.0f};
+        return muon_qk_clip(f.opt, 0, logits, 1, 100.0, nullptr);
+      });
+  add("qk_clip_null_logits", S, IA, {"muon_qk_clip", "max_logits is NULL"},
+      [](Fixture& f) { return muon_qk_clip(f.opt, 0, nullptr, 1, 100.0, nullptr); });
+
   // ---- state tensors (after a step: momentum holds values) ----
   add("get_state_dtype_null_opt", S, IA, {"muon_get_state_dtype", "opt is NULL"},
       [](Fixture& f) { return muon_get_state_dtype(nullptr, 0, &f.out.dtype); });
@@ -1463,8 +1524,8 @@ std::vector<Case> Cases() {
   });
   add("load_state_bad_magic", S, IA, {"state blob", "bad magic"},
       LoadEdited([](std::vector<unsigned char>& b) { b[0] = 'X'; }));
-  add("load_state_other_format_version", S, IA, {"state blob", "format version 3"},
-      LoadEdited([](std::vector<unsigned char>& b) { Poke<uint32_t>(b, kFormatAt, 3); }));
+  add("load_state_other_format_version", S, IA, {"state blob", "format version 4"},
+      LoadEdited([](std::vector<unsigned char>& b) { Poke<uint32_t>(b, kFormatAt, 4); }));
   add("load_state_reserved_nonzero", S, IA, {"state blob", "'reserved' is 1"},
       LoadEdited([](std::vector<unsigned char>& b) { Poke<uint32_t>(b, kReservedAt, 1); }));
   add("load_state_negative_step_count", S, IA, {"state blob", "step count -1 is negative"},

@@ -139,6 +139,97 @@ TEST_P(WorldSize, UpdateVariantsAreBitIdentical) {
   ExpectEquivalent(c, cfg);
 }
 
+// NorMuon keeps per-row moments at each matrix's owner: FSDP chunks, ZeRO
+// flat ranges, replication, TP x FSDP and expert stacks (batched views,
+// whose owner may hold none of them), stepped 6 times with a
+// momentum-driven update, bit for bit with one process. The reference
+// itself must differ from plain Muon's (the option is not a no-op).
+TEST_P(WorldSize, NorMuonIsBitIdentical) {
+  const int n = GetParam();
+  Case c{"normuon", Mesh{{n}}, {}};
+  c.model = {
+      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"r", {6, 6}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+      {"t", {8, 12}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
+       [](int rank) { return rank == 0; }},
+  };
+  // (ZeRO-2, whose average of n gradients rounds: zero2_test.cc.)
+  RunConfig cfg;
+  cfg.steps = 6;
+  cfg.variant = [](muon_options_t* o) {
+    o->normuon = 1;
+    o->normuon_beta2 = 0.9;
+  };
+  if (n == 1) {
+    RunConfig plain = cfg;
+    plain.variant = nullptr;
+    EXPECT_NE(RunReference(c.model, cfg), RunReference(c.model, plain))
+        << "normuon changed nothing";
+  }
+  ExpectEquivalent(c, cfg);
+  cfg.ns_dtype = MUON_NS_DTYPE_BF16;
+  ExpectEquivalent(c, cfg);
+}
+
+// QK-Clip after the steps, on a fused QKV projection (GQA: 4 query heads of
+// 3 rows, 2 key heads) and on separate W_q / W_k with MLA's rotary rows:
+// each rank scales its own pieces, bit for bit with one process.
+muon_status_t ClipBoth(int, muon_optimizer_t* opt) {
+  muon_qk_clip_layer_t fused;
+  muon_qk_clip_layer_init(&fused, sizeof fused);
+  fused.q_param = fused.k_param = 0;  // "qkv"
+  fused.num_heads = 4;
+  fused.num_kv_heads = 2;
+  fused.q_head_rows = 3;
+  fused.k_first_row = 12;
+  fused.k_head_rows = 3;
+  fused.alpha = 0.3;
+  muon_qk_clip_layer_t mla;
+  muon_qk_clip_layer_init(&mla, sizeof mla);
+  mla.q_param = 1;  // "wq"
+  mla.k_param = 2;  // "wkv": per head 3 key rows, then 2 value rows
+  mla.num_heads = 3;
+  mla.q_rotary_rows = 1;
+  mla.k_head_rows = 3;
+  mla.k_head_stride = 5;
+  int64_t a = -1, b = -1;
+  muon_status_t st = muon_register_qk_clip(opt, &fused, &a);
+  if (st == MUON_OK) st = muon_register_qk_clip(opt, &mla, &b);
+  const float fused_logits[4] = {150.0f, 50.0f, 200.0f, -3.0f};
+  const float mla_logits[3] = {90.0f, 400.0f, std::nanf("")};
+  int32_t clipped = -1;
+  if (st == MUON_OK) st = muon_qk_clip(opt, a, fused_logits, 4, 100.0, &clipped);
+  if (st == MUON_OK && clipped != 2) return MUON_INTERNAL;
+  if (st == MUON_OK) st = muon_qk_clip(opt, b, mla_logits, 3, 100.0, &clipped);
+  if (st == MUON_OK && clipped != 1) return MUON_INTERNAL;
+  return st;
+}
+
+TEST(QkClip, EveryLayoutScalesItsPiecesAsOneProcess) {
+  auto model = [](const std::vector<TPlacement>& pl) {
+    return std::vector<TParam>{
+        {"qkv", {24, 8}, MUON_MATRIX_VIEW_2D, pl, nullptr},
+        {"wq", {9, 8}, MUON_MATRIX_VIEW_2D, pl, nullptr},
+        {"wkv", {15, 8}, MUON_MATRIX_VIEW_2D, pl, nullptr},
+    };
+  };
+  RunConfig cfg;
+  cfg.steps = 2;
+  cfg.after_steps = ClipBoth;
+  RunConfig none = cfg;
+  none.after_steps = nullptr;
+  const auto plain = model({});
+  ASSERT_NE(RunReference(plain, cfg), RunReference(plain, none)) << "qk_clip changed nothing";
+  ExpectEquivalent({"fsdp", Mesh{{4}}, model({Shard(0, 0, MUON_SPLIT_CHUNK)})}, cfg);
+  ExpectEquivalent({"tp_columns", Mesh{{2}}, model({Shard(0, 1)})}, cfg);
+  ExpectEquivalent({"flat", Mesh{{3}}, model({Flat(0)})}, cfg);
+  ExpectEquivalent({"replicated", Mesh{{2}}, model({Replicate(0)})}, cfg);
+  ExpectEquivalent({"tp_x_fsdp", Mesh{{2, 2}}, model({Shard(0, 0, MUON_SPLIT_CHUNK), Shard(1, 1, MUON_SPLIT_CHUNK)})},
+                   cfg);
+}
+
 INSTANTIATE_TEST_SUITE_P(OneToEight, WorldSize, ::testing::Range(1, 9));
 
 TEST(Layouts, TensorParallelColumnAndRow) {

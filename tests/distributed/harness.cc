@@ -263,6 +263,10 @@ std::vector<std::vector<float>> RunReference(const std::vector<TParam>& model,
       return {};
     }
   }
+  if (cfg.after_steps && cfg.after_steps(0, opt) != MUON_OK) {
+    muon_destroy(opt);
+    return {};
+  }
   muon_destroy(opt);
   return values;
 }
@@ -494,6 +498,10 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
         }
         res.recovered = stepped == MUON_OK;
       }
+    }
+    if (cfg.after_steps && st == MUON_OK && res.error.empty()) {
+      st = cfg.after_steps(rank, opt);
+      if (st != MUON_OK) res.error = LastError("after_steps", st);
     }
     if (cfg.save_at_end && st == MUON_OK) {
       size_t size = 0;

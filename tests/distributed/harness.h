@@ -113,6 +113,9 @@ struct RunConfig {
   // The same change of the options on every rank and in the reference run
   // (an algorithm variant: a schedule, cautious weight decay, ...).
   std::function<void(muon_options_t* o)> variant;
+  // After the steps, on every rank and in the reference run (rank 0): more
+  // calls on the optimizer (QK-Clip, ...); its failure is the rank's error.
+  std::function<muon_status_t(int rank, muon_optimizer_t* opt)> after_steps;
   // >= 0: every rank's world all_to_all_v fails on this call (0-based, counted
   // over the whole run) with MUON_UNAVAILABLE after moving the data. The run
   // then checks the refusal of a further step and the recovery by restoring

@@ -138,6 +138,27 @@ TEST(Misuse, CommunicatorFailureMidStepPoisonsUntilRestored) {
   }
 }
 
+// NorMuon: the failed step may have moved the owners' moments, which only a
+// whole blob restores; muon_set_state of every parameter does not lift the
+// poisoning, and the refusal says so. Restoring the blob resumes.
+TEST(Misuse, APoisonedNorMuonOptimizerNeedsTheWholeBlob) {
+  RunConfig cfg;
+  cfg.steps = 3;
+  cfg.prefetch_count = 0;
+  cfg.fail_exchange_call = 5;  // step 1's scatter, after the owners' NorMuon
+  cfg.variant = [](muon_options_t* o) { o->normuon = 1; };
+  auto res = RunDistributed(Model(), Mesh{{2, 2}}, cfg);
+  for (size_t r = 0; r < res.size(); ++r) {
+    EXPECT_TRUE(Has(res[r].refused, "NorMuon's second moments")) << res[r].refused;
+    EXPECT_TRUE(res[r].recovered) << "rank " << r;
+  }
+  cfg.restore_with_set_state = true;
+  res = RunDistributed(Model(), Mesh{{2, 2}}, cfg);
+  for (size_t r = 0; r < res.size(); ++r) {
+    EXPECT_FALSE(res[r].recovered) << "rank " << r << ": set_state lifted a NorMuon poisoning";
+  }
+}
+
 TEST(Misuse, APoisonedOptimizerWaitsForEveryParamsStateNotJustOne) {
   RunConfig cfg;
   cfg.steps = 3;

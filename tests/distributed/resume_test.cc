@@ -108,9 +108,17 @@ void ExpectEqualsReference(const Job& job, const std::vector<RankResult>& res,
   }
 }
 
-void Resume(const Job& from, const Job& to, bool own_blob = false) {
-  SCOPED_TRACE(std::string(from.name) + " -> " + to.name);
+// NorMuon, the variant whose state lives on each matrix's owner.
+void NorMuon(muon_options_t* o) {
+  o->normuon = 1;
+  o->normuon_beta2 = 0.9;
+}
+
+void Resume(const Job& from, const Job& to, bool own_blob = false,
+            void (*variant)(muon_options_t*) = nullptr) {
+  SCOPED_TRACE(std::string(from.name) + " -> " + to.name + (variant ? " (variant)" : ""));
   RunConfig first;
+  if (variant != nullptr) first.variant = variant;
   first.steps = kBefore;
   first.save_at_end = true;
   const std::vector<RankResult> saved = RunDistributed(from.model, from.mesh, first);
@@ -121,6 +129,7 @@ void Resume(const Job& from, const Job& to, bool own_blob = false) {
   }
   const auto values = Whole(from, saved);
   RunConfig second;
+  second.variant = first.variant;
   second.first_step = kBefore;
   second.steps = kAfter;
   second.resume_values = &values;
@@ -128,6 +137,7 @@ void Resume(const Job& from, const Job& to, bool own_blob = false) {
   second.resume_own_blob = own_blob;
   const std::vector<RankResult> resumed = RunDistributed(to.model, to.mesh, second);
   RunConfig whole;
+  whole.variant = first.variant;
   whole.steps = kBefore + kAfter;
   const auto ref = RunReference(to.model, whole);
   ASSERT_FALSE(ref.empty());
@@ -162,6 +172,61 @@ TEST(Resume, Zero2FromEachRanksOwnBlobIntoAFreshOptimizer) {
   // The same job: each rank loads its own blob before the first step; the
   // ranks that did not own a param's momentum hold none of it in their blob.
   Resume(Zero2x4(), Zero2x4(), /*own_blob=*/true);
+}
+
+// NorMuon's moments move to whichever rank owns each matrix after the
+// resume: other world sizes and layouts, ZeRO-2 owners, a rank's own blob.
+TEST(Resume, NorMuonMomentsFollowTheirMatricesToTheNewOwners) {
+  Resume(Fsdp4(), Flat3(), false, NorMuon);
+  Resume(TpFsdp2x2(), Fsdp4(), false, NorMuon);
+  Resume(Flat3(), Ddp2(), false, NorMuon);
+  Resume(Zero2x4(), Zero2x2(), false, NorMuon);
+  Resume(Fsdp4(), Zero2x2(), false, NorMuon);
+  Resume(Fsdp4(), Fsdp4(), /*own_blob=*/true, NorMuon);
+}
+
+// Without every blob of a NorMuon job, some matrix's moments are missing.
+// DDP replicas: either rank's blob holds all the momentum, but each holds
+// the moments of the matrices its rank owned only. The first step after
+// loading one blob fails on every rank (the setup is agreed), names a
+// matrix, and changes no parameter.
+TEST(Resume, NorMuonMomentsMissingFromTheBlobsAreNamed) {
+  RunConfig first;
+  first.variant = NorMuon;
+  first.steps = kBefore;
+  first.save_at_end = true;
+  const auto saved = RunDistributed(Ddp2().model, Ddp2().mesh, first);
+  std::vector<std::vector<unsigned char>> one;
+  for (const auto& r : saved) ASSERT_TRUE(r.error.empty()) << r.error;
+  one.push_back(saved[0].blob);
+  const auto values = Whole(Ddp2(), saved);
+  RunConfig second;
+  second.variant = NorMuon;
+  second.first_step = kBefore;
+  second.steps = 1;
+  second.keep_stepping = true;
+  second.resume_values = &values;
+  second.resume_from = &one;
+  const auto res = RunDistributed(Ddp2().model, Ddp2().mesh, second);
+  for (size_t r = 0; r < res.size(); ++r) {
+    ASSERT_EQ(res[r].step_errors.size(), 1u) << "rank " << r;
+    EXPECT_NE(res[r].step_errors[0].find("NorMuon second moments"), std::string::npos)
+        << "rank " << r << ": " << res[r].step_errors[0];
+    for (size_t j = 0; j < res[r].names.size(); ++j) {
+      const auto& before = values.at(res[r].names[j]);
+      for (size_t i = 0; i < res[r].indices[j].size(); ++i) {
+        ASSERT_EQ(res[r].params[j][i], before[static_cast<size_t>(res[r].indices[j][i])])
+            << "rank " << r << " changed " << res[r].names[j];
+      }
+    }
+  }
+  // Both blobs: it resumes.
+  std::vector<std::vector<unsigned char>> both{saved[0].blob, saved[1].blob};
+  second.resume_from = &both;
+  for (const auto& r : RunDistributed(Ddp2().model, Ddp2().mesh, second)) {
+    ASSERT_EQ(r.step_errors.size(), 1u);
+    EXPECT_EQ(r.step_errors[0], "");
+  }
 }
 
 TEST(Resume, ACheckpointThatCannotRestoreTheJobChangesNothingAndSaysWhy) {

@@ -87,10 +87,18 @@ muon_status_t RegisterModelZero2(muon_optimizer_t* opt, int32_t group,
   return MUON_OK;
 }
 
-std::vector<std::vector<float>> Reference(int n) {
+// The options of both sides: plain Muon, or NorMuon (whose moments live on
+// each parameter's ZeRO-2 owner).
+void Configure(muon_options_t* o, bool normuon) {
+  o->lr = 0.02;
+  o->normuon = normuon ? 1 : 0;
+  o->normuon_beta2 = 0.9;
+}
+
+std::vector<std::vector<float>> Reference(int n, bool normuon = false) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
-  o.lr = 0.02;
+  Configure(&o, normuon);
   muon_optimizer_t* opt = nullptr;
   EXPECT_EQ(muon_create(&o, &opt), MUON_OK);
   std::vector<std::vector<float>> w(Model().size()), g(Model().size());
@@ -122,9 +130,12 @@ std::vector<std::vector<float>> Reference(int n) {
   return w;
 }
 
-TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
+void ExpectMatchesSingleProcess(bool normuon) {
   const int n = 4;
-  const auto ref = Reference(n);
+  const auto ref = Reference(n, normuon);
+  if (normuon) {
+    ASSERT_NE(ref, Reference(n)) << "normuon changed nothing";
+  }
   muon_inprocess_world_t* world = nullptr;
   ASSERT_EQ(muon_inprocess_world_create(n, &world), MUON_OK);
   std::vector<std::string> errors(n);
@@ -134,7 +145,7 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
   auto body = [&](int rank) {
     muon_options_t o;
     muon_options_init(&o, sizeof o);
-    o.lr = 0.02;
+    Configure(&o, normuon);
     muon_optimizer_t* opt = nullptr;
     muon_create(&o, &opt);
     muon_comm_t comm;
@@ -189,6 +200,10 @@ TEST(Zero2, MatchesSingleProcessOnAveragedGradients) {
   // Each parameter's momentum is held by exactly one of the four ranks.
   EXPECT_EQ(refusals, static_cast<int>(Model().size()) * (n - 1));
 }
+
+TEST(Zero2, MatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(false); }
+
+TEST(Zero2, NorMuonMatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(true); }
 
 // World 4, one ZeRO-2 group {0, 1} holding every Muon parameter; ranks 2 and
 // 3 register none and add no group (the header allows parameters that live

@@ -609,7 +609,15 @@ def test_struct_layouts_follow_the_header():
     # 0.6: update_scale, cautious_wd, reserved2.
     assert (_lib.muon_options_t.update_scale.offset, _lib.muon_options_t.cautious_wd.offset,
             _lib.muon_options_t.reserved2.offset) == (184, 192, 196)
-    assert ctypes.sizeof(_lib.muon_options_t) == 200
+    # 0.7: normuon, reserved3, normuon_beta2, normuon_eps.
+    o = _lib.muon_options_t
+    assert (o.normuon.offset, o.reserved3.offset, o.normuon_beta2.offset,
+            o.normuon_eps.offset) == (200, 204, 208, 216)
+    assert ctypes.sizeof(_lib.muon_options_t) == 224
+    qk = _lib.muon_qk_clip_layer_t  # 0.7
+    assert (qk.num_heads.offset, qk.q_first_row.offset, qk.k_head_rows.offset,
+            qk.alpha.offset) == (24, 32, 80, 88)
+    assert ctypes.sizeof(qk) == 96 == _lib.lib.muon_sizeof_qk_clip_layer()
 
 
 def test_inprocess_comm_objects():

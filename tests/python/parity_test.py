@@ -144,7 +144,8 @@ class ReferenceMuon:
     def __init__(self, params, views, lr, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_steps=5, coefficients=(TORCH_DEFAULT_ABC,), eps=1e-7,
                  adjust_lr="original", ns_dtype=torch.bfloat16, momentum_dtype=None,
-                 acc=torch.float32, update_scale=1.0, cautious_wd=False):
+                 acc=torch.float32, update_scale=1.0, cautious_wd=False, normuon=False,
+                 normuon_beta2=0.95, normuon_eps=1e-8):
         self.params, self.views = params, views
         self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
         self.nesterov, self.ns_steps, self.coefficients = nesterov, ns_steps, list(coefficients)
@@ -152,10 +153,27 @@ class ReferenceMuon:
         self.update_scale = update_scale  # Emerging-Optimizers' extra_scale_factor
         self.cautious_wd = cautious_wd    # decay only where update * param >= 0
         self.bufs = [torch.zeros_like(p, dtype=momentum_dtype or p.dtype) for p in params]
+        # NorMuon (arXiv 2510.05491): a second moment per row of each matrix, float64.
+        self.normuon, self.beta2, self.normuon_eps = normuon, normuon_beta2, normuon_eps
+        self.moments = [torch.zeros(matrix_view(tuple(p.shape), v)[:2], dtype=torch.float64)
+                        for p, v in zip(params, views)]
+
+    def normalize(self, i, ortho, batch, rows, cols):
+        """NorMuon's step on one parameter's orthogonalized matrices, as the
+        paper's Algorithm 1 writes it, with the update's Frobenius norm kept
+        (its reference code's and Dion's form): v <- beta2 v + (1 - beta2)
+        mean_j O^2, O / (sqrt(v) + eps) rescaled to |O|_F."""
+        o = ortho.double().reshape(batch, rows, cols)
+        v = self.moments[i]
+        v.mul_(self.beta2).add_((1 - self.beta2) * (o * o).mean(dim=-1))
+        n = o / (v.sqrt() + self.normuon_eps).unsqueeze(-1)
+        keep = o.norm(dim=(-2, -1)) / n.norm(dim=(-2, -1)).clamp(min=self.normuon_eps)
+        n = n * keep[:, None, None]
+        return n.to(self.ns_dtype).float().reshape(ortho.shape)
 
     @torch.no_grad()
     def step(self, grads):
-        for p, g, buf, view in zip(self.params, grads, self.bufs, self.views):
+        for i, (p, g, buf, view) in enumerate(zip(self.params, grads, self.bufs, self.views)):
             # B <- lerp(B, g, 1 - mu); U <- lerp(g, B, mu) (nesterov) or B; in opmath fp32.
             buf.copy_(reference_lerp(buf, g, 1 - self.momentum))
             if self.nesterov:
@@ -170,6 +188,8 @@ class ReferenceMuon:
                     reference_newton_schulz(m, self.coefficients, self.ns_steps, self.eps,
                                             self.ns_dtype, self.acc) for m in mats
                 ]).reshape(p.shape)
+                if self.normuon:
+                    ortho = self.normalize(i, ortho, batch, rows, cols)
             # Decoupled decay with the plain lr, then the shape-adjusted update
             # (times the extra scale).
             lr_adj = adjusted_lr(self.lr, self.adjust_lr, rows, cols) * self.update_scale
@@ -262,6 +282,10 @@ def run_side_by_side(lib_kwargs, param_dtype=torch.float32, refs=None, shapes=SH
                 assert state.dtype == buf.dtype
                 assert torch.allclose(state.float(), buf.float(), rtol=0, atol=1e-6), (
                     shapes[i][0], (state.float() - buf.float()).abs().max().item())
+            for i, moments in enumerate(first.moments if first.normuon else []):
+                got = opt.get_moments(i).double().reshape(moments.shape)
+                assert torch.allclose(got, moments, rtol=1e-5, atol=0), (
+                    shapes[i][0], ((got - moments).abs() / moments).max().item())
     for (name, _, _), p in zip(shapes, lib_params):
         assert torch.isfinite(p.float()).all(), "param %s is not finite" % name
     return lib_params, {name: ref.params for name, ref in references.items()}
@@ -366,6 +390,30 @@ def test_cautious_weight_decay(param_dtype):
     got = parity(kwargs, "cautious weight decay, %s params" % param_dtype,
                  param_dtype=param_dtype)
     assert got <= (1e-5 if param_dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("beta2", [0.95, 0.5])
+def test_fp32_normuon(beta2):
+    # Every shape of SHAPES (wide, tall, flattened, batched), 20 steps, the
+    # moments compared too (check_state).
+    kwargs = dict(FP32, normuon=True, normuon_beta2=beta2)
+    got = parity(kwargs, "fp32 NorMuon beta2=%s" % beta2, check_state=True)
+    assert got <= 1e-5
+    # And not plain Muon: the rows' normalization moves the parameters.
+    plain, _ = run_side_by_side(dict(FP32))
+    normed, _ = run_side_by_side(kwargs)
+    assert max(rel_diffs(normed, plain).values()) > 1e-2
+
+
+def test_bf16_normuon_within_the_bf16_yardstick():
+    params, refs = run_side_by_side(
+        dict(lr=0.02, weight_decay=0.1, ns_dtype="bf16", normuon=True),
+        refs={"ref": Variant(), "ref_fp64_acc": Variant(acc=ACC64)})
+    got = report("bf16 NS NorMuon, fp32 params", rel_diffs(params, refs["ref"]))
+    yard = report("  yardstick: reference fp32 vs fp64 accumulation",
+                  rel_diffs(refs["ref_fp64_acc"], refs["ref"]))
+    assert got <= max(3 * yard, 2 ** -8 / 8)
+    assert got <= 2e-3
 
 
 def test_fp32_custom_table():

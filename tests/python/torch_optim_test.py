@@ -206,6 +206,55 @@ def test_state_dict_round_trip_resumes_bit_identically():
         assert torch.equal(s["momentum_buffer"], opt_c.state_dict()["state"][k]["momentum_buffer"])
 
 
+def test_normuon_state_dict_resumes_bit_identically_and_copies():
+    # The moments (one per row) are in the state, beside the momentum; a run
+    # resumed from state_dict(), and a deepcopy, continue bit for bit.
+    torch.manual_seed(2)
+    data = make_data(16, seed=2)
+    init = Model()
+
+    def fresh():
+        model = copy.deepcopy(init)
+        opt = make_muon(model, normuon=True, normuon_beta2=0.9)
+        return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.7)
+
+    model_a, opt_a, sched_a = fresh()
+    train(model_a, opt_a, data, 0, 16, True, sched_a)
+    model_b, opt_b, sched_b = fresh()
+    train(model_b, opt_b, data, 0, 7, True, sched_b)
+    saved = copy.deepcopy({"model": model_b.state_dict(), "opt": opt_b.state_dict(),
+                           "sched": sched_b.state_dict()})
+    state = saved["opt"]["state"]
+    assert all(set(s) == {"momentum_buffer", "normuon_second_moment"} for s in state.values())
+    moments = state[3]["normuon_second_moment"]  # w_out: 8 rows
+    assert moments.shape == (8,) and moments.dtype == torch.float32
+    assert (moments > 0).all()
+    assert saved["opt"]["param_groups"][0]["normuon"] is True
+    copied_model = copy.deepcopy(model_b)
+    copied = copy.deepcopy(opt_b)  # its own params: the copied model's are rebound below
+    model_c, opt_c, sched_c = fresh()
+    model_c.load_state_dict(saved["model"])
+    opt_c.load_state_dict(saved["opt"])
+    sched_c.load_state_dict(saved["sched"])
+    train(model_c, opt_c, data, 7, 16, True, sched_c)
+    for (name, a), c in zip(model_a.named_parameters(), model_c.parameters()):
+        assert torch.equal(a, c), name
+    train(model_b, opt_b, data, 7, 16, True, sched_b)
+    for (name, a), b in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(a, b), name
+    assert copied.state_dict()["state"][3]["normuon_second_moment"].equal(moments)
+    del copied_model
+    # Loading torch.optim.Muon's state (no moments) starts them at zero: the
+    # same as a NorMuon run whose moments were never set.
+    model_d, opt_d, _ = fresh()
+    model_d.load_state_dict(saved["model"])
+    plain = copy.deepcopy(saved["opt"])
+    for s in plain["state"].values():
+        del s["normuon_second_moment"]
+    opt_d.load_state_dict(plain)
+    assert opt_d.state_dict()["state"][3]["normuon_second_moment"].abs().max() == 0
+
+
 def test_state_dict_interchanges_with_the_reference():
     # A checkpoint of the reference (torch's format, without ns_dtype in its
     # groups) loaded into muon.Muon continues like the reference, and back.
@@ -396,6 +445,10 @@ def test_non_2d_params_are_refused_at_construction(shape):
     (dict(distributed_config=object()), TypeError, "distributed_config must provide"),
     (dict(extra_scale_factor=-0.5), ValueError, "extra_scale_factor should be a finite"),
     (dict(extra_scale_factor=float("inf")), ValueError, "extra_scale_factor"),
+    (dict(normuon=True, normuon_beta2=-0.1), ValueError,
+     r"normuon_beta2 should be in \[0, 1\) but is: -0.1"),
+    (dict(normuon=True, normuon_beta2=1.0), ValueError, "normuon_beta2"),
+    (dict(normuon=True, normuon_eps=0.0), ValueError, "normuon_eps should be a finite number"),
 ])
 def test_invalid_options_raise_clear_exceptions(kwargs, error, fragment):
     with pytest.raises(error, match=fragment):
@@ -560,3 +613,91 @@ def test_a_group_can_send_its_matrices_to_adamw():
     assert opt.state_dict()["param_groups"][0]["adamw"] is True
     with pytest.raises(TypeError, match='"adamw" must be True'):
         muon.Muon([{"params": [emb], "adamw": "yes"}], lr=0.02)
+
+
+def _kimi_factors(logits, tau, alpha, per_group):
+    """Kimi K2's QK-Clip factors, written here in float64: gamma = tau / S for
+    heads over tau (others, and S <= 0 or not finite, 1); MHA: q gamma^alpha,
+    k gamma^(1 - alpha); a GQA group's shared key takes its smallest gamma and
+    each query head the rest of its own, so its logits scale by its gamma."""
+    s = torch.tensor(logits, dtype=torch.float64)
+    gamma = torch.where(torch.isfinite(s) & (s > tau), tau / s, torch.ones_like(s))
+    groups = gamma.view(-1, per_group)
+    k = groups.min(dim=1).values ** (1 - alpha)
+    q = gamma ** alpha if per_group == 1 else gamma / k.repeat_interleave(per_group)
+    return q, k, gamma
+
+
+def test_qk_clip_matches_the_kimi_formula():
+    torch.manual_seed(5)
+    hd = 3
+    qkv = torch.nn.Parameter(torch.randn((4 + 2 + 2) * hd, 8))   # GQA: 4 q heads, 2 kv heads, then v
+    wq = torch.nn.Parameter(torch.randn(3 * 4, 8))                # MLA: 3 heads of 3 + 1 rotary rows
+    wkv = torch.nn.Parameter(torch.randn(3 * 5, 8))               # per head: 3 key rows, 2 value rows
+    params = [qkv, wq, wkv]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = muon.Muon(params, lr=0.02, ns_dtype="fp32")
+    opt.step()
+    fused = opt.register_qk(qkv, num_heads=4, num_kv_heads=2, q_head_rows=hd,
+                            k_first_row=4 * hd, k_head_rows=hd, alpha=0.3)
+    mla = opt.register_qk(wq, wkv, num_heads=3, q_rotary_rows=1, k_head_rows=3,
+                          k_head_stride=5)
+    before = [p.detach().clone().double() for p in params]
+    fused_logits = [150.0, 50.0, 200.0, -3.0]
+    mla_logits = [90.0, 400.0, float("nan")]
+    assert opt.qk_clip({fused: fused_logits, mla: mla_logits}, tau=100.0) == 3
+
+    want = [b.clone() for b in before]
+    q, k, _ = _kimi_factors(fused_logits, 100.0, 0.3, per_group=2)
+    for h in range(4):
+        want[0][h * hd:(h + 1) * hd] *= q[h]
+    for g in range(2):
+        want[0][(4 + g) * hd:(5 + g) * hd] *= k[g]
+    q, k, gamma = _kimi_factors(mla_logits, 100.0, 0.5, per_group=1)
+    for h in range(3):
+        want[1][h * 4:h * 4 + 3] *= q[h]          # the non-rotary rows: gamma^alpha
+        want[1][h * 4 + 3] *= gamma[h]            # the rotary row: gamma
+        want[2][h * 5:h * 5 + 3] *= k[h]          # keys; the value rows stay
+    for name, p, w, b in zip(("qkv", "wq", "wkv"), params, want, before):
+        assert (p.detach().double() - w).abs().max() <= 1e-6 * w.abs().max(), name
+    # GQA: head 1 (under tau) shares its key with head 0 (clipped): its query
+    # rows make up for the key's share, so its logits keep their scale.
+    q, k, _ = _kimi_factors(fused_logits, 100.0, 0.3, per_group=2)
+    assert abs(q[1] * k[0] - 1) < 1e-12 and q[1] > 1
+    # What no clip touches is bit for bit as it was: the value rows, MHA heads
+    # under tau or with a NaN logit.
+    assert torch.equal(qkv.detach()[6 * hd:].double(), before[0][6 * hd:])
+    assert torch.equal(wq.detach()[0:4].double(), before[1][0:4])
+    assert torch.equal(wq.detach()[8:12].double(), before[1][8:12])
+    assert torch.equal(wkv.detach()[3:5].double(), before[2][3:5])
+    assert not torch.equal(qkv.detach().double(), before[0])
+
+
+def test_qk_clip_refuses_what_it_cannot_clip():
+    w = torch.nn.Parameter(torch.randn(12, 8))
+    bias = torch.nn.Parameter(torch.randn(12))
+    other = torch.nn.Parameter(torch.randn(12, 8))
+    for p in (w, bias):
+        p.grad = torch.randn_like(p)
+    opt = muon.Muon([w, bias], lr=0.02)
+    with pytest.raises(ValueError, match="q_param is not a matrix this optimizer steps with Muon"):
+        opt.register_qk(bias, num_heads=2)
+    with pytest.raises(ValueError, match="k_param is not a matrix"):
+        opt.register_qk(w, other, num_heads=2)
+    layer = opt.register_qk(w, num_heads=2, q_head_rows=3, k_first_row=6)
+    with pytest.raises(RuntimeError, match="call it after a step"):
+        opt.qk_clip([[200.0, 1.0]], tau=100.0)
+    opt.step()
+    before = w.detach().clone()
+    with pytest.raises(muon.MuonError, match="max_logits: 3 given; QK-Clip layer 0 has 2"):
+        opt.qk_clip({layer: [200.0, 1.0, 5.0]}, tau=100.0)
+    with pytest.raises(muon.MuonError, match="tau: -1 is invalid"):
+        opt.qk_clip({layer: [200.0, 1.0]}, tau=-1.0)
+    bad = opt.register_qk(w, num_heads=5)  # 12 rows do not split into 5 heads
+    with pytest.raises(muon.MuonError, match="do not split into 5 heads; give q_head_rows"):
+        opt.qk_clip({bad: [1.0] * 5}, tau=100.0)
+    overlap = opt.register_qk(w, num_heads=2, q_head_rows=3, k_first_row=4, k_head_rows=3)
+    with pytest.raises(muon.MuonError, match="meet key head"):
+        opt.qk_clip({overlap: [200.0, 1.0]}, tau=100.0)
+    assert torch.equal(w.detach(), before)

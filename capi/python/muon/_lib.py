@@ -177,6 +177,11 @@ class muon_options_t(ctypes.Structure):
         ("update_scale", ctypes.c_double),
         ("cautious_wd", ctypes.c_int32),
         ("reserved2", ctypes.c_int32),
+        # 0.7
+        ("normuon", ctypes.c_int32),
+        ("reserved3", ctypes.c_int32),
+        ("normuon_beta2", ctypes.c_double),
+        ("normuon_eps", ctypes.c_double),
     ]
 
 
@@ -237,6 +242,24 @@ class muon_custom_layout_t(ctypes.Structure):
         ("assign_fn", CUSTOM_ASSIGN_FN),
         ("gather_fn", CUSTOM_GATHER_FN),
         ("redistribute_fn", CUSTOM_REDISTRIBUTE_FN),
+    ]
+
+
+class muon_qk_clip_layer_t(ctypes.Structure):  # 0.7
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("q_param", ctypes.c_int64),
+        ("k_param", ctypes.c_int64),
+        ("num_heads", ctypes.c_int32),
+        ("num_kv_heads", ctypes.c_int32),
+        ("q_first_row", ctypes.c_int64),
+        ("q_head_stride", ctypes.c_int64),
+        ("q_head_rows", ctypes.c_int64),
+        ("q_rotary_rows", ctypes.c_int64),
+        ("k_first_row", ctypes.c_int64),
+        ("k_head_stride", ctypes.c_int64),
+        ("k_head_rows", ctypes.c_int64),
+        ("alpha", ctypes.c_double),
     ]
 
 
@@ -318,6 +341,12 @@ _SIGNATURES = {
     "muon_sizeof_gathered": (ctypes.c_size_t, []),
     "muon_sizeof_matrix_info": (ctypes.c_size_t, []),
     "muon_sizeof_placement": (ctypes.c_size_t, []),
+    "muon_sizeof_qk_clip_layer": (ctypes.c_size_t, []),
+    "muon_qk_clip_layer_init": (status_t, [ctypes.POINTER(muon_qk_clip_layer_t), ctypes.c_size_t]),
+    "muon_register_qk_clip": (status_t, [opt_p, ctypes.POINTER(muon_qk_clip_layer_t),
+                                         ctypes.POINTER(ctypes.c_int64)]),
+    "muon_qk_clip": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_float),
+                                ctypes.c_int32, ctypes.c_double, ctypes.POINTER(ctypes.c_int32)]),
     "muon_create": (status_t, [ctypes.POINTER(muon_options_t), ctypes.POINTER(opt_p)]),
     "muon_destroy": (None, [opt_p]),
     "muon_get_options": (status_t, [opt_p, ctypes.POINTER(muon_options_t)]),
@@ -362,6 +391,8 @@ _SIGNATURES = {
     "muon_get_state_dtype": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLDataType)]),
     "muon_get_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_set_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
+    "muon_get_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
+    "muon_set_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_save_state": (
         status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "muon_load_state": (status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t]),
@@ -428,7 +459,8 @@ def _check_struct_sizes(lib):
                        (muon_custom_layout_t, lib.muon_sizeof_custom_layout),
                        (muon_gathered_t, lib.muon_sizeof_gathered),
                        (muon_matrix_info_t, lib.muon_sizeof_matrix_info),
-                       (muon_placement_t, lib.muon_sizeof_placement)):
+                       (muon_placement_t, lib.muon_sizeof_placement),
+                       (muon_qk_clip_layer_t, lib.muon_sizeof_qk_clip_layer)):
         theirs = fn()
         if ctypes.sizeof(struct) != theirs:
             raise _mismatch(lib, struct, theirs)

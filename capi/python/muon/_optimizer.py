@@ -121,13 +121,22 @@ def _float_matrix(x):
 
 
 class _Registered:
-    __slots__ = ("name", "param", "grad", "track_torch_grad")
+    __slots__ = ("name", "param", "grad", "track_torch_grad", "moments_shape")
 
-    def __init__(self, name, param, grad, track_torch_grad):
+    def __init__(self, name, param, grad, track_torch_grad, moments_shape=None):
         self.name = name
         self.param = param
         self.grad = grad
         self.track_torch_grad = track_torch_grad
+        # NorMuon's moments: (rows,) of one matrix, (batch, rows) of several.
+        self.moments_shape = moments_shape
+
+
+def _moments_shape(shape, view):
+    """The shape of NorMuon's moments of a global `shape` seen as `view`."""
+    if view == _MATRIX_VIEW["batched_leading"] and len(shape) >= 3:
+        return (int(shape[0]), int(shape[1]))
+    return (int(shape[0]),) if shape else (0,)
 
 
 def _tracks(param, grad):
@@ -183,6 +192,9 @@ class Optimizer:
     (Emerging-Optimizers' extra_scale_factor; weight decay keeps the plain lr).
     cautious_wd: decay an element only where its update and its value have
     the same sign (cautious weight decay, arXiv 2510.12402).
+    normuon, normuon_beta2, normuon_eps: NorMuon (arXiv 2510.05491): each
+    matrix's owner normalizes the rows of its orthogonalized update by a
+    second moment it keeps (see muon_options_t).
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -192,7 +204,8 @@ class Optimizer:
                  ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
                  momentum_fp32=None, assignment=None, prefetch_count=None,
                  async_parallelism=None, round_bytes=None, skip_nonfinite=None,
-                 update_in_grad=None, update_scale=None, cautious_wd=None):
+                 update_in_grad=None, update_scale=None, cautious_wd=None, normuon=None,
+                 normuon_beta2=None, normuon_eps=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -230,6 +243,12 @@ class Optimizer:
             o.update_scale = float(update_scale)
         if cautious_wd is not None:
             o.cautious_wd = 1 if cautious_wd else 0
+        if normuon is not None:
+            o.normuon = 1 if normuon else 0
+        if normuon_beta2 is not None:
+            o.normuon_beta2 = float(normuon_beta2)
+        if normuon_eps is not None:
+            o.normuon_eps = float(normuon_eps)
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM
@@ -444,8 +463,10 @@ class Optimizer:
         check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
                                                ctypes.byref(pid)))
         del keep  # copied by the library
+        shape = global_shape if global_shape is not None else tuple(param.shape)
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
-                                        pv, gv, _tracks(param, grad)))
+                                        pv, gv, _tracks(param, grad),
+                                        _moments_shape(tuple(shape), po.matrix_view)))
         return pid.value
 
     def register_custom(self, param, grad, name, rows, cols, assign_fn, gather_fn,
@@ -529,7 +550,8 @@ class Optimizer:
         check(_lib_handle.muon_register_param_custom(h, pv.ref, gv.ref, ctypes.byref(po),
                                                       ctypes.byref(layout), ctypes.byref(pid)))
         self._keep.append(callbacks)
-        self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad)))
+        self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad),
+                                        (operator.index(rows),)))
         return pid.value
 
     def rebind(self, param_id, param, grad):
@@ -756,6 +778,70 @@ class Optimizer:
         """Overwrites a parameter's momentum buffer (shape and state dtype must match)."""
         view = TensorView(value)
         check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
+
+    def get_moments(self, param_id):
+        """A copy of a parameter's NorMuon second moments (float32, one per row:
+        shape (rows,), or (batch, rows) for a batched view), a torch tensor for
+        torch parameters, else a numpy array. Before the first step, what was
+        set or loaded (zeros when nothing); after it, only on the rank that owns
+        every matrix of the parameter (muon_get_moments)."""
+        rec = self._params[int(param_id)] if 0 <= int(param_id) < len(self._params) else None
+        shape = rec.moments_shape if rec is not None else (0,)
+        if rec is not None and is_torch(rec.param.obj):
+            import torch
+            out = torch.empty(shape, dtype=torch.float32)
+        else:
+            import numpy
+            out = numpy.empty(shape, dtype="float32")
+        view = TensorView(out)
+        check(_lib_handle.muon_get_moments(self._h(), int(param_id), view.ref))
+        return out
+
+    def set_moments(self, param_id, value):
+        """Overwrites a parameter's NorMuon second moments (float32, one per row
+        of each matrix; muon_set_moments)."""
+        view = TensorView(value)
+        check(_lib_handle.muon_set_moments(self._h(), int(param_id), view.ref))
+
+    # -- QK-Clip ------------------------------------------------------------------
+
+    _QK_FIELDS = ("num_kv_heads", "q_first_row", "q_head_stride", "q_head_rows",
+                  "q_rotary_rows", "k_first_row", "k_head_stride", "k_head_rows")
+
+    def register_qk_clip(self, q_param_id, k_param_id, num_heads, alpha=0.5, **rows):
+        """Registers an attention layer for qk_clip (muon_register_qk_clip):
+        query head h is rows [q_first_row + h * q_head_stride, + q_head_rows)
+        of parameter q_param_id's global matrix, key head g the same of
+        k_param_id's with the k_ fields; num_kv_heads for GQA; q_rotary_rows
+        for MLA. Zeros (the defaults) ask for heads splitting the rows evenly.
+        Returns the layer's id."""
+        unknown = set(rows) - set(self._QK_FIELDS)
+        if unknown:
+            raise TypeError("muon: register_qk_clip got unknown arguments %s; it takes %s"
+                            % (sorted(unknown), ", ".join(self._QK_FIELDS)))
+        layer = _lib.muon_qk_clip_layer_t()
+        check(_lib_handle.muon_qk_clip_layer_init(ctypes.byref(layer), ctypes.sizeof(layer)))
+        layer.q_param, layer.k_param = operator.index(q_param_id), operator.index(k_param_id)
+        layer.num_heads = operator.index(num_heads)
+        layer.alpha = float(alpha)
+        for name, value in rows.items():
+            setattr(layer, name, operator.index(value if value is not None else 0))
+        out = ctypes.c_int64()
+        check(_lib_handle.muon_register_qk_clip(self._h(), ctypes.byref(layer), ctypes.byref(out)))
+        return out.value
+
+    def qk_clip(self, layer_id, max_logits, tau):
+        """QK-Clip of a registered layer (muon_qk_clip): `max_logits` holds the
+        layer's largest attention logit of each query head (a sequence, numpy
+        array or tensor), the same on every rank; returns how many heads were
+        clipped. Scales this rank's pieces of the layer's parameters."""
+        values = [float(v) for v in (max_logits.tolist() if hasattr(max_logits, "tolist")
+                                     else max_logits)]
+        array = (ctypes.c_float * max(len(values), 1))(*values)
+        clipped = ctypes.c_int32()
+        check(_lib_handle.muon_qk_clip(self._h(), int(layer_id), array, len(values), float(tau),
+                                       ctypes.byref(clipped)))
+        return clipped.value
 
     def state_bytes(self):
         """The whole optimizer state (step count and momentum buffers) as bytes."""

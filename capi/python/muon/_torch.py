@@ -34,8 +34,15 @@ _REBUILD_KEYS = ("nesterov", "ns_coefficients", "eps", "ns_steps", "adjust_lr_fn
 # is the identity.
 _TORCH_GROUP_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps",
                      "ns_steps", "adjust_lr_fn")
+# The update variants: each group key, the muon.Optimizer argument it becomes,
+# its default, and how it is read.
+_VARIANTS = (("extra_scale_factor", "update_scale", 1.0, float),
+             ("cautious_wd", "cautious_wd", False, bool),
+             ("normuon", "normuon", False, bool),
+             ("normuon_beta2", "normuon_beta2", 0.95, float),
+             ("normuon_eps", "normuon_eps", 1e-8, float))
 _GROUP_KEYS = _TORCH_GROUP_KEYS + ("ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps",
-                                   "adamw_wd")
+                                   "adamw_wd") + tuple(v[0] for v in _VARIANTS)
 # What __getstate__ returns carries this key; torch's load_state_dict calls
 # __setstate__ with a dict without it.
 _COPY_MARK = "_muon_copy"
@@ -85,6 +92,13 @@ def _coefficients_key(spec):
     return tuple(tuple(_real("ns_coefficients", v) for v in row) for row in rows)
 
 
+def _variant(group):
+    """A param group's update variants, as muon.Optimizer's keyword arguments."""
+    return {arg: (_real(key, group.get(key, default)) if kind is float
+                  else bool(group.get(key, default)))
+            for key, arg, default, kind in _VARIANTS}
+
+
 def _lowlevel_kwargs(group):
     """The muon.Optimizer arguments of a param group (validated beforehand)."""
     adjust = group["adjust_lr_fn"]
@@ -98,8 +112,7 @@ def _lowlevel_kwargs(group):
         eps=_real("eps", group["eps"]),
         adjust_lr="original" if adjust is None else adjust,
         ns_dtype=_ns_dtype(group["ns_dtype"]),
-        update_scale=_real("extra_scale_factor", group.get("extra_scale_factor", 1.0)),
-        cautious_wd=bool(group.get("cautious_wd", False)),
+        **_variant(group),
     )
 
 
@@ -122,10 +135,16 @@ def _check_group(group):
     eps = _real("eps", group["eps"])
     if not eps > 0.0:
         raise ValueError("eps should be > 0 but is: %s" % eps)
-    scale = _real("extra_scale_factor", group.get("extra_scale_factor", 1.0))
-    if not (0.0 <= scale < math.inf):
+    variant = _variant(group)
+    if not (0.0 <= variant["update_scale"] < math.inf):
         raise ValueError("muon.Muon: extra_scale_factor should be a finite number >= 0 but is: "
-                         "%s" % scale)
+                         "%s" % variant["update_scale"])
+    if not 0.0 <= variant["normuon_beta2"] < 1.0:
+        raise ValueError("muon.Muon: normuon_beta2 should be in [0, 1) but is: %s"
+                         % variant["normuon_beta2"])
+    if not 0.0 < variant["normuon_eps"] < math.inf:
+        raise ValueError("muon.Muon: normuon_eps should be a finite number > 0 but is: %s"
+                         % variant["normuon_eps"])
     try:
         ns_steps = operator.index(group["ns_steps"])
     except TypeError:
@@ -241,10 +260,11 @@ class _Group:
     """The library optimizer of one param group and what it is bound to."""
 
     __slots__ = ("opt", "params", "index", "ids", "grads", "param_ptrs", "rebuild_key",
-                 "pushed", "zeros", "shadows", "staged")
+                 "pushed", "zeros", "shadows", "staged", "normuon")
 
-    def __init__(self, opt, indexed, rebuild_key):
+    def __init__(self, opt, indexed, rebuild_key, normuon=False):
         self.opt = opt
+        self.normuon = normuon      # NorMuon: the library keeps second moments
         self.index = [i for i, _ in indexed]  # each one's index in the param group
         self.params = [p for _, p in indexed]  # the group's matrices when built
         self.ids = []               # library id of each (None: not registered on this rank)
@@ -268,7 +288,8 @@ class Muon(torch.optim.Optimizer):
          ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
          adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
          adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
-         extra_scale_factor=1.0, cautious_wd=False)
+         extra_scale_factor=1.0, cautious_wd=False, normuon=False, normuon_beta2=0.95,
+         normuon_eps=1e-8)
 
     params: parameters, or param groups (dicts) with their own values of the
     options. Matrices (2 or more dims; for a sharded parameter, its global
@@ -293,6 +314,14 @@ class Muon(torch.optim.Optimizer):
     cautious_wd=True decays a matrix element only where its update and its
     value have the same sign (cautious weight decay, arXiv 2510.12402; the
     AdamW-stepped params keep torch's AdamW decay).
+    normuon=True is NorMuon (arXiv 2510.05491, as Dion ships it): each
+    matrix's owner keeps a second moment per row of its orthogonalized update
+    (decay normuon_beta2) and normalizes the rows by its root (+ normuon_eps),
+    keeping the update's Frobenius norm; adjust_lr_fn and extra_scale_factor
+    apply after it. The moments are in state_dict() as
+    "normuon_second_moment" (fp32, the matrices' rows) without a
+    distributed_config; with one, in the library's state blobs
+    (distributed_config.save_state / load_state). CPU only so far.
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
@@ -323,7 +352,8 @@ class Muon(torch.optim.Optimizer):
                  ns_coefficients=_DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
                  adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
                  adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
-                 extra_scale_factor=1.0, cautious_wd=False):
+                 extra_scale_factor=1.0, cautious_wd=False, normuon=False,
+                 normuon_beta2=0.95, normuon_eps=1e-8):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -335,7 +365,8 @@ class Muon(torch.optim.Optimizer):
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd,
-                        extra_scale_factor=extra_scale_factor, cautious_wd=cautious_wd)
+                        extra_scale_factor=extra_scale_factor, cautious_wd=cautious_wd,
+                        normuon=normuon, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps)
         _check_group(defaults)
         super().__init__(params, defaults)
         for gi, group in self._numbered():
@@ -370,6 +401,9 @@ class Muon(torch.optim.Optimizer):
         self._groups = {}      # param group number -> _Group, once it stepped
         self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
+        self._pending_moments = {}  # id(param) -> NorMuon moments to set at build
+        self._qk = []          # register_qk's layers: (q param, k param, library arguments)
+        self._qk_ids = {}      # (id(_Group), handle) -> the layer's id in that library optimizer
         self._adamw = None     # torch.optim.AdamW over the non-matrix params, sharing self.state
         self._adamw_key = None
         self._built_matrices = {}  # param group number -> its matrices when built (single process)
@@ -468,8 +502,7 @@ class Muon(torch.optim.Optimizer):
         return (bool(group["nesterov"]), _coefficients_key(group["ns_coefficients"]),
                 _real("eps", group["eps"]), operator.index(group["ns_steps"]),
                 group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]),
-                _real("extra_scale_factor", group.get("extra_scale_factor", 1.0)),
-                bool(group.get("cautious_wd", False)))
+                tuple(sorted(_variant(group).items())))
 
     def _name(self, gi, i):
         if isinstance(i, tuple):  # a segment of a flat buffer
@@ -501,7 +534,7 @@ class Muon(torch.optim.Optimizer):
             kwargs.update(self._config._options() or {})
         opt = _optimizer.Optimizer(**kwargs)
         try:
-            g = _Group(opt, indexed, self._rebuild_key(group))
+            g = _Group(opt, indexed, self._rebuild_key(group), kwargs["normuon"])
             if self._config is None:
                 self._register_single(g, gi)
             else:
@@ -589,6 +622,11 @@ class Muon(torch.optim.Optimizer):
                 # Nothing to restore for a ZeRO-2 param another rank owns.
                 if restore or e.status != "FAILED_PRECONDITION":
                     raise
+        for p, pid in zip(g.params, g.ids):
+            moments = self._pending_moments.pop(id(p), None)
+            if pid is not None and moments is not None and g.normuon:
+                g.opt.set_moments(pid, moments.detach().to(device="cpu", dtype=torch.float32)
+                                  .contiguous())
 
     def _group_for_step(self, gi, group, indexed):
         g = self._groups.get(gi)
@@ -608,6 +646,8 @@ class Muon(torch.optim.Optimizer):
         for p, pid in zip(g.params, g.ids):
             if pid is not None and self._has_state.get(id(p)):
                 self._pending[id(p)] = self._local_state(g, pid)
+                if g.normuon and self._config is None:
+                    self._pending_moments[id(p)] = g.opt.get_moments(pid)
         g.opt.close()
         del self._groups[gi]
 
@@ -642,6 +682,81 @@ class Muon(torch.optim.Optimizer):
                 g.grads[i], g.param_ptrs[i] = bound, target.data_ptr()
             active.append(p)
         return active
+
+    # -- QK-Clip -------------------------------------------------------------------
+
+    def _matrix_position(self, p):
+        """(group number, its position among the group's matrices) of matrix `p`."""
+        for gi, group in self._numbered():
+            for k, (_, q) in enumerate(self._matrices(gi, group)):
+                if q is p:
+                    return gi, k
+        return None
+
+    def register_qk(self, q_param, k_param=None, *, num_heads, alpha=0.5, **rows):
+        """MuonClip's QK-Clip (Kimi K2) for one attention layer; returns the
+        layer's handle for qk_clip. q_param holds the query heads, k_param
+        (default: q_param, a fused QKV projection) the key heads, as rows of
+        their global matrices: query head h is rows [q_first_row + h *
+        q_head_stride, + q_head_rows), key head g the same with the k_ fields.
+        num_kv_heads for GQA, q_rotary_rows for MLA (the last rows of each
+        query head). Zeros (the defaults) split the rows evenly over the heads.
+        Both must be matrices this optimizer steps with Muon, in one param
+        group. See muon_qk_clip in capi/muon.h for the formulas."""
+        k_param = q_param if k_param is None else k_param
+        where = []
+        for which, p in (("q_param", q_param), ("k_param", k_param)):
+            found = self._matrix_position(p)
+            if found is None:
+                raise ValueError("muon.Muon.register_qk: %s is not a matrix this optimizer "
+                                 "steps with Muon (QK-Clip scales Muon-stepped query and key "
+                                 "projections)" % which)
+            where.append(found)
+        if where[0][0] != where[1][0]:
+            raise ValueError("muon.Muon.register_qk: q_param and k_param are in different "
+                             "param groups (%d and %d); put them in one" % (where[0][0],
+                                                                          where[1][0]))
+        unknown = set(rows) - set(_optimizer.Optimizer._QK_FIELDS)
+        if unknown:
+            raise TypeError("muon.Muon.register_qk got unknown arguments %s" % sorted(unknown))
+        self._qk.append((q_param, k_param, dict(num_heads=num_heads, alpha=alpha, **rows)))
+        return len(self._qk) - 1
+
+    @torch.no_grad()
+    def qk_clip(self, max_logits, tau):
+        """QK-Clip after a step: `max_logits` maps each register_qk handle to
+        that layer's largest attention logit per query head (or is a sequence
+        in handle order), the same on every rank; heads above `tau` shrink.
+        Returns the number of heads clipped (on this rank's layers)."""
+        items = (max_logits.items() if isinstance(max_logits, dict)
+                 else enumerate(max_logits))
+        clipped = 0
+        for handle, logits in items:
+            if not 0 <= handle < len(self._qk):
+                raise ValueError("muon.Muon.qk_clip: %r is not a register_qk handle" % (handle,))
+            q, k, kwargs = self._qk[handle]
+            gi, qpos = self._matrix_position(q)
+            kpos = self._matrix_position(k)[1]
+            g = self._groups.get(gi)
+            if g is None:
+                raise RuntimeError("muon.Muon.qk_clip: call it after a step (it scales the "
+                                   "weights a step produced)")
+            qid, kid = g.ids[qpos], g.ids[kpos]
+            if qid is None or kid is None:
+                continue  # this rank holds no piece of them
+            layer = self._qk_ids.get((id(g), handle))
+            if layer is None:
+                layer = self._qk_ids[(id(g), handle)] = g.opt.register_qk_clip(qid, kid,
+                                                                              **kwargs)
+            for pos in {qpos, kpos}:  # a contiguous copy: refreshed, clipped, written back
+                if g.shadows[pos] is not None:
+                    g.shadows[pos].copy_(g.params[pos])
+            clipped += g.opt.qk_clip(layer, torch.as_tensor(logits, dtype=torch.float32)
+                                     .reshape(-1), tau)
+            for pos in {qpos, kpos}:
+                if g.shadows[pos] is not None:
+                    g.params[pos].copy_(g.shadows[pos])
+        return clipped
 
     @staticmethod
     def _write_back(g):
@@ -834,12 +949,48 @@ class Muon(torch.optim.Optimizer):
                     out.append((p, buf))
         return out
 
-    def _take_momentum_from_state(self):
-        """Moves the momentum buffers self.state holds (just loaded or copied)
-        to where the next build gives them to the library."""
+    def _moments(self):
+        """{id(member): a copy of its NorMuon second moments} for each member
+        that has them (held by the library, or pending for a group not built)."""
+        out = {}
         for gi, group in self._numbered():
+            if not _variant(group)["normuon"]:
+                continue
+            g = self._groups.get(gi)
+            position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
+            for _, p in self._members(gi, group):
+                k = position.get(id(p))
+                if id(p) in self._pending_moments:
+                    out[id(p)] = self._pending_moments[id(p)].clone()
+                elif (g is not None and g.normuon and self._has_state.get(id(p))
+                      and k is not None and k < len(g.ids) and g.ids[k] is not None):
+                    if self._config is not None:
+                        raise NotImplementedError(
+                            "muon.Muon: with normuon=True and a distributed_config, NorMuon's "
+                            "second moments live on each matrix's owner rank, and state_dict() "
+                            "cannot carry them yet; checkpoint through the library's state "
+                            "blobs (muon.Optimizer.state_bytes / load_states_bytes) or train "
+                            "without normuon")
+                    out[id(p)] = g.opt.get_moments(g.ids[k])
+        return out
+
+    def _take_momentum_from_state(self):
+        """Moves the momentum buffers (and NorMuon moments) self.state holds
+        (just loaded or copied) to where the next build gives them to the
+        library."""
+        for gi, group in self._numbered():
+            normuon = _variant(group)["normuon"] and self._config is None
             for _, p in self._members(gi, group):
                 entry = self.state.get(p)
+                moments = entry.pop("normuon_second_moment", None) if entry is not None else None
+                # A state without them (torch's, or saved without normuon) starts
+                # them at zero, as the library's state blobs do.
+                if normuon and moments is None and p.ndim >= 1:
+                    moments = torch.zeros((p.shape[0],), dtype=torch.float32)
+                if normuon:
+                    self._pending_moments[id(p)] = moments
+                else:
+                    self._pending_moments.pop(id(p), None)
                 buf = entry.pop("momentum_buffer", None) if entry is not None else None
                 if entry is not None and not entry:
                     del self.state[p]
@@ -859,8 +1010,10 @@ class Muon(torch.optim.Optimizer):
             else:
                 self.state[t] = entry
 
+        moments = self._moments()
         for p, buf in self._momentum_buffers():
-            put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p)))
+            extra = {"normuon_second_moment": moments[id(p)]} if id(p) in moments else {}
+            put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p), **extra))
         # A flat buffer's state is the buffer's: its segments' folded into
         # buffer-shaped tensors (torch's format for the param the host gave).
         for fb in self._flat_buffers():
@@ -916,8 +1069,11 @@ class Muon(torch.optim.Optimizer):
         state = collections.defaultdict(dict)
         for p, entry in self.state.items():
             state[p] = dict(entry)
+        moments = self._moments()
         for p, buf in self._momentum_buffers():
             state[p]["momentum_buffer"] = buf
+            if id(p) in moments:
+                state[p]["normuon_second_moment"] = moments[id(p)]
         return {"defaults": self.defaults, "state": state, "param_groups": self.param_groups,
                 _COPY_MARK: True}
 

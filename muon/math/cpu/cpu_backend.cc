@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/cpu/onednn_library.h"
 #include "muon/math/ns_program.h"
@@ -199,6 +200,11 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                                 float* const* moments) {
+  return NorMuonHost(batch, moments, step);
 }
 
 absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,

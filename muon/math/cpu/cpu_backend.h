@@ -34,6 +34,8 @@ class CpuBackend final : public MathBackend {
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   // The block's program through RunGemm (each product on this rank's core
   // slots, released while the members sum: a sum waits on other ranks).
+  absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                       float* const* moments) override;
   absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                   const MemberSums& sums) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
