@@ -18,6 +18,8 @@ implementation (WARM_BELOW_S below).
    DeepSeek-V4) against torch's 5-step quintic, all libmuon's, bf16 and fp32.
    --variants instead: muon.Muon.step with NorMuon against the plain Muon
    step on the same tensors (both libmuon's), bf16 and fp32 parameters.
+   --gram instead: Gram Newton-Schulz against the standard iteration (both
+   libmuon's, Polar Express x5, restart at 2) at aspect ratios 1, 3.5, 8.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
@@ -257,6 +259,34 @@ def step_table(sets, reps):
                 t_theirs * 1e3, t_theirs / t_ours))
 
 
+def gram_table(reps):
+    """Gram Newton-Schulz against the standard iteration, libmuon's both, in
+    one run, per dtype: where the m x m iterations win."""
+    shapes = [(1024, 1024), (1024, 3584), (3584, 1024), (512, 4096), (4096, 512)]
+    print("\n## Gram Newton-Schulz against the standard iteration (median ms; Polar Express "
+          "x5, restart at 2)\n")
+    print("| shape | aspect | dtype | standard ms | gram ms | gram vs standard | GFLOP standard / gram |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype in ("fp32", "fp16", "bf16"):
+        opts = [muon.Optimizer(ns_dtype=dtype, ns_algorithm=a, ns_coefficients="polar_express",
+                               ns_steps=5) for a in ("standard", "gram")]
+        for rows, cols in shapes:
+            g = torch.randn(rows, cols)
+            outs = [torch.empty(rows, cols, dtype=torch.bfloat16 if dtype == "bf16"
+                                else torch.float32) for _ in opts]
+            times = interleaved([(lambda o=o, out=out: o.orthogonalize(g, out))
+                                 for o, out in zip(opts, outs)], reps)
+            m, n = min(rows, cols), max(rows, cols)
+            standard = 5 * (4 * m * m * n + 2 * m ** 3) / 1e9
+            gram = (4 * m * m * n + 4 * m * m * n + 5 * 2 * m ** 3 + 3 * 2 * m ** 3
+                    + 3 * 4 * m ** 3) / 1e9
+            print("| %dx%d | %.1f | %s | %.1f | %.1f | %.2fx | %.1f / %.1f |" % (
+                rows, cols, n / m, dtype, times[0] * 1e3, times[1] * 1e3, times[0] / times[1],
+                standard, gram))
+        for o in opts:
+            o.close()
+
+
 def variants_table(sets, reps):
     """The update variants' cost: a full muon.Muon step with each against the
     plain Muon step, on the same tensors, in one run."""
@@ -300,6 +330,8 @@ def main():
     ap.add_argument("--variants", action="store_true",
                     help="only the update variants' table (NorMuon, cautious weight decay "
                          "against plain Muon: a full muon.Muon step)")
+    ap.add_argument("--gram", action="store_true",
+                    help="only the Gram Newton-Schulz table (against the standard iteration)")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -327,6 +359,9 @@ def main():
     if args.schedules:
         for dtype in ("bf16", "fp32"):
             schedules_table(shapes, args.reps, dtype)
+        return
+    if args.gram:
+        gram_table(args.reps)
         return
     if args.variants:
         variants_table([("GPT-2 124M", model_shapes("gpt2-124m")),

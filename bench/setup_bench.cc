@@ -551,7 +551,7 @@ void Measure(const Model& model, const Mesh& mesh, int ready, Figures* f) {
   if (g_spread) {
     std::string error;
     f->job_bytes = LowerBound(model, mesh, experts, *plan, -1, true, &error);
-    f->sum_bytes = SumBytes(*plan, options.ns_steps);
+    f->sum_bytes = SumBytes(*plan, options.ns.steps);
     for (const muon::Unit& u : plan->units) f->split_matrices += u.parts > 1 && u.part == 0;
     auto balanced = muon::BuildPlan(ranks, me, muon::PlanOptions());
     if (!balanced.ok()) return Fail(f, std::string(balanced.status().message()));

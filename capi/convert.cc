@@ -27,6 +27,9 @@ MUON_SAME_VALUE_(MUON_ADJUST_LR_NONE, AdjustLr::kNone);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_SPECTRAL_UNCLAMPED, AdjustLr::kSpectralUnclamped);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_BF16, NsDtype::kBF16);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_FP32, NsDtype::kFP32);
+MUON_SAME_VALUE_(MUON_NS_DTYPE_FP16, NsDtype::kFP16);
+MUON_SAME_VALUE_(MUON_NS_STANDARD, NsAlgorithm::kStandard);
+MUON_SAME_VALUE_(MUON_NS_GRAM, NsAlgorithm::kGram);
 MUON_SAME_VALUE_(MUON_ASSIGNMENT_BALANCED, Assignment::kBalanced);
 MUON_SAME_VALUE_(MUON_ASSIGNMENT_ROUND_ROBIN, Assignment::kRoundRobin);
 MUON_SAME_VALUE_(MUON_ASSIGNMENT_SPREAD, Assignment::kSpread);
@@ -208,6 +211,7 @@ void DefaultOptions(muon_options_t* o) {
   o->update_scale = d.update_scale;
   o->normuon_beta2 = d.normuon_beta2;
   o->normuon_eps = d.normuon_eps;
+  o->ns_gram_restarts = d.ns.gram_restarts;
 }
 
 void DefaultParamOptions(muon_param_options_t* o) {
@@ -232,12 +236,20 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.ns.eps = c.eps;
   absl::Status coefficients = CoefficientsFromC(c, &o.ns);
   if (!coefficients.ok()) return coefficients;
-  if (c.ns_dtype != MUON_NS_DTYPE_BF16 && c.ns_dtype != MUON_NS_DTYPE_FP32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options->ns_dtype: unknown value ", c.ns_dtype,
-                     "; use MUON_NS_DTYPE_BF16 (0) or MUON_NS_DTYPE_FP32 (1)"));
+  if (c.ns_dtype != MUON_NS_DTYPE_BF16 && c.ns_dtype != MUON_NS_DTYPE_FP32 &&
+      c.ns_dtype != MUON_NS_DTYPE_FP16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->ns_dtype: unknown value ", c.ns_dtype,
+        "; use MUON_NS_DTYPE_BF16 (0), MUON_NS_DTYPE_FP32 (1) or MUON_NS_DTYPE_FP16 (2)"));
   }
   o.ns.dtype = static_cast<NsDtype>(c.ns_dtype);
+  if (c.ns_algorithm != MUON_NS_STANDARD && c.ns_algorithm != MUON_NS_GRAM) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->ns_algorithm: unknown value ", c.ns_algorithm,
+                     "; use MUON_NS_STANDARD (0) or MUON_NS_GRAM (1)"));
+  }
+  o.ns.algorithm = static_cast<NsAlgorithm>(c.ns_algorithm);
+  o.ns.gram_restarts = c.ns_gram_restarts;
   if (c.adjust_lr < 0 || c.adjust_lr > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "options->adjust_lr: unknown value ", c.adjust_lr,
@@ -273,6 +285,10 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   if (c.reserved2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved2 is ", c.reserved2, "; it must be 0"));
+  }
+  if (c.reserved4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options->reserved4 is ", c.reserved4, "; it must be 0"));
   }
   if (c.reserved3 != 0) {
     return absl::InvalidArgumentError(
@@ -328,6 +344,8 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.normuon = o.normuon ? 1 : 0;
   c.normuon_beta2 = o.normuon_beta2;
   c.normuon_eps = o.normuon_eps;
+  c.ns_algorithm = static_cast<int32_t>(o.ns.algorithm);
+  c.ns_gram_restarts = o.ns.gram_restarts;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;

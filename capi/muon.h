@@ -20,7 +20,7 @@
  *   function (usable from ctypes/cffi, which cannot expand macros).
  *   struct_size must be the sizeof the struct had in some released header:
  *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6),
- *                           224 (0.7)
+ *                           240 (0.7)
  *     muon_param_options_t  24 (0.1), 56 (0.2)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
@@ -168,11 +168,29 @@ typedef enum muon_adjust_lr_t {
 
 /* The dtype Newton-Schulz computes in. BF16 mirrors torch.optim.Muon: the
  * input is rounded to bf16 and every product is rounded to bf16 (fp32
- * accumulation). FP32 keeps everything in fp32. */
+ * accumulation). FP32 keeps everything in fp32. FP16 (0.7; CPU backend
+ * only so far) normalizes in fp32, then rounds the input and every product
+ * to fp16 (fp32 accumulation), as gram-newton-schulz does: fp16 keeps 3
+ * more bits than bf16 where the normalized values live. */
 typedef enum muon_ns_dtype_t {
   MUON_NS_DTYPE_BF16 = 0,
-  MUON_NS_DTYPE_FP32 = 1
+  MUON_NS_DTYPE_FP32 = 1,
+  MUON_NS_DTYPE_FP16 = 2
 } muon_ns_dtype_t;
+
+/* How the iterations are computed (0.7). GRAM: Gram Newton-Schulz (Dao-AILab's
+ * gram-newton-schulz): for the wide orientation W (m x n, m < n) the
+ * iterations run on R = W W^T (m x m) and accumulate the polynomial Q that
+ * W is multiplied by at the end, X = Q W; at each restart iteration
+ * (ns_gram_restarts) W = Q W and R are formed afresh, which bounds the
+ * round-off the chain of m x m products gathers. The same polynomial as
+ * STANDARD, with m x m products in place of two m x n ones per iteration:
+ * fewer FLOPs where n / m is large. A square matrix runs STANDARD. CPU
+ * backend only so far; not with MUON_ASSIGNMENT_SPLIT. */
+typedef enum muon_ns_algorithm_t {
+  MUON_NS_STANDARD = 0,
+  MUON_NS_GRAM = 1
+} muon_ns_algorithm_t;
 
 /* Where the Newton-Schulz coefficients of each iteration come from. */
 typedef enum muon_ns_coefficients_t {
@@ -387,6 +405,12 @@ typedef struct muon_options_t {
   int32_t reserved3;       /* must be 0 */
   double normuon_beta2;    /* the moments' decay, in [0, 1). Default 0.95 */
   double normuon_eps;      /* added to each row's root, finite, > 0. Default 1e-8 */
+  int32_t ns_algorithm;    /* muon_ns_algorithm_t. Default STANDARD */
+  int32_t reserved4;       /* must be 0 */
+  /* GRAM: bit i restarts at iteration i (bit 0 has no effect: iteration 0
+   * starts afresh). Default 1 << 2, gram-newton-schulz's. Must be the same
+   * on every rank (checked), as ns_algorithm. */
+  uint64_t ns_gram_restarts;
 } muon_options_t;
 
 /* Fills *options with the defaults above and sets struct_size. `struct_size`

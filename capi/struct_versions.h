@@ -62,7 +62,7 @@ inline constexpr StructVersion kOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_options_t, skip_nonfinite), "0.4"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, update_in_grad), "0.5"},
     {MUON_SIZE_ENDING_AT_(muon_options_t, reserved2), "0.6"},
-    {MUON_SIZE_ENDING_AT_(muon_options_t, normuon_eps), "0.7"},
+    {MUON_SIZE_ENDING_AT_(muon_options_t, ns_gram_restarts), "0.7"},
 };
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},
@@ -109,7 +109,7 @@ static_assert(kQkClipLayer[0].size == sizeof(muon_qk_clip_layer_t),
 #if defined(__x86_64__) || defined(__aarch64__)
 // The numbers themselves on LP64 (tests/c_api/c99_test.c freezes the offsets).
 static_assert(kOptions[0].size == 104 && kOptions[1].size == 144 && kOptions[2].size == 152 &&
-                  kOptions[3].size == 184,
+                  kOptions[3].size == 184 && kOptions[4].size == 200 && kOptions[5].size == 240,
               "muon_options_t's published sizes");
 static_assert(kParamOptions[0].size == 24 && kParamOptions[1].size == 56,
               "muon_param_options_t's published sizes");

@@ -432,7 +432,7 @@ Job MakeJob(FuzzedDataProvider& in) {
   job.options.async_parallelism = in.ConsumeBool();
   static const int64_t kRoundBytes[] = {1, 16, 64, 256, 4096, int64_t{256} << 20};
   job.options.round_bytes = kRoundBytes[in.ConsumeIntegralInRange<int>(0, 5)];
-  job.options.ns_steps = in.ConsumeIntegralInRange<int>(0, 5);
+  job.options.ns.steps = in.ConsumeIntegralInRange<int>(0, 5);
   job.ns_wire = in.ConsumeBool() ? DType::kBF16 : DType::kF32;
   const int choices = in.ConsumeIntegralInRange<int>(1, 4);
   for (int i = 0; i < choices; ++i) job.owner_choices.push_back(in.ConsumeIntegral<uint8_t>());

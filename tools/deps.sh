@@ -22,7 +22,9 @@ PACKAGES=(
 
 python_env() {
   local stamp=.venv/requirements.txt
-  if [ -x .venv/bin/python ] && cmp -s tools/python-requirements.txt "$stamp"; then
+  local wanted
+  wanted="$(cat tools/python-requirements.txt tools/python-nodeps.txt)"
+  if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$wanted" = "$(cat "$stamp")" ]; then
     return 0
   fi
   echo "deps: installing the Python environment (.venv: $(grep -v '^#' \
@@ -31,7 +33,9 @@ python_env() {
   # DS_BUILD_OPS=0: DeepSpeed's sdist builds no C++/CUDA ops (none is used here).
   DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check \
     -r tools/python-requirements.txt
-  cp tools/python-requirements.txt "$stamp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    -r tools/python-nodeps.txt
+  printf '%s\n' "$wanted" > "$stamp"
 }
 
 missing=()

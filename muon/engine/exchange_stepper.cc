@@ -19,7 +19,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   std::unique_ptr<ExchangeStepper> s(new ExchangeStepper(ctx, world));
   const Options& options = *ctx.options;
   const int me = world.rank();
-  const DType ns_wire = options.ns.dtype == NsDtype::kBF16 ? DType::kBF16 : DType::kF32;
+  // The results' precision on the wire (bf16 and fp16 results are exact there).
+  const DType ns_wire = options.ns.dtype == NsDtype::kBF16   ? DType::kBF16
+                        : options.ns.dtype == NsDtype::kFP16 ? DType::kF16
+                                                             : DType::kF32;
   s->tables_ = BuildRoundTables(plan, me, world.size(), ns_wire);
   // The job-wide pieces (every rank's blocks) are not needed any more.
   for (PlanParam& pp : plan.params) {

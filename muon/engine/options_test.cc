@@ -130,8 +130,8 @@ TEST(Options, UnknownEnums) {
   o.adjust_lr = static_cast<AdjustLr>(-1);
   ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value -1");
   o.adjust_lr = AdjustLr::kNone;
-  o.ns.dtype = static_cast<NsDtype>(2);
-  ExpectInvalid(ValidateOptions(o), "ns_dtype", "unknown value 2");
+  o.ns.dtype = static_cast<NsDtype>(3);
+  ExpectInvalid(ValidateOptions(o), "ns_dtype", "unknown value 3");
 }
 
 TEST(Options, FirstBadFieldIsNamed) {

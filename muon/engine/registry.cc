@@ -157,8 +157,8 @@ absl::Status Registry::CheckGradHoldsUpdate(const Param& p) const {
     return absl::OkStatus();
   }
   const char* why = g == DType::kF16 ? "a float16 gradient cannot hold bfloat16 or float32 values"
-                    : !ns_bf16_      ? "a bfloat16 gradient cannot hold the float32 Newton-Schulz "
-                                       "output (ns_dtype FP32)"
+                    : !ns_bf16_      ? "a bfloat16 gradient cannot hold the Newton-Schulz output "
+                                       "of ns_dtype FP32 or FP16"
                                      : "a bfloat16 gradient cannot hold the float32 momentum "
                                        "(momentum_fp32)";
   return absl::InvalidArgumentError(absl::StrCat(

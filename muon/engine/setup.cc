@@ -23,7 +23,9 @@ std::string Fingerprint(const Options& o) {
                                " update_scale=", o.update_scale,
                                " cautious_wd=", o.cautious_wd, " normuon=", o.normuon,
                                " normuon_beta2=", o.normuon_beta2,
-                               " normuon_eps=", o.normuon_eps, " coefficients=");
+                               " normuon_eps=", o.normuon_eps,
+                               " ns_algorithm=", static_cast<int>(o.ns.algorithm),
+                               " gram_restarts=", o.ns.gram_restarts, " coefficients=");
   for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
   return f;
 }
@@ -34,8 +36,7 @@ PlanOptions PlanOptionsOf(const Options& o) {
   po.custom = o.dist.custom_assign;
   po.async_parallelism = o.dist.async_parallelism;
   po.round_bytes = o.dist.round_bytes;
-  po.ns_steps = o.ns.steps;
-  po.ns_cubic_steps = CubicIterations(o.ns);
+  po.ns = o.ns;
   return po;
 }
 

@@ -133,8 +133,7 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   MUON_RETURN_IF_ERROR(
       math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, {update, DType::kF32})}));
   stats_.orthogonalized += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
-  stats_.ns_flops += p.batch * NewtonSchulzFlops(p.rows, p.cols, options.ns.steps,
-                                                   CubicIterations(options.ns));
+  stats_.ns_flops += p.batch * NewtonSchulzFlops(options.ns, p.rows, p.cols);
   return absl::OkStatus();
 }
 

@@ -221,6 +221,13 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps, int cubic_steps 
 // per iteration (every member computes the m x m polynomial), 4 m^2 width
 // per cubic one.
 double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps, int cubic_steps = 0);
+// The FLOPs of one orthogonalization under `config`: the standard
+// iteration's above, or Gram Newton-Schulz's (m <= n): 2 m^2 n for each R
+// formed (once, and at each restart), 2 m^2 n for each X = Q W (at each
+// restart and at the end), and per iteration 2 m^3 for Z (none when cubic),
+// 2 m^3 for Q (not at the first or a restart) and 4 m^3 for R (not before
+// a restart or after the last). A square matrix runs the standard one.
+double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols);
 
 }  // namespace muon
 

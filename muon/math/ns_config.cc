@@ -86,10 +86,16 @@ absl::Status ValidateNsConfig(const NsConfig& config) {
       }
     }
   }
-  if (config.dtype != NsDtype::kBF16 && config.dtype != NsDtype::kFP32) {
+  if (config.dtype != NsDtype::kBF16 && config.dtype != NsDtype::kFP32 &&
+      config.dtype != NsDtype::kFP16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ns_dtype: unknown value ", static_cast<int>(config.dtype),
-        "; use MUON_NS_DTYPE_BF16 (0) or MUON_NS_DTYPE_FP32 (1)"));
+        "; use MUON_NS_DTYPE_BF16 (0), MUON_NS_DTYPE_FP32 (1) or MUON_NS_DTYPE_FP16 (2)"));
+  }
+  if (config.algorithm != NsAlgorithm::kStandard && config.algorithm != NsAlgorithm::kGram) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ns_algorithm: unknown value ", static_cast<int>(config.algorithm),
+        "; use MUON_NS_STANDARD (0) or MUON_NS_GRAM (1)"));
   }
   return absl::OkStatus();
 }

@@ -4,13 +4,23 @@
 #define MUON_MATH_NS_CONFIG_H_
 
 #include <array>
+#include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 
 namespace muon {
 
-enum class NsDtype { kBF16 = 0, kFP32 = 1 };
+enum class NsDtype { kBF16 = 0, kFP32 = 1, kFP16 = 2 };
+
+// How the iterations are computed. kGram (Gram Newton-Schulz, as Dao-AILab's
+// gram-newton-schulz computes it): for W (m x n, m < n, the wide
+// orientation) the iterations run on R = W W^T (m x m), accumulating the
+// polynomial Q that W is multiplied by at the end, X = Q W; at each restart
+// iteration W = Q W and R are formed afresh. The same polynomial as the
+// standard iteration, in m x m products but for three m x n ones; a square
+// matrix runs the standard iteration.
+enum class NsAlgorithm { kStandard = 0, kGram = 1 };
 
 using NsCoefficients = std::array<double, 3>;  // (a, b, c)
 
@@ -21,6 +31,11 @@ struct NsConfig {
   std::vector<NsCoefficients> coefficients = {{3.4445, -4.7750, 2.0315}};
   double eps = 1e-7;
   NsDtype dtype = NsDtype::kBF16;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  // kGram: bit i set restarts at iteration i (bit 0: iteration 0 starts
+  // afresh anyway). gram-newton-schulz's default: iteration 2.
+  uint64_t gram_restarts = uint64_t{1} << 2;
+  bool RestartsAt(int i) const { return i > 0 && i < 64 && (gram_restarts >> i & 1) != 0; }
 
   const NsCoefficients& ForIteration(int i) const {
     return coefficients[static_cast<size_t>(i) < coefficients.size() ? i

@@ -216,7 +216,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       cu.owner = cd.custom_owner;
       cu.rows = m.rows;
       cu.cols = m.cols;
-      cu.flops = NewtonSchulzFlops(cu.rows, cu.cols, options.ns_steps, options.ns_cubic_steps);
+      cu.flops = NewtonSchulzFlops(options.ns, cu.rows, cu.cols);
       std::vector<int> holders;
       for (const auto& [rank, i] : custom_holders[name]) {
         holders.push_back(rank);
@@ -331,7 +331,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       Unit u;
       u.param = static_cast<int>(pi);
       u.index = k;
-      u.flops = NewtonSchulzFlops(pp.rows, pp.cols, options.ns_steps, options.ns_cubic_steps);
+      u.flops = NewtonSchulzFlops(options.ns, pp.rows, pp.cols);
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
       for (size_t h = 0; h < pp.holders.size(); ++h) {
         if (!cursors[h].Meets(k * per, (k + 1) * per)) continue;
@@ -357,7 +357,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       break;
     case Assignment::kSplit:
       owners = AssignSpread(infos);
-      splits = ChooseSplits(infos, &owners, options.ns_steps);
+      splits = ChooseSplits(infos, &owners, options.ns.steps);
       break;
     case Assignment::kCustom: {
       owners.assign(infos.size(), -1);
@@ -409,8 +409,8 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   }
   // The split matrices' parts, in the last round.
   if (!splits.empty()) {
-    MUON_RETURN_IF_ERROR(SplitUnits(&plan, splits, world, options.ns_steps, plan.rounds,
-                                    options.ns_cubic_steps));
+    MUON_RETURN_IF_ERROR(SplitUnits(&plan, splits, world, options.ns.steps, plan.rounds,
+                                    CubicIterations(options.ns)));
     ++plan.rounds;
   }
   plan.digest = PlanDigest(plan);

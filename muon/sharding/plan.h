@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "muon/math/ns_config.h"
 #include "muon/sharding/assignment.h"
 #include "muon/sharding/layout.h"
 
@@ -54,8 +55,9 @@ struct PlanOptions {
   CustomAssignFn custom;  // Assignment::kCustom
   bool async_parallelism = true;
   int64_t round_bytes = int64_t{256} << 20;
-  int ns_steps = 5;
-  int ns_cubic_steps = 0;  // of which cubic (c == 0), priced without the polynomial
+  // What each matrix's Newton-Schulz computes, for its price (its steps,
+  // its cubic ones, the Gram form: NewtonSchulzFlops).
+  NsConfig ns;
   // Pieces computed row by row (ComputePieceRowByRow, then grouped into
   // blocks) instead of from boxes: the same plan, the old cost of computing
   // pieces; for tests and the setup benchmark.

@@ -721,10 +721,21 @@ std::vector<Case> Cases() {
       CreateWith([](muon_options_t& o) { o.adjust_lr = 4; }));
   add("create_adjust_lr_negative", E, IA, {"options->adjust_lr", "unknown value -1"},
       CreateWith([](muon_options_t& o) { o.adjust_lr = -1; }));
-  add("create_ns_dtype_unknown", E, IA, {"options->ns_dtype", "unknown value 2", "FP32"},
-      CreateWith([](muon_options_t& o) { o.ns_dtype = 2; }));
+  add("create_ns_dtype_unknown", E, IA, {"options->ns_dtype", "unknown value 3", "FP16 (2)"},
+      CreateWith([](muon_options_t& o) { o.ns_dtype = 3; }));
   add("create_ns_dtype_negative", E, IA, {"options->ns_dtype", "unknown value -1"},
       CreateWith([](muon_options_t& o) { o.ns_dtype = -1; }));
+  add("create_ns_algorithm_unknown", E, IA, {"options->ns_algorithm", "unknown value 2",
+                                             "MUON_NS_GRAM (1)"},
+      CreateWith([](muon_options_t& o) { o.ns_algorithm = 2; }));
+  add("create_gram_split", E, IA, {"options->assignment", "MUON_ASSIGNMENT_SPLIT",
+                                   "ns_algorithm GRAM"},
+      CreateWith([](muon_options_t& o) {
+        o.ns_algorithm = MUON_NS_GRAM;
+        o.assignment = MUON_ASSIGNMENT_SPLIT;
+      }));
+  add("create_reserved4", E, IA, {"options->reserved4 is 1; it must be 0"},
+      CreateWith([](muon_options_t& o) { o.reserved4 = 1; }));
   add("create_assignment_unknown", E, IA, {"options->assignment", "unknown value 5"},
       CreateWith([](muon_options_t& o) { o.assignment = 5; }));
   add("create_assignment_negative", E, IA, {"options->assignment", "unknown value -1"},

@@ -173,6 +173,35 @@ TEST_P(WorldSize, NorMuonIsBitIdentical) {
   ExpectEquivalent(c, cfg);
 }
 
+// Gram Newton-Schulz and fp16 Newton-Schulz (their results cross the wire
+// as fp16) over the same layouts as NorMuon, and together with it.
+TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
+  const int n = GetParam();
+  Case c{"gram_fp16", Mesh{{n}}, {}};
+  c.model = {
+      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"t", {8, 28}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
+       [](int rank) { return rank == 0; }},
+  };
+  RunConfig cfg;
+  cfg.steps = 4;
+  cfg.ns_dtype = MUON_NS_DTYPE_FP16;
+  ExpectEquivalent(c, cfg);
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_algorithm = MUON_NS_GRAM;
+    o->ns_gram_restarts = 1u << 3;
+  };
+  ExpectEquivalent(c, cfg);
+  cfg.ns_dtype = MUON_NS_DTYPE_FP32;
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_algorithm = MUON_NS_GRAM;
+    o->normuon = 1;
+  };
+  ExpectEquivalent(c, cfg);
+}
+
 // QK-Clip after the steps, on a fused QKV projection (GQA: 4 query heads of
 // 3 rows, 2 key heads) and on separate W_q / W_k with MLA's rotary rows:
 // each rank scales its own pieces, bit for bit with one process.

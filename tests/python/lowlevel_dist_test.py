@@ -609,11 +609,14 @@ def test_struct_layouts_follow_the_header():
     # 0.6: update_scale, cautious_wd, reserved2.
     assert (_lib.muon_options_t.update_scale.offset, _lib.muon_options_t.cautious_wd.offset,
             _lib.muon_options_t.reserved2.offset) == (184, 192, 196)
-    # 0.7: normuon, reserved3, normuon_beta2, normuon_eps.
+    # 0.7: normuon, reserved3, normuon_beta2, normuon_eps, ns_algorithm, reserved4,
+    # ns_gram_restarts.
     o = _lib.muon_options_t
     assert (o.normuon.offset, o.reserved3.offset, o.normuon_beta2.offset,
             o.normuon_eps.offset) == (200, 204, 208, 216)
-    assert ctypes.sizeof(_lib.muon_options_t) == 224
+    assert (o.ns_algorithm.offset, o.reserved4.offset, o.ns_gram_restarts.offset) == (
+        224, 228, 232)
+    assert ctypes.sizeof(_lib.muon_options_t) == 240
     qk = _lib.muon_qk_clip_layer_t  # 0.7
     assert (qk.num_heads.offset, qk.q_first_row.offset, qk.k_head_rows.offset,
             qk.alpha.offset) == (24, 32, 80, 88)

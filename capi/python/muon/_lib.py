@@ -79,6 +79,9 @@ ADJUST_LR_SPECTRAL_UNCLAMPED = 3
 
 NS_DTYPE_BF16 = 0
 NS_DTYPE_FP32 = 1
+NS_DTYPE_FP16 = 2
+NS_STANDARD = 0
+NS_GRAM = 1
 
 NS_COEFFICIENTS_FIXED = 0
 NS_COEFFICIENTS_TABLE = 1
@@ -182,6 +185,9 @@ class muon_options_t(ctypes.Structure):
         ("reserved3", ctypes.c_int32),
         ("normuon_beta2", ctypes.c_double),
         ("normuon_eps", ctypes.c_double),
+        ("ns_algorithm", ctypes.c_int32),
+        ("reserved4", ctypes.c_int32),
+        ("ns_gram_restarts", ctypes.c_uint64),
     ]
 
 

@@ -28,7 +28,10 @@ _NS_DTYPE = {
     "bfloat16": _lib.NS_DTYPE_BF16,
     "fp32": _lib.NS_DTYPE_FP32,
     "float32": _lib.NS_DTYPE_FP32,
+    "fp16": _lib.NS_DTYPE_FP16,
+    "float16": _lib.NS_DTYPE_FP16,
 }
+_NS_ALGORITHM = {"standard": _lib.NS_STANDARD, "gram": _lib.NS_GRAM}
 _MATRIX_VIEW = {
     "2d": _lib.MATRIX_VIEW_2D,
     "flatten_trailing": _lib.MATRIX_VIEW_FLATTEN_TRAILING,
@@ -192,6 +195,9 @@ class Optimizer:
     (Emerging-Optimizers' extra_scale_factor; weight decay keeps the plain lr).
     cautious_wd: decay an element only where its update and its value have
     the same sign (cautious weight decay, arXiv 2510.12402).
+    ns_algorithm: "standard" or "gram" (Gram Newton-Schulz: the iterations on
+    the m x m Gram matrix, restarting at the iterations in gram_restarts,
+    default (2,)). ns_dtype also takes "fp16".
     normuon, normuon_beta2, normuon_eps: NorMuon (arXiv 2510.05491): each
     matrix's owner normalizes the rows of its orthogonalized update by a
     second moment it keeps (see muon_options_t).
@@ -205,7 +211,7 @@ class Optimizer:
                  momentum_fp32=None, assignment=None, prefetch_count=None,
                  async_parallelism=None, round_bytes=None, skip_nonfinite=None,
                  update_in_grad=None, update_scale=None, cautious_wd=None, normuon=None,
-                 normuon_beta2=None, normuon_eps=None):
+                 normuon_beta2=None, normuon_eps=None, ns_algorithm=None, gram_restarts=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -249,6 +255,17 @@ class Optimizer:
             o.normuon_beta2 = float(normuon_beta2)
         if normuon_eps is not None:
             o.normuon_eps = float(normuon_eps)
+        if ns_algorithm is not None:
+            o.ns_algorithm = _choice("ns_algorithm", ns_algorithm, _NS_ALGORITHM)
+        if gram_restarts is not None:
+            bits = 0
+            for i in gram_restarts:
+                i = operator.index(i)
+                if not 0 <= i < 64:
+                    raise ValueError("muon: gram_restarts holds iteration %d; iterations 0 to "
+                                     "63 can restart" % i)
+                bits |= 1 << i
+            o.ns_gram_restarts = bits
         if assignment is not None:
             if callable(assignment):
                 o.assignment = _lib.ASSIGNMENT_CUSTOM

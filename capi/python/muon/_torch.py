@@ -22,7 +22,8 @@ from ._flat import FlatBuffer, fsdp1_segments
 
 _DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 _ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
-_NS_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+_NS_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32",
+              "fp16": "fp16", "float16": "fp16"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Changing these in a param group rebuilds its library optimizer (momentum kept);
 # lr, weight_decay and momentum are set on it before each step.
@@ -40,7 +41,9 @@ _VARIANTS = (("extra_scale_factor", "update_scale", 1.0, float),
              ("cautious_wd", "cautious_wd", False, bool),
              ("normuon", "normuon", False, bool),
              ("normuon_beta2", "normuon_beta2", 0.95, float),
-             ("normuon_eps", "normuon_eps", 1e-8, float))
+             ("normuon_eps", "normuon_eps", 1e-8, float),
+             ("ns_algorithm", "ns_algorithm", "standard", str),
+             ("gram_restarts", "gram_restarts", (2,), tuple))
 _GROUP_KEYS = _TORCH_GROUP_KEYS + ("ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps",
                                    "adamw_wd") + tuple(v[0] for v in _VARIANTS)
 # What __getstate__ returns carries this key; torch's load_state_dict calls
@@ -67,7 +70,7 @@ def _ns_dtype(value):
         key = key[len("torch."):]
     if key not in _NS_DTYPES:
         raise ValueError("muon.Muon: ns_dtype %r is not supported; use 'bf16' (as "
-                         "torch.optim.Muon) or 'fp32'" % (value,))
+                         "torch.optim.Muon), 'fp32' or 'fp16'" % (value,))
     return _NS_DTYPES[key]
 
 
@@ -94,8 +97,9 @@ def _coefficients_key(spec):
 
 def _variant(group):
     """A param group's update variants, as muon.Optimizer's keyword arguments."""
-    return {arg: (_real(key, group.get(key, default)) if kind is float
-                  else bool(group.get(key, default)))
+    readers = {float: lambda key, v: _real(key, v), bool: lambda key, v: bool(v),
+               str: lambda key, v: str(v), tuple: lambda key, v: tuple(v)}
+    return {arg: readers[kind](key, group.get(key, default))
             for key, arg, default, kind in _VARIANTS}
 
 
@@ -142,6 +146,9 @@ def _check_group(group):
     if not 0.0 <= variant["normuon_beta2"] < 1.0:
         raise ValueError("muon.Muon: normuon_beta2 should be in [0, 1) but is: %s"
                          % variant["normuon_beta2"])
+    if variant["ns_algorithm"] not in ("standard", "gram"):
+        raise ValueError("muon.Muon: ns_algorithm %r is not supported; use 'standard' or "
+                         "'gram'" % (variant["ns_algorithm"],))
     if not 0.0 < variant["normuon_eps"] < math.inf:
         raise ValueError("muon.Muon: normuon_eps should be a finite number > 0 but is: %s"
                          % variant["normuon_eps"])
@@ -289,7 +296,7 @@ class Muon(torch.optim.Optimizer):
          adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
          adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
          extra_scale_factor=1.0, cautious_wd=False, normuon=False, normuon_beta2=0.95,
-         normuon_eps=1e-8)
+         normuon_eps=1e-8, ns_algorithm="standard", gram_restarts=(2,))
 
     params: parameters, or param groups (dicts) with their own values of the
     options. Matrices (2 or more dims; for a sharded parameter, its global
@@ -320,8 +327,12 @@ class Muon(torch.optim.Optimizer):
     keeping the update's Frobenius norm; adjust_lr_fn and extra_scale_factor
     apply after it. The moments are in state_dict() as
     "normuon_second_moment" (fp32, the matrices' rows) without a
-    distributed_config; with one, in the library's state blobs
-    (distributed_config.save_state / load_state). CPU only so far.
+    distributed_config (with one, state_dict() refuses: the moments live on
+    each matrix's owner; checkpoint with the library's state blobs). CPU only
+    so far.
+    ns_algorithm="gram" runs Gram Newton-Schulz (Dao-AILab's, restarting at
+    the iterations in gram_restarts); ns_dtype="fp16" computes in fp16 after
+    normalizing in fp32. CPU only so far.
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
@@ -353,7 +364,8 @@ class Muon(torch.optim.Optimizer):
                  adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
                  adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
                  extra_scale_factor=1.0, cautious_wd=False, normuon=False,
-                 normuon_beta2=0.95, normuon_eps=1e-8):
+                 normuon_beta2=0.95, normuon_eps=1e-8, ns_algorithm="standard",
+                 gram_restarts=(2,)):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -366,7 +378,8 @@ class Muon(torch.optim.Optimizer):
                         adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype, adamw_lr=adamw_lr,
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd,
                         extra_scale_factor=extra_scale_factor, cautious_wd=cautious_wd,
-                        normuon=normuon, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps)
+                        normuon=normuon, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
+                        ns_algorithm=ns_algorithm, gram_restarts=tuple(gram_restarts))
         _check_group(defaults)
         super().__init__(params, defaults)
         for gi, group in self._numbered():

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/cpu/onednn_library.h"
@@ -137,6 +138,11 @@ absl::Status CpuBackend::ReserveFloats(size_t want) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
+  if (UsesGram(config, rows, cols)) {
+    MUON_RETURN_IF_ERROR(ReserveFloats(cpu::GramWorkFloats(PlanNewtonSchulz(1, rows, cols))));
+    cpu::UseThreads(cpu::ThreadsPerRankHere(), cpu::NativeThreadsHere());
+    return absl::OkStatus();
+  }
   if (config.dtype == NsDtype::kBF16) {
     NativeBf16();
     if (!native_status_.ok()) {  // a setting that names no engine this CPU runs
@@ -187,13 +193,17 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     }
     return absl::OkStatus();
   }
-  const bool native = config.dtype == NsDtype::kBF16 && NativeBf16();
+  const bool gram = UsesGram(config, batch.rows, batch.cols);
+  const bool native = !gram && config.dtype == NsDtype::kBF16 && NativeBf16();
   for (int64_t k = 0; k < batch.count; ++k) {
     const cpu::CoreSlots slots(threads);
     float* u = static_cast<float*>(batch.data) + k * program.x_elems;
-    if (native) {
+    if (gram) {
+      Normalize(config, u, program.x_elems);
+      cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config));
+    } else if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));
-    } else if (config.dtype == NsDtype::kBF16) {
+    } else if (config.dtype != NsDtype::kFP32) {
       OrthogonalizeOne(config, program, u);
     } else {
       OrthogonalizeFp32(config, program, u);
@@ -239,13 +249,15 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     const NsCoefficients& abc = config.ForIteration(it);
     {
       const cpu::CoreSlots slots(threads);
-      RunGemm(gram_product, abc, buffers, /*bf16=*/false);  // unrounded: summed first
+      RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
     }
     MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
     const cpu::CoreSlots slots(threads);
     if (bf16) cpu::RoundToBf16(gram, gram_elems);
     const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
-    for (auto g = products.begin() + 1; g != products.end(); ++g) RunGemm(**g, abc, buffers, bf16);
+    for (auto g = products.begin() + 1; g != products.end(); ++g) {
+      RunGemm(**g, abc, buffers, bf16 ? ew::kBF16 : ew::kF32);
+    }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   const float* x = buffers[static_cast<int>(NsBuffer::kX)];
@@ -281,7 +293,7 @@ const char* CpuBackend::Bf16EngineName() {
 }
 
 void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
-                         bool bf16) {
+                         int round) {
   const float* a = buffers[static_cast<int>(g.a.buffer)];
   const float* b = buffers[static_cast<int>(g.b.buffer)];
   const float* c = buffers[static_cast<int>(g.c.buffer)];
@@ -301,13 +313,24 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
                 static_cast<int>(g.a.ld), b, static_cast<int>(g.b.ld), beta, d,
                 static_cast<int>(g.d.ld));
   }
-  if (bf16) cpu::RoundToBf16(d, g.d.ld * g.n);
+  cpu::RoundToType(round, d, g.d.ld * g.n);
 }
 
 // X <- X / max(||X||_F, eps), in the compute dtype's precision.
+// fp16 (whose range bf16's and fp32's values can pass) normalizes in fp32,
+// then rounds, as gram-newton-schulz does; bf16 rounds first, as torch.
 void CpuBackend::Normalize(const NsConfig& config, float* x, int64_t elems) {
   const float norm = NormalizingDivisor(config, x, elems);
   cpu::Divide(x, elems, norm, config.dtype == NsDtype::kBF16);
+  if (config.dtype == NsDtype::kFP16) cpu::RoundToF16(x, elems);
+}
+
+int CpuBackend::RoundType(const NsConfig& config) {
+  switch (config.dtype) {
+    case NsDtype::kBF16: return ew::kBF16;
+    case NsDtype::kFP16: return ew::kF16;
+    default: return ew::kF32;
+  }
 }
 
 float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t elems) {
@@ -394,7 +417,8 @@ absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsPro
 }
 
 DType CpuBackend::SlotDtype(const NsConfig& config) {
-  return config.dtype == NsDtype::kBF16 && NativeBf16() && !native_bf16_->PrefersWide()
+  return config.dtype == NsDtype::kBF16 && config.algorithm == NsAlgorithm::kStandard &&
+                 NativeBf16() && !native_bf16_->PrefersWide()
              ? DType::kBF16
              : DType::kF32;
 }
@@ -469,7 +493,7 @@ void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& prog
 }
 
 void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
-  const bool bf16 = config.dtype == NsDtype::kBF16;
+  const int round = RoundType(config);
   const int64_t elems = program.x_elems;
   // X is the matrix itself (it is the caller's working copy), X' the
   // workspace: one m x n buffer less than a copy would take.
@@ -480,7 +504,7 @@ void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& progr
   // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm* g : ProductsFor(program, abc)) RunGemm(*g, abc, buffers, bf16);
+    for (const NsGemm* g : ProductsFor(program, abc)) RunGemm(*g, abc, buffers, round);
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   x = buffers[static_cast<int>(NsBuffer::kX)];

@@ -97,8 +97,15 @@ class CpuBackend final : public MathBackend {
   void ReleaseWork();
   // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
   // rounded to bf16 when `bf16`.
+  // `round`: an ew:: type each product's result is rounded to.
   static void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
-                      bool bf16);
+                      int round);
+  // The ew:: type the config's products round to (kF32: none).
+  static int RoundType(const NsConfig& config);
+  // Gram Newton-Schulz runs (gram_ns.h): kGram on a matrix that is not square.
+  static bool UsesGram(const NsConfig& config, int64_t rows, int64_t cols) {
+    return config.algorithm == NsAlgorithm::kGram && rows != cols;
+  }
 
   // Workspace, reused across calls: x_next (m x n), gram and poly (m x m) of
   // the largest matrix so far, one block (from `source_` when set); x is the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "muon/common/half.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {
@@ -89,6 +90,58 @@ TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
   ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
   for (float v : u) ASSERT_EQ(FloatBits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
   EXPECT_LT(MaxRelErr(u, want), 0.1);  // bf16 keeps 8 bits; five iterations compound
+}
+
+// Gram Newton-Schulz computes the standard iteration's polynomial through
+// the m x m Gram matrix: in fp32 it lands on the double standard iteration,
+// with or without restarts, at every iteration count.
+TEST_P(NsShapes, GramFp32MatchesTheStandardIterationInDouble) {
+  const Shape s = GetParam();
+  for (uint64_t restarts : {uint64_t{0}, uint64_t{1} << 2, (uint64_t{1} << 2) | (uint64_t{1} << 3)}) {
+    for (int steps : {5, 4, 1, 0}) {
+      NsConfig cfg;
+      cfg.dtype = NsDtype::kFP32;
+      cfg.algorithm = NsAlgorithm::kGram;
+      cfg.gram_restarts = restarts;
+      cfg.coefficients = PolarExpressCoefficients();
+      cfg.steps = steps;
+      auto u = Random(s.rows * s.cols, 6);
+      auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+      // The yardstick: the naive fp32 standard iteration. The Gram form's
+      // round-off grows along its chain of m x m products (Polar Express's
+      // first rows amplify it), which is what restarts cut: restarting at 2
+      // and 3 lands as close as the naive iteration; fewer restarts within
+      // 30 times it (measured: up to 22x without any, at 24 x 8).
+      const double naive = MaxRelErr(ReferenceNewtonSchulzFp32(u, s.rows, s.cols, cfg), want);
+      CpuBackend be;
+      ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
+      const double factor = restarts == ((uint64_t{1} << 2) | (uint64_t{1} << 3)) ? 2 : 30;
+      EXPECT_LT(MaxRelErr(u, want), std::max(1e-5, factor * naive))
+          << steps << " iterations, restarts " << restarts << ", naive fp32 " << naive;
+    }
+  }
+}
+
+// Reduced precision keeps its dtype's values, standard and Gram alike, and
+// stays near the double iteration.
+TEST_P(NsShapes, Fp16AndGramKeepTheirDtypesValues) {
+  const Shape s = GetParam();
+  for (NsDtype dtype : {NsDtype::kFP16, NsDtype::kBF16}) {
+    for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      NsConfig cfg;
+      cfg.dtype = dtype;
+      cfg.algorithm = algorithm;
+      auto u = Random(s.rows * s.cols, 7);
+      for (float& x : u) x *= 3e4f;  // past fp16's range: normalized in fp32 first
+      auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+      CpuBackend be;
+      ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
+      const int type = dtype == NsDtype::kFP16 ? ew::kF16 : ew::kBF16;
+      for (float v : u) ASSERT_EQ(v, ew::RoundTo(type, v)) << "not a value of the dtype: " << v;
+      EXPECT_LT(MaxRelErr(u, want), dtype == NsDtype::kFP16 ? 0.02 : 0.1)
+          << "dtype " << static_cast<int>(dtype) << " algorithm " << static_cast<int>(algorithm);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, NsShapes,

@@ -75,6 +75,7 @@ void Convert(DType src_type, const void* src, DType via, DType dst_type, void* d
   MUON_DISPATCH(Convert, src_type, src, via, dst_type, dst, n)
 }
 void RoundToBf16(float* p, int64_t n) { MUON_DISPATCH(RoundToBf16, p, n) }
+void RoundToF16(float* p, int64_t n) { MUON_DISPATCH(RoundToF16, p, n) }
 double SumSquares(const float* p, int64_t n) { MUON_DISPATCH(SumSquares, p, n) }
 double SumSquaresAsBf16(const float* p, int64_t n) { MUON_DISPATCH(SumSquaresAsBf16, p, n) }
 double SumSquaresBf16(const uint16_t* p, int64_t n) { MUON_DISPATCH(SumSquaresBf16, p, n) }

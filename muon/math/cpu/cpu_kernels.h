@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "muon/common/half.h"
 #include "muon/math/backend.h"
 
 namespace muon {
@@ -21,6 +22,13 @@ const char* LoopLevel();
 
 // p[i] <- p[i] rounded to bf16 (nearest, ties to even; NaNs stay NaN).
 void RoundToBf16(float* p, int64_t n);
+// p[i] <- p[i] rounded to fp16 (nearest, ties to even; beyond its range: inf).
+void RoundToF16(float* p, int64_t n);
+// p[i] rounded to `type` (ew::kF32: unchanged, kBF16, kF16).
+inline void RoundToType(int type, float* p, int64_t n) {
+  if (type == ew::kBF16) RoundToBf16(p, n);
+  if (type == ew::kF16) RoundToF16(p, n);
+}
 // The sum of p[i]^2 in double, in a fixed order whatever the CPU: eight
 // running sums over i mod 8, then added in order.
 double SumSquares(const float* p, int64_t n);

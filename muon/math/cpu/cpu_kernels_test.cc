@@ -94,6 +94,30 @@ std::vector<float> Boundaries() {
   return v;
 }
 
+TEST_P(CpuKernels, F16RoundingAsHalfH) {
+  // Every fp16 value's neighbourhood (its bits shifted to fp32, and the
+  // midpoints and their neighbours), past the range and through subnormals.
+  std::vector<float> in;
+  for (uint32_t h = 0; h < 0x10000u; h += 7) {
+    const float f = ew::F16BitsToFloat(static_cast<uint16_t>(h));
+    const uint32_t bits = ToBits(f);
+    for (uint32_t d : {0u, 1u, 0xfffu, 0x1000u, 0x1001u}) in.push_back(FromBits(bits + d));
+  }
+  in.push_back(70000.0f);
+  in.push_back(-1e-9f);
+  std::vector<float> rounded = in;
+  cpu::RoundToF16(rounded.data(), static_cast<int64_t>(rounded.size()));
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float want = ew::RoundTo(ew::kF16, in[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(rounded[i]));
+    } else {
+      ASSERT_EQ(ToBits(rounded[i]), ToBits(want)) << std::hex << ToBits(in[i]);
+    }
+  }
+  EXPECT_TRUE(std::isinf(rounded[rounded.size() - 2]));
+}
+
 TEST_P(CpuKernels, Bf16RoundingOnEveryBoundary) {
   const std::vector<float> in = Boundaries();
   std::vector<float> rounded = in;
@@ -317,7 +341,9 @@ TEST_P(CpuKernels, ApplyEveryDtypeCombinationMatchesTheElementFunction) {
           decayed += decay != 1.0f;
           ew::Store(p, want.data(), i, ew::ApplyElement(p, pv, uv, decay, -0.02f));
         }
-        if (cautious && n >= 37) ASSERT_LT(decayed, n) << "no element escaped the decay";
+        if (cautious && n >= 37) {
+          ASSERT_LT(decayed, n) << "no element escaped the decay";
+        }
         ApplyArgs a;
         a.param_dtype = D(p);
         a.param = param.data();

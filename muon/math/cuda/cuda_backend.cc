@@ -245,8 +245,23 @@ absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t 
   return absl::OkStatus();
 }
 
+// fp16 Newton-Schulz and Gram Newton-Schulz run on the CPU backend only so
+// far (their GPU program: muon/math/cpu/gram_ns.h).
+absl::Status CudaBackend::Supported(const NsConfig& config) {
+  if (config.dtype == NsDtype::kFP16) {
+    return absl::UnimplementedError(
+        "ns_dtype FP16 runs on the CPU backend only so far; use BF16 or FP32 on a GPU");
+  }
+  if (config.algorithm == NsAlgorithm::kGram) {
+    return absl::UnimplementedError(
+        "ns_algorithm GRAM runs on the CPU backend only so far; use STANDARD on a GPU");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t rows,
                                   int64_t cols) {
+  if (absl::Status st = Supported(config); !st.ok()) return st;
   const NsProgram p = PlanNewtonSchulz(count, rows, cols);
   const size_t elem = config.dtype == NsDtype::kBF16 ? 2 : 4;
   const size_t k = static_cast<size_t>(count);
@@ -289,6 +304,7 @@ DType CudaBackend::SlotDtype(const NsConfig& config) {
 
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
+  if (absl::Status st = Supported(config); !st.ok()) return st;
   if (batch.dtype != DType::kF32 && batch.dtype != SlotDtype(config)) {
     return absl::InternalError("the CUDA backend orthogonalizes fp32 batches, and bf16 ones for "
                                "bf16 Newton-Schulz");

@@ -42,6 +42,8 @@ class CudaBackend final : public MathBackend {
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override;
 
+  // Unimplemented for what only the CPU backend runs (fp16, Gram).
+  static absl::Status Supported(const NsConfig& config);
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override;
 
