@@ -250,6 +250,7 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   }
   o.ns.algorithm = static_cast<NsAlgorithm>(c.ns_algorithm);
   o.ns.gram_restarts = c.ns_gram_restarts;
+  o.skip_nonfinite_updates = c.skip_nonfinite_updates != 0;
   if (c.adjust_lr < 0 || c.adjust_lr > 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         "options->adjust_lr: unknown value ", c.adjust_lr,
@@ -285,10 +286,6 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   if (c.reserved2 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("options->reserved2 is ", c.reserved2, "; it must be 0"));
-  }
-  if (c.reserved4 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("options->reserved4 is ", c.reserved4, "; it must be 0"));
   }
   if (c.reserved3 != 0) {
     return absl::InvalidArgumentError(
@@ -346,6 +343,7 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   c.normuon_eps = o.normuon_eps;
   c.ns_algorithm = static_cast<int32_t>(o.ns.algorithm);
   c.ns_gram_restarts = o.ns.gram_restarts;
+  c.skip_nonfinite_updates = o.skip_nonfinite_updates ? 1 : 0;
   const size_t caller_size = out->struct_size;
   std::memcpy(out, &c, caller_size < sizeof c ? caller_size : sizeof c);
   out->struct_size = caller_size;

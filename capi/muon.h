@@ -406,7 +406,18 @@ typedef struct muon_options_t {
   double normuon_beta2;    /* the moments' decay, in [0, 1). Default 0.95 */
   double normuon_eps;      /* added to each row's root, finite, > 0. Default 1e-8 */
   int32_t ns_algorithm;    /* muon_ns_algorithm_t. Default STANDARD */
-  int32_t reserved4;       /* must be 0 */
+  /* Nonzero: a guard against non-finite updates (Dion's NaN guard). Each
+   * owner counts the non-finite values of the updates it orthogonalized
+   * (after NorMuon), and the ranks agree on the counts (one all_gather of 8
+   * bytes per rank, after the step's outcome): if any rank saw one, no
+   * parameter of any rank changes (the momentum keeps this step's
+   * gradients, which were finite unless skip_nonfinite is off), the step
+   * count grows and muon_stats_t.steps_skipped counts it. CPU backend only
+   * so far; not with MUON_REPLICATED_ZERO2 parameters (their owners apply
+   * inside the step): the first step fails naming the option. Zero
+   * (default): a non-finite update is applied, as torch does. Must be the
+   * same on every rank (checked). */
+  int32_t skip_nonfinite_updates;
   /* GRAM: bit i restarts at iteration i (bit 0 has no effect: iteration 0
    * starts afresh). Default 1 << 2, gram-newton-schulz's. Must be the same
    * on every rank (checked), as ns_algorithm. */

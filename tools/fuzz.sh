@@ -56,7 +56,7 @@ CAPI_SRCS=(
   muon/engine/orthogonalize.cc muon/engine/outcome.cc muon/engine/param.cc
   muon/engine/pipeline.cc muon/engine/registry.cc muon/engine/setup.cc
   muon/engine/storage_index.cc muon/engine/owner_moments.cc muon/engine/qk_clip.cc
-  muon/engine/optimizer_clip.cc
+  muon/engine/optimizer_variants.cc
   muon/engine/state_restore.cc muon/engine/zero2_stepper.cc
   capi/capi_internal.cc capi/comm_capi.cc capi/convert.cc capi/muon_capi.cc
 )

@@ -84,6 +84,10 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
       result = ctx_.device->math().NorMuon({o.normuon_beta2, o.normuon_eps, o.ns.dtype},
                                            {slot, 1, c.rows, c.cols}, &v);
     }
+    if (result.ok() && ctx_.options->skip_nonfinite_updates) {
+      result = ctx_.device->math().CountNonFinite(DType::kF32, slot, c.rows * c.cols,
+                                                  &stats_.nonfinite_updates);
+    }
     if (result.ok()) {
       stats_.orthogonalized += 1;
       stats_.ns_flops += c.flops;
@@ -101,6 +105,7 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
 absl::Status CustomStepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
+  stats_.nonfinite_updates = 0;
   absl::Status first;
   for (const CustomUnit& c : units_) {
     if (c.local < 0) continue;

@@ -314,6 +314,10 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
                                slot_dtype_};
     st = ctx_.device->math().Orthogonalize(ctx_.options->ns, matrices);
     if (st.ok() && ctx_.moments != nullptr) st = NorMuon(round, k, matrices);
+    if (st.ok() && ctx_.options->skip_nonfinite_updates) {
+      st = ctx_.device->math().CountNonFinite(slot_dtype_, matrices.data,
+                                              b.count * b.rows * b.cols, &stats_.nonfinite_updates);
+    }
   }
   // The split matrices' sums are collectives: issued even after a failure.
   if (!splits_[static_cast<size_t>(round)].members.empty()) {
@@ -327,6 +331,7 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
 absl::Status ExchangeStepper::Run(void* stream, bool failed) {
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
+  stats_.nonfinite_updates = 0;
   // The first failure of this step so far (both lanes note theirs), for the
   // verdict the last scatter carries.
   std::mutex mu;

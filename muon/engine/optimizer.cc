@@ -150,8 +150,13 @@ absl::Status Optimizer::Step(void* stream) {
                             ex.carries_verdicts() ? &ex.verdicts() : nullptr, &setup_->agree)
              : local.status();
   // Applied only where every rank succeeded (a device error there poisons
-  // this rank, whose next step every rank then fails).
-  if (st.ok()) st = ApplyUpdates();
+  // this rank, whose next step every rank then fails), and every update is
+  // finite when skip_nonfinite_updates asks.
+  absl::StatusOr<bool> skip = false;
+  if (st.ok() && options_.skip_nonfinite_updates) skip = AgreeToSkipUpdates(shared, stream);
+  if (!skip.ok()) st = skip.status();
+  if (st.ok() && !*skip) st = ApplyUpdates();
+  if (st.ok() && *skip) ++stats_.steps_skipped;  // the momentum stepped; no parameter
   if (!st.ok()) {
     if (poisoned_.empty()) Poison(st);
     return st;

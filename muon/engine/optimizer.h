@@ -132,6 +132,9 @@ class Optimizer {
   // skip_nonfinite: whether every rank skips this step (a gradient of some
   // rank is not finite), agreed before anything changes.
   absl::StatusOr<bool> AgreeToSkip(bool shared, bool local_ok, void* stream);
+  // skip_nonfinite_updates: whether some rank's orthogonalized updates hold
+  // a non-finite value (one all_gather of the counts).
+  absl::StatusOr<bool> AgreeToSkipUpdates(bool shared, void* stream);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
   // With NorMuon: the moments the blob holds (after the first step the
   // matrices this rank owns, before it what was loaded), with their values

@@ -42,6 +42,9 @@ struct Options {
   double update_scale = 1.0;
   // Cautious weight decay (muon_options_t.cautious_wd).
   bool cautious_wd = false;
+  // Skip the step on every rank when an orthogonalized update is not finite
+  // (muon_options_t.skip_nonfinite_updates).
+  bool skip_nonfinite_updates = false;
   // NorMuon (muon_options_t.normuon; muon/math/normuon.h).
   bool normuon = false;
   double normuon_beta2 = 0.95;

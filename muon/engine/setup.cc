@@ -25,7 +25,9 @@ std::string Fingerprint(const Options& o) {
                                " normuon_beta2=", o.normuon_beta2,
                                " normuon_eps=", o.normuon_eps,
                                " ns_algorithm=", static_cast<int>(o.ns.algorithm),
-                               " gram_restarts=", o.ns.gram_restarts, " coefficients=");
+                               " gram_restarts=", o.ns.gram_restarts,
+                               " skip_nonfinite_updates=", o.skip_nonfinite_updates,
+                               " coefficients=");
   for (const auto& c : o.ns.coefficients) absl::StrAppend(&f, c[0], ",", c[1], ",", c[2], ";");
   return f;
 }
@@ -129,6 +131,15 @@ absl::Status Build(Registry& registry, const Options& options,
   ctx.options = &options;
   ctx.params = &params;
   ctx.updates = &s->updates;
+  if (options.skip_nonfinite_updates &&
+      (plan.zero2_matrices > 0 || !registry.device()->is_host())) {
+    return absl::UnimplementedError(absl::StrCat(
+        "skip_nonfinite_updates: ",
+        plan.zero2_matrices > 0 ? "MUON_REPLICATED_ZERO2 parameters are applied by their owners "
+                                  "inside the step, before the ranks could agree to skip it"
+                                : "the guard runs on the CPU backend only so far",
+        "; turn it off"));
+  }
   if (options.normuon) {
     if (!registry.device()->is_host()) {
       return absl::UnimplementedError(

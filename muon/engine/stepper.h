@@ -52,6 +52,9 @@ struct StepperStats {
   int64_t orthogonalized = 0;  // last step, this rank
   double ns_flops = 0;         // last step, this rank
   int64_t nonfinite = 0;       // last step: non-finite gradient elements its momentum pass read
+  // last step, with skip_nonfinite_updates: non-finite values in the updates
+  // this rank orthogonalized
+  int64_t nonfinite_updates = 0;
 };
 
 class Stepper {

@@ -60,7 +60,7 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved3) == 204, opt_reserved
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, normuon_beta2) == 208, opt_normuon_beta2);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, normuon_eps) == 216, opt_normuon_eps);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, ns_algorithm) == 224, opt_ns_algorithm);
-MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, reserved4) == 228, opt_reserved4);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, skip_nonfinite_updates) == 228, opt_skip_updates);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_options_t, ns_gram_restarts) == 232, opt_gram_restarts);
 MUON_TEST_STATIC_ASSERT(sizeof(muon_options_t) == 240, opt_sizeof);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_qk_clip_layer_t, num_heads) == 24, qk_num_heads);
@@ -296,7 +296,7 @@ static void test_struct_sizes_and_init(void) {
   CHECK(o.update_scale == 1.0 && o.cautious_wd == 0);
   CHECK(o.normuon == 0 && o.reserved3 == 0);
   CHECK(o.normuon_beta2 == 0.95 && o.normuon_eps == 1e-8);
-  CHECK(o.ns_algorithm == MUON_NS_STANDARD && o.reserved4 == 0 && o.ns_gram_restarts == 4);
+  CHECK(o.ns_algorithm == MUON_NS_STANDARD && o.skip_nonfinite_updates == 0 && o.ns_gram_restarts == 4);
 
   CHECK_STATUS(muon_options_init(NULL, sizeof o), MUON_INVALID_ARGUMENT, "options");
   CHECK_STATUS(muon_options_init(&o, 8), MUON_INVALID_ARGUMENT, "struct_size");

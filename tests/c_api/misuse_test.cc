@@ -734,8 +734,6 @@ std::vector<Case> Cases() {
         o.ns_algorithm = MUON_NS_GRAM;
         o.assignment = MUON_ASSIGNMENT_SPLIT;
       }));
-  add("create_reserved4", E, IA, {"options->reserved4 is 1; it must be 0"},
-      CreateWith([](muon_options_t& o) { o.reserved4 = 1; }));
   add("create_assignment_unknown", E, IA, {"options->assignment", "unknown value 5"},
       CreateWith([](muon_options_t& o) { o.assignment = 5; }));
   add("create_assignment_negative", E, IA, {"options->assignment", "unknown value -1"},

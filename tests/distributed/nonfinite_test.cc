@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "capi/muon.h"
@@ -214,6 +215,97 @@ TEST(NonFinite, AnUnknownDeviceCodeIsRefusedWithTheOption) {
   EXPECT_NE(msg.find("DLPack device type 99"), std::string::npos) << msg;
   EXPECT_EQ(id, -1);
   muon_destroy(opt);
+}
+
+// skip_nonfinite_updates: finite gradients, an update that overflows on its
+// owner only (coefficients that blow up every matrix but a zero one), and
+// every rank keeps its parameters; without the guard the overflow lands.
+struct GuardRun {
+  std::vector<std::vector<float>> a, b;  // per rank, after the step
+  std::vector<muon_stats_t> stats;
+  std::vector<std::string> errors;
+};
+
+GuardRun RunGuard(int guard) {
+  const int n = 2;
+  muon_inprocess_world_t* world = nullptr;
+  EXPECT_EQ(muon_inprocess_world_create(n, &world), MUON_OK);
+  GuardRun run;
+  run.a.resize(n);
+  run.b.resize(n);
+  run.stats.resize(n);
+  run.errors.resize(n);
+  auto body = [&](int rank) {
+    muon_options_t o;
+    muon_options_init(&o, sizeof o);
+    o.ns_dtype = MUON_NS_DTYPE_FP32;
+    o.ns_a = 1e30;  // X grows by 1e30 an iteration: inf by the second
+    o.ns_b = 0.0;
+    o.ns_c = 0.0;
+    o.ns_steps = 3;
+    o.skip_nonfinite_updates = guard;
+    muon_optimizer_t* opt = nullptr;
+    muon_create(&o, &opt);
+    muon_comm_t comm;
+    muon_inprocess_comm(world, nullptr, 0, rank, &comm);
+    int32_t wid = -1;
+    muon_set_world(opt, &comm, &wid);
+    std::vector<float>& a = run.a[rank];
+    std::vector<float>& b = run.b[rank];
+    a.assign(kN, 0.25f);
+    b.assign(kN, 0.25f);
+    std::vector<float> ga(kN, 0.0f), gb(kN);
+    for (int i = 0; i < kN; ++i) gb[i] = Grad(0, i);
+    int64_t shape[2] = {kRows, kCols};
+    muon_placement_t pl;
+    std::memset(&pl, 0, sizeof pl);
+    pl.kind = MUON_PLACEMENT_REPLICATE;
+    pl.group = wid;
+    muon_status_t st = MUON_OK;
+    for (auto [name, v, g] : {std::make_tuple("a", &a, &ga), std::make_tuple("b", &b, &gb)}) {
+      DLTensor vt = Tensor(v->data(), shape), gt = Tensor(g->data(), shape);
+      muon_param_options_t po;
+      muon_param_options_init(&po, sizeof po);
+      po.name = name;
+      po.global_ndim = 2;
+      po.global_shape = shape;
+      po.num_placements = 1;
+      po.placements = &pl;
+      int64_t id = -1;
+      if (st == MUON_OK) st = muon_register_param(opt, &vt, &gt, &po, &id);
+    }
+    if (st == MUON_OK) st = muon_step(opt, nullptr);
+    if (st != MUON_OK) run.errors[rank] = muon_last_error_message();
+    muon_stats_init(&run.stats[rank], sizeof run.stats[rank]);
+    muon_get_stats(opt, &run.stats[rank]);
+    muon_destroy(opt);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+  muon_inprocess_world_destroy(world);
+  return run;
+}
+
+TEST(NonFiniteUpdates, OneOwnersOverflowSkipsTheUpdateOnEveryRank) {
+  const GuardRun off = RunGuard(0);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(off.errors[r].empty()) << off.errors[r];
+    EXPECT_FALSE(std::all_of(off.b[r].begin(), off.b[r].end(),
+                             [](float x) { return std::isfinite(x); }))
+        << "the premise: without the guard the overflow lands";
+    EXPECT_TRUE(std::all_of(off.a[r].begin(), off.a[r].end(),
+                            [](float x) { return std::isfinite(x); }));
+    EXPECT_EQ(off.stats[r].matrices_owned, 1) << "each rank owns one of the two";
+  }
+  const GuardRun on = RunGuard(1);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(on.errors[r].empty()) << "rank " << r << ": " << on.errors[r];
+    EXPECT_EQ(on.stats[r].steps_skipped, 1) << "rank " << r;
+    EXPECT_EQ(on.stats[r].steps, 1) << "the momentum stepped: the step counts";
+    EXPECT_EQ(on.a[r], std::vector<float>(kN, 0.25f)) << "rank " << r;
+    EXPECT_EQ(on.b[r], std::vector<float>(kN, 0.25f)) << "rank " << r;
+  }
 }
 
 }  // namespace

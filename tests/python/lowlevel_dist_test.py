@@ -609,12 +609,12 @@ def test_struct_layouts_follow_the_header():
     # 0.6: update_scale, cautious_wd, reserved2.
     assert (_lib.muon_options_t.update_scale.offset, _lib.muon_options_t.cautious_wd.offset,
             _lib.muon_options_t.reserved2.offset) == (184, 192, 196)
-    # 0.7: normuon, reserved3, normuon_beta2, normuon_eps, ns_algorithm, reserved4,
+    # 0.7: normuon, reserved3, normuon_beta2, normuon_eps, ns_algorithm, skip_nonfinite_updates,
     # ns_gram_restarts.
     o = _lib.muon_options_t
     assert (o.normuon.offset, o.reserved3.offset, o.normuon_beta2.offset,
             o.normuon_eps.offset) == (200, 204, 208, 216)
-    assert (o.ns_algorithm.offset, o.reserved4.offset, o.ns_gram_restarts.offset) == (
+    assert (o.ns_algorithm.offset, o.skip_nonfinite_updates.offset, o.ns_gram_restarts.offset) == (
         224, 228, 232)
     assert ctypes.sizeof(_lib.muon_options_t) == 240
     qk = _lib.muon_qk_clip_layer_t  # 0.7

@@ -701,3 +701,19 @@ def test_qk_clip_refuses_what_it_cannot_clip():
     with pytest.raises(muon.MuonError, match="meet key head"):
         opt.qk_clip({overlap: [200.0, 1.0]}, tau=100.0)
     assert torch.equal(w.detach(), before)
+
+
+def test_skip_nonfinite_updates_keeps_the_params_of_an_overflowing_step():
+    # Coefficients that overflow fp32 by the second iteration: every update
+    # is non-finite; the guard keeps the parameter, and the step is counted
+    # as skipped. Without it, the parameter turns non-finite (as torch's).
+    outs = {}
+    for guard in (False, True):
+        w = torch.nn.Parameter(torch.full((6, 4), 0.25))
+        w.grad = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+        opt = muon.Muon([w], lr=0.02, ns_coefficients=(1e30, 0.0, 0.0), ns_steps=3,
+                        ns_dtype="fp32", skip_nonfinite_updates=guard)
+        opt.step()
+        outs[guard] = (w.detach().clone(), opt.stats()["steps_skipped"])
+    assert not torch.isfinite(outs[False][0]).all()
+    assert torch.equal(outs[True][0], torch.full((6, 4), 0.25)) and outs[True][1] == 1

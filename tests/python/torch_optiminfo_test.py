@@ -160,7 +160,7 @@ def test_the_info_is_the_one_these_checks_cover():
 # muon.Muon's own options, beyond torch.optim.Muon's (docs: README, muon.Muon).
 OWN_KEYS = {"ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd",
             "extra_scale_factor", "cautious_wd", "normuon", "normuon_beta2", "normuon_eps",
-            "ns_algorithm", "gram_restarts"}
+            "ns_algorithm", "gram_restarts", "skip_nonfinite_updates"}
 
 
 def test_param_group_keys_are_torchs_plus_documented_ones():

@@ -186,7 +186,7 @@ class muon_options_t(ctypes.Structure):
         ("normuon_beta2", ctypes.c_double),
         ("normuon_eps", ctypes.c_double),
         ("ns_algorithm", ctypes.c_int32),
-        ("reserved4", ctypes.c_int32),
+        ("skip_nonfinite_updates", ctypes.c_int32),
         ("ns_gram_restarts", ctypes.c_uint64),
     ]
 

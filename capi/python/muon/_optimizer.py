@@ -195,6 +195,8 @@ class Optimizer:
     (Emerging-Optimizers' extra_scale_factor; weight decay keeps the plain lr).
     cautious_wd: decay an element only where its update and its value have
     the same sign (cautious weight decay, arXiv 2510.12402).
+    skip_nonfinite_updates: no parameter changes on any rank when an
+    orthogonalized update holds a non-finite value (a NaN guard).
     ns_algorithm: "standard" or "gram" (Gram Newton-Schulz: the iterations on
     the m x m Gram matrix, restarting at the iterations in gram_restarts,
     default (2,)). ns_dtype also takes "fp16".
@@ -211,7 +213,8 @@ class Optimizer:
                  momentum_fp32=None, assignment=None, prefetch_count=None,
                  async_parallelism=None, round_bytes=None, skip_nonfinite=None,
                  update_in_grad=None, update_scale=None, cautious_wd=None, normuon=None,
-                 normuon_beta2=None, normuon_eps=None, ns_algorithm=None, gram_restarts=None):
+                 normuon_beta2=None, normuon_eps=None, ns_algorithm=None, gram_restarts=None,
+                 skip_nonfinite_updates=None):
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -255,6 +258,8 @@ class Optimizer:
             o.normuon_beta2 = float(normuon_beta2)
         if normuon_eps is not None:
             o.normuon_eps = float(normuon_eps)
+        if skip_nonfinite_updates is not None:
+            o.skip_nonfinite_updates = 1 if skip_nonfinite_updates else 0
         if ns_algorithm is not None:
             o.ns_algorithm = _choice("ns_algorithm", ns_algorithm, _NS_ALGORITHM)
         if gram_restarts is not None:

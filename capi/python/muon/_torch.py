@@ -43,7 +43,8 @@ _VARIANTS = (("extra_scale_factor", "update_scale", 1.0, float),
              ("normuon_beta2", "normuon_beta2", 0.95, float),
              ("normuon_eps", "normuon_eps", 1e-8, float),
              ("ns_algorithm", "ns_algorithm", "standard", str),
-             ("gram_restarts", "gram_restarts", (2,), tuple))
+             ("gram_restarts", "gram_restarts", (2,), tuple),
+             ("skip_nonfinite_updates", "skip_nonfinite_updates", False, bool))
 _GROUP_KEYS = _TORCH_GROUP_KEYS + ("ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps",
                                    "adamw_wd") + tuple(v[0] for v in _VARIANTS)
 # What __getstate__ returns carries this key; torch's load_state_dict calls
@@ -296,7 +297,8 @@ class Muon(torch.optim.Optimizer):
          adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
          adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
          extra_scale_factor=1.0, cautious_wd=False, normuon=False, normuon_beta2=0.95,
-         normuon_eps=1e-8, ns_algorithm="standard", gram_restarts=(2,))
+         normuon_eps=1e-8, ns_algorithm="standard", gram_restarts=(2,),
+         skip_nonfinite_updates=False)
 
     params: parameters, or param groups (dicts) with their own values of the
     options. Matrices (2 or more dims; for a sharded parameter, its global
@@ -333,6 +335,8 @@ class Muon(torch.optim.Optimizer):
     ns_algorithm="gram" runs Gram Newton-Schulz (Dao-AILab's, restarting at
     the iterations in gram_restarts); ns_dtype="fp16" computes in fp16 after
     normalizing in fp32. CPU only so far.
+    skip_nonfinite_updates=True: a NaN guard; no parameter changes on any
+    rank when an orthogonalized update holds a non-finite value.
 
     Hyper-parameters are read from each param group before every step, so
     LR schedulers work. A parameter whose .grad is None is skipped, as torch
@@ -365,7 +369,7 @@ class Muon(torch.optim.Optimizer):
                  adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
                  extra_scale_factor=1.0, cautious_wd=False, normuon=False,
                  normuon_beta2=0.95, normuon_eps=1e-8, ns_algorithm="standard",
-                 gram_restarts=(2,)):
+                 gram_restarts=(2,), skip_nonfinite_updates=False):
         if distributed_config is not None and not (
                 callable(getattr(distributed_config, "_attach", None))
                 and callable(getattr(distributed_config, "_options", None))):
@@ -379,7 +383,8 @@ class Muon(torch.optim.Optimizer):
                         adamw_betas=adamw_betas, adamw_eps=adamw_eps, adamw_wd=adamw_wd,
                         extra_scale_factor=extra_scale_factor, cautious_wd=cautious_wd,
                         normuon=normuon, normuon_beta2=normuon_beta2, normuon_eps=normuon_eps,
-                        ns_algorithm=ns_algorithm, gram_restarts=tuple(gram_restarts))
+                        ns_algorithm=ns_algorithm, gram_restarts=tuple(gram_restarts),
+                        skip_nonfinite_updates=skip_nonfinite_updates)
         _check_group(defaults)
         super().__init__(params, defaults)
         for gi, group in self._numbered():
