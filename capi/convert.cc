@@ -218,6 +218,8 @@ void DefaultParamOptions(muon_param_options_t* o) {
   std::memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
   o->matrix_view = MUON_MATRIX_VIEW_2D;
+  o->lr_scale = 1.0;
+  o->weight_decay_scale = 1.0;
 }
 
 absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
@@ -365,6 +367,15 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
   r.name = po.name ? po.name : "";
   r.view = po.matrix_view;
   if (po.reserved1 != 0) return absl::InvalidArgumentError("options->reserved1 must be 0");
+  for (const auto& [v, field] : {std::pair<double, const char*>{po.lr_scale, "lr_scale"},
+                                 {po.weight_decay_scale, "weight_decay_scale"}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->", field, ": ", v, " is invalid; it must be a finite number >= 0"));
+    }
+  }
+  r.lr_scale = po.lr_scale;
+  r.weight_decay_scale = po.weight_decay_scale;
   if (po.replicated_mode != MUON_REPLICATED_HOST_AVERAGED &&
       po.replicated_mode != MUON_REPLICATED_ZERO2) {
     return absl::InvalidArgumentError(absl::StrCat(

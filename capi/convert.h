@@ -50,6 +50,7 @@ struct ParamRegistration {
   int view = MUON_MATRIX_VIEW_2D;
   bool has_layout = false;  // global_shape or placements given
   DistSpec dist;
+  double lr_scale = 1.0, weight_decay_scale = 1.0;
 };
 // `group_size(g)`: the size of group g (for SPLIT_SIZES), or an error.
 absl::StatusOr<ParamRegistration> ParamOptionsFromC(
@@ -59,6 +60,7 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
 // A custom-path registration: `options` (required: the name) and `layout`.
 struct CustomRegistration {
   std::string name;
+  double lr_scale = 1.0, weight_decay_scale = 1.0;
   int64_t rows = 0;
   int64_t cols = 0;
   std::shared_ptr<CustomPath> path;  // the host's callbacks as core functions

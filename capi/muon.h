@@ -21,7 +21,7 @@
  *   struct_size must be the sizeof the struct had in some released header:
  *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6),
  *                           240 (0.7)
- *     muon_param_options_t  24 (0.1), 56 (0.2)
+ *     muon_param_options_t  24 (0.1), 56 (0.2), 72 (0.7)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
  *     muon_comm_t           72 (0.2)
@@ -547,6 +547,15 @@ typedef struct muon_param_options_t {
   /* muon_replicated_mode_t. Default HOST_AVERAGED. */
   int32_t replicated_mode;
   int32_t reserved1;    /* must be 0 */
+  /* ---- 0.7: per-parameter multipliers (Megatron's lr_mult, wd_mult) ---- */
+  /* The parameter steps with lr * lr_scale (the update: lr * lr_scale *
+   * adjust_lr(A, B) * update_scale) and decays with weight_decay *
+   * weight_decay_scale (and the plain lr). Finite, >= 0. Default 1.0 each.
+   * With a world, every rank holding a piece registers the same values
+   * (checked at the first step). weight_decay_scale other than 1 runs on
+   * the CPU backend only so far (on a GPU the first step fails, naming it). */
+  double lr_scale;
+  double weight_decay_scale;
 } muon_param_options_t;
 
 MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,

@@ -170,6 +170,7 @@ muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
     auto id = opt->impl->RegisterParam(param, grad, r->name, r->view,
                                        r->has_layout ? &r->dist : nullptr);
     if (!id.ok()) return id.status();
+    opt->impl->SetParamScales(*id, r->lr_scale, r->weight_decay_scale);  // checked above
     *param_id = *id;
     return absl::OkStatus();
   });
@@ -188,6 +189,7 @@ muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* 
     auto id = opt->impl->RegisterCustomParam(param, grad, r->name, r->rows, r->cols,
                                              std::move(r->path));
     if (!id.ok()) return id.status();
+    opt->impl->SetParamScales(*id, r->lr_scale, r->weight_decay_scale);  // checked above
     *param_id = *id;
     return absl::OkStatus();
   });

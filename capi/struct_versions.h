@@ -67,6 +67,7 @@ inline constexpr StructVersion kOptions[] = {
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved1), "0.2"},
+    {MUON_SIZE_ENDING_AT_(muon_param_options_t, weight_decay_scale), "0.7"},
 };
 inline constexpr StructVersion kStats[] = {
     {MUON_SIZE_ENDING_AT_(muon_stats_t, matrices_owned), "0.2"},
@@ -98,7 +99,9 @@ static_assert(kStats[1].size == offsetof(muon_stats_t, memory_bytes), "stats 0.5
 // The last version is this header's struct: a field added at the end fails
 // here until it has its row above.
 static_assert(kOptions[5].size == sizeof(muon_options_t), "muon_options_t grew: add a version");
-static_assert(kParamOptions[1].size == sizeof(muon_param_options_t),
+static_assert(kParamOptions[1].size == offsetof(muon_param_options_t, lr_scale),
+              "param options 0.7 starts");
+static_assert(kParamOptions[2].size == sizeof(muon_param_options_t),
               "muon_param_options_t grew: add a version");
 static_assert(kStats[2].size == sizeof(muon_stats_t), "muon_stats_t grew: add a version");
 static_assert(kCustomLayout[0].size == sizeof(muon_custom_layout_t),
@@ -111,7 +114,8 @@ static_assert(kQkClipLayer[0].size == sizeof(muon_qk_clip_layer_t),
 static_assert(kOptions[0].size == 104 && kOptions[1].size == 144 && kOptions[2].size == 152 &&
                   kOptions[3].size == 184 && kOptions[4].size == 200 && kOptions[5].size == 240,
               "muon_options_t's published sizes");
-static_assert(kParamOptions[0].size == 24 && kParamOptions[1].size == 56,
+static_assert(kParamOptions[0].size == 24 && kParamOptions[1].size == 56 &&
+                  kParamOptions[2].size == 72,
               "muon_param_options_t's published sizes");
 static_assert(kStats[0].size == 80 && kStats[1].size == 96 && kStats[2].size == 128,
               "muon_stats_t's published sizes");

@@ -73,6 +73,13 @@ class Optimizer {
   absl::StatusOr<int64_t> RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
                                               const std::string& name, int64_t rows,
                                               int64_t cols, std::shared_ptr<CustomPath> path);
+  // A registered parameter's multipliers (muon_param_options_t; checked by
+  // the caller: finite, >= 0; `id` just registered).
+  void SetParamScales(int64_t id, double lr_scale, double weight_decay_scale) {
+    Param& p = registry_.params()[static_cast<size_t>(id)];
+    p.lr_scale = lr_scale;
+    p.weight_decay_scale = weight_decay_scale;
+  }
   absl::Status RebindParam(int64_t id, const DLTensor* value, const DLTensor* grad) {
     return registry_.Rebind(id, value, grad);
   }

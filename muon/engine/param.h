@@ -64,6 +64,9 @@ struct Param {
   // momentum (ZeRO-2): the setup checks that this rank does not own it.
   bool momentum_elsewhere = false;
   bool active = true;       // false while no gradient is bound (skipped by steps)
+  // Its multipliers (muon_param_options_t): lr * lr_scale, weight decay *
+  // weight_decay_scale.
+  double lr_scale = 1.0, weight_decay_scale = 1.0;
 
   int64_t numel() const { return value.numel(); }  // local elements
   size_t momentum_bytes() const { return static_cast<size_t>(numel()) * SizeOf(state_dtype); }

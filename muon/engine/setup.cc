@@ -60,6 +60,8 @@ RankDesc Describe(const Registry& registry, std::vector<std::vector<int>> member
     d.global_shape = p.global_shape;
     d.layout = p.layout;
     d.zero2 = p.zero2_group >= 0 ? 1 : 0;
+    d.lr_scale = p.lr_scale;
+    d.weight_decay_scale = p.weight_decay_scale;
     if (p.custom) {
       std::string detail;
       const int owner = p.custom->assign(world.size(), &detail);

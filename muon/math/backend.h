@@ -97,6 +97,9 @@ struct ApplyArgs {
   // Cautious weight decay: the decay only where update * param >= 0
   // (ew::CautiousDecay).
   bool cautious = false;
+  // The parameter's decay: weight_decay * weight_decay_scale (1 exactly: the
+  // step's weight decay as it is).
+  double weight_decay_scale = 1.0;
 };
 
 // What every tensor of one Apply call shares.

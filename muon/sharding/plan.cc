@@ -139,6 +139,12 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
             " but rank ", p.custom_owner, " on rank ", r.world_rank,
             "; it must give the same owner on every rank"));
       }
+      if (p.lr_scale != q.lr_scale || p.weight_decay_scale != q.weight_decay_scale) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " registered it with lr_scale ", q.lr_scale,
+            " and weight_decay_scale ", q.weight_decay_scale, ", rank ", r.world_rank, " with ",
+            p.lr_scale, " and ", p.weight_decay_scale, "; every holder must give the same"));
+      }
       if (p.param_dtype != q.param_dtype || p.state_dtype != q.state_dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
             "param '", p.name, "': ranks ", qr, " and ", r.world_rank,

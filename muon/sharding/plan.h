@@ -31,6 +31,7 @@ struct RankParamDesc {
   Layout layout;  // group indices refer to the registering rank's groups
   int32_t custom_owner = -1;  // >= 0: on the custom path, orthogonalized there
   uint8_t zero2 = 0;          // 1: ZeRO-2 replicated mode (outside the plan's units)
+  double lr_scale = 1.0, weight_decay_scale = 1.0;  // every holder's must agree
 };
 
 struct RankDesc {

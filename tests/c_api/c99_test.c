@@ -80,7 +80,9 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, global_shape) == 32, popt
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, placements) == 40, popt_placements);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, replicated_mode) == 48, popt_replicated_mode);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, reserved1) == 52, popt_reserved1);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 56, popt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, lr_scale) == 56, popt_lr_scale);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, weight_decay_scale) == 64, popt_wd_scale);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 72, popt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, kind) == 0, pl_kind);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, group) == 4, pl_group);
@@ -307,6 +309,7 @@ static void test_struct_sizes_and_init(void) {
   CHECK(po.name == NULL);
   CHECK(po.matrix_view == MUON_MATRIX_VIEW_2D);
   CHECK(po.reserved0 == 0);
+  CHECK(po.lr_scale == 1.0 && po.weight_decay_scale == 1.0);
 }
 
 static void test_create_errors(void) {

@@ -816,6 +816,15 @@ std::vector<Case> Cases() {
         muon_param_options_t o = f.Named("x");
         return muon_register_param(f.opt, &p, nullptr, &o, &f.out.id);
       });
+  // ---- per-parameter multipliers ----
+  add("register_lr_scale_negative", P, IA, {"options->lr_scale: -0.5 is invalid", ">= 0"},
+      RegisterWith([](Fixture&, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.lr_scale = -0.5;
+      }));
+  add("register_weight_decay_scale_nan", P, IA, {"options->weight_decay_scale: nan"},
+      RegisterWith([](Fixture&, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.weight_decay_scale = std::nan("");
+      }));
   // ---- tensors ----
   add("register_null_data", P, IA, {"param 'x'", "data pointer is NULL"},
       RegisterWith(

@@ -202,6 +202,30 @@ TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
   ExpectEquivalent(c, cfg);
 }
 
+// Per-parameter lr and weight-decay multipliers over sharded, flat and
+// replicated layouts: each holder applies them to its pieces.
+TEST_P(WorldSize, PerParameterScalesAreBitIdentical) {
+  const int n = GetParam();
+  Case c{"scales", Mesh{{n}}, {}};
+  c.model = {
+      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"r", {6, 6}, MUON_MATRIX_VIEW_2D, {Replicate(0)}, nullptr},
+  };
+  c.model[0].lr_scale = 0.5;
+  c.model[1].weight_decay_scale = 0.0;
+  c.model[2].lr_scale = 3.0;
+  c.model[2].weight_decay_scale = 2.0;
+  RunConfig cfg;
+  cfg.steps = 4;
+  RunConfig plain;
+  plain.steps = 4;
+  std::vector<TParam> unscaled = c.model;
+  for (TParam& p : unscaled) p.lr_scale = p.weight_decay_scale = 1.0;
+  EXPECT_NE(RunReference(c.model, cfg), RunReference(unscaled, plain)) << "no scale counted";
+  ExpectEquivalent(c, cfg);
+}
+
 // QK-Clip after the steps, on a fused QKV projection (GQA: 4 query heads of
 // 3 rows, 2 key heads) and on separate W_q / W_k with MLA's rotary rows:
 // each rank scales its own pieces, bit for bit with one process.

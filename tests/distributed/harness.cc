@@ -246,6 +246,8 @@ std::vector<std::vector<float>> RunReference(const std::vector<TParam>& model,
     muon_param_options_init(&po, sizeof po);
     po.name = p.name.c_str();
     po.matrix_view = p.view;
+    po.lr_scale = p.lr_scale;
+    po.weight_decay_scale = p.weight_decay_scale;
     int64_t id;
     if (muon_register_param(opt, &v, &g, &po, &id) != MUON_OK) {
       muon_destroy(opt);
@@ -420,6 +422,8 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       po.name = p.name.c_str();
       po.matrix_view = p.view;
       po.replicated_mode = p.replicated_mode;
+      po.lr_scale = p.lr_scale;
+      po.weight_decay_scale = p.weight_decay_scale;
       po.global_ndim = static_cast<int32_t>(p.shape.size());
       po.global_shape = p.shape.data();
       po.num_placements = static_cast<int32_t>(placements[j].size());

@@ -120,6 +120,16 @@ TEST(Misuse, CustomAssignmentMustNameHoldersAndAgree) {
   ExpectAllFail(RunDistributed(model, Mesh{{4}}, cfg), {"different plan"});
 }
 
+TEST(Misuse, HoldersGivingDifferentScalesAreNamed) {
+  RunConfig cfg;
+  cfg.steps = 1;
+  cfg.mutate = [](int rank, TParam* p, int64_t*, int64_t*) {
+    if (rank == 3 && p->name == "w") p->weight_decay_scale = 0.0;
+  };
+  ExpectAllFail(RunDistributed(Model(), Mesh{{2, 2}}, cfg),
+                {"param 'w'", "weight_decay_scale", "every holder must give the same"});
+}
+
 TEST(Misuse, CommunicatorFailureMidStepPoisonsUntilRestored) {
   RunConfig cfg;
   cfg.steps = 3;

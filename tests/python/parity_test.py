@@ -547,3 +547,35 @@ def test_momentum_fp32_with_bf16_params():
     assert state.dtype == torch.float32
     one = reference_lerp(torch.zeros(4, 6), g, 1 - 0.95)
     assert torch.allclose(state, reference_lerp(one, g, 1 - 0.95), rtol=0, atol=1e-7)
+
+
+def test_fp32_per_parameter_scales():
+    # lr_scale and weight_decay_scale per parameter (Megatron's lr_mult and
+    # wd_mult): each parameter against a reference of its own whose lr and
+    # weight decay carry them (decay lr * wd * wd_scale, update lr * lr_scale).
+    gen = torch.Generator().manual_seed(11)
+    shapes = [(24, 16), (16, 40), (12, 12)]
+    scales = [(1.0, 1.0), (0.5, 0.0), (2.0, 3.0)]
+    lr, wd = 0.02, 0.1
+    init = [torch.randn(s, generator=gen) * 0.5 for s in shapes]
+    params = [x.clone() for x in init]
+    grads = [torch.zeros_like(p) for p in params]
+    refs = [ReferenceMuon([x.clone()], ["2d"], lr=lr * ls, weight_decay=wd * ws / ls,
+                          ns_dtype=torch.float32)
+            for x, (ls, ws) in zip(init, scales)]
+    with muon.Optimizer(lr=lr, weight_decay=wd, ns_dtype="fp32") as opt:
+        for i, (p, g, (ls, ws)) in enumerate(zip(params, grads, scales)):
+            opt.register(p, g, name="p%d" % i, lr_scale=ls, weight_decay_scale=ws)
+        for _ in range(8):
+            step = [torch.randn(s, generator=gen) for s in shapes]
+            for g, s in zip(grads, step):
+                g.copy_(s)
+            opt.step()
+            for ref, s in zip(refs, step):
+                ref.step([s])
+    for i, (p, ref) in enumerate(zip(params, refs)):
+        diff = (p - ref.params[0]).abs().max().item() / ref.params[0].abs().max().item()
+        assert diff <= 1e-5, ("p%d" % i, diff)
+    with pytest.raises(muon.MuonError, match="options->lr_scale: -1 is invalid"):
+        with muon.Optimizer() as opt:
+            opt.register(torch.zeros(4, 4), torch.zeros(4, 4), lr_scale=-1)

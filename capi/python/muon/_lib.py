@@ -216,6 +216,9 @@ class muon_param_options_t(ctypes.Structure):
         ("placements", ctypes.POINTER(muon_placement_t)),
         ("replicated_mode", ctypes.c_int32),
         ("reserved1", ctypes.c_int32),
+        # 0.7
+        ("lr_scale", ctypes.c_double),
+        ("weight_decay_scale", ctypes.c_double),
     ]
 
 

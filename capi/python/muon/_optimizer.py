@@ -440,7 +440,8 @@ class Optimizer:
         return TensorView(param), TensorView(grad)
 
     def register(self, param, grad, name=None, matrix_view="2d", global_shape=None,
-                 placements=None, replicated_mode="host_averaged"):
+                 placements=None, replicated_mode="host_averaged", lr_scale=None,
+                 weight_decay_scale=None):
         """Registers a parameter and its gradient; returns the parameter's id.
 
         matrix_view: "2d" (default), "flatten_trailing" ((d0, d1, ...) as one
@@ -454,6 +455,8 @@ class Optimizer:
         replicated_mode: "host_averaged" (the host averaged the gradients, DDP)
         or "zero2" (placements are exactly one Replicate; each rank passes its
         own gradient; the engine averages them and keeps 1/N of the momentum).
+        lr_scale, weight_decay_scale: this parameter's multipliers of lr and
+        weight decay (Megatron's lr_mult, wd_mult; default 1).
         """
         h = self._h()
         self._check_comms_take(param, name)
@@ -463,6 +466,10 @@ class Optimizer:
             if not isinstance(matrix_view, int) else matrix_view
         po.replicated_mode = _choice("replicated_mode", replicated_mode, _REPLICATED_MODE) \
             if not isinstance(replicated_mode, int) else replicated_mode
+        if lr_scale is not None:
+            po.lr_scale = float(lr_scale)
+        if weight_decay_scale is not None:
+            po.weight_decay_scale = float(weight_decay_scale)
         keep = []
         if global_shape is not None:
             shape = [operator.index(d) for d in global_shape]

@@ -62,7 +62,11 @@ absl::Status CpuBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs
     a.param = ElementAt(t.param, t.param_dtype, c.begin);
     a.update = ElementAt(t.update, t.update_dtype, c.begin);
     a.n = c.end - c.begin;
-    cpu::Apply(a, decay, ew::UpdateAlpha(step.scalars->lr, t.lr_ratio));
+    const float own = t.weight_decay_scale == 1.0
+                          ? decay
+                          : ew::DecayFactor(step.scalars->lr,
+                                            step.scalars->weight_decay * t.weight_decay_scale);
+    cpu::Apply(a, own, ew::UpdateAlpha(step.scalars->lr, t.lr_ratio));
   });
   return absl::OkStatus();
 }

@@ -223,6 +223,10 @@ absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArg
   t.resize(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ApplyArgs& a = tensors[i];
+    if (a.weight_decay_scale != 1.0) {
+      return absl::UnimplementedError(
+          "weight_decay_scale other than 1 runs on the CPU backend only so far");
+    }
     t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio,
             static_cast<int>(a.update_dtype), a.cautious ? 1 : 0};
   }
