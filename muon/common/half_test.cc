@@ -56,7 +56,9 @@ TEST(Half, EveryBf16PatternBackToFloat) {
   for (uint32_t b = 0; b < 0x10000u; ++b) {
     const float f = ew::Bf16BitsToFloat(static_cast<uint16_t>(b));
     ASSERT_EQ(ew::Bits(f), b << 16) << b;
-    if (!std::isnan(f)) ASSERT_EQ(ew::FloatToBf16Bits(f), b) << b;  // exact values round-trip
+    if (!std::isnan(f)) {
+      ASSERT_EQ(ew::FloatToBf16Bits(f), b) << b;  // exact values round-trip
+    }
   }
 }
 

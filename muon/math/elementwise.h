@@ -36,9 +36,12 @@ MUON_HD float ApplyElement(int param_type, float p, float update, float decay, f
 // Cautious weight decay (arXiv 2510.12402; Dion, Emerging-Optimizers): the
 // decay factor where update * p >= 0 (the decay moves p the way the update
 // does, or one of them is zero), 1 (no decay) where their signs differ.
-// Signs compared, not the product, which could underflow to 0.
+// Signs compared, not the product, which could underflow to 0; without
+// branches (bitwise ands and ors of the comparisons), so that the CPU loops
+// vectorize. (A NaN update or value makes the element NaN either way.)
 MUON_HD float CautiousDecay(float p, float update, float decay) {
-  return (update == 0.0f || p == 0.0f || (update > 0.0f) == (p > 0.0f)) ? decay : 1.0f;
+  const bool opposed = ((update > 0.0f) & (p < 0.0f)) | ((update < 0.0f) & (p > 0.0f));
+  return opposed ? 1.0f : decay;
 }
 
 // The fp32 factors the element functions take, from the step's double

@@ -218,7 +218,49 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
 
 absl::Status CpuBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
                                  float* const* moments) {
-  return NorMuonHost(batch, moments, step);
+  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NorMuon takes fp32 or bf16 matrices, not ", DTypeName(batch.dtype)));
+  }
+  if (batch.count == 0 || batch.rows <= 0 || batch.cols <= 0) return absl::OkStatus();
+  const int64_t rows = batch.rows, cols = batch.cols;
+  normuon_sums_.resize(static_cast<size_t>(rows));
+  normuon_divisors_.resize(static_cast<size_t>(rows));
+  const bool bf16 = batch.dtype == DType::kBF16;
+  const int threads = cpu::ThreadsPerRankHere();
+  for (int64_t k = 0; k < batch.count; ++k) {
+    if (moments[k] == nullptr) continue;  // not stepped: left as it is
+    auto* f32 = static_cast<float*>(batch.data) + k * rows * cols;
+    auto* b16 = static_cast<uint16_t*>(batch.data) + k * rows * cols;
+    // Row by row on the rank's threads (a row is one chunk: its sum in one
+    // fixed order whatever the threads), sequentially for rows of more.
+    auto rows_do = [&](auto&& fn) {
+      if (cols > cpu::kChunkElements) {
+        for (int64_t i = 0; i < rows; ++i) fn(i);
+        return;
+      }
+      cpu::SplitIntoChunks(static_cast<size_t>(rows), [&](size_t) { return cols; },
+                           &normuon_chunks_);
+      cpu::RunChunks(normuon_chunks_, threads,
+                     [&](const cpu::Chunk& c) { fn(static_cast<int64_t>(c.item)); });
+    };
+    rows_do([&](int64_t i) {
+      normuon_sums_[static_cast<size_t>(i)] =
+          bf16 ? cpu::SumSquaresBf16(b16 + i * cols, cols) : cpu::SumSquares(f32 + i * cols, cols);
+    });
+    NorMuonRowDivisors(normuon_sums_.data(), rows, cols, step.beta2, step.eps, moments[k],
+                       normuon_divisors_.data());
+    rows_do([&](int64_t i) {
+      const float d = normuon_divisors_[static_cast<size_t>(i)];
+      if (bf16) {
+        cpu::DivideBf16(b16 + i * cols, cols, d, b16 + i * cols);
+      } else {
+        cpu::Divide(f32 + i * cols, cols, d, step.ns_dtype == NsDtype::kBF16);
+        if (step.ns_dtype == NsDtype::kFP16) cpu::RoundToF16(f32 + i * cols, cols);
+      }
+    });
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,

@@ -122,6 +122,10 @@ class CpuBackend final : public MathBackend {
   // step): Momentum's and Apply's, and Orthogonalize's.
   std::vector<cpu::Chunk> chunks_, ns_chunks_;
   std::vector<double> partial_sums_;  // ChunkedSumOfSquares's, one per chunk
+  // NorMuon's per-row sums of squares and divisors, sized to the tallest matrix.
+  std::vector<double> normuon_sums_;
+  std::vector<float> normuon_divisors_;
+  std::vector<cpu::Chunk> normuon_chunks_;
 };
 
 // torch's lerp (muon/math/elementwise.h).

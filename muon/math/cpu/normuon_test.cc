@@ -1,6 +1,6 @@
-// NorMuon's normalization against the paper's algorithm (arXiv 2510.05491,
+// NorMuon's normalization (the CPU backend's) against the paper's algorithm (arXiv 2510.05491,
 // with Dion's eps placement) written here in long double, step by step.
-#include "muon/math/normuon.h"
+#include "muon/math/cpu/cpu_backend.h"
 
 #include <cmath>
 #include <random>
@@ -29,6 +29,12 @@ void Reference(std::vector<LD>& o, std::vector<LD>& v, int64_t rows, int64_t col
   for (LD x : o) after += x * x;
   const LD keep = std::sqrt(before) / std::max(std::sqrt(after), eps);
   for (LD& x : o) x *= keep;
+}
+
+absl::Status NorMuonHost(const MatrixBatch& batch, float* const* moments,
+                         const NorMuonStep& step) {
+  CpuBackend backend;
+  return backend.NorMuon(step, batch, moments);
 }
 
 std::vector<float> Random(int64_t n, unsigned seed, float spread) {
