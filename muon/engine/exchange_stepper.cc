@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
           batch.push_back(ctx.moments->Add(plan.params[u.param].name, u.index, b.rows));
           local.push_back(plan.params[u.param].local);
         }
-        s->moment_ptrs_.emplace_back(batch.size());
+        s->moment_ptrs_.resize(std::max(s->moment_ptrs_.size(), batch.size()));
       }
     }
   }
@@ -285,9 +285,7 @@ absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
 absl::Status ExchangeStepper::NorMuon(int round, size_t batch, const MatrixBatch& matrices) {
   const std::vector<int>& ids = moment_ids_[static_cast<size_t>(round)][batch];
   const std::vector<int>& locals = moment_locals_[static_cast<size_t>(round)][batch];
-  size_t first = 0;  // this batch's pointers: after the earlier rounds' and batches'
-  for (int r = 0; r < round; ++r) first += moment_ids_[static_cast<size_t>(r)].size();
-  std::vector<float*>& ptrs = moment_ptrs_[first + batch];
+  std::vector<float*>& ptrs = moment_ptrs_;
   // A parameter skipped this step (no gradient bound: a world of one only)
   // keeps its moments: NorMuon passes over its matrix.
   const std::vector<Param>& params = *ctx_.params;

@@ -122,11 +122,12 @@ class ExchangeStepper : public Stepper {
   std::vector<SplitRound> splits_;
   std::vector<unsigned char> sum_send_, sum_recv_, sum_zeros_;
   // NorMuon (ctx.moments set): per round, per shape batch, the moments' ids
-  // of its matrices in slot order; and per batch of every round in turn, the
-  // pointers NorMuon takes, sized once.
+  // of its matrices in slot order, and their params here (or -1); the
+  // pointers NorMuon takes, sized once for the largest batch (the rounds'
+  // math runs one at a time).
   std::vector<std::vector<std::vector<int>>> moment_ids_;
-  std::vector<std::vector<std::vector<int>>> moment_locals_;  // their params here, or -1
-  std::vector<std::vector<float*>> moment_ptrs_;
+  std::vector<std::vector<std::vector<int>>> moment_locals_;
+  std::vector<float*> moment_ptrs_;
   std::vector<size_t> sum_send_bytes_, sum_send_offsets_, sum_recv_bytes_, sum_recv_offsets_;
 };
 

@@ -525,15 +525,8 @@ void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& prog
       std::fill(poly, poly + program.gram_elems, 0.0f);
     }
     cpu::FoldPolynomial(poly, gram, m, a, b);
-    // W' = poly W (W'^T = W^T poly), poly read as the symmetric matrix its
-    // upper triangle is.
-    if (program.tall) {
-      cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, m, n, 1.0f, poly, m, x, m, 0.0f, x_next,
-                  m);
-    } else {
-      cblas_ssymm(CblasColMajor, CblasRight, CblasUpper, n, m, 1.0f, poly, m, x, n, 0.0f, x_next,
-                  n);
-    }
+    // W' = poly W (W'^T = W^T poly).
+    cpu::SymmetricTimesW(program, poly, x, x_next);
     std::swap(x, x_next);
   }
 }

@@ -29,6 +29,15 @@ void SymmetricTimes(const float* s, const float* b, float a, const float* c, flo
 
 }  // namespace
 
+void SymmetricTimesW(const NsProgram& program, const float* s, const float* x, float* out) {
+  const int m = static_cast<int>(program.m), n = static_cast<int>(program.n);
+  if (program.tall) {
+    cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, m, n, 1.0f, s, m, x, m, 0.0f, out, m);
+  } else {
+    cblas_ssymm(CblasColMajor, CblasRight, CblasUpper, n, m, 1.0f, s, m, x, n, 0.0f, out, n);
+  }
+}
+
 size_t GramWorkFloats(const NsProgram& program) {
   return static_cast<size_t>(program.x_elems + 4 * program.gram_elems);
 }
@@ -52,13 +61,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
   };
   // W <- Q W, Q read as symmetric.
   auto apply_q = [&] {
-    if (program.tall) {
-      cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, mi, ni, 1.0f, q, mi, x, mi, 0.0f, x_next,
-                  mi);
-    } else {
-      cblas_ssymm(CblasColMajor, CblasRight, CblasUpper, ni, mi, 1.0f, q, mi, x, ni, 0.0f, x_next,
-                  ni);
-    }
+    SymmetricTimesW(program, q, x, x_next);
     RoundToType(round, x_next, program.x_elems);
     std::swap(x, x_next);
   };

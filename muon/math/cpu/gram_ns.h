@@ -26,6 +26,11 @@
 namespace muon {
 namespace cpu {
 
+// out = S W in the program's layout (W^T when wide, W when tall), S (m x m,
+// column-major) read as the symmetric matrix its upper triangle is: the
+// update of the standard fp32 iteration and Gram's X = Q W alike.
+void SymmetricTimesW(const NsProgram& program, const float* s, const float* x, float* out);
+
 // The fp32 workspace GramNewtonSchulz takes: X' (m x n) and four m x m.
 size_t GramWorkFloats(const NsProgram& program);
 
