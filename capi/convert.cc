@@ -11,6 +11,7 @@
 #include "capi/codes.h"
 #include "muon/comm/callback_error.h"
 #include "muon/common/matrix_view.h"
+#include "muon/common/status.h"
 #include "muon/math/ns_config.h"
 #include "muon/sharding/assignment.h"
 #include "muon/sharding/layout.h"
@@ -351,6 +352,38 @@ void OptionsToC(const Options& o, muon_options_t* out) {
   out->struct_size = caller_size;
 }
 
+namespace {
+
+// The per-parameter multipliers and split blocks both registrations take
+// (the split's fit to the matrices is checked at registration).
+absl::Status ReadParamExtras(const muon_param_options_t& po, double* lr_scale,
+                             double* weight_decay_scale, BlockSplit* split) {
+  for (const auto& [v, field] : {std::pair<double, const char*>{po.lr_scale, "lr_scale"},
+                                 {po.weight_decay_scale, "weight_decay_scale"}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options->", field, ": ", v, " is invalid; it must be a finite number >= 0"));
+    }
+  }
+  *lr_scale = po.lr_scale;
+  *weight_decay_scale = po.weight_decay_scale;
+  if (po.num_split_sizes < 0 || po.num_split_sizes > kMaxSplitSizes ||
+      (po.num_split_sizes > 0 && po.split_sizes == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->num_split_sizes: ", po.num_split_sizes, " is invalid; give 0 (no split) or 1 "
+        "to ", kMaxSplitSizes, " sizes at options->split_sizes"));
+  }
+  if (po.num_split_sizes == 0 && po.split_dim != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options->split_dim: ", po.split_dim, " is set but no split_sizes are given"));
+  }
+  split->dim = po.split_dim;
+  split->sizes.assign(po.split_sizes, po.split_sizes + po.num_split_sizes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ParamRegistration> ParamOptionsFromC(
     const muon_param_options_t* options,
     const std::function<absl::StatusOr<int>(int group)>& group_size) {
@@ -367,15 +400,8 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
   r.name = po.name ? po.name : "";
   r.view = po.matrix_view;
   if (po.reserved1 != 0) return absl::InvalidArgumentError("options->reserved1 must be 0");
-  for (const auto& [v, field] : {std::pair<double, const char*>{po.lr_scale, "lr_scale"},
-                                 {po.weight_decay_scale, "weight_decay_scale"}}) {
-    if (!(v >= 0) || !std::isfinite(v)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "options->", field, ": ", v, " is invalid; it must be a finite number >= 0"));
-    }
-  }
-  r.lr_scale = po.lr_scale;
-  r.weight_decay_scale = po.weight_decay_scale;
+  MUON_RETURN_IF_ERROR(
+      ReadParamExtras(po, &r.lr_scale, &r.weight_decay_scale, &r.split));
   if (po.replicated_mode != MUON_REPLICATED_HOST_AVERAGED &&
       po.replicated_mode != MUON_REPLICATED_ZERO2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -427,6 +453,8 @@ absl::StatusOr<CustomRegistration> CustomFromC(const muon_param_options_t& optio
         "param '", r.name, "': a custom-path parameter takes no global_shape, placements or "
         "replicated_mode"));
   }
+  MUON_RETURN_IF_ERROR(
+      ReadParamExtras(po, &r.lr_scale, &r.weight_decay_scale, &r.split));
   const muon_custom_layout_t c = layout;
   r.rows = c.global_rows;
   r.cols = c.global_cols;

@@ -51,6 +51,7 @@ struct ParamRegistration {
   bool has_layout = false;  // global_shape or placements given
   DistSpec dist;
   double lr_scale = 1.0, weight_decay_scale = 1.0;
+  BlockSplit split;
 };
 // `group_size(g)`: the size of group g (for SPLIT_SIZES), or an error.
 absl::StatusOr<ParamRegistration> ParamOptionsFromC(
@@ -61,6 +62,7 @@ absl::StatusOr<ParamRegistration> ParamOptionsFromC(
 struct CustomRegistration {
   std::string name;
   double lr_scale = 1.0, weight_decay_scale = 1.0;
+  BlockSplit split;
   int64_t rows = 0;
   int64_t cols = 0;
   std::shared_ptr<CustomPath> path;  // the host's callbacks as core functions

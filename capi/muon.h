@@ -21,7 +21,7 @@
  *   struct_size must be the sizeof the struct had in some released header:
  *     muon_options_t        104 (0.1), 144 (0.2), 152 (0.4), 184 (0.5), 200 (0.6),
  *                           240 (0.7)
- *     muon_param_options_t  24 (0.1), 56 (0.2), 72 (0.7)
+ *     muon_param_options_t  24 (0.1), 56 (0.2), 88 (0.7)
  *     muon_stats_t          80 (0.2), 96 (0.4), 128 (0.5)
  *     muon_custom_layout_t  56 (0.2)
  *     muon_comm_t           72 (0.2)
@@ -556,6 +556,29 @@ typedef struct muon_param_options_t {
    * the CPU backend only so far (on a GPU the first step fails, naming it). */
   double lr_scale;
   double weight_decay_scale;
+  /* Split blocks (Megatron-core's split_qkv, Dion's split sizes): each
+   * matrix of the parameter (under its matrix view, of the global shape) is
+   * orthogonalized as independent blocks, each normalized on its own with
+   * NorMuon and lr-adjusted (adjust_lr) for its own shape. Along split_dim
+   * (0: rows, 1: columns) the num_split_sizes sizes (copied) repeat with
+   * period P = their sum, which must divide the matrix's extent there;
+   * block j gathers the j-th piece of every period, in order. A fused QKV
+   * [q + k + v, hidden]: sizes {q, k, v}. Megatron's GQA layout (per query
+   * group: q_per_group * head_dim query rows, head_dim key rows, head_dim
+   * value rows) is sizes {q_per_group * head_dim, head_dim, head_dim}: the
+   * queries of every group form one block, as Megatron-core splits it. One
+   * head per block: num_heads sizes of head_dim. Default 0 sizes: the whole
+   * matrix. Every holder registers the same split (checked at the first
+   * step). A split matrix's whole lives on one owner (never split over
+   * ranks by MUON_ASSIGNMENT_SPLIT); its blocks run there one after
+   * another. NorMuon's moments (muon_get_moments) are one per row of the
+   * matrix for split_dim 0, and rows per block, block after block, for
+   * split_dim 1. CPU backend only so far (on a GPU the first step fails,
+   * naming the parameter). Bad sizes fail here with MUON_INVALID_ARGUMENT
+   * naming the parameter and the size. */
+  int32_t split_dim;
+  int32_t num_split_sizes;
+  const int64_t* split_sizes;
 } muon_param_options_t;
 
 MUON_API muon_status_t muon_param_options_init(muon_param_options_t* options,

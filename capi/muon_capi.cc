@@ -168,7 +168,7 @@ muon_status_t muon_register_param(muon_optimizer_t* opt, const DLTensor* param,
         options, [&](int group) { return opt->impl->GroupSize(group); });
     if (!r.ok()) return r.status();
     auto id = opt->impl->RegisterParam(param, grad, r->name, r->view,
-                                       r->has_layout ? &r->dist : nullptr);
+                                       r->has_layout ? &r->dist : nullptr, r->split);
     if (!id.ok()) return id.status();
     opt->impl->SetParamScales(*id, r->lr_scale, r->weight_decay_scale);  // checked above
     *param_id = *id;
@@ -187,7 +187,7 @@ muon_status_t muon_register_param_custom(muon_optimizer_t* opt, const DLTensor* 
     auto r = muon::capi::CustomFromC(*options, *layout);
     if (!r.ok()) return r.status();
     auto id = opt->impl->RegisterCustomParam(param, grad, r->name, r->rows, r->cols,
-                                             std::move(r->path));
+                                             std::move(r->path), r->split);
     if (!id.ok()) return id.status();
     opt->impl->SetParamScales(*id, r->lr_scale, r->weight_decay_scale);  // checked above
     *param_id = *id;

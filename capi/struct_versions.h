@@ -67,7 +67,7 @@ inline constexpr StructVersion kOptions[] = {
 inline constexpr StructVersion kParamOptions[] = {
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved0), "0.1"},
     {MUON_SIZE_ENDING_AT_(muon_param_options_t, reserved1), "0.2"},
-    {MUON_SIZE_ENDING_AT_(muon_param_options_t, weight_decay_scale), "0.7"},
+    {MUON_SIZE_ENDING_AT_(muon_param_options_t, split_sizes), "0.7"},
 };
 inline constexpr StructVersion kStats[] = {
     {MUON_SIZE_ENDING_AT_(muon_stats_t, matrices_owned), "0.2"},
@@ -115,7 +115,7 @@ static_assert(kOptions[0].size == 104 && kOptions[1].size == 144 && kOptions[2].
                   kOptions[3].size == 184 && kOptions[4].size == 200 && kOptions[5].size == 240,
               "muon_options_t's published sizes");
 static_assert(kParamOptions[0].size == 24 && kParamOptions[1].size == 56 &&
-                  kParamOptions[2].size == 72,
+                  kParamOptions[2].size == 88,
               "muon_param_options_t's published sizes");
 static_assert(kStats[0].size == 80 && kStats[1].size == 96 && kStats[2].size == 128,
               "muon_stats_t's published sizes");

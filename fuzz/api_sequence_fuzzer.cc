@@ -70,11 +70,11 @@ struct Versions {
   }
 };
 const Versions kOptionsVersions{"muon_options_t", {104, 144, 152, 184, 200, 240}};
-const Versions kParamOptionsVersions{"muon_param_options_t", {24, 56, 72}};
+const Versions kParamOptionsVersions{"muon_param_options_t", {24, 56, 88}};
 const Versions kStatsVersions{"muon_stats_t", {80, 96, 128}};
 const Versions kCustomLayoutVersions{"muon_custom_layout_t", {56}};
 const Versions kCommVersions{"muon_comm_t", {72}};
-static_assert(sizeof(muon_options_t) == 240 && sizeof(muon_param_options_t) == 72 &&
+static_assert(sizeof(muon_options_t) == 240 && sizeof(muon_param_options_t) == 88 &&
                   sizeof(muon_stats_t) == 128 && sizeof(muon_custom_layout_t) == 56 &&
                   sizeof(muon_comm_t) == 72,
               "a struct grew: add its new size to the lists above");

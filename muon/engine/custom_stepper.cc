@@ -38,12 +38,24 @@ absl::StatusOr<std::unique_ptr<CustomStepper>> CustomStepper::Create(std::vector
   for (size_t i = 0; i < s->units_.size() && ctx.moments != nullptr; ++i) {
     const CustomUnit& c = s->units_[i];
     if (c.owner == world_rank && c.local >= 0) {
-      s->moment_ids_[i] = ctx.moments->Add(c.name, 0, c.rows);
+      s->moment_ids_[i] = ctx.moments->Add(c.name, 0, SplitMomentCount(c.split, c.rows, c.cols));
     }
   }
-  for (const CustomUnit& c : s->units_) {
+  s->factors_.resize(s->units_.size());
+  for (size_t i = 0; i < s->units_.size(); ++i) {
+    const CustomUnit& c = s->units_[i];
     if (c.owner != world_rank) continue;
-    const absl::Status reserved = ctx.device->math().Reserve(ctx.options->ns, 1, c.rows, c.cols);
+    absl::Status reserved;
+    if (c.split.none()) {
+      reserved = ctx.device->math().Reserve(ctx.options->ns, 1, c.rows, c.cols);
+    } else if (!ctx.device->is_host()) {
+      reserved = absl::UnimplementedError(
+          "split_sizes (blocks orthogonalized apart) runs on the CPU backend only so far");
+    } else {
+      s->factors_[i] = BlockLrRatios(ctx.options->adjust_lr, c.split, c.rows, c.cols);
+      reserved = s->split_blocks_.Reserve(ctx.device->math(), ctx.options->ns, c.split, c.rows,
+                                          c.cols, DType::kF32);
+    }
     if (!reserved.ok()) {
       return absl::Status(reserved.code(),
                           absl::StrCat("param '", c.name, "': ", reserved.message()));
@@ -76,13 +88,20 @@ absl::Status CustomStepper::RunOne(const CustomUnit& c, void* stream, bool faile
   float* slot = slot_.as<float>();
   if (owner && result.ok() && !failed) {
     std::copy(full, full + rows * cols, slot);
-    result = ctx_.device->math().Orthogonalize(ctx_.options->ns, {slot, 1, c.rows, c.cols});
-    const int moments = moment_ids_[static_cast<size_t>(&c - units_.data())];
-    if (result.ok() && moments >= 0) {  // NorMuon
-      float* v = ctx_.moments->data(moments);
-      const Options& o = *ctx_.options;
-      result = ctx_.device->math().NorMuon({o.normuon_beta2, o.normuon_eps, o.ns.dtype},
-                                           {slot, 1, c.rows, c.cols}, &v);
+    const size_t at = static_cast<size_t>(&c - units_.data());
+    const int moments = moment_ids_[at];
+    const Options& o = *ctx_.options;
+    const NorMuonStep normuon{o.normuon_beta2, o.normuon_eps, o.ns.dtype};
+    float* v = moments >= 0 ? ctx_.moments->data(moments) : nullptr;
+    if (!c.split.none()) {
+      result = split_blocks_.Run(ctx_.device->math(), o.ns, c.split, factors_[at],
+                                 moments >= 0 ? &normuon : nullptr, &v,
+                                 {slot, 1, c.rows, c.cols, DType::kF32});
+    } else {
+      result = ctx_.device->math().Orthogonalize(o.ns, {slot, 1, c.rows, c.cols});
+      if (result.ok() && moments >= 0) {  // NorMuon
+        result = ctx_.device->math().NorMuon(normuon, {slot, 1, c.rows, c.cols}, &v);
+      }
     }
     if (result.ok() && ctx_.options->skip_nonfinite_updates) {
       result = ctx_.device->math().CountNonFinite(DType::kF32, slot, c.rows * c.cols,

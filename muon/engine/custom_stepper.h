@@ -40,6 +40,10 @@ class CustomStepper : public Stepper {
   int me_;
   StepContext ctx_;
   std::vector<int> moment_ids_;  // per unit: its NorMuon moments' id, or -1
+  // Per unit: its blocks' lr ratios (split_sizes; empty when whole); the
+  // blocks' host copy.
+  std::vector<std::vector<double>> factors_;
+  SplitOrthogonalizer split_blocks_;
   DeviceBuffer slot_;  // fp32, the largest matrix this rank owns (empty when none)
   StepperStats stats_;
 };

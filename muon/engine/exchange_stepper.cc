@@ -90,8 +90,23 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
     s->bound_.push_back(std::move(b));
   }
   for (const RoundTable& t : s->tables_) {
+    auto& splits = s->split_batches_.emplace_back();
     for (const ShapeBatch& b : t.batches) {
-      MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
+      SplitBatch& sb = splits.emplace_back();
+      if (b.split_param < 0) {
+        MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
+        continue;
+      }
+      const PlanParam& pp = plan.params[static_cast<size_t>(b.split_param)];
+      if (!device->is_host()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "param '", pp.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
+            "backend only so far"));
+      }
+      sb.split = pp.split;
+      sb.factors = BlockLrRatios(options.adjust_lr, pp.split, b.rows, b.cols);
+      MUON_RETURN_IF_ERROR(s->split_blocks_.Reserve(ctx.device->math(), options.ns, pp.split,
+                                                    b.rows, b.cols, s->slot_dtype_));
     }
   }
   if (ctx.moments != nullptr) {  // NorMuon: the moments of every owned matrix
@@ -103,7 +118,9 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
         auto& local = locals.emplace_back();
         for (int i : b.units) {
           const Unit& u = plan.units[static_cast<size_t>(i)];
-          batch.push_back(ctx.moments->Add(plan.params[u.param].name, u.index, b.rows));
+          const PlanParam& pp = plan.params[u.param];
+          batch.push_back(
+              ctx.moments->Add(pp.name, u.index, SplitMomentCount(pp.split, b.rows, b.cols)));
           local.push_back(plan.params[u.param].local);
         }
         s->moment_ptrs_.resize(std::max(s->moment_ptrs_.size(), batch.size()));
@@ -282,7 +299,7 @@ absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
   return st;
 }
 
-absl::Status ExchangeStepper::NorMuon(int round, size_t batch, const MatrixBatch& matrices) {
+float* const* ExchangeStepper::MomentPointers(int round, size_t batch) {
   const std::vector<int>& ids = moment_ids_[static_cast<size_t>(round)][batch];
   const std::vector<int>& locals = moment_locals_[static_cast<size_t>(round)][batch];
   std::vector<float*>& ptrs = moment_ptrs_;
@@ -294,9 +311,13 @@ absl::Status ExchangeStepper::NorMuon(int round, size_t batch, const MatrixBatch
     ptrs[i] = local >= 0 && !params[static_cast<size_t>(local)].active ? nullptr
                                                                         : ctx_.moments->data(ids[i]);
   }
+  return ptrs.data();
+}
+
+absl::Status ExchangeStepper::NorMuon(int round, size_t batch, const MatrixBatch& matrices) {
   const Options& o = *ctx_.options;
   return ctx_.device->math().NorMuon({o.normuon_beta2, o.normuon_eps, o.ns.dtype}, matrices,
-                                     ptrs.data());
+                                     MomentPointers(round, batch));
 }
 
 absl::Status ExchangeStepper::Orthogonalize(int round) {
@@ -310,8 +331,18 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
     const ShapeBatch& b = batches[k];
     const MatrixBatch matrices{ElementAt(slots, slot_dtype_, b.offset), b.count, b.rows, b.cols,
                                slot_dtype_};
-    st = ctx_.device->math().Orthogonalize(ctx_.options->ns, matrices);
-    if (st.ok() && ctx_.moments != nullptr) st = NorMuon(round, k, matrices);
+    const SplitBatch& split = split_batches_[static_cast<size_t>(round)][k];
+    if (!split.split.none()) {
+      const Options& o = *ctx_.options;
+      const NorMuonStep normuon{o.normuon_beta2, o.normuon_eps, o.ns.dtype};
+      const bool with = ctx_.moments != nullptr;
+      st = split_blocks_.Run(ctx_.device->math(), o.ns, split.split, split.factors,
+                             with ? &normuon : nullptr, with ? MomentPointers(round, k) : nullptr,
+                             matrices);
+    } else {
+      st = ctx_.device->math().Orthogonalize(ctx_.options->ns, matrices);
+      if (st.ok() && ctx_.moments != nullptr) st = NorMuon(round, k, matrices);
+    }
     if (st.ok() && ctx_.options->skip_nonfinite_updates) {
       st = ctx_.device->math().CountNonFinite(slot_dtype_, matrices.data,
                                               b.count * b.rows * b.cols, &stats_.nonfinite_updates);

@@ -20,6 +20,7 @@
 #include "muon/engine/outcome.h"
 #include "muon/engine/pipeline.h"
 #include "muon/engine/stepper.h"
+#include "muon/math/split_blocks.h"
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/plan.h"
 
@@ -64,6 +65,8 @@ class ExchangeStepper : public Stepper {
   absl::Status Orthogonalize(int round);
   // NorMuon on the round's batch `batch` (its matrices just orthogonalized).
   absl::Status NorMuon(int round, size_t batch, const MatrixBatch& matrices);
+  // The moments NorMuon takes for the round's batch `batch` (moment_ptrs_).
+  float* const* MomentPointers(int round, size_t batch);
   // splits_ and the sums' buffers from the plan; InvalidArgument when a
   // round gives this rank parts of two split matrices.
   absl::Status PlanSplits(const Plan& plan);
@@ -128,6 +131,10 @@ class ExchangeStepper : public Stepper {
   std::vector<std::vector<std::vector<int>>> moment_ids_;
   std::vector<std::vector<std::vector<int>>> moment_locals_;
   std::vector<float*> moment_ptrs_;
+  // Per round, per shape batch: the split of its parameter (none for whole
+  // matrices) and each block's lr ratio; the blocks' host copy.
+  std::vector<std::vector<SplitBatch>> split_batches_;
+  SplitOrthogonalizer split_blocks_;
   std::vector<size_t> sum_send_bytes_, sum_send_offsets_, sum_recv_bytes_, sum_recv_offsets_;
 };
 

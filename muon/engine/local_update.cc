@@ -38,7 +38,8 @@ ApplyArgs ApplyOf(const Options& options, const Param& p, const LocalBuffer& upd
   a.n = p.numel();
   a.update = update.data;
   a.update_dtype = update.dtype;
-  a.lr_ratio = LrRatio(options.adjust_lr, p.rows, p.cols) * options.update_scale * p.lr_scale;
+  a.lr_ratio = ApplyLrRatio(options.adjust_lr, p.split, p.rows, p.cols) * options.update_scale *
+               p.lr_scale;
   a.weight_decay_scale = p.weight_decay_scale;
   a.cautious = options.cautious_wd;
   return a;

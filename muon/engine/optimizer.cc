@@ -53,16 +53,17 @@ absl::Status Optimizer::SetMomentum(double momentum) {
 
 absl::StatusOr<int64_t> Optimizer::RegisterParam(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int view,
-                                                 const DistSpec* dist) {
-  return registry_.Register(value, grad, name, view, dist, options_.momentum_fp32);
+                                                 const DistSpec* dist, const BlockSplit& split) {
+  return registry_.Register(value, grad, name, view, dist, options_.momentum_fp32, split);
 }
 
 absl::StatusOr<int64_t> Optimizer::RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
                                                        const std::string& name, int64_t rows,
                                                        int64_t cols,
-                                                       std::shared_ptr<CustomPath> path) {
+                                                       std::shared_ptr<CustomPath> path,
+                                                       const BlockSplit& split) {
   return registry_.RegisterCustom(value, grad, name, rows, cols, std::move(path),
-                                  options_.momentum_fp32);
+                                  options_.momentum_fp32, split);
 }
 
 absl::Status Optimizer::Step(void* stream) {

@@ -69,10 +69,12 @@ class Optimizer {
   absl::StatusOr<int> GroupSize(int group) const { return registry_.GroupSize(group); }
   absl::StatusOr<int64_t> RegisterParam(const DLTensor* value, const DLTensor* grad,
                                         const std::string& name, int view,
-                                        const DistSpec* dist = nullptr);
+                                        const DistSpec* dist = nullptr,
+                                        const BlockSplit& split = BlockSplit());
   absl::StatusOr<int64_t> RegisterCustomParam(const DLTensor* value, const DLTensor* grad,
                                               const std::string& name, int64_t rows,
-                                              int64_t cols, std::shared_ptr<CustomPath> path);
+                                              int64_t cols, std::shared_ptr<CustomPath> path,
+                                              const BlockSplit& split = BlockSplit());
   // A registered parameter's multipliers (muon_param_options_t; checked by
   // the caller: finite, >= 0; `id` just registered).
   void SetParamScales(int64_t id, double lr_scale, double weight_decay_scale) {

@@ -112,11 +112,13 @@ absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, const Param*
         absl::StrCat(who, ": NorMuon is off (muon_options_t.normuon), so there are none"));
   }
   MUON_ASSIGN_OR_RETURN(TensorView v, ViewTensor(t, who));
-  const int64_t want = p->batch * p->rows;
+  const int64_t want = p->batch * p->moment_count();
   if (!v.on_host() || v.dtype != DType::kF32 || v.numel() != want) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": must be a float32 host tensor of ", want, " elements (", p->batch, " x ",
-        p->rows, ": a moment per row of each matrix); got ", DTypeName(v.dtype), " ",
+        p->moment_count(),
+        ": a moment per row of each matrix, of each block when split by columns); got ",
+        DTypeName(v.dtype), " ",
         ShapeString(v.shape), v.on_host() ? "" : " on a device"));
   }
   *param = p;
@@ -142,17 +144,19 @@ absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst) const {
   float* out = nullptr;
   std::vector<int> ids;
   MUON_RETURN_IF_ERROR(CheckMoments(id, dst, &p, &out, &ids));
-  std::fill(out, out + p->batch * p->rows, 0.0f);
+  std::fill(out, out + p->batch * p->moment_count(), 0.0f);
   for (int64_t k = 0; k < p->batch; ++k) {
-    float* row = out + k * p->rows;
+    float* row = out + k * p->moment_count();
     if (setup_ == nullptr) {
       auto it = moment_stash_.values.find({p->name, k});
-      if (it != moment_stash_.values.end() && static_cast<int64_t>(it->second.size()) == p->rows) {
+      if (it != moment_stash_.values.end() &&
+          static_cast<int64_t>(it->second.size()) == p->moment_count()) {
         std::copy(it->second.begin(), it->second.end(), row);
       }
     } else if (ids[static_cast<size_t>(k)] >= 0) {
       MUON_RETURN_IF_ERROR(registry_.device()->ToHost(
-          row, setup_->moments->data(ids[static_cast<size_t>(k)]), p->rows * sizeof(float)));
+          row, setup_->moments->data(ids[static_cast<size_t>(k)]),
+          p->moment_count() * sizeof(float)));
     }
   }
   return absl::OkStatus();
@@ -163,7 +167,7 @@ absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src) {
   float* in = nullptr;
   std::vector<int> ids;
   MUON_RETURN_IF_ERROR(CheckMoments(id, src, &p, &in, &ids));
-  for (int64_t i = 0; i < p->batch * p->rows; ++i) {
+  for (int64_t i = 0; i < p->batch * p->moment_count(); ++i) {
     if (!(in[i] >= 0) || !std::isfinite(in[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "moments tensor for param '", p->name, "': element ", i, " is ", in[i],
@@ -171,12 +175,13 @@ absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src) {
     }
   }
   for (int64_t k = 0; k < p->batch; ++k) {
-    const float* row = in + k * p->rows;
+    const float* row = in + k * p->moment_count();
     if (setup_ == nullptr) {
-      moment_stash_.values[{p->name, k}].assign(row, row + p->rows);
+      moment_stash_.values[{p->name, k}].assign(row, row + p->moment_count());
     } else if (ids[static_cast<size_t>(k)] >= 0) {
       MUON_RETURN_IF_ERROR(registry_.device()->FromHost(
-          setup_->moments->data(ids[static_cast<size_t>(k)]), row, p->rows * sizeof(float)));
+          setup_->moments->data(ids[static_cast<size_t>(k)]), row,
+          p->moment_count() * sizeof(float)));
     }
   }
   return absl::OkStatus();

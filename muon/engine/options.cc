@@ -121,4 +121,18 @@ double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols) {
   return lr * LrRatio(mode, rows, cols);
 }
 
+std::vector<double> BlockLrRatios(AdjustLr mode, const BlockSplit& split, int64_t rows,
+                                  int64_t cols) {
+  std::vector<double> ratios;
+  if (split.none()) return ratios;
+  for (const BlockShape& b : SplitBlockShapes(split, rows, cols)) {
+    ratios.push_back(LrRatio(mode, b.rows, b.cols));
+  }
+  return ratios;
+}
+
+double ApplyLrRatio(AdjustLr mode, const BlockSplit& split, int64_t rows, int64_t cols) {
+  return split.none() ? LrRatio(mode, rows, cols) : 1.0;
+}
+
 }  // namespace muon

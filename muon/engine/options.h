@@ -10,6 +10,7 @@
 #include "muon/device/device.h"
 #include "muon/sharding/assignment.h"
 #include "muon/math/ns_config.h"
+#include "muon/math/split_blocks.h"
 
 namespace muon {
 
@@ -61,6 +62,13 @@ absl::Status ValidateOptions(const Options& options);
 // The shape's lr ratio, and lr times it, as torch's _adjust_lr computes them.
 double LrRatio(AdjustLr mode, int64_t rows, int64_t cols);
 double AdjustedLr(double lr, AdjustLr mode, int64_t rows, int64_t cols);
+// The lr ratio of each block of a split rows x cols matrix, for its own
+// shape (the owner multiplies it in; the apply then steps a split parameter
+// with a ratio of 1). Empty for an unsplit one.
+std::vector<double> BlockLrRatios(AdjustLr mode, const BlockSplit& split, int64_t rows,
+                                  int64_t cols);
+// The ratio a parameter's apply uses: its shape's, or 1 when split.
+double ApplyLrRatio(AdjustLr mode, const BlockSplit& split, int64_t rows, int64_t cols);
 
 }  // namespace muon
 

@@ -14,6 +14,7 @@
 #include "muon/common/matrix_view.h"
 #include "muon/common/tensor.h"
 #include "muon/device/device.h"
+#include "muon/math/split_blocks.h"
 #include "muon/sharding/layout.h"
 
 namespace muon {
@@ -67,6 +68,11 @@ struct Param {
   // Its multipliers (muon_param_options_t): lr * lr_scale, weight decay *
   // weight_decay_scale.
   double lr_scale = 1.0, weight_decay_scale = 1.0;
+  // Its matrices orthogonalized as independent blocks (split_sizes; none:
+  // whole), each lr-adjusted for its own shape at the owner.
+  BlockSplit split;
+  // NorMuon's moments per matrix (one per row of each block).
+  int64_t moment_count() const { return SplitMomentCount(split, rows, cols); }
 
   int64_t numel() const { return value.numel(); }  // local elements
   size_t momentum_bytes() const { return static_cast<size_t>(numel()) * SizeOf(state_dtype); }

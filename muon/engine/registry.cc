@@ -205,7 +205,8 @@ absl::Status Registry::Place(Param* p) {
 absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DLTensor* grad,
                                                  const std::string& name, int64_t rows,
                                                  int64_t cols, std::shared_ptr<CustomPath> path,
-                                                 bool momentum_fp32) {
+                                                 bool momentum_fp32,
+                                                 const BlockSplit& split) {
   const int64_t id = static_cast<int64_t>(params_.size());
   if (!distributed_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -241,6 +242,8 @@ absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DL
   }
   const std::vector<int64_t> global = {rows, cols};
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, name, 0, momentum_fp32, &global));
+  MUON_RETURN_IF_ERROR(CheckBlockSplit(split, rows, cols, absl::StrCat("param '", name, "'")));
+  p.split = split;
   if (p.numel() > rows * cols) {
     return absl::InvalidArgumentError(absl::StrCat(
         "param '", name, "': the local tensor has ", p.numel(), " elements, more than the ",
@@ -256,7 +259,8 @@ absl::StatusOr<int64_t> Registry::RegisterCustom(const DLTensor* value, const DL
 
 absl::StatusOr<int64_t> Registry::Register(const DLTensor* value, const DLTensor* grad,
                                            const std::string& name, int view,
-                                           const DistSpec* dist, bool momentum_fp32) {
+                                           const DistSpec* dist, bool momentum_fp32,
+                                           const BlockSplit& split) {
   const int64_t id = static_cast<int64_t>(params_.size());
   if (distributed_ && name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -277,6 +281,8 @@ absl::StatusOr<int64_t> Registry::Register(const DLTensor* value, const DLTensor
   }
   MUON_ASSIGN_OR_RETURN(Param p, MakeParam(value, grad, std::move(param_name), view,
                                            momentum_fp32, dist ? &dist->global_shape : nullptr));
+  MUON_RETURN_IF_ERROR(CheckBlockSplit(split, p.rows, p.cols, who));
+  p.split = split;
   if (dist != nullptr && dist->zero2) {
     if (dist->placements.size() != 1 || dist->placements[0].kind != PlacementKind::kReplicate) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -44,14 +44,16 @@ class Registry {
 
   // Registers a parameter; returns its id. An empty name becomes "param<id>"
   // (a name is required once a world is set). `dist` (optional) gives the
-  // global shape and placements.
+  // global shape and placements; `split` cuts its matrices into blocks
+  // (checked against them here).
   absl::StatusOr<int64_t> Register(const DLTensor* value, const DLTensor* grad,
                                    const std::string& name, int view, const DistSpec* dist,
-                                   bool momentum_fp32);
+                                   bool momentum_fp32, const BlockSplit& split = BlockSplit());
   // Registers a parameter on the custom path (needs a world).
   absl::StatusOr<int64_t> RegisterCustom(const DLTensor* value, const DLTensor* grad,
                                          const std::string& name, int64_t rows, int64_t cols,
-                                         std::shared_ptr<CustomPath> path, bool momentum_fp32);
+                                         std::shared_ptr<CustomPath> path, bool momentum_fp32,
+                                         const BlockSplit& split = BlockSplit());
   // Points param `id` at new storage (same device, shape and dtype); a null
   // grad (single-process only) skips it until a gradient is bound again.
   // Allowed between steps.

@@ -62,6 +62,7 @@ RankDesc Describe(const Registry& registry, std::vector<std::vector<int>> member
     d.zero2 = p.zero2_group >= 0 ? 1 : 0;
     d.lr_scale = p.lr_scale;
     d.weight_decay_scale = p.weight_decay_scale;
+    d.split = p.split;
     if (p.custom) {
       std::string detail;
       const int owner = p.custom->assign(world.size(), &detail);

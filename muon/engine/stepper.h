@@ -46,6 +46,13 @@ struct StepContext {
   float* update(size_t i) const { return static_cast<float*>((*updates)[i].data); }
 };
 
+// A parameter's split blocks as a stepper runs them: the split, and each
+// block's lr ratio (BlockLrRatios), which its owner multiplies in.
+struct SplitBatch {
+  BlockSplit split;
+  std::vector<double> factors;
+};
+
 struct StepperStats {
   int64_t matrices_total = 0;  // planned: matrices of the whole job it steps
   int64_t matrices_owned = 0;  // planned: of which this rank orthogonalizes

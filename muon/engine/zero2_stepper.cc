@@ -86,11 +86,24 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
       if (blk.params[c] < 0) continue;
       Param& p = params[blk.params[c]];
       if (static_cast<int>(c) == me) {
-        MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
+        if (p.split.none()) {
+          MUON_RETURN_IF_ERROR(
+              ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
+        } else if (!ctx.device->is_host()) {
+          return absl::UnimplementedError(absl::StrCat(
+              "param '", p.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
+              "backend only so far"));
+        } else {
+          s->factors_.resize(params.size());
+          s->factors_[static_cast<size_t>(blk.params[c])] =
+              BlockLrRatios(ctx.options->adjust_lr, p.split, p.rows, p.cols);
+          MUON_RETURN_IF_ERROR(s->split_blocks_.Reserve(ctx.device->math(), ctx.options->ns,
+                                                        p.split, p.rows, p.cols, DType::kF32));
+        }
         if (ctx.moments != nullptr) {  // NorMuon: ids of one param's matrices run on
           s->moment_first_[static_cast<size_t>(blk.params[c])] =
-              ctx.moments->Add(p.name, 0, p.rows);
-          for (int64_t k = 1; k < p.batch; ++k) ctx.moments->Add(p.name, k, p.rows);
+              ctx.moments->Add(p.name, 0, p.moment_count());
+          for (int64_t k = 1; k < p.batch; ++k) ctx.moments->Add(p.name, k, p.moment_count());
           s->moment_ptrs_.resize(std::max<size_t>(s->moment_ptrs_.size(), p.batch));
         }
         s->stats_.matrices_owned += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
@@ -124,16 +137,25 @@ absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {
   MUON_RETURN_IF_ERROR(
       math.Momentum(MomentumStepOf(options, ctx_.scalars, &stats_.nonfinite),
                     {MomentumOf(p, DType::kF32, average_.data(), {update, DType::kF32})}));
-  MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, {update, p.batch, p.rows, p.cols}));
-  if (const int first = moment_first_[static_cast<size_t>(param)]; first >= 0) {  // NorMuon
-    for (int64_t k = 0; k < p.batch; ++k) moment_ptrs_[k] = ctx_.moments->data(first + k);
-    MUON_RETURN_IF_ERROR(math.NorMuon({options.normuon_beta2, options.normuon_eps, options.ns.dtype},
-                                      {update, p.batch, p.rows, p.cols}, moment_ptrs_.data()));
+  const int first = moment_first_[static_cast<size_t>(param)];  // NorMuon's, or -1
+  for (int64_t k = 0; first >= 0 && k < p.batch; ++k) {
+    moment_ptrs_[k] = ctx_.moments->data(first + k);
+  }
+  const NorMuonStep normuon{options.normuon_beta2, options.normuon_eps, options.ns.dtype};
+  const MatrixBatch matrices{update, p.batch, p.rows, p.cols};
+  if (!p.split.none()) {
+    MUON_RETURN_IF_ERROR(split_blocks_.Run(math, options.ns, p.split,
+                                           factors_[static_cast<size_t>(param)],
+                                           first >= 0 ? &normuon : nullptr, moment_ptrs_.data(),
+                                           matrices));
+  } else {
+    MUON_RETURN_IF_ERROR(math.Orthogonalize(options.ns, matrices));
+    if (first >= 0) MUON_RETURN_IF_ERROR(math.NorMuon(normuon, matrices, moment_ptrs_.data()));
   }
   MUON_RETURN_IF_ERROR(
       math.Apply({ctx_.scalars, nullptr}, {ApplyOf(options, p, {update, DType::kF32})}));
   stats_.orthogonalized += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
-  stats_.ns_flops += p.batch * NewtonSchulzFlops(options.ns, p.rows, p.cols);
+  stats_.ns_flops += p.batch * SplitNewtonSchulzFlops(options.ns, p.split, p.rows, p.cols);
   return absl::OkStatus();
 }
 

@@ -61,6 +61,9 @@ class Zero2Stepper : public Stepper {
   // follow), or -1; and the pointers NorMuon takes, sized once.
   std::vector<int> moment_first_;
   std::vector<float*> moment_ptrs_;
+  // Per param (owned split ones): its blocks' lr ratios; the blocks' host copy.
+  std::vector<std::vector<double>> factors_;
+  SplitOrthogonalizer split_blocks_;
   StepperStats stats_;
 };
 

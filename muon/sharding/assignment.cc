@@ -196,6 +196,7 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
       const double mean = Total(ranks, load) / static_cast<double>(ranks.size());
       if (cost <= kSpreadLevel * mean) break;
       const MatrixInfo& info = matrices[matrix];
+      if (info.whole_only) continue;
       const int64_t m = std::min(info.rows, info.cols), n = std::max(info.rows, info.cols);
       const int owner = (*owners)[matrix];
       // The members: the owner when free, then the group's least-loaded free

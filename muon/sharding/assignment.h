@@ -21,6 +21,8 @@ struct MatrixInfo {
   int64_t rows, cols;
   double ns_flops;
   std::vector<int> holders;  // world ranks, ascending
+  // Orthogonalized in blocks (split_sizes): never split over ranks.
+  bool whole_only = false;
 };
 
 // A host's assignment (Assignment::kCustom): fills owners (one per matrix) or

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -107,8 +108,10 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
   // then the owned parts of split matrices.
   std::vector<int64_t> slot_of(plan.units.size(), -1);
   {
-    std::vector<std::map<std::pair<int64_t, int64_t>, std::vector<int>>> by_shape(plan.rounds);
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> shape_order(plan.rounds);
+    // A split parameter's matrices batch apart (the key's third entry).
+    using Key = std::tuple<int64_t, int64_t, int>;
+    std::vector<std::map<Key, std::vector<int>>> by_shape(plan.rounds);
+    std::vector<std::vector<Key>> shape_order(plan.rounds);
     std::vector<std::vector<int>> parts(plan.rounds);
     for (size_t i = 0; i < plan.units.size(); ++i) {
       const Unit& u = plan.units[i];
@@ -118,7 +121,7 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
         continue;
       }
       const PlanParam& pp = plan.params[u.param];
-      auto key = std::make_pair(pp.rows, pp.cols);
+      const Key key{pp.rows, pp.cols, pp.split.none() ? -1 : u.param};
       auto& m = by_shape[u.round];
       if (m.find(key) == m.end()) shape_order[u.round].push_back(key);
       m[key].push_back(static_cast<int>(i));
@@ -126,11 +129,12 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     for (int r = 0; r < plan.rounds; ++r) {
       RoundTable& t = tables[r];
       for (const auto& key : shape_order[r]) {
-        ShapeBatch b{key.first, key.second, t.slot_floats, 0, {}};
+        const auto [rows, cols, split_param] = key;
+        ShapeBatch b{rows, cols, t.slot_floats, 0, {}, split_param};
         for (int i : by_shape[r][key]) {
           b.units.push_back(i);
           slot_of[i] = t.slot_floats;
-          t.slot_floats += key.first * key.second;
+          t.slot_floats += rows * cols;
           ++b.count;
           ++t.owned;
           t.flops += plan.units[i].flops;

@@ -44,6 +44,9 @@ struct ShapeBatch {
   int64_t offset = 0;  // in slots (floats)
   int64_t count = 0;   // matrices
   std::vector<int> units;  // indices into Plan::units, in slot order
+  // >= 0: matrices of this parameter (Plan::params), orthogonalized in the
+  // blocks of its split (PlanParam::split); -1: whole matrices of any.
+  int split_param = -1;
 };
 
 // An owned part of a split matrix (Unit::parts > 1) in the working buffer:

@@ -67,10 +67,6 @@ class In {
   size_t pos_ = 0;
 };
 
-}  // namespace
-
-namespace {
-
 // A parameter table. `ranges`: with each FlatRange's start and length (the one
 // field differing between ranks of one table; the compact handshake sends them apart).
 void PutParams(Out& o, const std::vector<RankParamDesc>& params, bool ranges) {
@@ -84,6 +80,8 @@ void PutParams(Out& o, const std::vector<RankParamDesc>& params, bool ranges) {
     o.Put<uint8_t>(p.zero2);
     o.Put<double>(p.lr_scale);
     o.Put<double>(p.weight_decay_scale);
+    o.Put<int32_t>(p.split.dim);
+    o.Ints(p.split.sizes);
     o.Ints(p.global_shape);
     o.Ints(p.layout.global_shape);
     o.Put<uint32_t>(static_cast<uint32_t>(p.layout.placements.size()));
@@ -109,7 +107,8 @@ bool GetParams(In& in, std::vector<RankParamDesc>* params, bool ranges) {
     uint32_t nplace;
     if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
         !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Get(&p.zero2) ||
-        !in.Get(&p.lr_scale) || !in.Get(&p.weight_decay_scale) || !in.Ints(&p.global_shape) ||
+        !in.Get(&p.lr_scale) || !in.Get(&p.weight_decay_scale) || !in.Get(&p.split.dim) ||
+        !in.Ints(&p.split.sizes) || !in.Ints(&p.global_shape) ||
         !in.Ints(&p.layout.global_shape) || !in.Get(&nplace) || nplace > 64) {
       return false;
     }

@@ -145,6 +145,12 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
             " and weight_decay_scale ", q.weight_decay_scale, ", rank ", r.world_rank, " with ",
             p.lr_scale, " and ", p.weight_decay_scale, "; every holder must give the same"));
       }
+      if (p.split != q.split) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "param '", p.name, "': rank ", qr, " registered it with split_sizes (",
+            SplitString(q.split), "), rank ", r.world_rank, " with (", SplitString(p.split),
+            "); every holder must give the same"));
+      }
       if (p.param_dtype != q.param_dtype || p.state_dtype != q.state_dtype) {
         return absl::InvalidArgumentError(absl::StrCat(
             "param '", p.name, "': ranks ", qr, " and ", r.world_rank,
@@ -204,6 +210,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
         ViewAsMatrices(cd.global_shape,
                        cd.custom_owner >= 0 ? static_cast<int>(MatrixView::k2D) : cd.view, param));
     MUON_RETURN_IF_ERROR(CheckDeclaredMatrices(m, cd.global_shape, param));
+    MUON_RETURN_IF_ERROR(CheckBlockSplit(cd.split, m.rows, m.cols, param));
     declared += m.with_elements();
     if (declared > kMaxJobMatrices) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -222,7 +229,8 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       cu.owner = cd.custom_owner;
       cu.rows = m.rows;
       cu.cols = m.cols;
-      cu.flops = NewtonSchulzFlops(options.ns, cu.rows, cu.cols);
+      cu.split = cd.split;
+      cu.flops = SplitNewtonSchulzFlops(options.ns, cu.split, cu.rows, cu.cols);
       std::vector<int> holders;
       for (const auto& [rank, i] : custom_holders[name]) {
         holders.push_back(rank);
@@ -242,6 +250,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
     pp.batch = m.batch;
     pp.rows = m.rows;
     pp.cols = m.cols;
+    pp.split = cd.split;
     plan.empty_matrices += m.batch - m.with_elements();
     index[name] = static_cast<int>(plan.params.size());
     plan.params.push_back(std::move(pp));
@@ -337,8 +346,9 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
       Unit u;
       u.param = static_cast<int>(pi);
       u.index = k;
-      u.flops = NewtonSchulzFlops(options.ns, pp.rows, pp.cols);
+      u.flops = SplitNewtonSchulzFlops(options.ns, pp.split, pp.rows, pp.cols);
       MatrixInfo info{&pp.name, k, pp.rows, pp.cols, u.flops, {}};
+      info.whole_only = !pp.split.none();
       for (size_t h = 0; h < pp.holders.size(); ++h) {
         if (!cursors[h].Meets(k * per, (k + 1) * per)) continue;
         u.receivers.push_back(static_cast<int>(h));

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "muon/math/ns_config.h"
+#include "muon/math/split_blocks.h"
 #include "muon/sharding/assignment.h"
 #include "muon/sharding/layout.h"
 
@@ -32,6 +33,7 @@ struct RankParamDesc {
   int32_t custom_owner = -1;  // >= 0: on the custom path, orthogonalized there
   uint8_t zero2 = 0;          // 1: ZeRO-2 replicated mode (outside the plan's units)
   double lr_scale = 1.0, weight_decay_scale = 1.0;  // every holder's must agree
+  BlockSplit split;  // its matrices' blocks (split_blocks.h); every holder's must agree
 };
 
 struct RankDesc {
@@ -83,6 +85,9 @@ struct PlanParam {
   std::string name;
   uint8_t state_dtype = 0;
   int64_t batch = 1, rows = 0, cols = 0;
+  // Each matrix orthogonalized as these blocks (none: whole); such a matrix
+  // is never split over ranks (SplitUnit).
+  BlockSplit split;
   std::vector<Holder> holders;  // ascending rank
   std::vector<RunBlock> blocks;  // every holder's blocks, holder after holder
   // The holders' shapes, each as its number of dims then the dims; holders
@@ -128,6 +133,7 @@ struct CustomUnit {
   int64_t rows = 0, cols = 0;
   int local = -1;  // this rank's param index, or -1
   double flops = 0;
+  BlockSplit split;  // its blocks (none: whole)
 };
 
 struct Plan {

@@ -82,7 +82,10 @@ MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, replicated_mode) == 48, p
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, reserved1) == 52, popt_reserved1);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, lr_scale) == 56, popt_lr_scale);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, weight_decay_scale) == 64, popt_wd_scale);
-MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 72, popt_sizeof);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, split_dim) == 72, popt_split_dim);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, num_split_sizes) == 76, popt_num_split);
+MUON_TEST_STATIC_ASSERT(offsetof(muon_param_options_t, split_sizes) == 80, popt_split_sizes);
+MUON_TEST_STATIC_ASSERT(sizeof(muon_param_options_t) == 88, popt_sizeof);
 
 MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, kind) == 0, pl_kind);
 MUON_TEST_STATIC_ASSERT(offsetof(muon_placement_t, group) == 4, pl_group);
@@ -310,6 +313,7 @@ static void test_struct_sizes_and_init(void) {
   CHECK(po.matrix_view == MUON_MATRIX_VIEW_2D);
   CHECK(po.reserved0 == 0);
   CHECK(po.lr_scale == 1.0 && po.weight_decay_scale == 1.0);
+  CHECK(po.split_dim == 0 && po.num_split_sizes == 0 && po.split_sizes == NULL);
 }
 
 static void test_create_errors(void) {

@@ -825,6 +825,33 @@ std::vector<Case> Cases() {
       RegisterWith([](Fixture&, DLTensor&, DLTensor&, muon_param_options_t& o) {
         o.weight_decay_scale = std::nan("");
       }));
+  // ---- split blocks (x is 4 x 4) ----
+  add("register_split_sizes_not_dividing", P, IA,
+      {"param 'x'", "split_sizes {3} add up to 3", "does not divide the 4 rows"},
+      RegisterWith([](Fixture& f, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.num_split_sizes = 1;
+        o.split_sizes = f.Shape({3});
+      }));
+  add("register_split_size_zero", P, IA, {"param 'x'", "split_sizes[1] is 0"},
+      RegisterWith([](Fixture& f, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.num_split_sizes = 2;
+        o.split_sizes = f.Shape({2, 0});
+      }));
+  add("register_split_dim_2", P, IA, {"param 'x'", "split_dim 2 is invalid"},
+      RegisterWith([](Fixture& f, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.split_dim = 2;
+        o.num_split_sizes = 1;
+        o.split_sizes = f.Shape({2});
+      }));
+  add("register_split_sizes_null", P, IA, {"options->num_split_sizes: 2 is invalid"},
+      RegisterWith([](Fixture&, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.num_split_sizes = 2;
+      }));
+  add("register_split_dim_without_sizes", P, IA,
+      {"options->split_dim: 1 is set but no split_sizes are given"},
+      RegisterWith([](Fixture&, DLTensor&, DLTensor&, muon_param_options_t& o) {
+        o.split_dim = 1;
+      }));
   // ---- tensors ----
   add("register_null_data", P, IA, {"param 'x'", "data pointer is NULL"},
       RegisterWith(

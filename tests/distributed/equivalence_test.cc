@@ -202,6 +202,49 @@ TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
   ExpectEquivalent(c, cfg);
 }
 
+// Split blocks (a GQA-fused QKV whose query rows of every group form one
+// block, row blocks repeating over a flat range, column blocks over column
+// shards, an expert stack): the owner orthogonalizes, normalizes and
+// lr-adjusts each block apart, bit for bit with one process.
+TEST_P(WorldSize, SplitBlocksAreBitIdentical) {
+  const int n = GetParam();
+  Case c{"split", Mesh{{n}}, {}};
+  c.model = {
+      {"qkv", {18, 8}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"fc1", {12, 10}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"cols", {6, 12}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"plain", {6, 12}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"experts", {3, 8, 5}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
+       [](int rank) { return rank == 0; }},
+  };
+  c.model[0].split_sizes = {4, 1, 1};  // 3 groups: 4 query rows, 1 key, 1 value
+  c.model[1].split_sizes = {3, 3};
+  c.model[2].split_dim = 1;
+  c.model[2].split_sizes = {4, 2};
+  c.model[4].split_sizes = {2, 2};
+  RunConfig cfg;
+  cfg.steps = 4;
+  cfg.variant = [](muon_options_t* o) { o->adjust_lr = MUON_ADJUST_LR_MATCH_RMS_ADAMW; };
+  if (n == 1) {
+    std::vector<TParam> whole = c.model;
+    for (TParam& p : whole) p.split_sizes.clear();
+    const auto split = RunReference(c.model, cfg);
+    ASSERT_EQ(split.size(), c.model.size()) << "the split reference run failed";
+    EXPECT_NE(split, RunReference(whole, cfg)) << "the split changed nothing";
+  }
+  ExpectEquivalent(c, cfg);
+  cfg.ns_dtype = MUON_NS_DTYPE_BF16;
+  cfg.variant = [](muon_options_t* o) {
+    o->normuon = 1;
+    o->normuon_beta2 = 0.9;
+  };
+  ExpectEquivalent(c, cfg);
+  cfg.assignment = MUON_ASSIGNMENT_SPLIT;  // split matrices stay whole on one owner
+  cfg.ns_dtype = MUON_NS_DTYPE_FP32;
+  cfg.variant = nullptr;
+  ExpectEquivalent(c, cfg);
+}
+
 // Per-parameter lr and weight-decay multipliers over sharded, flat and
 // replicated layouts: each holder applies them to its pieces.
 TEST_P(WorldSize, PerParameterScalesAreBitIdentical) {

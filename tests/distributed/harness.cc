@@ -248,6 +248,9 @@ std::vector<std::vector<float>> RunReference(const std::vector<TParam>& model,
     po.matrix_view = p.view;
     po.lr_scale = p.lr_scale;
     po.weight_decay_scale = p.weight_decay_scale;
+    po.split_dim = p.split_dim;
+    po.num_split_sizes = static_cast<int32_t>(p.split_sizes.size());
+    po.split_sizes = p.split_sizes.data();
     int64_t id;
     if (muon_register_param(opt, &v, &g, &po, &id) != MUON_OK) {
       muon_destroy(opt);
@@ -424,6 +427,9 @@ std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const M
       po.replicated_mode = p.replicated_mode;
       po.lr_scale = p.lr_scale;
       po.weight_decay_scale = p.weight_decay_scale;
+      po.split_dim = p.split_dim;
+      po.num_split_sizes = static_cast<int32_t>(p.split_sizes.size());
+      po.split_sizes = p.split_sizes.data();
       po.global_ndim = static_cast<int32_t>(p.shape.size());
       po.global_shape = p.shape.data();
       po.num_placements = static_cast<int32_t>(placements[j].size());

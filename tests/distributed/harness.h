@@ -68,6 +68,8 @@ struct TParam {
   std::function<bool(int rank)> registered_on;
   int replicated_mode = MUON_REPLICATED_HOST_AVERAGED;  // muon_replicated_mode_t
   double lr_scale = 1.0, weight_decay_scale = 1.0;     // muon_param_options_t's
+  int split_dim = 0;                                   // muon_param_options_t's split blocks
+  std::vector<int64_t> split_sizes;
 };
 
 // Flat ranges the harness hands out: rank r of a group of n over m elements

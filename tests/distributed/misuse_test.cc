@@ -130,6 +130,18 @@ TEST(Misuse, HoldersGivingDifferentScalesAreNamed) {
                 {"param 'w'", "weight_decay_scale", "every holder must give the same"});
 }
 
+TEST(Misuse, HoldersGivingDifferentSplitsAreNamed) {
+  RunConfig cfg;
+  cfg.steps = 1;
+  cfg.mutate = [](int rank, TParam* p, int64_t*, int64_t*) {
+    if (p->name == "w") {
+      p->split_sizes = rank == 2 ? std::vector<int64_t>{4} : std::vector<int64_t>{2, 2};
+    }
+  };
+  ExpectAllFail(RunDistributed(Model(), Mesh{{2, 2}}, cfg),
+                {"param 'w'", "split_sizes (dim 0, sizes {", "every holder must give the same"});
+}
+
 TEST(Misuse, CommunicatorFailureMidStepPoisonsUntilRestored) {
   RunConfig cfg;
   cfg.steps = 3;

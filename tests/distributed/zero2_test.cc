@@ -34,6 +34,16 @@ const std::vector<P>& Model() {
   return m;
 }
 
+// With `split`: "a" in two row blocks of 2 repeating (NorMuon and the lr
+// adjustment per block), "g" in column blocks of 3 and 4.
+void SplitSome(muon_param_options_t* po, const std::string& name, bool split) {
+  static const int64_t rows[] = {2, 2}, cols[] = {3, 4};
+  if (!split || (name != "a" && name != "g")) return;
+  po->split_dim = name == "a" ? 0 : 1;
+  po->num_split_sizes = 2;
+  po->split_sizes = name == "a" ? rows : cols;
+}
+
 float RankGrad(const std::string& name, int64_t i, int step, int rank) {
   return GradValue(name, i, step) * (1.0f + 0.25f * rank) + 0.01f * rank;
 }
@@ -57,7 +67,8 @@ DLTensor Matrix(float* data, int64_t* shape) {
 muon_status_t RegisterModelZero2(muon_optimizer_t* opt, int32_t group,
                                  std::vector<std::vector<float>>* w,
                                  std::vector<std::vector<float>>* g,
-                                 std::vector<std::vector<int64_t>>* shapes) {
+                                 std::vector<std::vector<int64_t>>* shapes,
+                                 bool split = false) {
   w->assign(Model().size(), {});
   g->assign(Model().size(), {});
   shapes->assign(Model().size(), {});
@@ -80,6 +91,7 @@ muon_status_t RegisterModelZero2(muon_optimizer_t* opt, int32_t group,
     po.num_placements = 1;
     po.placements = &rep;
     po.replicated_mode = MUON_REPLICATED_ZERO2;
+    SplitSome(&po, p.name, split);
     int64_t id;
     const muon_status_t st = muon_register_param(opt, &wt, &gt, &po, &id);
     if (st != MUON_OK) return st;
@@ -95,7 +107,7 @@ void Configure(muon_options_t* o, bool normuon) {
   o->normuon_beta2 = 0.9;
 }
 
-std::vector<std::vector<float>> Reference(int n, bool normuon = false) {
+std::vector<std::vector<float>> Reference(int n, bool normuon = false, bool split = false) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
   Configure(&o, normuon);
@@ -113,6 +125,7 @@ std::vector<std::vector<float>> Reference(int n, bool normuon = false) {
     muon_param_options_t po;
     muon_param_options_init(&po, sizeof po);
     po.name = p.name.c_str();
+    SplitSome(&po, p.name, split);
     int64_t id;
     EXPECT_EQ(muon_register_param(opt, &wt, &gt, &po, &id), MUON_OK);
   }
@@ -130,11 +143,14 @@ std::vector<std::vector<float>> Reference(int n, bool normuon = false) {
   return w;
 }
 
-void ExpectMatchesSingleProcess(bool normuon) {
+void ExpectMatchesSingleProcess(bool normuon, bool split = false) {
   const int n = 4;
-  const auto ref = Reference(n, normuon);
+  const auto ref = Reference(n, normuon, split);
   if (normuon) {
-    ASSERT_NE(ref, Reference(n)) << "normuon changed nothing";
+    ASSERT_NE(ref, Reference(n, false, split)) << "normuon changed nothing";
+  }
+  if (split) {
+    ASSERT_NE(ref, Reference(n, normuon)) << "the split changed nothing";
   }
   muon_inprocess_world_t* world = nullptr;
   ASSERT_EQ(muon_inprocess_world_create(n, &world), MUON_OK);
@@ -155,7 +171,7 @@ void ExpectMatchesSingleProcess(bool normuon) {
     auto& w = finals[rank];
     std::vector<std::vector<float>> g;
     std::vector<std::vector<int64_t>> shapes;
-    muon_status_t st = RegisterModelZero2(opt, world_id, &w, &g, &shapes);
+    muon_status_t st = RegisterModelZero2(opt, world_id, &w, &g, &shapes, split);
     for (int s = 0; s < kSteps && st == MUON_OK; ++s) {
       for (size_t k = 0; k < Model().size(); ++k) {
         for (size_t i = 0; i < g[k].size(); ++i) g[k][i] = RankGrad(Model()[k].name, i, s, rank);
@@ -204,6 +220,10 @@ void ExpectMatchesSingleProcess(bool normuon) {
 TEST(Zero2, MatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(false); }
 
 TEST(Zero2, NorMuonMatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(true); }
+TEST(Zero2, SplitBlocksMatchSingleProcessOnAveragedGradients) {
+  ExpectMatchesSingleProcess(false, true);
+  ExpectMatchesSingleProcess(true, true);
+}
 
 // World 4, one ZeRO-2 group {0, 1} holding every Muon parameter; ranks 2 and
 // 3 register none and add no group (the header allows parameters that live

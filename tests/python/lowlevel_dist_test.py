@@ -617,8 +617,9 @@ def test_struct_layouts_follow_the_header():
     assert (o.ns_algorithm.offset, o.skip_nonfinite_updates.offset, o.ns_gram_restarts.offset) == (
         224, 228, 232)
     assert ctypes.sizeof(_lib.muon_options_t) == 240
-    po = _lib.muon_param_options_t  # 0.7: lr_scale, weight_decay_scale
-    assert (po.lr_scale.offset, po.weight_decay_scale.offset, ctypes.sizeof(po)) == (56, 64, 72)
+    po = _lib.muon_param_options_t  # 0.7: lr_scale, weight_decay_scale, split blocks
+    assert (po.lr_scale.offset, po.weight_decay_scale.offset, ctypes.sizeof(po)) == (56, 64, 88)
+    assert (po.split_dim.offset, po.num_split_sizes.offset, po.split_sizes.offset) == (72, 76, 80)
     qk = _lib.muon_qk_clip_layer_t  # 0.7
     assert (qk.num_heads.offset, qk.q_first_row.offset, qk.k_head_rows.offset,
             qk.alpha.offset) == (24, 32, 80, 88)

@@ -219,6 +219,9 @@ class muon_param_options_t(ctypes.Structure):
         # 0.7
         ("lr_scale", ctypes.c_double),
         ("weight_decay_scale", ctypes.c_double),
+        ("split_dim", ctypes.c_int32),
+        ("num_split_sizes", ctypes.c_int32),
+        ("split_sizes", ctypes.POINTER(ctypes.c_int64)),
     ]
 
 
