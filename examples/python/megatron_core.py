@@ -56,7 +56,7 @@ def train(rank, world, port):
     x, y = x.chunk(DP)[dp_rank], y.chunk(DP)[dp_rank]          # this DP rank's batch
 
     opt = muon.Muon(model.parameters(), lr=0.05, weight_decay=0.0, adamw_lr=3e-3,
-                    distributed_config=muon.megatron.create_megatron_config())
+                    distributed_config=muon.megatron.create_megatron_config(model=model))
     dp = parallel_state.get_data_parallel_group()
     losses = []
     for step in range(40):

@@ -91,21 +91,27 @@ absl::Status CheckBlockSplit(const BlockSplit& split, int64_t rows, int64_t cols
   return absl::OkStatus();
 }
 
-std::vector<BlockShape> SplitBlockShapes(const BlockSplit& split, int64_t rows, int64_t cols) {
-  if (split.none()) return {{rows, cols}};
+BlockShape SplitBlockShape(const BlockSplit& split, size_t j, int64_t rows, int64_t cols) {
+  if (split.none()) return {rows, cols};
   const int64_t periods = (split.dim == 0 ? rows : cols) / Period(split);
+  const int64_t extent = periods * split.sizes[j];
+  return split.dim == 0 ? BlockShape{extent, cols} : BlockShape{rows, extent};
+}
+
+std::vector<BlockShape> SplitBlockShapes(const BlockSplit& split, int64_t rows, int64_t cols) {
   std::vector<BlockShape> shapes;
-  shapes.reserve(split.sizes.size());
-  for (int64_t s : split.sizes) {
-    shapes.push_back(split.dim == 0 ? BlockShape{periods * s, cols} : BlockShape{rows, periods * s});
+  for (size_t j = 0; j < std::max<size_t>(1, split.sizes.size()); ++j) {
+    shapes.push_back(SplitBlockShape(split, j, rows, cols));
   }
   return shapes;
 }
 
 double SplitNewtonSchulzFlops(const NsConfig& config, const BlockSplit& split, int64_t rows,
                               int64_t cols) {
+  if (split.none()) return NewtonSchulzFlops(config, rows, cols);
   double flops = 0;
-  for (const BlockShape& b : SplitBlockShapes(split, rows, cols)) {
+  for (size_t j = 0; j < split.sizes.size(); ++j) {
+    const BlockShape b = SplitBlockShape(split, j, rows, cols);
     flops += NewtonSchulzFlops(config, b.rows, b.cols);
   }
   return flops;
@@ -136,7 +142,6 @@ absl::Status SplitOrthogonalizer::Run(MathBackend& math, const NsConfig& config,
                                       const BlockSplit& split, absl::Span<const double> factors,
                                       const NorMuonStep* normuon, float* const* moments,
                                       const MatrixBatch& matrices) {
-  const std::vector<BlockShape> shapes = SplitBlockShapes(split, matrices.rows, matrices.cols);
   const size_t esize = SizeOf(matrices.dtype);
   const int type = static_cast<int>(matrices.dtype);
   const int precision = config.dtype == NsDtype::kBF16   ? ew::kBF16
@@ -144,8 +149,8 @@ absl::Status SplitOrthogonalizer::Run(MathBackend& math, const NsConfig& config,
                                                          : ew::kF32;
   const int64_t per = matrices.rows * matrices.cols;
   int64_t offset = 0;  // block j's first row (dim 0) among the matrix's
-  for (size_t j = 0; j < shapes.size(); ++j) {
-    const BlockShape& b = shapes[j];
+  for (size_t j = 0; j < split.sizes.size(); ++j) {
+    const BlockShape b = SplitBlockShape(split, j, matrices.rows, matrices.cols);
     const int64_t n = b.rows * b.cols;
     if (block_.size() < static_cast<size_t>(n) * esize) {
       return absl::FailedPreconditionError("split blocks run before their room was reserved");

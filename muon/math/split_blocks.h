@@ -52,9 +52,12 @@ absl::Status CheckBlockSplit(const BlockSplit& split, int64_t rows, int64_t cols
 struct BlockShape {
   int64_t rows = 0, cols = 0;
 };
+// Block j's shape (the whole matrix when the split is none).
+BlockShape SplitBlockShape(const BlockSplit& split, size_t j, int64_t rows, int64_t cols);
 // The blocks' shapes, in order (the whole matrix when the split is none).
 std::vector<BlockShape> SplitBlockShapes(const BlockSplit& split, int64_t rows, int64_t cols);
-// One orthogonalization of a rows x cols matrix so split: its blocks' sum.
+// One orthogonalization of a rows x cols matrix so split: its blocks' sum
+// (allocates nothing).
 double SplitNewtonSchulzFlops(const NsConfig& config, const BlockSplit& split, int64_t rows,
                               int64_t cols);
 // NorMuon's moments of one matrix: one per row of each block, block after

@@ -500,6 +500,13 @@ void RunRanks(int ranks, const std::vector<RankParam>& params, void (*set)(muon_
       muon_param_options_init(&po, sizeof po);
       po.name = p.name;
       po.matrix_view = p.view;
+      // "split..." parameters: blocks of 2 and 2 (rows, or columns for "splitcol").
+      static const int64_t kSplit[] = {2, 2};
+      if (std::strncmp(p.name, "split", 5) == 0) {
+        po.split_dim = std::strncmp(p.name, "splitcol", 8) == 0 ? 1 : 0;
+        po.num_split_sizes = 2;
+        po.split_sizes = kSplit;
+      }
       muon_status_t s;
       if (p.custom) {
         muon_custom_layout_t cl{};
@@ -607,6 +614,22 @@ TEST(InProcessRanks, TwoRanksSkippingNonFiniteStepsAllocateNothing) {
            {Layout("rows", {64, 32}, MUON_PLACEMENT_SHARD, 0),
             Layout("flat", {20, 10}, MUON_PLACEMENT_FLAT_RANGE, 0, 0, {0, 70, 200})},
            [](muon_options_t* o) { o->skip_nonfinite = 1; }, "two ranks with skip_nonfinite");
+}
+
+void SplitOptions(muon_options_t* o) {
+  o->normuon = 1;
+  o->adjust_lr = MUON_ADJUST_LR_MATCH_RMS_ADAMW;  // block factors other than 1
+}
+
+TEST(InProcessRanks, TwoRanksSplitBlocksWithNorMuonAllocateNothing) {
+  RunRanks(2,
+           {Layout("split_rows", {16, 12}, MUON_PLACEMENT_SHARD, 0),
+            Layout("splitcol", {12, 16}, MUON_PLACEMENT_SHARD, 1),
+            Zero2("split_zero2", {16, 8})},
+           SplitOptions, "two ranks with split blocks and NorMuon");
+  // (The custom path's callbacks here serve a world of one.)
+  RunRanks(1, {Custom("split_custom", {20, 12})}, SplitOptions,
+           "a custom-path parameter with split blocks and NorMuon");
 }
 
 TEST(InProcessRanks, TwoRanksZero2AllocateNothing) {

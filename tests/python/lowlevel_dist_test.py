@@ -115,12 +115,13 @@ def gradients(steps, seed=1):
              for name, shape, _, _ in MODEL} for _ in range(steps)]
 
 
-def single_process(options, init, grads, model=MODEL):
+def single_process(options, init, grads, model=MODEL, extras=None):
     params = {name: init[name].copy() for name, _, _, _ in model}
     bufs = {name: numpy.zeros_like(init[name]) for name, _, _, _ in model}
     with muon.Optimizer(**options) as opt:
         for name, _, view, _ in model:
-            opt.register(params[name], bufs[name], name=name, matrix_view=view)
+            opt.register(params[name], bufs[name], name=name, matrix_view=view,
+                         **(extras or {}))
         for step_grads in grads:
             for name in bufs:
                 bufs[name][...] = step_grads[name]
@@ -464,14 +465,25 @@ def custom_rows(rank):
     return slice(2 * rank, 2 * rank + (4 if rank == 3 else 2))
 
 
-def test_register_custom_matches_single_process():
+# The custom path with a parameter's own multipliers and split blocks too
+# (registration options it once ignored: lr_scale, weight_decay_scale).
+CUSTOM_EXTRAS = [None, dict(lr_scale=0.5, weight_decay_scale=3.0, split_sizes=[3, 2])]
+
+
+@pytest.mark.parametrize("extras", CUSTOM_EXTRAS, ids=["plain", "scales_and_split"])
+def test_register_custom_matches_single_process(extras):
     n, owner_choice = 4, 1
     rng = numpy.random.default_rng(7)
     init = (0.5 * rng.standard_normal((ROWS, COLS))).astype(numpy.float32)
     grads = [rng.standard_normal((ROWS, COLS)).astype(numpy.float32) for _ in range(STEPS)]
     options = dict(BASE, ns_dtype="fp32")
     reference = single_process(options, {"custom": init}, [{"custom": g} for g in grads],
+                               model=[("custom", (ROWS, COLS), "2d", [])],
+                               extras=extras)["custom"]
+    if extras:  # the options move the result
+        plain = single_process(options, {"custom": init}, [{"custom": g} for g in grads],
                                model=[("custom", (ROWS, COLS), "2d", [])])["custom"]
+        assert not numpy.array_equal(plain, reference)
 
     world = muon.InProcessWorld(n)
     gathered = numpy.zeros((ROWS, COLS), numpy.float32)
@@ -506,7 +518,7 @@ def test_register_custom_matches_single_process():
             piece = init[rows].copy()
             grad = numpy.zeros_like(piece)
             assert opt.register_custom(piece, grad, "custom", ROWS, COLS, assign, gather,
-                                       redistribute) == 0
+                                       redistribute, **(extras or {})) == 0
             for g in grads:
                 grad[...] = g[rows]
                 opt.step()

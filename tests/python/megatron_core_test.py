@@ -77,7 +77,7 @@ def _train(rank, naive, generic=False):
     if generic:  # the generic helper, no TP dims given: read from Megatron's attributes
         config = muon.create_processgroup_config(tp_pg=tp_group, dp_pg=dp_group)
     else:
-        config = None if naive else muon.megatron.create_megatron_config()
+        config = None if naive else muon.megatron.create_megatron_config(model=model)
     opt = muon.Muon(params, distributed_config=config, **HP)
     whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
     ref = muon.Muon(whole, **HP)
@@ -101,13 +101,85 @@ def _train(rank, naive, generic=False):
             "moved": not torch.equal(params[0].detach(), _model().up.weight.detach())}
 
 
+GQA = dict(heads=4, groups=2, hidden=32)  # kv_channels 8: 16 query rows per group
+
+
+def _gqa_layer():
+    """One Megatron-core transformer layer (local spec, no TransformerEngine)
+    with grouped-query attention: its linear_qkv.weight is Megatron's fused
+    [groups x (q_per_group + 2) x kv_channels, hidden] layout, TP-split by
+    groups."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    config = TransformerConfig(num_layers=1, hidden_size=GQA["hidden"],
+                               num_attention_heads=GQA["heads"],
+                               num_query_groups=GQA["groups"], tensor_model_parallel_size=TP,
+                               use_cpu_initialization=True, params_dtype=torch.float32)
+    torch.manual_seed(0)
+    return build_module(get_gpt_layer_local_spec(), config=config, layer_number=1)
+
+
+def _train_gqa(rank, split_qkv, by_group=False):
+    """The layer's matrices stepped by muon.Muon over create_megatron_config(
+    model=layer) against single-process muon.Muon on the whole matrices, the
+    fused QKV in a group of its own with Megatron-core's split, computed here
+    from the layer's config as Megatron-core's get_megatron_muon_optimizer
+    does (heads // groups * kv_channels, kv_channels, kv_channels).
+    by_group: the adapter told nothing (split_qkv=False, no model), the split
+    given by muon.Muon's param group instead."""
+    from megatron.core import parallel_state as ps
+    tp_group, dp_group = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()
+    layer = _gqa_layer()
+    named = [(n, p) for n, p in layer.named_parameters() if p.dim() == 2]
+    params = [p for _, p in named]
+    tp_dims = [muon.megatron.megatron_tp_dim(p) for p in params]
+    cfg = layer.config
+    megatrons = [cfg.num_attention_heads // cfg.num_query_groups * cfg.kv_channels,
+                 cfg.kv_channels, cfg.kv_channels]
+    if by_group:
+        config = muon.megatron.create_megatron_config(split_qkv=False)
+        opt = muon.Muon([{"params": [p], "split_sizes": megatrons}
+                         if n.endswith("linear_qkv.weight") else {"params": [p]}
+                         for n, p in named], distributed_config=config, **HP)
+    else:
+        config = muon.megatron.create_megatron_config(model=layer, split_qkv=split_qkv)
+        opt = muon.Muon(params, distributed_config=config, **HP)
+    whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
+    groups = [{"params": [w]} for w in whole]
+    for (name, _), group in zip(named, groups):
+        if name.endswith("linear_qkv.weight"):
+            group["split_sizes"] = megatrons
+    ref = muon.Muon(groups, **HP)
+    worst, exact = 0.0, True
+    for step in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        for p, q, d in zip(params, whole, tp_dims):
+            p.grad = ordered_mean(allgather_tensor(torch.randn(p.shape, generator=gen),
+                                                   dp_group))
+            q.grad = _whole(p.grad, d, tp_group)
+        opt.step()
+        ref.step()
+        for p, q, d in zip(params, whole, tp_dims):
+            got = _whole(p, d, tp_group)
+            worst = max(worst, max_abs_diff(got, q))
+            exact = exact and bits_equal(got, q)
+    found = {n: v for n, p in named
+             for q, v in muon.megatron.megatron_qkv_splits(layer).items() if q is p}
+    return {"exact": exact, "worst": worst, "found": found, "megatrons": megatrons,
+            "qkv_global": [tuple(w.shape) for (n, _), w in zip(named, whole)
+                           if n.endswith("linear_qkv.weight")]}
+
+
 def _worker(rank, world):
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
     from megatron.core import parallel_state as ps
     ps.initialize_model_parallel(tensor_model_parallel_size=TP)
     assert dist.get_world_size(ps.get_data_parallel_group()) == WORLD // TP
     out = {"muon": _train(rank, naive=False), "naive": _train(rank, naive=True),
-           "generic": _train(rank, naive=False, generic=True)}
+           "generic": _train(rank, naive=False, generic=True),
+           "gqa": _train_gqa(rank, split_qkv=True), "gqa_whole": _train_gqa(rank, False),
+           "gqa_group": _train_gqa(rank, False, by_group=True)}
     ps.destroy_model_parallel()
     return out
 
@@ -137,6 +209,26 @@ def test_the_generic_helper_reads_megatrons_tp_attributes(runs):
         assert res["generic"]["exact"], "rank %d differs by up to %g" % (
             rank, res["generic"]["worst"])
     assert sum(r["generic"]["orthogonalized"] for r in runs) == 3
+
+
+def test_fused_qkv_is_split_as_megatron_cores_muon_splits_it(runs):
+    # Megatron-core's default (OptimizerConfig.muon_split_qkv=True): the fused
+    # QKV of a GQA layer (2 groups of 16 query, 8 key, 8 value rows) is three
+    # matrices; bit for bit with single-process muon.Muon given that split.
+    for rank, res in enumerate(runs):
+        gqa = res["gqa"]
+        assert gqa["megatrons"] == [16, 8, 8]
+        assert list(gqa["found"].values()) == [(0, [16, 8, 8])], gqa["found"]
+        assert list(gqa["found"])[0].endswith("self_attention.linear_qkv.weight")
+        assert gqa["qkv_global"] == [(64, 32)]
+        assert gqa["exact"], "rank %d differs by up to %g" % (rank, gqa["worst"])
+        # The same split given by a param group instead of the adapter.
+        assert res["gqa_group"]["exact"], (rank, res["gqa_group"]["worst"])
+        # split_qkv=False orthogonalizes the fused QKV whole: not Megatron's.
+        assert not res["gqa_whole"]["exact"] and res["gqa_whole"]["worst"] > 1e-4, rank
+    print("\nMegatron GQA layer, TP 2 x DP 2, fused QKV split [16, 8, 8]: largest difference "
+          "%g; kept whole: %g" % (max(r["gqa"]["worst"] for r in runs),
+                                  max(r["gqa_whole"]["worst"] for r in runs)))
 
 
 def test_a_naive_optimizer_on_the_pieces_differs(runs):

@@ -579,3 +579,87 @@ def test_fp32_per_parameter_scales():
     with pytest.raises(muon.MuonError, match="options->lr_scale: -1 is invalid"):
         with muon.Optimizer() as opt:
             opt.register(torch.zeros(4, 4), torch.zeros(4, 4), lr_scale=-1)
+
+
+def _megatron_split(update, groups, sizes):
+    """Emerging-Optimizers' split_qkv, written out: the update viewed as
+    [groups, sum(sizes), cols], cut along dim 1, each part one matrix."""
+    cols = update.size(1)
+    parts = torch.split(update.view(groups, sum(sizes), cols), list(sizes), dim=1)
+    return [p.reshape(-1, cols) for p in parts]
+
+
+def _megatron_merge(blocks, groups, sizes):
+    cols = blocks[0].size(1)
+    parts = [b.view(groups, s, cols) for b, s in zip(blocks, sizes)]
+    return torch.cat(parts, dim=1).view(-1, cols)
+
+
+@pytest.mark.parametrize("adjust_lr", ["original", "match_rms_adamw"])
+def test_fp32_split_blocks_follow_megatrons_split_qkv(adjust_lr):
+    # A GQA-fused QKV (3 query groups of 4 query heads x 4 rows, one key and one
+    # value head each: split_sizes [16, 4, 4]), a fused gate/up [2 x 24, 32]
+    # cut by rows ([24, 24]) and a matrix cut by columns (split_dim 1, [8, 4]
+    # repeating twice). The reference splits as
+    # Emerging-Optimizers does, orthogonalizes each block (this file's
+    # Newton-Schulz, fp32) and scales it for its own shape, then steps.
+    gen = torch.Generator().manual_seed(5)
+    lr, wd, momentum = 0.02, 0.1, 0.95
+    cases = [("qkv", (72, 32), 0, (16, 4, 4), 3), ("gate_up", (48, 32), 0, (24, 24), 1),
+             ("cols", (20, 24), 1, (8, 4), 2)]
+    init = [torch.randn(shape, generator=gen) * 0.5 for _, shape, _, _, _ in cases]
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    groups = [{"params": [p], "split_sizes": list(sizes), "split_dim": dim}
+              for p, (_, _, dim, sizes, _) in zip(params, cases)]
+    opt = muon.Muon(groups, lr=lr, weight_decay=wd, momentum=momentum, ns_dtype="fp32",
+                    adjust_lr_fn=adjust_lr)
+    refs = [x.clone() for x in init]
+    bufs = [torch.zeros_like(x) for x in init]
+    for _ in range(6):
+        step = [torch.randn(x.shape, generator=gen) for x in init]
+        for p, g in zip(params, step):
+            p.grad = g.clone()
+        opt.step()
+        for k, ((_, _, dim, sizes, periods), g) in enumerate(zip(cases, step)):
+            bufs[k] = reference_lerp(bufs[k], g, 1 - momentum)
+            update = reference_lerp(g, bufs[k], momentum)
+            u = update if dim == 0 else update.T.contiguous()
+            blocks = []
+            for b in _megatron_split(u, periods, sizes):
+                b = b if dim == 0 else b.T
+                o = reference_newton_schulz(b, [TORCH_DEFAULT_ABC], 5, 1e-7, torch.float32)
+                o = o * adjusted_lr(1.0, adjust_lr, o.size(0), o.size(1))
+                blocks.append(o if dim == 0 else o.T)
+            whole = _megatron_merge(blocks, periods, sizes)
+            whole = whole if dim == 0 else whole.T
+            refs[k] = refs[k] * (1 - lr * wd) - lr * whole
+    for (name, *_), p, ref in zip(cases, params, refs):
+        diff = (p.detach() - ref).abs().max().item() / ref.abs().max().item()
+        assert diff <= 1e-5, (name, diff)
+    # Not the whole-matrix update: the split moves the parameters.
+    whole_params = [torch.nn.Parameter(x.clone()) for x in init]
+    plain = muon.Muon(whole_params, lr=lr, weight_decay=wd, momentum=momentum,
+                      ns_dtype="fp32", adjust_lr_fn=adjust_lr)
+    gen = torch.Generator().manual_seed(5)
+    [torch.randn(x.shape, generator=gen) for x in init]
+    for _ in range(6):
+        for p in whole_params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        plain.step()
+    assert max((a - b).abs().max().item() for a, b in zip(params, whole_params)) > 1e-3
+
+
+def test_split_blocks_refuse_what_does_not_fit():
+    w = torch.nn.Parameter(torch.zeros(12, 8))
+    w.grad = torch.zeros(12, 8)
+    opt = muon.Muon([{"params": [w], "split_sizes": [5, 2]}])
+    with pytest.raises(muon.MuonError, match=r"split_sizes \{5, 2\} add up to 7, which does "
+                                             r"not divide the 12 rows"):
+        opt.step()
+    assert torch.equal(w.detach(), torch.zeros(12, 8))  # nothing changed
+    with pytest.raises(ValueError, match="split_sizes must be positive ints"):
+        muon.Muon([{"params": [w], "split_sizes": [4, 0]}])
+    with pytest.raises(ValueError, match="split_dim must be 0 .rows. or 1 .columns."):
+        muon.Muon([{"params": [w], "split_sizes": [4], "split_dim": 2}])
+    with pytest.raises(ValueError, match="split_dim is 1 but no split_sizes"):
+        muon.Muon([{"params": [w], "split_dim": 1}])

@@ -717,3 +717,41 @@ def test_skip_nonfinite_updates_keeps_the_params_of_an_overflowing_step():
         outs[guard] = (w.detach().clone(), opt.stats()["steps_skipped"])
     assert not torch.isfinite(outs[False][0]).all()
     assert torch.equal(outs[True][0], torch.full((6, 4), 0.25)) and outs[True][1] == 1
+
+
+def test_split_blocks_with_normuon_resume_bit_identically():
+    # Column blocks keep a moment per row of each block (rows x blocks); the
+    # state dict carries them, and a resumed run continues bit for bit.
+    gen = torch.Generator().manual_seed(4)
+    init = [torch.randn(6, 12, generator=gen), torch.randn(12, 8, generator=gen)]
+    grads = [[torch.randn(x.shape, generator=gen) for x in init] for _ in range(8)]
+
+    def fresh():
+        params = [torch.nn.Parameter(x.clone()) for x in init]
+        opt = muon.Muon([{"params": [params[0]], "split_sizes": [4, 2], "split_dim": 1},
+                         {"params": [params[1]], "split_sizes": [2, 1]}],
+                        lr=0.02, normuon=True, ns_dtype="fp32")
+        return params, opt
+
+    def run(params, opt, first, last):
+        for step in range(first, last):
+            for p, g in zip(params, grads[step]):
+                p.grad = g.clone()
+            opt.step()
+
+    a, opt_a = fresh()
+    run(a, opt_a, 0, 8)
+    b, opt_b = fresh()
+    run(b, opt_b, 0, 3)
+    saved = copy.deepcopy(opt_b.state_dict())
+    assert saved["state"][0]["normuon_second_moment"].shape == (12,)  # 6 rows x 2 blocks
+    assert saved["state"][1]["normuon_second_moment"].shape == (12,)  # the rows
+    assert saved["param_groups"][0]["split_sizes"] == [4, 2]
+    c, opt_c = fresh()
+    with torch.no_grad():
+        for p, q in zip(c, b):
+            p.copy_(q)
+    opt_c.load_state_dict(saved)
+    run(c, opt_c, 3, 8)
+    for x, y in zip(a, c):
+        assert torch.equal(x, y)

@@ -135,11 +135,34 @@ class _Registered:
         self.moments_shape = moments_shape
 
 
-def _moments_shape(shape, view):
-    """The shape of NorMuon's moments of a global `shape` seen as `view`."""
+def _moments_shape(shape, view, split=None):
+    """The shape of NorMuon's moments of a global `shape` seen as `view`: a
+    moment per row of each matrix (of each block, with column blocks)."""
+    blocks = len(split[1]) if split is not None and split[0] == 1 else 1
     if view == _MATRIX_VIEW["batched_leading"] and len(shape) >= 3:
-        return (int(shape[0]), int(shape[1]))
-    return (int(shape[0]),) if shape else (0,)
+        return (int(shape[0]), int(shape[1]) * blocks)
+    return (int(shape[0]) * blocks,) if shape else (0,)
+
+
+def _split_spec(split_sizes, split_dim, who):
+    """(dim, sizes) from register()'s arguments, or None."""
+    if split_sizes is None:
+        return None
+    sizes = tuple(operator.index(v) for v in split_sizes)
+    if not sizes:
+        raise ValueError("muon: %s: split_sizes is empty; give None for no split" % who)
+    return (operator.index(split_dim), sizes)
+
+
+def _fill_split(po, split, keep):
+    """Writes a (dim, sizes) split into muon_param_options_t `po`."""
+    if split is None:
+        return
+    array = (ctypes.c_int64 * len(split[1]))(*split[1])
+    keep.append(array)
+    po.split_dim = split[0]
+    po.num_split_sizes = len(split[1])
+    po.split_sizes = ctypes.cast(array, ctypes.POINTER(ctypes.c_int64))
 
 
 def _tracks(param, grad):
@@ -221,6 +244,8 @@ class Optimizer:
         self._group_ids = {}    # id(communicator object) -> group id
         self._keep = []         # ctypes callbacks and arrays the library calls or reads
         self._callback_errors = []  # (where, exception) raised by Python callbacks
+        self._splits = {}       # name -> (split_dim, split_sizes) for register() to apply
+        self._splits_used = set()  # the names of _splits a registration took
         self._world = None      # (rank, size) of the world communicator
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
 
@@ -441,7 +466,7 @@ class Optimizer:
 
     def register(self, param, grad, name=None, matrix_view="2d", global_shape=None,
                  placements=None, replicated_mode="host_averaged", lr_scale=None,
-                 weight_decay_scale=None):
+                 weight_decay_scale=None, split_sizes=None, split_dim=0, _split_name=None):
         """Registers a parameter and its gradient; returns the parameter's id.
 
         matrix_view: "2d" (default), "flatten_trailing" ((d0, d1, ...) as one
@@ -457,6 +482,13 @@ class Optimizer:
         own gradient; the engine averages them and keeps 1/N of the momentum).
         lr_scale, weight_decay_scale: this parameter's multipliers of lr and
         weight decay (Megatron's lr_mult, wd_mult; default 1).
+        split_sizes, split_dim: orthogonalize each matrix as independent
+        blocks: along split_dim (0 rows, 1 columns) the sizes repeat with
+        period sum(split_sizes); block j gathers the j-th piece of every
+        period (a fused QKV: [q, k, v]; Megatron's GQA layout:
+        [q_per_group * head_dim, head_dim, head_dim]). Each block is
+        normalized (NorMuon) and lr-adjusted for its own shape. Default (None):
+        what set_split() gave this name, else the whole matrix.
         """
         h = self._h()
         self._check_comms_take(param, name)
@@ -471,6 +503,10 @@ class Optimizer:
         if weight_decay_scale is not None:
             po.weight_decay_scale = float(weight_decay_scale)
         keep = []
+        split = _split_spec(split_sizes, split_dim, "param %r" % (name,)) \
+            if split_sizes is not None else self._take_split(name if _split_name is None
+                                                             else _split_name)
+        _fill_split(po, split, keep)
         if global_shape is not None:
             shape = [operator.index(d) for d in global_shape]
             array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -495,11 +531,12 @@ class Optimizer:
         shape = global_shape if global_shape is not None else tuple(param.shape)
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
                                         pv, gv, _tracks(param, grad),
-                                        _moments_shape(tuple(shape), po.matrix_view)))
+                                        _moments_shape(tuple(shape), po.matrix_view, split)))
         return pid.value
 
     def register_custom(self, param, grad, name, rows, cols, assign_fn, gather_fn,
-                        redistribute_fn):
+                        redistribute_fn, lr_scale=None, weight_decay_scale=None,
+                        split_sizes=None, split_dim=0):
         """Registers a parameter on the custom path: one rows x cols matrix of which
         this rank holds `param` (its gradient `grad`), moved by the host's callables.
         Needs a world; every rank holding a piece registers it under `name`.
@@ -519,12 +556,20 @@ class Optimizer:
 
         gather_fn and redistribute_fn are collective among the holders (the host's
         own communication). An exception raised in them fails the step with the
-        exception's type and text in the message.
+        exception's type and text in the message. lr_scale, weight_decay_scale,
+        split_sizes, split_dim: as register()'s.
         """
         h = self._h()
 
         pv, gv = self._views(param, grad, name)
         po = self._param_options(name)
+        if lr_scale is not None:
+            po.lr_scale = float(lr_scale)
+        if weight_decay_scale is not None:
+            po.weight_decay_scale = float(weight_decay_scale)
+        split = _split_spec(split_sizes, split_dim, "param %r" % (name,)) \
+            if split_sizes is not None else self._take_split(name)
+        _fill_split(po, split, self._keep)
         shape = tuple(int(s) for s in getattr(param, "shape", ()))
         numel = _prod(shape)
         sink = self._callback_errors
@@ -580,8 +625,23 @@ class Optimizer:
                                                       ctypes.byref(layout), ctypes.byref(pid)))
         self._keep.append(callbacks)
         self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad),
-                                        (operator.index(rows),)))
+                                        _moments_shape((operator.index(rows),), 0, split)))
         return pid.value
+
+    def set_split(self, name, split_sizes, split_dim=0):
+        """The split blocks (see register()) that the registration of `name` takes
+        when it gives none: a distributed config registers the parameters, and
+        muon.Muon says the split of each beforehand. split_sizes None: none."""
+        if split_sizes is None:
+            self._splits.pop(name, None)
+        else:
+            self._splits[name] = _split_spec(split_sizes, split_dim, "param %r" % (name,))
+
+    def _take_split(self, name):
+        split = self._splits.get(name)
+        if split is not None:
+            self._splits_used.add(name)
+        return split
 
     def rebind(self, param_id, param, grad):
         """Points a registered parameter at new storage between steps (same shape

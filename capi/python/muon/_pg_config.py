@@ -555,10 +555,22 @@ class _ProcessGroupConfig(DistributedConfig):
                 placements.append(Shard(gid[role], arg[0], split=arg[1]))
             else:
                 placements.append(FlatRange(gid[role], arg[0], arg[1]))
+        # The param group's split (muon.Muon set it under the default name),
+        # else the config's own (Megatron's fused QKV).
+        split = None if e["default"] in getattr(optimizer, "_splits", {}) else \
+            self._split_of(e["param"])
         optimizer.register(param, _grad_buffer(param), name=e["name"],
                            matrix_view=_matrix_view(len(global_shape)),
                            global_shape=global_shape, placements=placements,
-                           replicated_mode=self.replicated_mode)
+                           replicated_mode=self.replicated_mode,
+                           split_sizes=split[1] if split else None,
+                           split_dim=split[0] if split else 0, _split_name=e["default"])
+
+    def _split_of(self, param):
+        """(split_dim, split_sizes) this config gives `param`: what
+        `_param_splits` ({id(param): (dim, sizes)}, set by an adapter such as
+        muon.megatron's fused-QKV split) holds, else None."""
+        return getattr(self, "_param_splits", {}).get(id(param))
 
     # -- the custom path (one of the three functions replaced) ---------------------
 

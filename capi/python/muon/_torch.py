@@ -104,6 +104,28 @@ def _variant(group):
             for key, arg, default, kind in _VARIANTS}
 
 
+def _group_split(group):
+    """A param group's split blocks ("split_sizes", "split_dim"; validated) as
+    (dim, sizes), or None."""
+    sizes = group.get("split_sizes")
+    dim = group.get("split_dim", 0)
+    if sizes is None:
+        if dim != 0:
+            raise ValueError("muon.Muon: split_dim is %r but no split_sizes are given" % (dim,))
+        return None
+    try:
+        sizes = tuple(operator.index(v) for v in sizes)
+        dim = operator.index(dim)
+    except TypeError:
+        raise TypeError("muon.Muon: split_sizes must be a list of ints and split_dim an int, "
+                        "got %r and %r" % (group.get("split_sizes"), dim)) from None
+    if not sizes or any(v <= 0 for v in sizes):
+        raise ValueError("muon.Muon: split_sizes must be positive ints, got %r" % (sizes,))
+    if dim not in (0, 1):
+        raise ValueError("muon.Muon: split_dim must be 0 (rows) or 1 (columns), got %r" % dim)
+    return (dim, sizes)
+
+
 def _lowlevel_kwargs(group):
     """The muon.Optimizer arguments of a param group (validated beforehand)."""
     adjust = group["adjust_lr_fn"]
@@ -140,6 +162,7 @@ def _check_group(group):
     eps = _real("eps", group["eps"])
     if not eps > 0.0:
         raise ValueError("eps should be > 0 but is: %s" % eps)
+    _group_split(group)
     variant = _variant(group)
     if not (0.0 <= variant["update_scale"] < math.inf):
         raise ValueError("muon.Muon: extra_scale_factor should be a finite number >= 0 but is: "
@@ -520,7 +543,7 @@ class Muon(torch.optim.Optimizer):
         return (bool(group["nesterov"]), _coefficients_key(group["ns_coefficients"]),
                 _real("eps", group["eps"]), operator.index(group["ns_steps"]),
                 group["adjust_lr_fn"], _ns_dtype(group["ns_dtype"]),
-                tuple(sorted(_variant(group).items())))
+                tuple(sorted(_variant(group).items())), _group_split(group))
 
     def _name(self, gi, i):
         if isinstance(i, tuple):  # a segment of a flat buffer
@@ -581,7 +604,10 @@ class Muon(torch.optim.Optimizer):
                 placeholders.append(i)
             else:
                 grad = _library_grad(g, i, grad)
-            g.ids.append(g.opt.register(target, grad, name=self._name(gi, g.index[i])))
+            split = _group_split(self._by_number[gi])
+            g.ids.append(g.opt.register(target, grad, name=self._name(gi, g.index[i]),
+                                        split_sizes=split and split[1],
+                                        split_dim=split[0] if split else 0))
             g.grads.append(grad)
             g.param_ptrs.append(target.data_ptr())
         for i in placeholders:
@@ -591,7 +617,20 @@ class Muon(torch.optim.Optimizer):
 
     def _register_distributed(self, g, gi):
         named = [(self._name(gi, i), p) for i, p in zip(g.index, g.params)]
+        split = _group_split(self._by_number[gi])
+        for name, _ in named:
+            if split is not None:
+                g.opt.set_split(name, split[1], split[0])
         self._config._attach(g.opt, named)
+        if split is not None:
+            missed = [name for name, _ in named if name not in g.opt._splits_used]
+            if missed:  # the same on every rank: the same groups, the same config
+                raise ValueError(
+                    "muon.Muon: param group %d's split_sizes did not reach %s: this "
+                    "distributed config registers them without it; register them as "
+                    "whole matrices (no split_sizes) or through a muon config "
+                    "(create_processgroup_config, create_megatron_config)"
+                    % (gi, ", ".join(repr(n) for n in missed)))
         records = g.opt._params
         by_object = {id(r.param.obj): k for k, r in enumerate(records)}
         by_name = {r.name: k for k, r in enumerate(records)}

@@ -6,7 +6,7 @@ Megatron's parallel layers put on it.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2, ...)
     model = ...  # ColumnParallelLinear, RowParallelLinear, ... (megatron.core)
     opt = muon.Muon(model.parameters(), lr=0.02,
-                    distributed_config=muon.megatron.create_megatron_config())
+                    distributed_config=muon.megatron.create_megatron_config(model=model))
 
 A parameter with tensor_model_parallel=True is split over the TP group along
 its partition_dim (ColumnParallelLinear: dim 0; RowParallelLinear: dim 1;
@@ -36,15 +36,48 @@ does for Adam. It replaces DistributedOptimizer, which admits Adam only:
                     distributed_config=muon.megatron.create_megatron_config(ddp=ddp))
     ddp.zero_grad_buffer(); loss.backward(); ddp.finish_grad_sync(); opt.step()
 
+Fused QKV weights are split as Megatron-core's own Muon splits them
+(OptimizerConfig.muon_split_qkv=True, its default): every attention layer's
+linear_qkv.weight, laid out per query group as q_per_group * kv_channels
+query rows, kv_channels key rows and kv_channels value rows, is
+orthogonalized as three matrices (the queries of every group one matrix, the
+keys one, the values one), each scaled for its own shape. The layers are
+found in the model: pass it as model= (with ddp= it is the DDP model's);
+split_qkv=False orthogonalizes each fused QKV whole.
+
 Not mapped yet: expert parameters (allreduce=False, Megatron's MoE, also
 its expert-parallel buffers); an expert parameter fails at the first step
 naming it.
 """
 
+import warnings
+
 from ._flat import Segment
 from ._pg_config import _ProcessGroupConfig, create_processgroup_config
 
-__all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges"]
+__all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
+           "megatron_qkv_splits"]
+
+
+def megatron_qkv_splits(model):
+    """{param: (0, [q_per_group * kv_channels, kv_channels, kv_channels])} for
+    the fused QKV weight (linear_qkv.weight) of every attention layer of
+    `model` (a module, or a list of model chunks, DDP-wrapped or not): the
+    split_sizes Megatron-core's Muon splits it with (muon_split_qkv), read
+    from each layer's TransformerConfig. Dict keys are the param objects."""
+    out = {}
+    for chunk in model if isinstance(model, (list, tuple)) else [model]:
+        module = getattr(chunk, "module", chunk)
+        for m in module.modules():
+            qkv, cfg = getattr(m, "linear_qkv", None), getattr(m, "config", None)
+            w = getattr(qkv, "weight", None)
+            heads = getattr(cfg, "num_attention_heads", None)
+            if w is None or heads is None or w.dim() != 2:
+                continue
+            groups = getattr(cfg, "num_query_groups", None) or heads
+            kv = cfg.kv_channels
+            out[w] = (0, [heads // groups * kv, kv, kv])
+    return out
 
 
 def megatron_tp_dim(param):
@@ -134,6 +167,8 @@ class MegatronDistOptConfig(_ProcessGroupConfig):
         self._chunks = list(chunks)
         self._ranges = ranges
         self._names = names
+        self._param_splits = {id(p): v for p, v in megatron_qkv_splits(self._chunks).items()} \
+            if kwargs["split_qkv"] else {}
 
     def _flat_segments(self, name, param):
         r = self._ranges.get(param)
@@ -152,7 +187,8 @@ class MegatronDistOptConfig(_ProcessGroupConfig):
 
 def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=None,
                            replicated_mode="host_averaged", verify_replicas=True,
-                           async_gpu_parallelism=True, prefetch_count=1):
+                           async_gpu_parallelism=True, prefetch_count=1, model=None,
+                           split_qkv=True):
     """A muon.DistributedConfig for a model built of Megatron-core layers.
 
     The groups default to parallel_state's: the tensor-model-parallel group,
@@ -167,6 +203,11 @@ def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=N
     built with use_distributed_optimizer=True: the distributed optimizer's
     layout (see the module's docstring); its buffers give the data-parallel
     group, and dp_group and replicated_mode do not apply.
+
+    model: the model (or its chunks) whose attention layers' fused QKV
+    weights split_qkv splits as Megatron-core's Muon does (see the module's
+    docstring); with ddp= the DDP model's. split_qkv=False: orthogonalize
+    them whole. A param group's own split_sizes wins over this.
     """
     if tp_group is None or (dp_group is None and ddp is None):
         ps = _parallel_state()
@@ -185,9 +226,18 @@ def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=N
         return MegatronDistOptConfig(chunks, tp_group, pp_group,
                                      verify_replicas=verify_replicas,
                                      async_gpu_parallelism=async_gpu_parallelism,
-                                     prefetch_count=prefetch_count)
-    return create_processgroup_config(
+                                     prefetch_count=prefetch_count, split_qkv=split_qkv)
+    if split_qkv and model is None and ddp is None:
+        warnings.warn("muon.megatron.create_megatron_config: no model= given, so fused QKV "
+                      "weights are orthogonalized whole, not split into Q, K and V as "
+                      "Megatron-core's Muon does by default (muon_split_qkv); pass model= "
+                      "(or split_qkv=False to keep them whole and silence this)", UserWarning,
+                      stacklevel=2)
+    config = create_processgroup_config(
         tp_pg=tp_group, dp_pg=dp_group, pp_pg=pp_group,
         tp_dims=lambda name, param: megatron_tp_dim(param),
         replicated_mode=replicated_mode, verify_replicas=verify_replicas,
         async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count)
+    if split_qkv and model is not None:
+        config._param_splits = {id(p): v for p, v in megatron_qkv_splits(model).items()}
+    return config
