@@ -175,11 +175,13 @@ def bf16_table(shapes, reps, engines):
 
 def schedules_table(shapes, reps, dtype):
     """Newton-Schulz schedules against torch's 5-step quintic, both libmuon's,
-    in one run: cubic5 runs two products an iteration instead of three."""
+    in one run: cubic5 runs two products an iteration instead of three; aol
+    four iterations after its pre-scaling (one W W^T product)."""
     print("\n## Newton-Schulz schedules, %s (median ms; libmuon on its %s engine)\n"
           % (dtype, "bf16" if dtype == "bf16" else "fp32"))
     runs = [("quintic x5", (A, B, C), 5), ("cubic5", "cubic5", 5), ("cans", "cans", 5),
-            ("polar_express x5", "polar_express", 5), ("deepseekv4", "deepseekv4", 10)]
+            ("polar_express x5", "polar_express", 5), ("deepseekv4", "deepseekv4", 10),
+            ("aol x4", "aol", 4)]
     print("| shape | %s | %s |" % (" | ".join("%s ms" % n for n, _, _ in runs),
                                    " | ".join("%s vs quintic" % n for n, _, _ in runs[1:])))
     print("|---|%s%s" % ("---|" * len(runs), "---|" * (len(runs) - 1)))

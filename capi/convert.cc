@@ -143,11 +143,14 @@ absl::Status CoefficientsFromC(const muon_options_t& c, NsConfig* ns) {
       return UseSchedule(NsSchedule::kDeepSeekV4, "DEEPSEEK_V4", c.ns_steps, ns);
     case MUON_NS_COEFFICIENTS_CUBIC5:
       return UseSchedule(NsSchedule::kCubic5, "CUBIC5", c.ns_steps, ns);
+    case MUON_NS_COEFFICIENTS_AOL:
+      ns->aol = true;
+      return UseSchedule(NsSchedule::kAol, "AOL", c.ns_steps, ns);
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "options->ns_coefficients: unknown value ", c.ns_coefficients,
           "; use MUON_NS_COEFFICIENTS_FIXED (0), TABLE (1), POLAR_EXPRESS (2), CANS (3), "
-          "DEEPSEEK_V4 (4) or CUBIC5 (5)"));
+          "DEEPSEEK_V4 (4), CUBIC5 (5) or AOL (6)"));
   }
 }
 

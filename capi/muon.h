@@ -218,7 +218,19 @@ typedef enum muon_ns_coefficients_t {
    * (2.4418906, -1.2764040), (2.2230472, -0.9630650). ns_steps must be 5.
    * A cubic iteration, this one's or any with c == 0 (FIXED, TABLE), runs
    * two products, X' = a X + b (X X^T) X, instead of three. */
-  MUON_NS_COEFFICIENTS_CUBIC5 = 5
+  MUON_NS_COEFFICIENTS_CUBIC5 = 5,
+  /* ---- 0.7 ---- */
+  /* AOL: flash-newton-schulz's fit for pre-scaled input (Emerging-Optimizers'
+   * "aol" rows): (4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959),
+   * (2.7573, -3.2939, 1.4254), (2.7215, -3.0494, 1.3169); ns_steps must be
+   * 4. Instead of the division by the Frobenius norm, each row i of the
+   * matrix's wide orientation W (m x n, m <= n; a tall matrix's columns) is
+   * scaled by 1 / sqrt(max(sum_j |(W W^T)_ij|, eps)) (AOL's bound: spectral
+   * norm <= 1, and closer to orthogonal), computed in fp32 products and
+   * double sums, then rounded to ns_dtype. One m x m x n product more than
+   * the division. CPU backend only so far; ns_algorithm STANDARD only; not
+   * with MUON_ASSIGNMENT_SPLIT. */
+  MUON_NS_COEFFICIENTS_AOL = 6
 } muon_ns_coefficients_t;
 
 /* Who orthogonalizes each matrix (distributed engine). Every choice gives

@@ -41,6 +41,11 @@ std::vector<NsCoefficients> ScheduleCoefficients(NsSchedule schedule) {
       rows.insert(rows.end(), 2, NsCoefficients{2.0, -1.5, 0.5});
       return rows;
     }
+    case NsSchedule::kAol:
+      return {{4.0098, -7.0585, 2.4635},
+              {3.4585, -5.5479, 2.5959},
+              {2.7573, -3.2939, 1.4254},
+              {2.7215, -3.0494, 1.3169}};
     case NsSchedule::kCubic5:
       return {{3.3656576, -3.3420992, 0.0},
               {2.5744352, -1.4957376, 0.0},
@@ -56,6 +61,7 @@ int ScheduleSteps(NsSchedule schedule) {
     case NsSchedule::kCans: return 0;
     case NsSchedule::kDeepSeekV4: return 10;
     case NsSchedule::kCubic5: return 5;
+    case NsSchedule::kAol: return 4;
   }
   return 0;
 }
@@ -96,6 +102,11 @@ absl::Status ValidateNsConfig(const NsConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ns_algorithm: unknown value ", static_cast<int>(config.algorithm),
         "; use MUON_NS_STANDARD (0) or MUON_NS_GRAM (1)"));
+  }
+  if (config.aol && config.algorithm != NsAlgorithm::kStandard) {
+    return absl::InvalidArgumentError(
+        "ns_algorithm: GRAM does not run the AOL schedule's pre-scaling; use MUON_NS_STANDARD "
+        "with ns_coefficients AOL");
   }
   return absl::OkStatus();
 }

@@ -35,6 +35,9 @@ struct NsConfig {
   // kGram: bit i set restarts at iteration i (bit 0: iteration 0 starts
   // afresh anyway). gram-newton-schulz's default: iteration 2.
   uint64_t gram_restarts = uint64_t{1} << 2;
+  // AOL pre-scaling (muon/math/cpu/aol.h) instead of the division by the
+  // Frobenius norm; the "aol" schedule's (kStandard only).
+  bool aol = false;
   bool RestartsAt(int i) const { return i > 0 && i < 64 && (gram_restarts >> i & 1) != 0; }
 
   const NsCoefficients& ForIteration(int i) const {
@@ -53,6 +56,7 @@ enum class NsSchedule {
   kCans,        // Chebyshev-accelerated (arXiv 2506.10935): 5 rows, the last repeats
   kDeepSeekV4,  // DeepSeek-V4: 8 x (3.4445, -4.7750, 2.0315), 2 x (2, -1.5, 0.5)
   kCubic5,      // relaxed cubic (c = 0): 5 rows; an iteration runs one product less
+  kAol,         // flash-newton-schulz's fit for AOL-pre-scaled input: 4 rows
 };
 std::vector<NsCoefficients> ScheduleCoefficients(NsSchedule schedule);
 // The iteration count a schedule is made for (DeepSeek-V4: 10, cubic5: 5),

@@ -245,6 +245,50 @@ TEST_P(WorldSize, SplitBlocksAreBitIdentical) {
   ExpectEquivalent(c, cfg);
 }
 
+// AOL's pre-scaling and schedule, fp32 and bf16 (its owners' slots in
+// bf16), with split blocks and NorMuon too.
+TEST_P(WorldSize, AolIsBitIdentical) {
+  const int n = GetParam();
+  Case c{"aol", Mesh{{n}}, {}};
+  c.model = {
+      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
+      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
+      {"t", {8, 28}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
+      {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
+       [](int rank) { return rank == 0; }},
+  };
+  RunConfig cfg;
+  cfg.steps = 4;
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+    o->ns_steps = 4;
+  };
+  if (n == 1) {
+    RunConfig plain = cfg;
+    plain.variant = [](muon_options_t* o) {
+      static const double rows[] = {4.0098, -7.0585, 2.4635, 3.4585, -5.5479, 2.5959,
+                                    2.7573, -3.2939, 1.4254, 2.7215, -3.0494, 1.3169};
+      o->ns_coefficients = MUON_NS_COEFFICIENTS_TABLE;
+      o->ns_table = rows;
+      o->ns_table_rows = 4;
+      o->ns_steps = 4;
+    };
+    const auto aol = RunReference(c.model, cfg);
+    ASSERT_EQ(aol.size(), c.model.size());
+    EXPECT_NE(aol, RunReference(c.model, plain)) << "the pre-scaling changed nothing";
+  }
+  ExpectEquivalent(c, cfg);
+  cfg.ns_dtype = MUON_NS_DTYPE_BF16;
+  ExpectEquivalent(c, cfg);
+  c.model[0].split_sizes = {5};
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+    o->ns_steps = 4;
+    o->normuon = 1;
+  };
+  ExpectEquivalent(c, cfg);
+}
+
 // Per-parameter lr and weight-decay multipliers over sharded, flat and
 // replicated layouts: each holder applies them to its pieces.
 TEST_P(WorldSize, PerParameterScalesAreBitIdentical) {

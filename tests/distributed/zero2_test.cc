@@ -101,16 +101,21 @@ muon_status_t RegisterModelZero2(muon_optimizer_t* opt, int32_t group,
 
 // The options of both sides: plain Muon, or NorMuon (whose moments live on
 // each parameter's ZeRO-2 owner).
-void Configure(muon_options_t* o, bool normuon) {
+void Configure(muon_options_t* o, bool normuon, bool aol = false) {
   o->lr = 0.02;
   o->normuon = normuon ? 1 : 0;
   o->normuon_beta2 = 0.9;
+  if (aol) {  // its pre-scaling on the owner's fp32 buffer, the reference's bf16 slots
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+    o->ns_steps = 4;
+  }
 }
 
-std::vector<std::vector<float>> Reference(int n, bool normuon = false, bool split = false) {
+std::vector<std::vector<float>> Reference(int n, bool normuon = false, bool split = false,
+                                          bool aol = false) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
-  Configure(&o, normuon);
+  Configure(&o, normuon, aol);
   muon_optimizer_t* opt = nullptr;
   EXPECT_EQ(muon_create(&o, &opt), MUON_OK);
   std::vector<std::vector<float>> w(Model().size()), g(Model().size());
@@ -143,9 +148,12 @@ std::vector<std::vector<float>> Reference(int n, bool normuon = false, bool spli
   return w;
 }
 
-void ExpectMatchesSingleProcess(bool normuon, bool split = false) {
+void ExpectMatchesSingleProcess(bool normuon, bool split = false, bool aol = false) {
   const int n = 4;
-  const auto ref = Reference(n, normuon, split);
+  const auto ref = Reference(n, normuon, split, aol);
+  if (aol) {
+    ASSERT_NE(ref, Reference(n, normuon, split)) << "AOL changed nothing";
+  }
   if (normuon) {
     ASSERT_NE(ref, Reference(n, false, split)) << "normuon changed nothing";
   }
@@ -161,7 +169,7 @@ void ExpectMatchesSingleProcess(bool normuon, bool split = false) {
   auto body = [&](int rank) {
     muon_options_t o;
     muon_options_init(&o, sizeof o);
-    Configure(&o, normuon);
+    Configure(&o, normuon, aol);
     muon_optimizer_t* opt = nullptr;
     muon_create(&o, &opt);
     muon_comm_t comm;
@@ -220,6 +228,10 @@ void ExpectMatchesSingleProcess(bool normuon, bool split = false) {
 TEST(Zero2, MatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(false); }
 
 TEST(Zero2, NorMuonMatchesSingleProcessOnAveragedGradients) { ExpectMatchesSingleProcess(true); }
+TEST(Zero2, AolMatchesSingleProcessOnAveragedGradients) {
+  ExpectMatchesSingleProcess(false, false, true);
+  ExpectMatchesSingleProcess(true, true, true);
+}
 TEST(Zero2, SplitBlocksMatchSingleProcessOnAveragedGradients) {
   ExpectMatchesSingleProcess(false, true);
   ExpectMatchesSingleProcess(true, true);

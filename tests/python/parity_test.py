@@ -663,3 +663,59 @@ def test_split_blocks_refuse_what_does_not_fit():
         muon.Muon([{"params": [w], "split_sizes": [4], "split_dim": 2}])
     with pytest.raises(ValueError, match="split_dim is 1 but no split_sizes"):
         muon.Muon([{"params": [w], "split_dim": 1}])
+
+
+AOL_ROWS = [(4.0098, -7.0585, 2.4635), (3.4585, -5.5479, 2.5959), (2.7573, -3.2939, 1.4254),
+            (2.7215, -3.0494, 1.3169)]
+
+
+def aol_reference(u, dtype, acc=torch.float32, eps=1e-7):
+    """flash-newton-schulz's AOL-started iteration (its NS_ours, written out
+    here): A = X X^T, s = rsqrt(max(sum |A|, eps)) per row, X = diag(s) X,
+    the first iteration on diag(s) A diag(s), then the "aol" rows; every op
+    rounded to `dtype`, products accumulated in `acc`."""
+    x = _round(u.to(acc), dtype, acc)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    a0 = _round(x @ x.T, dtype, acc)
+    s = _round(torch.rsqrt(a0.abs().sum(-1).clamp(min=eps)), dtype, acc)
+    x = _round(x * s[:, None], dtype, acc)
+    gram = _round(a0 * s[:, None] * s[None, :], dtype, acc)
+    for i, (a, b, c) in enumerate(AOL_ROWS):
+        if i > 0:
+            gram = _round(x @ x.T, dtype, acc)
+        poly = _round(torch.addmm(gram, gram, gram, beta=b, alpha=c), dtype, acc)
+        x = _round(torch.addmm(x, poly, x, beta=a), dtype, acc)
+    x = x.float()
+    return x.T if tall else x
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (24, 64), (96, 40), (8, 200)])
+def test_aol_matches_flash_newton_schulz_and_float64(shape):
+    # fp32 and bf16 each at least as close to float64 as the reference's own
+    # fp32 and bf16 (float32 accumulation, as torch's
+    # bf16 products), over 10 matrices: on average and at worst.
+    ours, theirs = [], []
+    for seed in range(10):
+        u = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        exact = aol_reference(u, torch.float64, torch.float64)
+        scale = exact.abs().max().item()
+        with muon.Optimizer(ns_coefficients="aol", ns_steps=4, ns_dtype="fp32") as opt:
+            fp32 = opt.orthogonalize(u)
+        # (The pre-scaled start is within a few ulps of the reference's, but
+        # the rows amplify round-off at narrow shapes: at least as close to
+        # float64 as the reference's fp32, or within 1e-5 of it.)
+        ref32 = (aol_reference(u, torch.float32) - exact).abs().max().item() / scale
+        assert (fp32 - exact).abs().max().item() / scale <= max(1e-5, ref32)
+        with muon.Optimizer(ns_coefficients="aol", ns_steps=4, ns_dtype="bf16") as opt:
+            bf16 = opt.orthogonalize(u)
+        ours.append((bf16 - exact).abs().max().item() / scale)
+        theirs.append((aol_reference(u, torch.bfloat16) - exact).abs().max().item() / scale)
+    print("\nAOL %s bf16 vs float64: ours mean %.4f max %.4f, the reference's mean %.4f max %.4f"
+          % (shape, sum(ours) / 10, max(ours), sum(theirs) / 10, max(theirs)))
+    assert sum(ours) <= sum(theirs) and max(ours) <= max(theirs)
+    # Not the Frobenius division with the same rows.
+    with muon.Optimizer(ns_coefficients=AOL_ROWS, ns_steps=4, ns_dtype="fp32") as opt:
+        divided = opt.orthogonalize(u)
+    assert (divided - fp32).abs().max().item() > 1e-3

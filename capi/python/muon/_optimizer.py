@@ -66,6 +66,7 @@ NS_PRESETS = {
     "deepseekv4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
     "deepseek_v4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
     "cubic5": _lib.NS_COEFFICIENTS_CUBIC5,
+    "aol": _lib.NS_COEFFICIENTS_AOL,
 }
 
 

@@ -83,7 +83,7 @@ def _coefficients_key(spec):
         rows = list(spec)
     except TypeError:
         raise TypeError("muon.Muon: ns_coefficients must be an (a, b, c) tuple, a list of them "
-                        "or a preset ('polar_express', 'cans', 'deepseekv4', 'cubic5'), got %r"
+                        "or a preset ('polar_express', 'cans', 'deepseekv4', 'cubic5', 'aol'), got %r"
                         % (spec,)) from None
     if not any(hasattr(v, "__len__") for v in rows):
         if len(rows) != 3:
@@ -338,8 +338,9 @@ class Muon(torch.optim.Optimizer):
     cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
     torch.optim.Muon computes it) or "fp32". ns_coefficients may also be a
     list of (a, b, c) rows, one per iteration, or a preset: "polar_express",
-    "cans", "deepseekv4" (ns_steps=10) or "cubic5" (ns_steps=5; c = 0, one
-    product less per iteration); muon.h lists their values.
+    "cans", "deepseekv4" (ns_steps=10), "cubic5" (ns_steps=5; c = 0, one
+    product less per iteration) or "aol" (ns_steps=4; AOL's pre-scaling
+    instead of the Frobenius division); muon.h lists their values.
     extra_scale_factor multiplies every Muon update after adjust_lr_fn
     (Emerging-Optimizers' name; weight decay keeps the plain lr): an update
     RMS target such as DeepSeek-V4's 0.18 is "match_rms_adamw" (0.2) with 0.9.

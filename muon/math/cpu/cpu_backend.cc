@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
@@ -142,6 +143,10 @@ absl::Status CpuBackend::ReserveFloats(size_t want) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
+  if (config.aol) {  // W W^T and the scales, then an fp32 copy of a bf16 matrix
+    MUON_RETURN_IF_ERROR(
+        ReserveFloats(static_cast<size_t>(cpu::AolWorkFloats(rows, cols) + rows * cols)));
+  }
   if (UsesGram(config, rows, cols)) {
     MUON_RETURN_IF_ERROR(ReserveFloats(cpu::GramWorkFloats(PlanNewtonSchulz(1, rows, cols))));
     cpu::UseThreads(cpu::ThreadsPerRankHere(), cpu::NativeThreadsHere());
@@ -192,8 +197,9 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     }
     for (int64_t k = 0; k < batch.count; ++k) {
       const cpu::CoreSlots slots(threads);
-      MUON_RETURN_IF_ERROR(OrthogonalizeBf16(
-          config, program, static_cast<uint16_t*>(batch.data) + k * program.x_elems));
+      uint16_t* x = static_cast<uint16_t*>(batch.data) + k * program.x_elems;
+      if (config.aol) AolPrescaleBf16(config, batch.rows, batch.cols, x);
+      MUON_RETURN_IF_ERROR(OrthogonalizeBf16(config, program, x));
     }
     return absl::OkStatus();
   }
@@ -202,6 +208,9 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
   for (int64_t k = 0; k < batch.count; ++k) {
     const cpu::CoreSlots slots(threads);
     float* u = static_cast<float*>(batch.data) + k * program.x_elems;
+    if (config.aol) {
+      cpu::AolPrescale(u, batch.rows, batch.cols, config.eps, RoundType(config), work_);
+    }
     if (gram) {
       Normalize(config, u, program.x_elems);
       cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config));
@@ -385,7 +394,17 @@ float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t e
   return DivisorOfSum(config, cpu::SumSquares(x, elems));
 }
 
+void CpuBackend::AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t cols,
+                                 uint16_t* x) {
+  float* copy = work_ + cpu::AolWorkFloats(rows, cols);
+  const int64_t elems = rows * cols;
+  for (int64_t i = 0; i < elems; ++i) copy[i] = ew::Bf16BitsToFloat(x[i]);
+  cpu::AolPrescale(copy, rows, cols, config.eps, ew::kBF16, work_);
+  for (int64_t i = 0; i < elems; ++i) x[i] = ew::FloatToBf16Bits(copy[i]);  // exact: rounded
+}
+
 float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
+  if (config.aol) return 1.0f;  // pre-scaled instead (AolPrescale): x / 1 is x
   const bool bf16 = config.dtype == NsDtype::kBF16;
   float norm = static_cast<float>(std::sqrt(sum_of_squares));
   if (bf16) norm = RoundToBf16(norm);

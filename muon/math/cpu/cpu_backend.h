@@ -94,6 +94,9 @@ class CpuBackend final : public MathBackend {
   // in so that the update is one product (SYMM) without copies, and the last
   // iteration's result written into u itself.
   void OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u);
+  // AOL's pre-scaling (cpu/aol.h) of a bf16 matrix, through an fp32 copy in
+  // the workspace.
+  void AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t cols, uint16_t* x);
   void ReleaseWork();
   // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
   // rounded to bf16 when `bf16`.

@@ -81,6 +81,89 @@ TEST_P(NsShapes, Fp32SchedulesMatchDoubleReference) {
   }
 }
 
+// AOL's pre-scaling (cpu/aol.h) then its 4 rows, written out here in double
+// from the definition: W the wide orientation, s_i = 1 / sqrt(max(sum_j
+// |(W W^T)_ij|, eps)), X = diag(s) W, then X <- a X + (b A + c A^2) X.
+std::vector<double> AolReference(const std::vector<float>& u, int64_t rows, int64_t cols,
+                                 const NsConfig& cfg) {
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
+  std::vector<double> x(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] = tall ? u[j * cols + i] : u[i * cols + j];
+  }
+  auto gram = [&](const std::vector<double>& w) {
+    std::vector<double> g(static_cast<size_t>(m * m), 0.0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t k = 0; k < m; ++k) {
+        for (int64_t j = 0; j < n; ++j) g[i * m + k] += w[i * n + j] * w[k * n + j];
+      }
+    }
+    return g;
+  };
+  const std::vector<double> g0 = gram(x);
+  for (int64_t i = 0; i < m; ++i) {
+    double sum = 0;
+    for (int64_t k = 0; k < m; ++k) sum += std::fabs(g0[i * m + k]);
+    const double scale = 1.0 / std::sqrt(std::max(sum, cfg.eps));
+    for (int64_t j = 0; j < n; ++j) x[i * n + j] *= scale;
+  }
+  for (int it = 0; it < cfg.steps; ++it) {
+    const NsCoefficients& abc = cfg.ForIteration(it);
+    const std::vector<double> a = gram(x);
+    std::vector<double> b(static_cast<size_t>(m * m));
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t k = 0; k < m; ++k) {
+        double aa = 0;
+        for (int64_t l = 0; l < m; ++l) aa += a[i * m + l] * a[l * m + k];
+        b[i * m + k] = abc[1] * a[i * m + k] + abc[2] * aa;
+      }
+    }
+    std::vector<double> next(x.size());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double bx = 0;
+        for (int64_t l = 0; l < m; ++l) bx += b[i * m + l] * x[l * n + j];
+        next[i * n + j] = abc[0] * x[i * n + j] + bx;
+      }
+    }
+    x = next;
+  }
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) (tall ? out[j * cols + i] : out[i * cols + j]) = x[i * n + j];
+  }
+  return out;
+}
+
+TEST_P(NsShapes, AolMatchesItsDefinitionInDouble) {
+  const Shape s = GetParam();
+  NsConfig cfg;
+  cfg.coefficients = ScheduleCoefficients(NsSchedule::kAol);
+  cfg.steps = 4;
+  cfg.aol = true;
+  cfg.dtype = NsDtype::kFP32;
+  auto u = Random(s.rows * s.cols, 8);
+  const std::vector<double> want = AolReference(u, s.rows, s.cols, cfg);
+  std::vector<float> got = u;
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {got.data(), 1, s.rows, s.cols}).ok());
+  EXPECT_LT(MaxRelErr(got, want), 1e-5);
+  // Not the Frobenius division: the same rows without the pre-scaling differ
+  // (for a vector, one row, the two scalings are one: 1 / |w|).
+  NsConfig plain = cfg;
+  plain.aol = false;
+  if (std::min(s.rows, s.cols) > 1) {
+    EXPECT_GT(MaxRelErr(got, ReferenceNs(u, s.rows, s.cols, plain)), 1e-3);
+  }
+  // bf16: bf16 values, near the double result.
+  cfg.dtype = NsDtype::kBF16;
+  got = u;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {got.data(), 1, s.rows, s.cols}).ok());
+  for (float v : got) ASSERT_EQ(FloatBits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
+  EXPECT_LT(MaxRelErr(got, want), 0.1);
+}
+
 TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
   const Shape s = GetParam();
   NsConfig cfg;  // bf16 by default

@@ -249,8 +249,8 @@ absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t 
   return absl::OkStatus();
 }
 
-// fp16 Newton-Schulz and Gram Newton-Schulz run on the CPU backend only so
-// far (their GPU program: muon/math/cpu/gram_ns.h).
+// fp16 Newton-Schulz, Gram Newton-Schulz and AOL's pre-scaling run on the
+// CPU backend only so far (Gram's GPU program: muon/math/cpu/gram_ns.h).
 absl::Status CudaBackend::Supported(const NsConfig& config) {
   if (config.dtype == NsDtype::kFP16) {
     return absl::UnimplementedError(
@@ -259,6 +259,10 @@ absl::Status CudaBackend::Supported(const NsConfig& config) {
   if (config.algorithm == NsAlgorithm::kGram) {
     return absl::UnimplementedError(
         "ns_algorithm GRAM runs on the CPU backend only so far; use STANDARD on a GPU");
+  }
+  if (config.aol) {
+    return absl::UnimplementedError(
+        "ns_coefficients AOL (its pre-scaling) runs on the CPU backend only so far");
   }
   return absl::OkStatus();
 }

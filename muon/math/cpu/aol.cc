@@ -1,0 +1,52 @@
+#include "muon/math/cpu/aol.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "muon/common/half.h"
+
+namespace muon {
+namespace cpu {
+
+int64_t AolWorkFloats(int64_t rows, int64_t cols) {
+  const int64_t m = std::min(rows, cols);
+  return m * m + 1 + 2 * m;  // (one float of padding aligns the doubles)
+}
+
+void AolPrescale(float* x, int64_t rows, int64_t cols, double eps, int round, float* work) {
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
+  if (m == 0 || n == 0) return;
+  // bf16 starts from the bf16 input (as torch's bf16 Newton-Schulz, and as a
+  // bf16 slot holds it); fp16 from the fp32 values (whose range fp16 may
+  // not hold), as its Frobenius division does.
+  if (round == ew::kBF16) {
+    for (int64_t i = 0; i < rows * cols; ++i) x[i] = ew::RoundTo(ew::kBF16, x[i]);
+  }
+  float* gram = work;
+  double* scale = reinterpret_cast<double*>(work + m * m + (m * m) % 2);  // 8-byte aligned
+  // The upper triangle of W W^T (row-major, m x m): x x^T for a wide x,
+  // x^T x for a tall one.
+  cblas_ssyrk(CblasRowMajor, CblasUpper, tall ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), 1.0f, x, static_cast<int>(cols), 0.0f, gram,
+              static_cast<int>(m));
+  for (int64_t i = 0; i < m; ++i) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < m; ++j) {
+      sum += std::fabs(static_cast<double>(i <= j ? gram[i * m + j] : gram[j * m + i]));
+    }
+    scale[i] = 1.0 / std::sqrt(std::max(sum, eps));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double s = scale[tall ? c : r];
+      row[c] = ew::RoundTo(round, static_cast<float>(static_cast<double>(row[c]) * s));
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace muon
