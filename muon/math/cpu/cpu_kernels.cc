@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__)
+#include <immintrin.h>  // F16C (x86-64-v3 and up): the fp16 rounding
+#endif
+
 #include "muon/common/half.h"
 #include "muon/math/cpu/cpu_features.h"
 #include "muon/math/elementwise.h"
@@ -23,6 +27,7 @@ namespace cpu {
 #if MUON_LEVELS
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
+#define MUON_F16C 1  // (the target pragma defines no __F16C__ macro)
 namespace v4 {
 #include "muon/math/cpu/cpu_kernels_loops.inc"
 }  // namespace v4
@@ -33,7 +38,9 @@ namespace v3 {
 #include "muon/math/cpu/cpu_kernels_loops.inc"
 }  // namespace v3
 #pragma GCC pop_options
+#undef MUON_F16C
 #endif
+#define MUON_F16C 0
 namespace base {
 #include "muon/math/cpu/cpu_kernels_loops.inc"
 }  // namespace base
