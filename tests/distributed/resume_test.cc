@@ -185,6 +185,26 @@ TEST(Resume, NorMuonMomentsFollowTheirMatricesToTheNewOwners) {
   Resume(Fsdp4(), Fsdp4(), /*own_blob=*/true, NorMuon);
 }
 
+// The same jobs with split blocks: "a" by columns (its moments: a row of
+// each of two blocks), "c" by rows.
+Job Split(Job j) {
+  for (TParam& p : j.model) {
+    if (p.name == "a") {
+      p.split_dim = 1;
+      p.split_sizes = {4, 2};
+    } else if (p.name == "c") {
+      p.split_sizes = {2, 2};
+    }
+  }
+  return j;
+}
+
+TEST(Resume, SplitBlocksMomentsFollowTheirMatricesToTheNewOwners) {
+  Resume(Split(Fsdp4()), Split(Flat3()), false, NorMuon);
+  Resume(Split(TpFsdp2x2()), Split(Zero2x2()), false, NorMuon);
+  Resume(Split(Zero2x4()), Split(Ddp2()), false, NorMuon);
+}
+
 // Without every blob of a NorMuon job, some matrix's moments are missing.
 // DDP replicas: either rank's blob holds all the momentum, but each holds
 // the moments of the matrices its rank owned only. The first step after
