@@ -207,7 +207,7 @@ class Session {
         o->ns_c = FuzzDouble(in_);
       }
       if (in_.ConsumeBool()) o->eps = FuzzDouble(in_);
-      o->ns_coefficients = in_.ConsumeIntegralInRange<int32_t>(-1, 3);
+      o->ns_coefficients = in_.ConsumeIntegralInRange<int32_t>(-1, 7);  // every preset, AOL too
       if (o->ns_coefficients == MUON_NS_COEFFICIENTS_TABLE) {
         for (double& c : table_) c = FuzzDouble(in_);
         o->ns_table_rows = in_.ConsumeIntegralInRange<int32_t>(0, 4);  // table_ has 4 rows
@@ -584,6 +584,12 @@ class Session {
     po.matrix_view = in_.ConsumeIntegralInRange<int32_t>(0, 3) % 3;
     if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) po.matrix_view = in_.ConsumeBool() ? 3 : -1;
     if (in_.ConsumeIntegralInRange<int>(0, 31) == 0) po.reserved0 = 1;
+    static const int64_t kSplits[] = {1, 2, 3, 0, -1, 4};  // split blocks, some invalid
+    if (in_.ConsumeIntegralInRange<int>(0, 7) == 0) {
+      po.split_dim = in_.ConsumeIntegralInRange<int32_t>(-1, 2);
+      po.num_split_sizes = in_.ConsumeIntegralInRange<int32_t>(-1, 6);
+      po.split_sizes = in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? nullptr : kSplits;
+    }
     const size_t po_size =
         in_.ConsumeIntegralInRange<int>(0, 7) == 0 ? FuzzSize(kParamOptionsVersions) : sizeof po;
     if (has_world_ && in_.ConsumeBool()) {
