@@ -20,6 +20,8 @@ implementation (WARM_BELOW_S below).
    step on the same tensors (both libmuon's), bf16 and fp32 parameters.
    --gram instead: Gram Newton-Schulz against the standard iteration (both
    libmuon's, Polar Express x5, restart at 2) at aspect ratios 1, 3.5, 8.
+   --dtypes instead: the standard iteration in fp32, fp16 and bf16.
+   --split instead: a fused QKV stepped whole and as its Q, K, V blocks.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
    same tensors, fp32 and bf16 parameters.
@@ -290,6 +292,56 @@ def gram_table(reps):
             o.close()
 
 
+def dtypes_table(reps):
+    """The standard iteration in fp32, fp16 and bf16 (libmuon's all, torch's
+    quintic x5), in one run: what each dtype costs against fp32."""
+    shapes = [(512, 512), (1024, 1024), (1024, 3584), (2048, 2048)]
+    dtypes = ("fp32", "fp16", "bf16")
+    print("\n## Newton-Schulz per ns_dtype (median ms; torch's quintic x5)\n")
+    print("| shape | %s | %s |" % (" | ".join("%s ms" % d for d in dtypes),
+                                   " | ".join("%s / fp32" % d for d in dtypes[1:])))
+    print("|---|%s%s" % ("---|" * len(dtypes), "---|" * (len(dtypes) - 1)))
+    opts = [muon.Optimizer(ns_dtype=d) for d in dtypes]
+    for rows, cols in shapes:
+        g = torch.randn(rows, cols)
+        outs = [torch.empty(rows, cols) for _ in dtypes]
+        times = interleaved([(lambda o=o, out=out: o.orthogonalize(g, out))
+                             for o, out in zip(opts, outs)], reps)
+        print("| %dx%d | %s | %s |" % (rows, cols, " | ".join("%.1f" % (t * 1e3) for t in times),
+                                       " | ".join("%.2f" % (t / times[0]) for t in times[1:])))
+    for o in opts:
+        o.close()
+
+
+def split_table(reps):
+    """A GQA-fused QKV (Llama-3 8B's shape / 4: 8 query groups of 4 query heads
+    and a key and a value head of 32 rows, hidden 1024) stepped whole and
+    split into Q, K and V (split_sizes [128, 32, 32]): muon.Optimizer steps
+    of the same tensor, one run."""
+    rows, cols, sizes = 8 * 192, 1024, [128, 32, 32]
+    print("\n## Split blocks: a fused QKV %dx%d whole and as Q, K, V (median ms per step)\n"
+          % (rows, cols))
+    print("| ns_dtype | whole ms | split ms | split vs whole | GFLOP whole / split |")
+    print("|---|---|---|---|---|")
+    for dtype in ("bf16", "fp32"):
+        w = [torch.randn(rows, cols) for _ in range(2)]
+        g = torch.randn(rows, cols)
+        opts = []
+        for k, split in enumerate((None, sizes)):
+            o = muon.Optimizer(ns_dtype=dtype, lr=1e-4)
+            o.register(w[k], g.clone(), name="qkv", split_sizes=split)
+            opts.append(o)
+        times = interleaved([o.step for o in opts], reps)
+        m, n = min(rows, cols), max(rows, cols)
+        whole = 5 * (4 * m * m * n + 2 * m ** 3) / 1e9
+        split = sum(5 * (4 * min(r, cols) ** 2 * max(r, cols) + 2 * min(r, cols) ** 3)
+                    for r in (8 * s for s in sizes)) / 1e9
+        print("| %s | %.1f | %.1f | %.2fx | %.1f / %.1f |" % (
+            dtype, times[0] * 1e3, times[1] * 1e3, times[0] / times[1], whole, split))
+        for o in opts:
+            o.close()
+
+
 def variants_table(sets, reps):
     """The update variants' cost: a full muon.Muon step with each against the
     plain Muon step, on the same tensors, in one run."""
@@ -336,6 +388,10 @@ def main():
                          "against plain Muon: a full muon.Muon step)")
     ap.add_argument("--gram", action="store_true",
                     help="only the Gram Newton-Schulz table (against the standard iteration)")
+    ap.add_argument("--dtypes", action="store_true",
+                    help="only the per-ns_dtype table (fp32, fp16, bf16 Newton-Schulz)")
+    ap.add_argument("--split", action="store_true",
+                    help="only the split-blocks table (a fused QKV whole and as Q, K, V)")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -366,6 +422,12 @@ def main():
         return
     if args.gram:
         gram_table(args.reps)
+        return
+    if args.dtypes:
+        dtypes_table(args.reps)
+        return
+    if args.split:
+        split_table(args.reps)
         return
     if args.variants:
         variants_table([("GPT-2 124M", model_shapes("gpt2-124m")),

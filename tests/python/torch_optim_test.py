@@ -755,3 +755,18 @@ def test_split_blocks_with_normuon_resume_bit_identically():
     run(c, opt_c, 3, 8)
     for x, y in zip(a, c):
         assert torch.equal(x, y)
+    # A checkpoint whose groups name no split (torch.optim.Muon's, or older)
+    # keeps the split the optimizer was built with.
+    d, opt_d = fresh()
+    with torch.no_grad():
+        for p, q in zip(d, b):
+            p.copy_(q)
+    older = copy.deepcopy(saved)
+    for group in older["param_groups"]:
+        group.pop("split_sizes")
+        group.pop("split_dim", None)
+    opt_d.load_state_dict(older)
+    assert opt_d.param_groups[0]["split_sizes"] == [4, 2]
+    run(d, opt_d, 3, 8)
+    for x, y in zip(a, d):
+        assert torch.equal(x, y)

@@ -1094,10 +1094,15 @@ class Muon(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         numbered = self._numbered()
         super().load_state_dict(state_dict)
-        # torch made new group dicts, in the same order: they keep the numbers.
-        for (n, _), group in zip(numbered, self.param_groups):
+        # torch made new group dicts, in the same order: they keep the numbers,
+        # and a group's split blocks when the checkpoint's group names none
+        # (a checkpoint of torch.optim.Muon, or from before the split).
+        for (n, old), group in zip(numbered, self.param_groups):
             self._numbers[id(group)] = (group, n)
             self._by_number[n] = group
+            for key in ("split_sizes", "split_dim"):
+                if key in old and key not in group:
+                    group[key] = old[key]
         for group in self.param_groups:
             # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's
             # applies. Only this optimizer's options: torch's __setstate__ put
