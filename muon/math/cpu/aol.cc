@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "muon/common/half.h"
+#include "muon/math/cpu/cpu_kernels.h"
 
 namespace muon {
 namespace cpu {
@@ -22,9 +22,7 @@ void AolPrescale(float* x, int64_t rows, int64_t cols, double eps, int round, fl
   // bf16 starts from the bf16 input (as torch's bf16 Newton-Schulz, and as a
   // bf16 slot holds it); fp16 from the fp32 values (whose range fp16 may
   // not hold), as its Frobenius division does.
-  if (round == ew::kBF16) {
-    for (int64_t i = 0; i < rows * cols; ++i) x[i] = ew::RoundTo(ew::kBF16, x[i]);
-  }
+  if (round == ew::kBF16) RoundToBf16(x, rows * cols);
   float* gram = work;
   double* scale = reinterpret_cast<double*>(work + m * m + (m * m) % 2);  // 8-byte aligned
   // The upper triangle of W W^T (row-major, m x m): x x^T for a wide x,
@@ -42,10 +40,10 @@ void AolPrescale(float* x, int64_t rows, int64_t cols, double eps, int round, fl
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
-      const double s = scale[tall ? c : r];
-      row[c] = ew::RoundTo(round, static_cast<float>(static_cast<double>(row[c]) * s));
+      row[c] = static_cast<float>(static_cast<double>(row[c]) * scale[tall ? c : r]);
     }
   }
+  RoundToType(round, x, rows * cols);
 }
 
 }  // namespace cpu

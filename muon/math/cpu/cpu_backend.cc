@@ -398,9 +398,9 @@ void CpuBackend::AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t c
                                  uint16_t* x) {
   float* copy = work_ + cpu::AolWorkFloats(rows, cols);
   const int64_t elems = rows * cols;
-  for (int64_t i = 0; i < elems; ++i) copy[i] = ew::Bf16BitsToFloat(x[i]);
+  cpu::FromBf16(x, elems, copy);
   cpu::AolPrescale(copy, rows, cols, config.eps, ew::kBF16, work_);
-  for (int64_t i = 0; i < elems; ++i) x[i] = ew::FloatToBf16Bits(copy[i]);  // exact: rounded
+  cpu::ToBf16(copy, elems, x);  // exact: AolPrescale rounded to bf16
 }
 
 float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
