@@ -1,23 +1,15 @@
 #include "muon/math/split_blocks.h"
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {
 namespace {
-
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 // The rows of a GQA-fused QKV weight that belong to block j, written out
 // here from the layout (groups of q, k, v rows), not from the library.
@@ -42,7 +34,7 @@ TEST(SplitBlocks, GqaRowsAreOrthogonalizedAsThreeMatrices) {
   const int64_t groups = 3, q = 8, kv = 4, cols = 24, rows = groups * (q + 2 * kv);
   const BlockSplit split{0, {q, kv, kv}};
   ASSERT_TRUE(CheckBlockSplit(split, rows, cols, "p").ok());
-  const std::vector<float> input = Random(rows * cols, 1);
+  const std::vector<float> input = RandomNormal(rows * cols, 1);
   std::vector<float> work = input;
   CpuBackend cpu;
   SplitOrthogonalizer s;
@@ -84,7 +76,7 @@ TEST(SplitBlocks, ColumnBlocksFactorsAndMomentsFollowTheirBlock) {
   const int64_t rows = 5, cols = 16;
   const BlockSplit split{1, {6, 2}};
   ASSERT_EQ(SplitMomentCount(split, rows, cols), 2 * rows);
-  const std::vector<float> input = Random(rows * cols, 2);
+  const std::vector<float> input = RandomNormal(rows * cols, 2);
   CpuBackend cpu;
   const NsConfig config = Fp32();
   SplitOrthogonalizer s;
@@ -128,7 +120,7 @@ TEST(SplitBlocks, RowMomentsStayInTheMatrixRowOrder) {
   const NsConfig config = Fp32();
   SplitOrthogonalizer s;
   ASSERT_TRUE(s.Reserve(cpu, config, split, rows, cols, DType::kF32).ok());
-  std::vector<float> work = Random(rows * cols, 3);
+  std::vector<float> work = RandomNormal(rows * cols, 3);
   const std::vector<float> input = work;
   std::vector<float> moments(rows);
   for (int64_t r = 0; r < rows; ++r) moments[static_cast<size_t>(r)] = 0.1f * (r + 1);

@@ -55,6 +55,18 @@ void ExpectEquivalent(const Case& c, const RunConfig& cfg = RunConfig()) {
   EXPECT_EQ(orthogonalized, matrices) << "each matrix must be orthogonalized exactly once";
 }
 
+// A variant must change the single-process result (one that computed
+// nothing would pass the equivalence trivially): `with` under `cfg` against
+// `without` under `plain`, both reference runs complete.
+void ExpectChanges(const std::vector<TParam>& with, const RunConfig& cfg,
+                   const std::vector<TParam>& without, const RunConfig& plain, const char* what) {
+  const auto changed = RunReference(with, cfg);
+  ASSERT_EQ(changed.size(), with.size()) << what << ": the reference run failed";
+  const auto unchanged = RunReference(without, plain);
+  ASSERT_EQ(unchanged.size(), without.size()) << what << ": the plain reference run failed";
+  EXPECT_NE(changed, unchanged) << what << " changed nothing";
+}
+
 // A small transformer-ish block: square, wide and tall matrices.
 std::vector<TParam> Block(const std::vector<TPlacement>& col, const std::vector<TPlacement>& row,
                           const std::vector<TPlacement>& other) {
@@ -165,26 +177,30 @@ TEST_P(WorldSize, NorMuonIsBitIdentical) {
   if (n == 1) {
     RunConfig plain = cfg;
     plain.variant = nullptr;
-    EXPECT_NE(RunReference(c.model, cfg), RunReference(c.model, plain))
-        << "normuon changed nothing";
+    ExpectChanges(c.model, cfg, c.model, plain, "normuon");
   }
   ExpectEquivalent(c, cfg);
   cfg.ns_dtype = MUON_NS_DTYPE_BF16;
   ExpectEquivalent(c, cfg);
 }
 
-// Gram Newton-Schulz and fp16 Newton-Schulz (their results cross the wire
-// as fp16) over the same layouts as NorMuon, and together with it.
-TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
-  const int n = GetParam();
-  Case c{"gram_fp16", Mesh{{n}}, {}};
-  c.model = {
+// The layouts the Newton-Schulz variants run over: FSDP rows, a ZeRO flat
+// range, column shards (a wide matrix) and an expert stack on one rank.
+std::vector<TParam> NsVariantLayouts() {
+  return {
       {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
       {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
       {"t", {8, 28}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
       {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
        [](int rank) { return rank == 0; }},
   };
+}
+
+// Gram Newton-Schulz and fp16 Newton-Schulz (their results cross the wire
+// as fp16) over the same layouts as NorMuon, and together with it.
+TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
+  const int n = GetParam();
+  Case c{"gram_fp16", Mesh{{n}}, NsVariantLayouts()};
   RunConfig cfg;
   cfg.steps = 4;
   cfg.ns_dtype = MUON_NS_DTYPE_FP16;
@@ -227,10 +243,11 @@ TEST_P(WorldSize, SplitBlocksAreBitIdentical) {
   cfg.variant = [](muon_options_t* o) { o->adjust_lr = MUON_ADJUST_LR_MATCH_RMS_ADAMW; };
   if (n == 1) {
     std::vector<TParam> whole = c.model;
-    for (TParam& p : whole) p.split_sizes.clear();
-    const auto split = RunReference(c.model, cfg);
-    ASSERT_EQ(split.size(), c.model.size()) << "the split reference run failed";
-    EXPECT_NE(split, RunReference(whole, cfg)) << "the split changed nothing";
+    for (TParam& p : whole) {
+      p.split_sizes.clear();
+      p.split_dim = 0;  // (a dim without sizes is refused)
+    }
+    ExpectChanges(c.model, cfg, whole, cfg, "the split");
   }
   ExpectEquivalent(c, cfg);
   cfg.ns_dtype = MUON_NS_DTYPE_BF16;
@@ -249,14 +266,7 @@ TEST_P(WorldSize, SplitBlocksAreBitIdentical) {
 // bf16), with split blocks and NorMuon too.
 TEST_P(WorldSize, AolIsBitIdentical) {
   const int n = GetParam();
-  Case c{"aol", Mesh{{n}}, {}};
-  c.model = {
-      {"a", {10, 7}, MUON_MATRIX_VIEW_2D, {Shard(0, 0, MUON_SPLIT_CHUNK)}, nullptr},
-      {"w", {4, 11}, MUON_MATRIX_VIEW_2D, {Flat(0)}, nullptr},
-      {"t", {8, 28}, MUON_MATRIX_VIEW_2D, {Shard(0, 1, MUON_SPLIT_CHUNK)}, nullptr},
-      {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
-       [](int rank) { return rank == 0; }},
-  };
+  Case c{"aol", Mesh{{n}}, NsVariantLayouts()};
   RunConfig cfg;
   cfg.steps = 4;
   cfg.variant = [](muon_options_t* o) {
@@ -273,9 +283,7 @@ TEST_P(WorldSize, AolIsBitIdentical) {
       o->ns_table_rows = 4;
       o->ns_steps = 4;
     };
-    const auto aol = RunReference(c.model, cfg);
-    ASSERT_EQ(aol.size(), c.model.size());
-    EXPECT_NE(aol, RunReference(c.model, plain)) << "the pre-scaling changed nothing";
+    ExpectChanges(c.model, cfg, c.model, plain, "the pre-scaling");
   }
   ExpectEquivalent(c, cfg);
   cfg.ns_dtype = MUON_NS_DTYPE_BF16;
@@ -309,7 +317,7 @@ TEST_P(WorldSize, PerParameterScalesAreBitIdentical) {
   plain.steps = 4;
   std::vector<TParam> unscaled = c.model;
   for (TParam& p : unscaled) p.lr_scale = p.weight_decay_scale = 1.0;
-  EXPECT_NE(RunReference(c.model, cfg), RunReference(unscaled, plain)) << "no scale counted";
+  ExpectChanges(c.model, cfg, unscaled, plain, "lr_scale and weight_decay_scale");
   ExpectEquivalent(c, cfg);
 }
 
@@ -361,7 +369,8 @@ TEST(QkClip, EveryLayoutScalesItsPiecesAsOneProcess) {
   RunConfig none = cfg;
   none.after_steps = nullptr;
   const auto plain = model({});
-  ASSERT_NE(RunReference(plain, cfg), RunReference(plain, none)) << "qk_clip changed nothing";
+  ExpectChanges(plain, cfg, plain, none, "qk_clip");
+  if (HasFatalFailure()) return;
   ExpectEquivalent({"fsdp", Mesh{{4}}, model({Shard(0, 0, MUON_SPLIT_CHUNK)})}, cfg);
   ExpectEquivalent({"tp_columns", Mesh{{2}}, model({Shard(0, 1)})}, cfg);
   ExpectEquivalent({"flat", Mesh{{3}}, model({Flat(0)})}, cfg);

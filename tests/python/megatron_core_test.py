@@ -68,6 +68,25 @@ def _batch(step, dp_rank):
     return torch.randn(8, 16, generator=g), torch.randn(8, 6, generator=g)
 
 
+def _step_both(opt, ref, params, whole, tp_dims, groups, local_grads):
+    """One step of `opt` on this rank's pieces and of single-process `ref` on the
+    whole matrices, from this rank's gradients of its pieces (averaged over DP,
+    put together over TP); then the largest difference and whether every
+    piece is, bit for bit, its part of the whole."""
+    tp_group, dp_group = groups
+    for p, q, d, g in zip(params, whole, tp_dims, local_grads):
+        p.grad = ordered_mean(allgather_tensor(g, dp_group))
+        q.grad = _whole(p.grad, d, tp_group)
+    opt.step()
+    ref.step()
+    worst, exact = 0.0, True
+    for p, q, d in zip(params, whole, tp_dims):
+        got = _whole(p, d, tp_group)
+        worst = max(worst, max_abs_diff(got, q))
+        exact = exact and bits_equal(got, q)
+    return worst, exact
+
+
 def _train(rank, naive, generic=False):
     from megatron.core import parallel_state as ps
     tp_group, dp_group = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()
@@ -86,15 +105,9 @@ def _train(rank, naive, generic=False):
         x, y = _batch(step, ps.get_data_parallel_rank())
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
-        for p, q, d in zip(params, whole, tp_dims):
-            p.grad = ordered_mean(allgather_tensor(p.grad, dp_group))
-            q.grad = _whole(p.grad, d, tp_group)
-        opt.step()
-        ref.step()
-        for p, q, d in zip(params, whole, tp_dims):
-            got = _whole(p, d, tp_group)
-            worst = max(worst, max_abs_diff(got, q))
-            exact = exact and bits_equal(got, q)
+        w, e = _step_both(opt, ref, params, whole, tp_dims, (tp_group, dp_group),
+                          [p.grad for p in params])
+        worst, exact = max(worst, w), exact and e
     stats = opt._groups[0].opt.stats() if not naive else {}
     return {"exact": exact, "worst": worst, "tp_dims": tp_dims,
             "orthogonalized": stats.get("matrices_orthogonalized"),
@@ -154,16 +167,9 @@ def _train_gqa(rank, split_qkv, by_group=False):
     worst, exact = 0.0, True
     for step in range(STEPS):
         gen = torch.Generator().manual_seed(1000 * step + rank)
-        for p, q, d in zip(params, whole, tp_dims):
-            p.grad = ordered_mean(allgather_tensor(torch.randn(p.shape, generator=gen),
-                                                   dp_group))
-            q.grad = _whole(p.grad, d, tp_group)
-        opt.step()
-        ref.step()
-        for p, q, d in zip(params, whole, tp_dims):
-            got = _whole(p, d, tp_group)
-            worst = max(worst, max_abs_diff(got, q))
-            exact = exact and bits_equal(got, q)
+        w, e = _step_both(opt, ref, params, whole, tp_dims, (tp_group, dp_group),
+                          [torch.randn(p.shape, generator=gen) for p in params])
+        worst, exact = max(worst, w), exact and e
     found = {n: v for n, p in named
              for q, v in muon.megatron.megatron_qkv_splits(layer).items() if q is p}
     return {"exact": exact, "worst": worst, "found": found, "megatrons": megatrons,

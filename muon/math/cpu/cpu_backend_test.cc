@@ -3,12 +3,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
+#include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {
@@ -18,14 +18,6 @@ namespace {
 std::vector<double> ReferenceNs(const std::vector<float>& u, int64_t rows, int64_t cols,
                                 const NsConfig& cfg) {
   return ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), rows, cols, cfg);
-}
-
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
 }
 
 double MaxRelErr(const std::vector<float>& got, const std::vector<double>& want) {
@@ -50,7 +42,7 @@ TEST_P(NsShapes, Fp32MatchesDoubleReference) {
     NsConfig cfg;
     cfg.dtype = NsDtype::kFP32;
     cfg.steps = steps;
-    auto u = Random(s.rows * s.cols, 3);
+    auto u = RandomNormal(s.rows * s.cols, 3);
     auto want = ReferenceNs(u, s.rows, s.cols, cfg);
     CpuBackend be;
     ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
@@ -68,7 +60,7 @@ TEST_P(NsShapes, Fp32SchedulesMatchDoubleReference) {
     cfg.dtype = NsDtype::kFP32;
     cfg.coefficients = ScheduleCoefficients(schedule);
     cfg.steps = static_cast<int>(cfg.coefficients.size());
-    auto u = Random(s.rows * s.cols, 4);
+    auto u = RandomNormal(s.rows * s.cols, 4);
     auto want = ReferenceNs(u, s.rows, s.cols, cfg);
     // fp32 done naively: CANS amplifies round-off near a singular value of 1
     // (its first polynomial's slope there is 26), so no fp32 run lands within
@@ -143,7 +135,7 @@ TEST_P(NsShapes, AolMatchesItsDefinitionInDouble) {
   cfg.steps = 4;
   cfg.aol = true;
   cfg.dtype = NsDtype::kFP32;
-  auto u = Random(s.rows * s.cols, 8);
+  auto u = RandomNormal(s.rows * s.cols, 8);
   const std::vector<double> want = AolReference(u, s.rows, s.cols, cfg);
   std::vector<float> got = u;
   CpuBackend be;
@@ -167,7 +159,7 @@ TEST_P(NsShapes, AolMatchesItsDefinitionInDouble) {
 TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
   const Shape s = GetParam();
   NsConfig cfg;  // bf16 by default
-  auto u = Random(s.rows * s.cols, 5);
+  auto u = RandomNormal(s.rows * s.cols, 5);
   auto want = ReferenceNs(u, s.rows, s.cols, cfg);
   CpuBackend be;
   ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, s.rows, s.cols}).ok());
@@ -188,7 +180,7 @@ TEST_P(NsShapes, GramFp32MatchesTheStandardIterationInDouble) {
       cfg.gram_restarts = restarts;
       cfg.coefficients = PolarExpressCoefficients();
       cfg.steps = steps;
-      auto u = Random(s.rows * s.cols, 6);
+      auto u = RandomNormal(s.rows * s.cols, 6);
       auto want = ReferenceNs(u, s.rows, s.cols, cfg);
       // The yardstick: the naive fp32 standard iteration. The Gram form's
       // round-off grows along its chain of m x m products (Polar Express's
@@ -214,7 +206,7 @@ TEST_P(NsShapes, Fp16AndGramKeepTheirDtypesValues) {
       NsConfig cfg;
       cfg.dtype = dtype;
       cfg.algorithm = algorithm;
-      auto u = Random(s.rows * s.cols, 7);
+      auto u = RandomNormal(s.rows * s.cols, 7);
       for (float& x : u) x *= 3e4f;  // past fp16's range: normalized in fp32 first
       auto want = ReferenceNs(u, s.rows, s.cols, cfg);
       CpuBackend be;
@@ -235,7 +227,7 @@ TEST(CpuBackend, BatchEqualsOneByOne) {
   NsConfig cfg;
   cfg.dtype = NsDtype::kFP32;
   const int64_t r = 12, c = 20, count = 3;
-  auto batch = Random(count * r * c, 9);
+  auto batch = RandomNormal(count * r * c, 9);
   auto single = batch;
   CpuBackend be;
   ASSERT_TRUE(be.Orthogonalize(cfg, {batch.data(), count, r, c}).ok());
@@ -252,7 +244,7 @@ TEST(CpuBackend, OutputIsNearlyOrthogonal) {
   cfg.dtype = NsDtype::kFP32;
   cfg.steps = 10;
   const int64_t r = 16, c = 64;
-  auto u = Random(r * c, 21);
+  auto u = RandomNormal(r * c, 21);
   CpuBackend be;
   ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, r, c}).ok());
   for (int64_t i = 0; i < r; ++i) {
@@ -276,7 +268,7 @@ TEST(CpuBackend, TableCoefficientsPerIteration) {
   cfg.dtype = NsDtype::kFP32;
   cfg.coefficients = {{2.0, -1.5, 0.5}, {1.5, -0.5, 0.0}};
   cfg.steps = 4;
-  auto u = Random(10 * 6, 4);
+  auto u = RandomNormal(10 * 6, 4);
   auto want = ReferenceNs(u, 10, 6, cfg);
   CpuBackend be;
   ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, 10, 6}).ok());
@@ -285,7 +277,7 @@ TEST(CpuBackend, TableCoefficientsPerIteration) {
 
 TEST(CpuBackend, MomentumMatchesFormula) {
   const int64_t n = 1000;
-  auto g = Random(n, 1), b0 = Random(n, 2);
+  auto g = RandomNormal(n, 1), b0 = RandomNormal(n, 2);
   for (bool nesterov : {false, true}) {
     auto b = b0;
     std::vector<float> out(n);
@@ -401,7 +393,7 @@ TEST(CpuBackend, WorkspaceComesFromTheMemorySource) {
                   what[1] == "the bf16 product scratchpad")
           << what[1];
     }
-    auto u = Random(6 * 16, 3);
+    auto u = RandomNormal(6 * 16, 3);
     auto want = ReferenceNs(u, 6, 16, NsConfig{});
     ASSERT_TRUE(be.Orthogonalize(NsConfig{}, {u.data(), 1, 6, 16}).ok());
     EXPECT_EQ(allocations, static_cast<int64_t>(blocks));  // reserved: nothing more
@@ -415,7 +407,7 @@ TEST(CpuBackend, WorkspaceComesFromTheMemorySource) {
 // One call steps several tensors of different dtypes and lr ratios, each as
 // a call of its own would, and a nonzero go-ahead flag leaves all untouched.
 TEST(CpuBackend, OneCallStepsManyTensors) {
-  auto g1 = Random(37, 5), g2 = Random(5, 6), b1 = Random(37, 7);
+  auto g1 = RandomNormal(37, 5), g2 = RandomNormal(5, 6), b1 = RandomNormal(37, 7);
   std::vector<uint16_t> b2(5, FloatToBf16Bits(0.25f));
   std::vector<float> out1(37), out2(5);
   auto b1_alone = b1;
@@ -444,7 +436,7 @@ TEST(CpuBackend, OneCallStepsManyTensors) {
   EXPECT_EQ(0, std::memcmp(out1.data(), out1_alone.data(), out1.size() * 4));
   EXPECT_EQ(0, std::memcmp(out2.data(), out2_alone.data(), out2.size() * 4));
 
-  auto p1 = Random(37, 8);
+  auto p1 = RandomNormal(37, 8);
   std::vector<uint16_t> p2(5, FloatToBf16Bits(1.5f));
   const auto p1_before = p1;
   const auto p2_before = p2;

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {
@@ -210,14 +211,6 @@ TEST(NativeBf16, BlockedSymmetricProductsAreExact) {
   }
 }
 
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 // The configs every engine runs: torch's quintic, and the cubic5 schedule
 // (c == 0: two products an iteration).
 std::vector<NsConfig> Schedules() {
@@ -244,7 +237,7 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
   for (const NsConfig& cfg : Schedules()) {
   SCOPED_TRACE(cfg.coefficients[0][2] == 0.0 ? "cubic5" : "torch's quintic");
   for (const Shape& s : shapes) {
-    const std::vector<float> u = Random(s.rows * s.cols, 7);
+    const std::vector<float> u = RandomNormal(s.rows * s.cols, 7);
     const std::vector<float> emulated = Orthogonalize(Engine::kEmulated, u, s.rows, s.cols, cfg);
     const std::vector<double> want =
         ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), s.rows, s.cols, cfg);
@@ -289,7 +282,7 @@ TEST(NativeBf16, Bf16BatchesEqualFp32Batches) {
       NsConfig cfg;
       cfg.steps = steps < 0 ? -steps : steps;
       if (steps < 0) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
-      std::vector<float> u = Random(2 * s.rows * s.cols, 13);
+      std::vector<float> u = RandomNormal(2 * s.rows * s.cols, 13);
       std::vector<uint16_t> bits(u.size());
       for (size_t i = 0; i < u.size(); ++i) bits[i] = FloatToBf16Bits(u[i]);
       CpuBackend a, b;
@@ -319,7 +312,7 @@ TEST(NativeBf16, ResultDoesNotDependOnThreads) {
   for (Engine engine : Engines(false)) {  // oneDNN's results may depend on them
   SCOPED_TRACE(cpu::Bf16EngineName(engine));
   for (const Shape& s : {Shape{256, 1024}, Shape{800, 1024}}) {  // whole; in blocks
-    const std::vector<float> u = Random(s.rows * s.cols, 11);
+    const std::vector<float> u = RandomNormal(s.rows * s.cols, 11);
     ::setenv("MUON_CPU_THREADS", "1", 1);
     const std::vector<float> one = Orthogonalize(engine, u, s.rows, s.cols);
     ::setenv("MUON_CPU_THREADS", "3", 1);
@@ -339,7 +332,7 @@ TEST(NativeBf16, BackendRunsTheChosenEngineOnEveryCpuKind) {
   using namespace cpu;  // NOLINT
   const uint32_t kinds[] = {kAllFeatures, kFeatureAvx2 | kFeatureAvx512 | kFeatureAvx512Bf16,
                             kFeatureAvx2 | kFeatureAvx512, kFeatureAvx2, 0};
-  const std::vector<float> u = Random(160 * 96, 3);
+  const std::vector<float> u = RandomNormal(160 * 96, 3);
   NsConfig cfg;
   const std::vector<double> want =
       ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), 160, 96, cfg);
@@ -371,7 +364,7 @@ TEST(NativeBf16, UnrunnableSettingFailsClearly) {
   ScopedEnv setting("MUON_CPU_BF16", "amx");
   CpuBackend backend;
   EXPECT_FALSE(backend.NativeBf16());
-  std::vector<float> x = Random(32 * 48, 5);
+  std::vector<float> x = RandomNormal(32 * 48, 5);
   const absl::Status st = backend.Orthogonalize(NsConfig(), {x.data(), 1, 32, 48});
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("MUON_CPU_BF16=amx"), std::string::npos) << st;

@@ -12,25 +12,17 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
 namespace muon {
 namespace {
-
-std::vector<float> Random(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 uint32_t Bits(float v) {
   uint32_t b;
@@ -195,7 +187,7 @@ TEST_P(SplitNs, Fp32MatchesTheWholeMatrixAndTheReference) {
     cfg.steps = steps < 0 ? -steps : steps;
     if (steps < 0) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
     steps = cfg.steps;
-    const std::vector<float> u = Random(c.rows * c.cols, 11);
+    const std::vector<float> u = RandomNormal(c.rows * c.cols, 11);
     const std::vector<double> ref = ReferenceNewtonSchulz(
         std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
     int sums = 0;
@@ -209,7 +201,7 @@ TEST_P(SplitNs, Fp32MatchesTheWholeMatrixAndTheReference) {
 TEST_P(SplitNs, Bf16RoundsAsTheEmulatedWholeMatrix) {
   const Case c = GetParam();
   NsConfig cfg;  // bf16
-  const std::vector<float> u = Random(c.rows * c.cols, 13);
+  const std::vector<float> u = RandomNormal(c.rows * c.cols, 13);
   const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, c.members, false);
   for (float v : split) ASSERT_EQ(Bits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
   const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
@@ -239,7 +231,7 @@ TEST(SplitNs, OneMemberIsTheEmulatedWholeBitForBit) {
   // gram product rounded after its (empty) sum instead of inside RunGemm.
   for (const Case c : {Case{24, 40, 1}, Case{40, 24, 1}}) {
     NsConfig cfg;  // bf16
-    const std::vector<float> u = Random(c.rows * c.cols, 17);
+    const std::vector<float> u = RandomNormal(c.rows * c.cols, 17);
     const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, 1, false);
     const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
     for (size_t i = 0; i < u.size(); ++i) {
@@ -264,7 +256,7 @@ TEST(SplitNs, MembersJoinedAsRanksOnFewerCoresDoNotDeadlock) {
   });
   NsConfig cfg;
   cfg.dtype = NsDtype::kFP32;
-  const std::vector<float> u = Random(48 * 96, 19);
+  const std::vector<float> u = RandomNormal(48 * 96, 19);
   const std::vector<float> split = SplitRun(cfg, u, 48, 96, 6, true);
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -277,7 +269,7 @@ TEST(SplitNs, MembersJoinedAsRanksOnFewerCoresDoNotDeadlock) {
 
 TEST(SplitNs, AFailedSumIsReturnedAndAnEmptyBlockRefused) {
   NsConfig cfg;
-  std::vector<float> block = Random(8 * 12, 23);
+  std::vector<float> block = RandomNormal(8 * 12, 23);
   MemberSums sums;
   sums.f64 = [](double*, int64_t) { return absl::OkStatus(); };
   sums.f32 = [](float*, int64_t) { return absl::UnavailableError("the members' sum failed"); };

@@ -7,12 +7,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/testing/random_matrix.h"
 
 namespace muon {
 namespace {
@@ -55,14 +55,6 @@ struct Device {
   ~Device() { cudaFree(p); }
 };
 
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0, e = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -89,7 +81,7 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
       NsConfig cfg;
       cfg.dtype = dtype;
       if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
-      auto u = Random(c.count * c.rows * c.cols, 7);
+      auto u = RandomNormal(c.count * c.rows * c.cols, 7);
       auto want = u;
       CpuBackend cpu;
       ASSERT_TRUE(cpu.Orthogonalize(cfg, {want.data(), c.count, c.rows, c.cols}).ok());
@@ -116,7 +108,7 @@ TEST(CudaBackend, Bf16BatchesGiveTheFp32BatchesResults) {
   EXPECT_EQ(gpu->SlotDtype(cfg), DType::kBF16);
   for (Case c : {Case{3, 64, 96}, Case{1, 257, 513}, Case{2, 520, 256}, Case{1, 1, 17}}) {
     const size_t n = static_cast<size_t>(c.count * c.rows * c.cols);
-    const auto u = Random(n, 21);
+    const auto u = RandomNormal(n, 21);
     std::vector<uint16_t> u16(n);
     for (size_t i = 0; i < n; ++i) u16[i] = ew::FloatToBf16Bits(u[i]);
     Device<float> wide(u);
@@ -139,7 +131,7 @@ TEST(CudaBackend, NewtonSchulzIsDeterministic) {
   REQUIRE_GPU(gpu);
   NsConfig cfg;
   const Case c{3, 700, 300};
-  const auto u = Random(c.count * c.rows * c.cols, 11);
+  const auto u = RandomNormal(c.count * c.rows * c.cols, 11);
   Device<float> first(u), second(u);
   ASSERT_TRUE(gpu->Orthogonalize(cfg, {first.p, c.count, c.rows, c.cols}).ok());
   ASSERT_TRUE(gpu->Orthogonalize(cfg, {second.p, c.count, c.rows, c.cols}).ok());
@@ -156,10 +148,10 @@ TEST(CudaBackend, MomentumAndApplyMatchCpu) {
   std::vector<std::vector<float>> g, b, p, u, out(kTensors);
   for (int i = 0; i < kTensors; ++i) {
     const size_t n = 1 + static_cast<size_t>(i) * 397;
-    g.push_back(Random(n, 1 + i));
-    b.push_back(Random(n, 100 + i));
-    p.push_back(Random(n, 200 + i));
-    u.push_back(Random(n, 300 + i));
+    g.push_back(RandomNormal(n, 1 + i));
+    b.push_back(RandomNormal(n, 100 + i));
+    p.push_back(RandomNormal(n, 200 + i));
+    u.push_back(RandomNormal(n, 300 + i));
     out[i].assign(n, 0.0f);
   }
   auto b_cpu = b, p_cpu = p, out_cpu = out;
@@ -230,7 +222,7 @@ TEST(CudaBackend, VectorAndScalarElementPathsGiveTheSameBits) {
         // alignment, holding the same bytes as the aligned run's tensor.
         const auto shift = [&](DType t) { return offset * (t == DType::kF32 ? 4 : 2); };
         const auto values = [&](uint32_t seed, DType t) {
-          const std::vector<float> v = Random(static_cast<size_t>(n), seed);
+          const std::vector<float> v = RandomNormal(static_cast<size_t>(n), seed);
           std::vector<float> out(static_cast<size_t>(n) + 2, 0.0f);
           std::vector<uint16_t> half(v.size());
           for (size_t i = 0; i < v.size(); ++i) {
