@@ -79,7 +79,7 @@
  * For host tensors `stream` is only handed to the communicators (pass NULL).
  *
  * Host math and the environment (read when an optimizer first orthogonalizes;
- * README, "CPU threads and native bf16"): MUON_CPU_THREADS and OMP_NUM_THREADS
+ * docs/cpu.md): MUON_CPU_THREADS and OMP_NUM_THREADS
  * set the threads; MUON_CPU_BF16 = auto | amx | avx512_bf16 | onednn | emulated
  * picks the engine of bf16 Newton-Schulz (auto: libmuon's AMX kernel on AMX
  * CPUs, its AVX512-BF16 kernel on AMD's AVX512-BF16 CPUs, else fp32 products

@@ -3,7 +3,9 @@
 #   - no folder is named dist (packaging tools read such a folder as build output);
 #   - inside muon/, only muon/comm/ includes the C ABI's headers (capi/);
 #   - no non-test source file under muon/ is over 600 lines, and the
-#     optimizer (a coordinator) is under 400.
+#     optimizer (a coordinator) is under 400;
+#   - the README is at most 250 lines (reference lives in docs/), and every
+#     relative link of a Markdown file names a file and heading that exist.
 # Prints "house rules: PASSED", or each broken rule and exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +34,8 @@ for f in $(grep -E '^(muon|capi)/.*\.cc$' <<<"$files" | grep -vE '_test\.cc$|/te
 done
 n=$(wc -l <muon/engine/optimizer.cc)
 [ "$n" -ge 400 ] && fail "muon/engine/optimizer.cc has $n lines (under 400: it coordinates)"
+n=$(wc -l <README.md)
+[ "$n" -gt 250 ] && fail "README.md has $n lines (at most 250: move reference into docs/)"
+python3 tools/check_links.py || fail "broken links (above)"
 [ "$broken" -eq 0 ] && echo "house rules: PASSED"
 exit "$broken"

@@ -157,7 +157,7 @@ def test_the_info_is_the_one_these_checks_cover():
           % (len(VARIANTS), ", ".join(VARIANTS), len(ERRORS)))
 
 
-# muon.Muon's own options, beyond torch.optim.Muon's (docs: README, muon.Muon).
+# muon.Muon's own options, beyond torch.optim.Muon's (docs/python.md, muon.Muon).
 OWN_KEYS = {"ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps", "adamw_wd",
             "extra_scale_factor", "cautious_wd", "normuon", "normuon_beta2", "normuon_eps",
             "ns_algorithm", "gram_restarts", "skip_nonfinite_updates"}

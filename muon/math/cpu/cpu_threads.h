@@ -1,6 +1,6 @@
 // How many threads one rank's CPU math (OpenBLAS, oneDNN's OpenMP) may use.
 //
-// The rule (README, "CPU threads"): the cores this process may run on
+// The rule (docs/cpu.md): the cores this process may run on
 // (sched_getaffinity), divided among the ranks that share them, at least one:
 //   threads per rank = max(1, cores / (ranks in this process x LOCAL_WORLD_SIZE))
 // where the ranks in this process are the distinct world ranks of its live CPU
