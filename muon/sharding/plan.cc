@@ -201,6 +201,7 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
   // costs the plan (and the steps) work, so their number is bounded before
   // any is planned (an empty matrix costs nothing, however many there are).
   int64_t declared = 0;
+  int64_t all_matrices = 0;  // empty ones too: the stats count them
   for (const auto& [name, who] : first) {
     const RankParamDesc& cd = *who.second;
     const std::string param = absl::StrCat("param '", name, "'");
@@ -211,6 +212,13 @@ absl::StatusOr<Plan> BuildPlanFrom(const std::vector<Desc>& ranks, int my_rank,
                        cd.custom_owner >= 0 ? static_cast<int>(MatrixView::k2D) : cd.view, param));
     MUON_RETURN_IF_ERROR(CheckDeclaredMatrices(m, cd.global_shape, param));
     MUON_RETURN_IF_ERROR(CheckBlockSplit(cd.split, m.rows, m.cols, param));
+    if (m.batch > kMaxJobAllMatrices - all_matrices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          param, ": with its ", m.batch, " matrices the job declares more than ",
+          kMaxJobAllMatrices, " matrices, empty ones included (parameters in name order); "
+          "register fewer"));
+    }
+    all_matrices += m.batch;
     declared += m.with_elements();
     if (declared > kMaxJobMatrices) {
       return absl::InvalidArgumentError(absl::StrCat(

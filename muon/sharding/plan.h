@@ -172,7 +172,10 @@ uint64_t PlanDigest(const Plan& plan);
 // first inconsistent parameter or group and the ranks involved, or the
 // parameter (in name order) at which the job declares more matrices with
 // elements than kMaxJobMatrices (matrix_view.h), checked before any is
-// planned, as each parameter's kMaxParamMatrices is.
+// planned, as each parameter's kMaxParamMatrices is, or more matrices in all
+// (empty ones included) than kMaxJobAllMatrices, so that every count of them
+// fits in an int64_t.
+constexpr int64_t kMaxJobAllMatrices = int64_t{1} << 62;
 absl::StatusOr<Plan> BuildPlan(const std::vector<RankDesc>& ranks, int my_rank,
                                const PlanOptions& options);
 // The same plan, or the same error, from the same descriptions with their

@@ -5,6 +5,7 @@
 #include "muon/sharding/plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -329,6 +330,23 @@ TEST(Plan, MatricesWithoutElementsGetNoUnit) {
   EXPECT_TRUE(none.units.empty());
   EXPECT_EQ(none.empty_matrices, huge + 1);
   EXPECT_EQ(none.rounds, 0);
+
+  // Their count stays an int64_t: up to kMaxJobAllMatrices in the job, then
+  // refused naming the parameter (a fuzzed job of two INT64_MAX-deep empty
+  // stacks overflowed the stats' sum).
+  const int64_t half = kMaxJobAllMatrices / 2;
+  const Plan at_cap = MustBuild(World(2, {{"a", {half, 0, 3}, {Replicate(0)}, 2},
+                                          {"b", {half, 0, 3}, {Replicate(0)}, 2}}), 0);
+  EXPECT_EQ(at_cap.empty_matrices, kMaxJobAllMatrices);
+  const std::string e = Error(World(2, {{"a", {half, 0, 3}, {Replicate(0)}, 2},
+                                        {"b", {half, 0, 3}, {Replicate(0)}, 2},
+                                        {"c", {1, 0, 3}, {Replicate(0)}, 2}}));
+  EXPECT_TRUE(Has(e, "param 'c': with its 1 matrices the job declares more than "
+                     "4611686018427387904 matrices, empty ones included"))
+      << e;
+  const int64_t deepest = std::numeric_limits<int64_t>::max();
+  const std::string deep = Error(World(2, {{"z", {deepest, 0, 1}, {Replicate(0)}, 2}}));
+  EXPECT_TRUE(Has(deep, "param 'z': with its 9223372036854775807 matrices")) << deep;
 }
 
 // A declaration may not ask the plan for more than kMaxParamMatrices
