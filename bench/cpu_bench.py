@@ -24,7 +24,7 @@ implementation (WARM_BELOW_S below).
    --split instead: a fused QKV stepped whole and as its Q, K, V blocks.
 3. A full optimizer step over real matrix sets (GPT-2 124M, a Llama-3-8B-shaped
    set scaled to fit): muon.Muon.step against torch.optim.Muon.step on the
-   same tensors, fp32 and bf16 parameters.
+   same tensors, fp32 and bf16 parameters (--step-only: this table alone).
 
    bazel build -c opt //:libmuon.so
    MUON_LIBRARY=bazel-bin/libmuon.so tests/python/run_python.sh bench/cpu_bench.py
@@ -377,6 +377,7 @@ def main():
     ap.add_argument("--max-size", type=int, default=2048,
                     help="largest square Newton-Schulz size (4096: about a minute per call)")
     ap.add_argument("--no-step", action="store_true")
+    ap.add_argument("--step-only", action="store_true", help="only the full-step table")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
     ap.add_argument("--engines", default="auto,emulated",
                     help="libmuon's bf16 engines to time (MUON_CPU_BF16 values, comma-separated)")
@@ -434,9 +435,10 @@ def main():
                         ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2,
                                                                    scale=8))], args.reps)
         return
-    if not args.no_fp32:
+    if not args.no_fp32 and not args.step_only:
         ns_table(shapes, args.reps)
-    bf16_table(shapes, args.reps, args.engines.split(","))
+    if not args.step_only:
+        bf16_table(shapes, args.reps, args.engines.split(","))
     if args.products:
         products_table(args.reps)
     if not args.no_step:

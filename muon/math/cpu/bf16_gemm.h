@@ -11,10 +11,10 @@
 // R as 16 x 16 bf16 pairs: the layout TDPBF16PS reads, and the one whose rows
 // VDPBF16PS multiplies by a broadcast pair of L), zero-padded to multiples of
 // 32; the product runs in blocks of the output (at most 256 x 256, fp32, in a
-// per-thread buffer) over k in chunks of 256; each block is then scaled, added
-// to beta C, rounded and stored. A symmetric product computes only the pieces
-// on and above the diagonal and mirrors the rest, so its result is exactly
-// symmetric.
+// per-thread buffer) over k in chunks (256 on AMX, 512 on AVX512-BF16); each
+// block is then scaled, added to beta C, rounded and stored. A symmetric
+// product computes only the pieces on and above the diagonal and mirrors the
+// rest, so its result is exactly symmetric.
 //
 // Each element's sum runs over k in the same order whatever the thread count
 // or blocking: results do not depend on the threads. Every function runs on
