@@ -37,8 +37,10 @@ enum CpuFeature : uint32_t {
   kFeatureAvx512Bf16 = 1u << 2,  // AVX512-BF16 (VDPBF16PS, VCVTNEPS2BF16)
   kFeatureAmxBf16 = 1u << 3,     // AMX tiles with bf16, granted to this process by the OS
   // VDPBF16PS retires more multiply-adds per cycle than an fp32 FMA of the
-  // same width (twice, on AMD Zen 4/5), so bf16 products beat fp32 ones
-  // rounded. Not on Intel's AVX512-BF16 CPUs: measured on a Sapphire Rapids
+  // same width (twice, on AMD Zen 4/5: measured on a Zen 5 core, 8.4 G/s
+  // of either, 540 against 270 GFLOP/s; there libmuon's AVX512-BF16
+  // Newton-Schulz takes 0.27-0.33x the emulated one's time), so bf16
+  // products beat fp32 ones rounded. Not on Intel's AVX512-BF16 CPUs: measured on a Sapphire Rapids
   // core, VDPBF16PS zmm issued 1.1 G/s against 4.2 G/s for VFMADD zmm (70
   // against 134 GFLOP/s), and libmuon's AVX512-BF16 Newton-Schulz took
   // 1.3-1.5x the emulated one's time (BENCHMARKS.md, "Every CPU kind").
