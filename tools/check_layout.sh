@@ -5,7 +5,10 @@
 #   - no non-test source file under muon/ is over 600 lines, and the
 #     optimizer (a coordinator) is under 400;
 #   - the README is at most 250 lines (reference lives in docs/), and every
-#     relative link of a Markdown file names a file and heading that exist.
+#     relative link of a Markdown file names a file and heading that exist;
+#   - no file cites a DESIGN.md (the design documents are not in the tree);
+#   - muon/sharding/ prices matrices from muon/math/ns_config.h, without the
+#     backend interface (muon/math/backend.h).
 # Prints "house rules: PASSED", or each broken rule and exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,13 @@ for f in $(grep -E '^(muon|capi)/.*\.cc$' <<<"$files" | grep -vE '_test\.cc$|/te
 done
 n=$(wc -l <muon/engine/optimizer.cc)
 [ "$n" -ge 400 ] && fail "muon/engine/optimizer.cc has $n lines (under 400: it coordinates)"
+if cites=$(git grep -l 'DESIGN\.md' -- . ':!tools/check_layout.sh'); then
+  fail "cites a DESIGN.md that is not in the tree: $(tr '\n' ' ' <<<"$cites")"
+fi
+if uses=$(git grep -l '#include "muon/math/backend.h"' -- 'muon/sharding/*.cc' 'muon/sharding/*.h' \
+          ':!*_test.cc'); then
+  fail "muon/sharding/ includes the backend interface: $(tr '\n' ' ' <<<"$uses")"
+fi
 n=$(wc -l <README.md)
 [ "$n" -gt 250 ] && fail "README.md has $n lines (at most 250: move reference into docs/)"
 python3 tools/check_links.py || fail "broken links (above)"

@@ -215,24 +215,6 @@ class MathBackend {
   }
 };
 
-// FLOPs of one Newton-Schulz orthogonalization of a rows x cols matrix with
-// `steps` iterations, counting 4 m^2 n + 2 m^3 per iteration (m <= n), of
-// which `cubic_steps` (c == 0: no polynomial product) count 4 m^2 n.
-double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps, int cubic_steps = 0);
-// The FLOPs of one member of a split Newton-Schulz (OrthogonalizeBlock) with
-// a block `width` wide of a matrix whose short side is m: 4 m^2 width + 2 m^3
-// per iteration (every member computes the m x m polynomial), 4 m^2 width
-// per cubic one.
-double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps, int cubic_steps = 0);
-// The FLOPs of one orthogonalization under `config`: the standard
-// iteration's above, or Gram Newton-Schulz's (m <= n): 2 m^2 n for each R
-// formed (once, and at each restart), 2 m^2 n for each X = Q W (at each
-// restart and at the end), and per iteration 2 m^3 for Z (none when cubic),
-// 2 m^3 for Q (not at the first or a restart) and 4 m^3 for R (not before
-// a restart or after the last). A square matrix runs the standard one. AOL's
-// pre-scaling adds 2 m^2 n (its W W^T).
-double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols);
-
 }  // namespace muon
 
 #endif  // MUON_MATH_BACKEND_H_

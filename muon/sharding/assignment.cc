@@ -8,7 +8,7 @@
 #include <set>
 #include <utility>
 
-#include "muon/math/backend.h"
+#include "muon/math/ns_config.h"
 
 namespace muon {
 

@@ -1,6 +1,6 @@
 // How a parameter is spread over ranks: a global shape and an ordered list of
 // placements, each over one group, applied from the global tensor down to the
-// piece one rank holds (see DESIGN.md section 5).
+// piece one rank holds (docs/distributed.md).
 //
 // A piece is described by runs: contiguous ranges of the global row-major
 // flattened tensor, listed in the order the local buffer stores them. Any

@@ -13,7 +13,7 @@
 #include "muon/common/matrix_view.h"
 #include "muon/common/status.h"
 #include "muon/common/tensor.h"
-#include "muon/math/backend.h"
+#include "muon/math/ns_config.h"
 
 namespace muon {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/common/matrix_view.h"
-#include "muon/math/backend.h"
+#include "muon/math/ns_config.h"
 #include "muon/sharding/testing/job.h"
 
 namespace muon {

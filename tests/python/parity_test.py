@@ -1,6 +1,6 @@
 """libmuon (through the ctypes package) against an independent reference Muon.
 
-The reference below is written from DESIGN.md section 4 and capi/muon.h with
+The reference below is written from the step as capi/muon.h defines it, with
 plain torch ops; it shares no code with the library. torch 1.13 has no
 torch.optim.Muon, so the reference follows torch.optim.Muon (PyTorch >= 2.9)
 line by line, with the numerics spelled out where torch 1.13's CPU kernels
@@ -86,7 +86,7 @@ def _round(x, dtype, acc=torch.float32):
 
 
 def reference_newton_schulz(u, coefficients, steps, eps, dtype, acc=torch.float32):
-    """NS(U) of DESIGN.md section 4 for one matrix, computing in `dtype`: every
+    """NS(U) of capi/muon.h for one matrix, computing in `dtype`: every
     op rounds its result to `dtype`; matmuls accumulate in `acc` (fp32 as torch
     and cuBLAS do; fp64 gives an equally valid variant used as a yardstick)."""
     x = _round(u.to(acc), dtype, acc)
