@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "muon/device/cuda/cuda_runtime.h"
+#include "muon/device/cuda/cuda_gpu_runtime.h"
 #include "muon/device/cuda/driver_check.h"
 #include "muon/device/gpu_device.h"
 #include "muon/math/cuda/cuda_backend.h"

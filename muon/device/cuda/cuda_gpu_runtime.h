@@ -1,8 +1,8 @@
 // GpuRuntime over the CUDA runtime API: each call is the CUDA call of the
 // same name (cudaMemcpyAsync, cudaEventRecord, ...), its error a status
 // naming the call. Linked only into the libmuon_cuda.so plugin.
-#ifndef MUON_DEVICE_CUDA_CUDA_RUNTIME_H_
-#define MUON_DEVICE_CUDA_CUDA_RUNTIME_H_
+#ifndef MUON_DEVICE_CUDA_CUDA_GPU_RUNTIME_H_
+#define MUON_DEVICE_CUDA_CUDA_GPU_RUNTIME_H_
 
 #include <memory>
 
@@ -14,4 +14,4 @@ std::shared_ptr<GpuRuntime> MakeCudaRuntime();
 
 }  // namespace muon
 
-#endif  // MUON_DEVICE_CUDA_CUDA_RUNTIME_H_
+#endif  // MUON_DEVICE_CUDA_CUDA_GPU_RUNTIME_H_

@@ -1,4 +1,4 @@
-#include "muon/device/cuda/cuda_runtime.h"
+#include "muon/device/cuda/cuda_gpu_runtime.h"
 
 #include <cuda_runtime.h>
 
