@@ -1,6 +1,6 @@
 #include "capi/capi_internal.h"
 
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 
 namespace muon {
 namespace capi {

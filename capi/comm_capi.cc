@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "capi/capi_internal.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "capi/muon.h"
 #include "muon/comm/callback_error.h"
 #include "muon/comm/inprocess_comm.h"

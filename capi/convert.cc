@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/callback_error.h"
 #include "muon/common/matrix_view.h"
 #include "muon/common/status.h"

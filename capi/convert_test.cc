@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "gtest/gtest.h"
 #include "muon/comm/callback_error.h"
 

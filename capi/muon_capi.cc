@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "capi/capi_internal.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "capi/convert.h"
 #include "capi/muon.h"
 #include "capi/struct_versions.h"

@@ -1,7 +1,7 @@
 #include "muon/comm/comm.h"
 
 #include "absl/strings/str_cat.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "capi/struct_versions.h"
 #include "muon/comm/callback_error.h"
 

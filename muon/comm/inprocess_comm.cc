@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/callback_error.h"
 #include "muon/comm/ordered_sum.h"
 #include "muon/comm/table.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/callback_error.h"
 #include "muon/comm/ordered_sum.h"
 #include "muon/comm/testing/pattern.h"

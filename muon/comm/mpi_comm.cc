@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/ordered_sum.h"
 #include "muon/comm/table.h"
 #include "muon/common/dtype.h"

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/table.h"
 #include "muon/common/dtype.h"
 #include "muon/device/memory_ops.h"

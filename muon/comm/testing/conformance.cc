@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "muon/comm/testing/pattern.h"
 
 namespace muon {

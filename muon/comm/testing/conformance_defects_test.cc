@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "capi/codes.h"
+#include "muon/comm/codes.h"
 #include "gtest/gtest.h"
 #include "muon/comm/inprocess_comm.h"
 #include "muon/comm/testing/conformance.h"

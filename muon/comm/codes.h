@@ -8,8 +8,8 @@
 // header, absl and the core's dtype. muon_status_t values are absl::StatusCode
 // numbers and muon_dtype_t values DType numbers; the static_asserts below hold
 // every constant of the header to that.
-#ifndef LIBMUON_CAPI_CODES_H_
-#define LIBMUON_CAPI_CODES_H_
+#ifndef MUON_COMM_CODES_H_
+#define MUON_COMM_CODES_H_
 
 #include <string>
 #include <utility>
@@ -123,4 +123,4 @@ inline bool FromCDType(int32_t dtype, DType* out) {
 
 }  // namespace muon
 
-#endif  // LIBMUON_CAPI_CODES_H_
+#endif  // MUON_COMM_CODES_H_
