@@ -8,7 +8,7 @@
 // RankDescs made up here instead of a handshake: no communication; see
 // PlanAllRanks for which ranks call BuildPlan themselves), once with
 // round-robin and once with balanced assignment (MUON_ASSIGNMENT_* in
-// capi/muon.h; the owners are checked against the header's description).
+// include/libmuon/muon.h; the owners are checked against the header's description).
 // The lower bound on traffic is computed independently, from the layouts
 // alone: a matrix's owner must receive every element it does not hold (fp32
 // momentum) and send every other copy's elements back (bf16 Newton-Schulz
@@ -310,7 +310,7 @@ Result PlanAllRanks(const std::vector<muon::RankDesc>& descs, muon::Assignment a
   return res;
 }
 
-// The owners capi/muon.h promises, computed here from the layouts: matrices
+// The owners include/libmuon/muon.h promises, computed here from the layouts: matrices
 // in global order (by name), each one's holders (ranks holding any of it,
 // ascending); MUON_ASSIGNMENT_ROUND_ROBIN gives matrix i to holder
 // i mod (number of holders), MUON_ASSIGNMENT_BALANCED goes largest
@@ -478,7 +478,8 @@ bool Row(const Model& model, const Mesh& mesh, int threads, bool every_rank) {
   }
   if (rr.owners != ExpectedOwners(model, mesh, muon::Assignment::kRoundRobin) ||
       bal.owners != ExpectedOwners(model, mesh, muon::Assignment::kBalanced)) {
-    std::fprintf(stderr, "%s, %s: the plan's owners are not the ones capi/muon.h describes\n",
+    std::fprintf(stderr,
+                 "%s, %s: the plan's owners are not the ones include/libmuon/muon.h describes\n",
                  model.name.c_str(), mesh.Name().c_str());
     return false;
   }

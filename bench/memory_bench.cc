@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace {
 

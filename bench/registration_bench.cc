@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon {
 namespace capi {

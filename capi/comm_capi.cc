@@ -11,7 +11,7 @@
 #include "absl/strings/strip.h"
 #include "capi/capi_internal.h"
 #include "muon/comm/codes.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "muon/comm/callback_error.h"
 #include "muon/comm/inprocess_comm.h"
 #include "muon/comm/nccl_comm.h"

@@ -13,8 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "capi/muon.h"
-#include "capi/struct_versions.h"
+#include "libmuon/muon.h"
+#include "muon/comm/struct_versions.h"
 #include "muon/engine/optimizer.h"
 #include "muon/engine/options.h"
 #include "muon/engine/param.h"

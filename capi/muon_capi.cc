@@ -14,8 +14,8 @@
 #include "capi/capi_internal.h"
 #include "muon/comm/codes.h"
 #include "capi/convert.h"
-#include "capi/muon.h"
-#include "capi/struct_versions.h"
+#include "libmuon/muon.h"
+#include "muon/comm/struct_versions.h"
 #include "muon/comm/comm.h"
 #include "muon/engine/optimizer.h"
 

@@ -1,5 +1,5 @@
-// The extern "C" entry points of libmuon_mpi.so (capi/muon_mpi.h).
-#include "capi/muon_mpi.h"
+// The extern "C" entry points of libmuon_mpi.so (include/libmuon/muon_mpi.h).
+#include "libmuon/muon_mpi.h"
 
 #include "absl/status/status.h"
 #include "capi/capi_internal.h"

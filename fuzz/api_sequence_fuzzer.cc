@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

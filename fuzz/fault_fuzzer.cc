@@ -38,7 +38,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

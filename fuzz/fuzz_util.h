@@ -11,7 +11,7 @@
 #include <cstring>
 #include <limits>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 #define FUZZ_CHECK(cond)                                                            \
   do {                                                                              \

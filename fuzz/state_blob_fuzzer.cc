@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The house's rules (docs/ARCHITECTURE.md), checked on the tracked tree:
 #   - no folder is named dist (packaging tools read such a folder as build output);
-#   - inside muon/, only muon/comm/ includes the C ABI's headers (capi/);
+#   - nothing under muon/ includes capi/; inside muon/, only muon/comm/
+#     includes the public headers (include/libmuon/), and they include only
+#     the C library's, DLPack's and each other;
 #   - no non-test source file under muon/ is over 600 lines, and the
 #     optimizer (a coordinator) is under 400;
 #   - the README is at most 250 lines (reference lives in docs/), and every
@@ -20,7 +22,15 @@ if dirs=$(grep -E '(^|/)dist/' <<<"$files"); [ -n "$dirs" ]; then
   fail "a folder named dist: $(head -1 <<<"$dirs")"
 fi
 for f in $(grep -E '^muon/.*\.(h|cc|cu)$' <<<"$files" | grep -v '^muon/comm/'); do
-  [ -f "$f" ] && grep -qE '#include "capi/' "$f" && fail "$f includes capi/ (only muon/comm/ may)"
+  [ -f "$f" ] && grep -qE '#include "libmuon/' "$f" && fail "$f includes libmuon/ (only muon/comm/ may)"
+done
+for f in $(grep -E '^muon/.*\.(h|cc|cu)$' <<<"$files"); do
+  [ -f "$f" ] && grep -qE '#include "capi/' "$f" && fail "$f includes capi/ (nothing under muon/ may)"
+done
+for f in $(grep -E '^include/.*\.h$' <<<"$files"); do
+  [ -f "$f" ] || continue
+  other=$(grep -E '^#include' "$f" | grep -vE '<(stddef|stdint)\.h>|<dlpack/dlpack\.h>|"libmuon/[a-z_]+\.h"')
+  [ -n "$other" ] && fail "$f includes $other (include/ holds the C ABI: DLPack only)"
 done
 for f in $(grep -E '^muon/.*\.(h|cc|cu)$' <<<"$files" | grep -vE '_test\.cc$|/testing/'); do
   [ -f "$f" ] || continue

@@ -77,7 +77,7 @@ ABSL_LIBS=(-labsl_statusor -labsl_status -labsl_cord -labsl_cord_internal -labsl
 LIBS=("${ABSL_LIBS[@]}" -lopenblas -lz -lgomp -ldl -lpthread)
 
 SAN=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
-CXXFLAGS=(-std=c++17 -O1 -g "${SAN[@]}" -fsanitize=fuzzer-no-link -I. -DMUON_FUZZING
+CXXFLAGS=(-std=c++17 -O1 -g "${SAN[@]}" -fsanitize=fuzzer-no-link -I. -Iinclude -DMUON_FUZZING
   -Wno-unused-command-line-argument)
 
 build=.fuzz-build

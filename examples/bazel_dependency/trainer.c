@@ -1,7 +1,7 @@
 /* A program in another Bazel workspace that links libmuon through @libmuon//:muon_c. */
 #include <stdio.h>
 
-#include "capi/muon.h"
+#include <libmuon/muon.h>
 
 int main(void) {
   muon_options_t options;

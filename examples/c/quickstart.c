@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capi/muon.h"
+#include <libmuon/muon.h>
 
 /* Every libmuon call returns a status; on error, print what went wrong. */
 #define MUON_CHECK(call)                                                         \

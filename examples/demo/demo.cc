@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "muon/common/dtype.h"
 
 namespace muon {

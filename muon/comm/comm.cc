@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/comm/codes.h"
-#include "capi/struct_versions.h"
+#include "muon/comm/struct_versions.h"
 #include "muon/comm/callback_error.h"
 
 namespace muon {

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "muon/common/dtype.h"
 
 namespace muon {

@@ -37,7 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "muon/device/memory_ops.h"
 
 namespace muon {
@@ -52,7 +52,7 @@ class InProcessGroup {
   const std::vector<int>& world_ranks() const { return world_ranks_; }
 
   // The collectives of muon_comm_t, called by group rank `me` (0 <= me <
-  // size()) with the semantics documented in capi/muon.h.
+  // size()) with the semantics documented in include/libmuon/muon.h.
   absl::Status AllGather(int me, const void* send, void* recv, size_t bytes, void* stream);
   absl::Status AllToAllV(int me, const void* send, const size_t* send_bytes,
                          const size_t* send_offsets, void* recv, const size_t* recv_bytes,

@@ -26,7 +26,7 @@
 #define MUON_COMM_MPI_COMM_H_
 
 #include "absl/status/status.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon {
 

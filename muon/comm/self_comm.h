@@ -5,7 +5,7 @@
 #ifndef MUON_COMM_SELF_COMM_H_
 #define MUON_COMM_SELF_COMM_H_
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon {
 

@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon {
 

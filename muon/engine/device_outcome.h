@@ -1,4 +1,4 @@
-// A step's outcome on a GPU, without a host wait (capi/muon.h, muon_step):
+// A step's outcome on a GPU, without a host wait (include/libmuon/muon.h, muon_step):
 // with more than one rank the verdicts stay on the device, where the math's
 // VerdictGate turns them into the go-ahead the update kernels read (no rank
 // applies a step some rank failed), and reach the host with the stream; the

@@ -1,6 +1,6 @@
 // Newton-Schulz on its own, outside a step: what torch's
 // _zeropower_via_newtonschulz computes, for every matrix of a tensor, on a
-// device's backend (muon_orthogonalize in capi/muon.h).
+// device's backend (muon_orthogonalize in include/libmuon/muon.h).
 #ifndef MUON_ENGINE_ORTHOGONALIZE_H_
 #define MUON_ENGINE_ORTHOGONALIZE_H_
 

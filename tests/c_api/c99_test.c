@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 /* ------------------------------------------------------------------------ */
 /* Frozen layout. C99 has no static_assert: an array of negative size is a   */

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 
 namespace {

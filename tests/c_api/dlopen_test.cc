@@ -3,7 +3,7 @@
 // header declares is resolved by name, and an optimizer runs through the
 // resolved pointers.
 //
-// Usage: dlopen_test <path to libmuon.so> <path to capi/muon.h>
+// Usage: dlopen_test <path to libmuon.so> <path to include/libmuon/muon.h>
 #include <dlfcn.h>
 
 #include <atomic>
@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace {
 
-// Every function of capi/muon.h. The header scan below fails the test when
+// Every function of include/libmuon/muon.h. The header scan below fails the test when
 // the header declares one that is missing here.
 #define MUON_ALL_FUNCTIONS(X)    \
   X(muon_status_string)          \

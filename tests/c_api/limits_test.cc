@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 #include "tests/c_api/host_matrix.h"
 #include "tests/c_api/status_of_int.h"

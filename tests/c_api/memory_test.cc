@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 #include "tests/c_api/host_matrix.h"
 

@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 
 namespace {

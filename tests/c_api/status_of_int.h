@@ -2,7 +2,7 @@
 #ifndef LIBMUON_TESTS_C_API_STATUS_OF_INT_H_
 #define LIBMUON_TESTS_C_API_STATUS_OF_INT_H_
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 #ifdef __cplusplus
 extern "C" {

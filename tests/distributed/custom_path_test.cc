@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 #include "tests/distributed/harness.h"
 

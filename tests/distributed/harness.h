@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon_test {
 

@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 
 namespace muon_test {

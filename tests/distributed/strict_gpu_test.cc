@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 #include "gtest/gtest.h"
 #include "muon/device/strict_cpu_runtime.h"
 

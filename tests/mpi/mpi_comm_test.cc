@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "capi/muon.h"
-#include "capi/muon_mpi.h"
+#include "libmuon/muon.h"
+#include "libmuon/muon_mpi.h"
 #include "muon/comm/testing/pattern.h"
 
 #if defined(__SANITIZE_ADDRESS__)

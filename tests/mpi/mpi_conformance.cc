@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "capi/muon.h"
-#include "capi/muon_mpi.h"
+#include "libmuon/muon.h"
+#include "libmuon/muon_mpi.h"
 #include "muon/comm/testing/conformance.h"
 
 namespace {

@@ -597,7 +597,7 @@ def test_register_custom_failures(failing):
 
 
 def test_struct_layouts_follow_the_header():
-    # No muon_sizeof_* exists for these; their LP64 layouts from capi/muon.h.
+    # No muon_sizeof_* exists for these; their LP64 layouts from include/libmuon/muon.h.
     layout = _lib.muon_custom_layout_t
     assert ctypes.sizeof(layout) == 56
     assert (layout.global_rows.offset, layout.assign_fn.offset, layout.gather_fn.offset,

@@ -1,7 +1,7 @@
 """libmuon (through the ctypes package) against an independent reference Muon.
 
-The reference below is written from the step as capi/muon.h defines it, with
-plain torch ops; it shares no code with the library. torch 1.13 has no
+The reference below is written from the step as include/libmuon/muon.h
+defines it, with plain torch ops; it shares no code with the library. torch 1.13 has no
 torch.optim.Muon, so the reference follows torch.optim.Muon (PyTorch >= 2.9)
 line by line, with the numerics spelled out where torch 1.13's CPU kernels
 would not show them:
@@ -12,7 +12,7 @@ would not show them:
     emulated torch and native torch 1.13 CPU bf16 drift 2e-2 apart over this
     test's 100 steps, while the library stays 1e-4 from the emulation);
   - lerp is ATen's formula with two roundings (see reference_lerp);
-  - the lr adjustment uses the rows and columns of the matrix view (capi/muon.h;
+  - the lr adjustment uses the rows and columns of the matrix view (include/libmuon/muon.h;
     for 2-D parameters these are torch's first two dimensions).
 
 Every case runs 100 steps of seeded random gradients through the library and
@@ -86,7 +86,7 @@ def _round(x, dtype, acc=torch.float32):
 
 
 def reference_newton_schulz(u, coefficients, steps, eps, dtype, acc=torch.float32):
-    """NS(U) of capi/muon.h for one matrix, computing in `dtype`: every
+    """NS(U) of include/libmuon/muon.h for one matrix, computing in `dtype`: every
     op rounds its result to `dtype`; matmuls accumulate in `acc` (fp32 as torch
     and cuBLAS do; fp64 gives an equally valid variant used as a yardstick)."""
     x = _round(u.to(acc), dtype, acc)
@@ -119,7 +119,7 @@ def reference_lerp(start, end, weight):
 
 
 def matrix_view(shape, view):
-    """(batch, rows, cols) of a parameter under a matrix view (capi/muon.h)."""
+    """(batch, rows, cols) of a parameter under a matrix view (include/libmuon/muon.h)."""
     if view == "2d":
         assert len(shape) == 2
         return 1, shape[0], shape[1]

@@ -6,7 +6,7 @@ signature (plus distributed_config):
     opt = muon.Muon(model_matrices, lr=0.02)
     loss.backward(); opt.step(); opt.zero_grad()
 
-Low level (mirrors capi/muon.h): muon.Optimizer over numpy arrays or torch
+Low level (mirrors include/libmuon/muon.h): muon.Optimizer over numpy arrays or torch
 tensors, the placements Shard / FlatRange / Replicate, Communicator (a
 communicator written in Python) and InProcessWorld (ranks as threads).
 

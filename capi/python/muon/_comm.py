@@ -1,4 +1,4 @@
-"""Placements and communicators for the distributed engine (capi/muon.h,
+"""Placements and communicators for the distributed engine (include/libmuon/muon.h,
 "Distributed layouts" and "Communicators").
 
 - Shard / FlatRange / Replicate describe how a global tensor is cut down to

@@ -1,5 +1,5 @@
 """Distributed configs for muon.Muon: how each rank's parameters map to the
-library's distributed engine (capi/muon.h).
+library's distributed engine (include/libmuon/muon.h).
 
 A config implements two methods that muon.Muon calls once per param group:
 

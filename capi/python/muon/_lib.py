@@ -1,4 +1,4 @@
-"""Loads libmuon.so and declares its C ABI (capi/muon.h) for ctypes.
+"""Loads libmuon.so and declares its C ABI (include/libmuon/muon.h) for ctypes.
 
 Search order for the shared library:
   1. the path in the environment variable MUON_LIBRARY;
@@ -53,7 +53,7 @@ class DLTensor(ctypes.Structure):
 
 
 # ---------------------------------------------------------------------------
-# libmuon (capi/muon.h)
+# libmuon (include/libmuon/muon.h)
 # ---------------------------------------------------------------------------
 
 STATUS_NAMES = {
@@ -340,7 +340,7 @@ class muon_inprocess_world(ctypes.Structure):
 opt_p = ctypes.POINTER(muon_optimizer)
 world_p = ctypes.POINTER(muon_inprocess_world)
 
-# name: (restype, argtypes), in the order of capi/muon.h.
+# name: (restype, argtypes), in the order of include/libmuon/muon.h.
 _SIGNATURES = {
     "muon_status_string": (ctypes.c_char_p, [status_t]),
     "muon_last_error_message": (ctypes.c_char_p, []),

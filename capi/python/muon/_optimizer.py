@@ -188,7 +188,7 @@ class Optimizer:
     reference to every registered array, every communicator it was given and
     every ctypes callback the library calls, so they live as long as it does.
 
-    Arguments left as None take the library's defaults (capi/muon.h): lr 1e-3,
+    Arguments left as None take the library's defaults (include/libmuon/muon.h): lr 1e-3,
     weight_decay 0.1, momentum 0.95, nesterov True, ns_steps 5,
     ns_coefficients (3.4445, -4.7750, 2.0315), eps 1e-7, adjust_lr "original",
     ns_dtype "bf16", momentum_fp32 False, assignment "balanced",
@@ -202,7 +202,7 @@ class Optimizer:
     Distributed engine (with set_world): assignment is "balanced",
     "round_robin", "spread" (balanced, then levelled within a pipeline stage
     by handing matrices to ranks that hold none of them: MUON_ASSIGNMENT_SPREAD
-    in capi/muon.h), "split" (spread, then a matrix that bounds its stage
+    in include/libmuon/muon.h), "split" (spread, then a matrix that bounds its stage
     orthogonalized by several ranks together: MUON_ASSIGNMENT_SPLIT; CPU only
     so far) or a callable that receives one dict per matrix of the job
     ({param_name, index, rows, cols, ns_flops, holders}, in the library's

@@ -760,7 +760,7 @@ class Muon(torch.optim.Optimizer):
         num_kv_heads for GQA, q_rotary_rows for MLA (the last rows of each
         query head). Zeros (the defaults) split the rows evenly over the heads.
         Both must be matrices this optimizer steps with Muon, in one param
-        group. See muon_qk_clip in capi/muon.h for the formulas."""
+        group. See muon_qk_clip in include/libmuon/muon.h for the formulas."""
         k_param = q_param if k_param is None else k_param
         where = []
         for which, p in (("q_param", q_param), ("k_param", k_param)):

@@ -1,5 +1,5 @@
 // An independent reference for tests: Newton-Schulz in double precision with
-// naive loops, straight from the definition in capi/muon.h (transpose
+// naive loops, straight from the definition in include/libmuon/muon.h (transpose
 // tall matrices, normalize with the eps clamp, iterate, transpose back).
 #ifndef MUON_MATH_TESTING_REFERENCE_NS_H_
 #define MUON_MATH_TESTING_REFERENCE_NS_H_

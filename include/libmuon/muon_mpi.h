@@ -15,7 +15,7 @@
 #ifndef LIBMUON_MUON_MPI_H_
 #define LIBMUON_MUON_MPI_H_
 
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,8 +10,8 @@
 // muon_capi.cc) and the engine's communicator port (muon/comm/comm.cc) check
 // through it. The static_asserts hold each version's size to the end of its
 // last field, so that a field added at the end needs a new row here.
-#ifndef LIBMUON_CAPI_STRUCT_VERSIONS_H_
-#define LIBMUON_CAPI_STRUCT_VERSIONS_H_
+#ifndef MUON_COMM_STRUCT_VERSIONS_H_
+#define MUON_COMM_STRUCT_VERSIONS_H_
 
 #include <cstddef>
 #include <string>
@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "capi/muon.h"
+#include "libmuon/muon.h"
 
 namespace muon {
 namespace capi {
@@ -187,4 +187,4 @@ inline absl::Status CheckStructSize(const VersionedStruct& s, absl::string_view 
 }  // namespace capi
 }  // namespace muon
 
-#endif  // LIBMUON_CAPI_STRUCT_VERSIONS_H_
+#endif  // MUON_COMM_STRUCT_VERSIONS_H_
