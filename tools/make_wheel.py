@@ -6,7 +6,7 @@ libmuon-<version>-py3-none-<platform>.whl holding muon/*.py, muon/libmuon.so
 wheel format (PEP 427) describes: no build backend, nothing from the network.
 
   make_wheel.py --lib bazel-bin/libmuon.so [--cuda-plugin bazel-bin/libmuon_cuda.so]
-                --package capi/python/muon --header include/libmuon/muon.h --out wheelhouse
+                --package python/muon --header include/libmuon/muon.h --out wheelhouse
 """
 
 import argparse

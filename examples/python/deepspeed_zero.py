@@ -6,7 +6,7 @@ muon.deepspeed maps the partitions back to the weights, the library
 orthogonalizes each matrix once in the job, and AdamW steps the biases and
 norms inside the same optimizer.
 
-    .venv/bin/python examples/python/deepspeed_zero.py [--stage 3]   (PYTHONPATH=capi/python)
+    .venv/bin/python examples/python/deepspeed_zero.py [--stage 3]   (PYTHONPATH=python)
 
 On GPUs: the same script with deepspeed's launcher (`deepspeed
 examples/python/deepspeed_zero.py`), NCCL picked by DeepSpeed.

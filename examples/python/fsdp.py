@@ -4,7 +4,7 @@ all), gathers the full weights for its forward, and reduce-scatters the
 gradients. Muon orthogonalizes each whole matrix on one rank and hands every
 rank its rows of the update.
 
-    PYTHONPATH=capi/python .venv/bin/python examples/python/fsdp.py
+    PYTHONPATH=python .venv/bin/python examples/python/fsdp.py
 
 (.venv: torch and the rest, made by tools/deps.sh; a system python3 has no torch)
 """

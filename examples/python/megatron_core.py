@@ -4,7 +4,7 @@ from megatron.core.parallel_state, each weight's split from the attributes
 ColumnParallelLinear and RowParallelLinear put on it. Biases and norms go to
 AdamW inside the same optimizer.
 
-    .venv/bin/python examples/python/megatron_core.py   (PYTHONPATH=capi/python)
+    .venv/bin/python examples/python/megatron_core.py   (PYTHONPATH=python)
 
 On GPUs: init_process_group("nccl"), the model on CUDA, the same config.
 """

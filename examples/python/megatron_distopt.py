@@ -6,7 +6,7 @@ weight; muon.Muon steps exactly those ranges (each matrix orthogonalized
 once in the job) and all-gathers the weights after its step, as Megatron's
 DistributedOptimizer does for Adam.
 
-    .venv/bin/python examples/python/megatron_distopt.py   (PYTHONPATH=capi/python)
+    .venv/bin/python examples/python/megatron_distopt.py   (PYTHONPATH=python)
 
 On GPUs: init_process_group("nccl"), the model on CUDA, the same config.
 """

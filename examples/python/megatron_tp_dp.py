@@ -3,7 +3,7 @@ on 4 processes (TP 2 x DP 2, gloo on CPU). Each rank holds only its slice of the
 column-parallel (rows) and row-parallel (columns) weights; Muon orthogonalizes
 every whole matrix exactly once in the job and hands each rank its slice.
 
-    PYTHONPATH=capi/python .venv/bin/python examples/python/megatron_tp_dp.py
+    PYTHONPATH=python .venv/bin/python examples/python/megatron_tp_dp.py
 
 (.venv: torch and the rest, made by tools/deps.sh; a system python3 has no torch)
 """

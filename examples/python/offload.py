@@ -33,7 +33,7 @@ Newton-Schulz amplifies in the directions the gradients do not span (their
 rank is the batch, 16), so only a sanity bound is asserted there (0.5 of the
 change: a wrong learning rate, sign or decay is off by more).
 
-    PYTHONPATH=capi/python .venv/bin/python examples/python/offload.py
+    PYTHONPATH=python .venv/bin/python examples/python/offload.py
     ... offload.py --ns-dtype bf16                          (the library's default NS dtype)
     ... offload.py --model llama3-8b --layers 1 --steps 2 --ns-dtype bf16
                      (218 M parameters, GPU-sized; the check's reference steps on the CPU,

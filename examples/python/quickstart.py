@@ -3,7 +3,7 @@ and AdamW for its biases.
 
 Run it from the repository root after `bazel build //:libmuon.so`:
 
-    PYTHONPATH=capi/python .venv/bin/python examples/python/quickstart.py
+    PYTHONPATH=python .venv/bin/python examples/python/quickstart.py
 
 (.venv: torch and the rest, made by tools/deps.sh; a system python3 has no torch)
 

@@ -30,7 +30,7 @@ PY
 )"
 export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MUON_LIBRARY="$PWD/.gpu/lib/libmuon.so"
-export PYTHONPATH="$PWD/capi/python"
+export PYTHONPATH="$PWD/python"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export MUON_REQUIRE_GPU=1  # every GPU test's skip is a failure here
 san="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"

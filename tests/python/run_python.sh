@@ -20,7 +20,7 @@ if [[ -z "${MUON_LIBRARY:-}" && -e "${root}/libmuon.so" ]]; then
 fi
 export MUON_LIBRARY
 
-export PYTHONPATH="${root}/capi/python${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONPATH="${root}/python${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONDONTWRITEBYTECODE=1
 # Bazel runs tests side by side: one compute thread each (torch's and
 # OpenBLAS's), unless the caller chose otherwise.

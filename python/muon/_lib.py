@@ -422,7 +422,7 @@ def _candidates():
         return  # an explicit choice is not second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
     yield "next to the package", os.path.join(here, "libmuon.so")
-    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # capi/python/muon
+    repo_root = os.path.dirname(os.path.dirname(here))  # python/muon
     yield "the repository's bazel-bin", os.path.join(repo_root, "bazel-bin", "libmuon.so")
     yield "the Bazel runfiles root", os.path.join(repo_root, "libmuon.so")
     found = ctypes.util.find_library("muon")
