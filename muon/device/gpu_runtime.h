@@ -1,7 +1,7 @@
 // The GPU runtime the GPU device's host logic is written against: device
 // selection, memory, stream-ordered copies, streams, events and the copy
 // kernel. Two implementations: the CUDA runtime (the libmuon_cuda.so
-// plugin), and StrictCpuRuntime (strict_cpu_runtime.h), which runs the same
+// plugin), and StrictCpuRuntime (testing/strict_cpu_runtime.h), which runs the same
 // host logic on the CPU in CI with device semantics at least as strict as
 // CUDA's, so that a host read without the wait it needs, a stream using
 // another's results without an event, or a host pointer where device memory

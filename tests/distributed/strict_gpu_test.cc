@@ -27,7 +27,7 @@
 
 #include "libmuon/muon.h"
 #include "gtest/gtest.h"
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 
 namespace muon_test {
 namespace {

@@ -14,7 +14,7 @@
 #include <memory>
 
 #include "muon/device/device.h"
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 
 namespace muon {
 

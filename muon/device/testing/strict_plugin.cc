@@ -8,7 +8,7 @@
 #include <string>
 
 #include "muon/device/cuda_loader.h"
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 #include "muon/device/testing/strict_gpu.h"
 
 namespace {

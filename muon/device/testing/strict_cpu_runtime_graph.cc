@@ -1,7 +1,7 @@
 // StrictCpuRuntime's CUDA-graph capture and replay (see the header).
 #include <utility>
 
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 
 namespace muon {
 

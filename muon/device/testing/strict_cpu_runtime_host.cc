@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 
 namespace muon {
 

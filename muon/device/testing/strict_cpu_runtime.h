@@ -35,8 +35,8 @@
 // The current device is per thread (as CUDA's; a new thread starts on
 // device 0), kept in the instance. Thread-safe: one mutex over the
 // bookkeeping; work runs outside it.
-#ifndef MUON_DEVICE_STRICT_CPU_RUNTIME_H_
-#define MUON_DEVICE_STRICT_CPU_RUNTIME_H_
+#ifndef MUON_DEVICE_TESTING_STRICT_CPU_RUNTIME_H_
+#define MUON_DEVICE_TESTING_STRICT_CPU_RUNTIME_H_
 
 #include <cstdint>
 #include <deque>
@@ -206,4 +206,4 @@ class StrictCpuRuntime final : public GpuRuntime {
 
 }  // namespace muon
 
-#endif  // MUON_DEVICE_STRICT_CPU_RUNTIME_H_
+#endif  // MUON_DEVICE_TESTING_STRICT_CPU_RUNTIME_H_

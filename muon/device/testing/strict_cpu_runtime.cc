@@ -1,4 +1,4 @@
-#include "muon/device/strict_cpu_runtime.h"
+#include "muon/device/testing/strict_cpu_runtime.h"
 
 #include <sys/mman.h>
 
