@@ -10,7 +10,9 @@
 #     relative link of a Markdown file names a file and heading that exist;
 #   - no file cites a DESIGN.md (the design documents are not in the tree);
 #   - muon/sharding/ prices matrices from muon/math/ns_config.h, without the
-#     backend interface (muon/math/backend.h).
+#     backend interface (muon/math/backend.h);
+#   - the Python package's modules import only lower layers
+#     (tools/check_imports.py).
 # Prints "house rules: PASSED", or each broken rule and exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,5 +59,6 @@ fi
 n=$(wc -l <README.md)
 [ "$n" -gt 250 ] && fail "README.md has $n lines (at most 250: move reference into docs/)"
 python3 tools/check_links.py || fail "broken links (above)"
+python3 tools/check_imports.py || fail "Python imports against the layers (above)"
 [ "$broken" -eq 0 ] && echo "house rules: PASSED"
 exit "$broken"
