@@ -38,19 +38,19 @@ from ._dist import TorchDistComm
 __all__ = ["DistributedConfig"]
 
 
-def _torch():
+def torch_and_dist():
     import torch
     import torch.distributed as dist
     return torch, dist
 
 
-def _torch_version():
-    torch, _ = _torch()
+def torch_version():
+    torch, _ = torch_and_dist()
     return torch.__version__
 
 
-def _require_dist(what):
-    _, dist = _torch()
+def require_dist(what):
+    _, dist = torch_and_dist()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("muon.%s: torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first" % what)
@@ -64,28 +64,28 @@ def _check_pipeline_options(async_gpu_parallelism, prefetch_count):
     return bool(async_gpu_parallelism), int(prefetch_count)
 
 
-def _matrix_ndim_error(name, shape):
+def matrix_ndim_error(name, shape):
     return ("param '%s' has %d dimension(s) (shape %s); Muon orthogonalizes matrices only: "
             "optimize 0-D and 1-D parameters (biases, norms) with AdamW"
             % (name, len(shape), tuple(shape)))
 
 
-def _matrix_view(ndim):
+def matrix_view_for(ndim):
     # As muon.Muon registers parameters in one process: 2-D as they are, N-D
     # flattened to (d0, d1*...*dk).
     return "2d" if ndim == 2 else "flatten_trailing"
 
 
-def _grad_buffer(param):
+def grad_buffer(param):
     """The param's grad tensor, allocated (zeros) when there is none: the library
     borrows its storage."""
-    torch, _ = _torch()
+    torch, _ = torch_and_dist()
     if param.grad is None:
         param.grad = torch.zeros_like(param, memory_format=torch.contiguous_format)
     return param.grad
 
 
-def _lookup(table, name, param):
+def lookup(table, name, param):
     """table: None, a dict keyed by the param object or its name, or a callable
     (name, param) -> value (None: no entry). Returns (found, value)."""
     if table is None:
@@ -99,18 +99,18 @@ def _lookup(table, name, param):
     return False, None
 
 
-def _lookup_named(table, name, default_name, param):
+def lookup_named(table, name, default_name, param):
     """A dict entry keyed by the param, its name or muon.Muon's name for it; or a
     callable's answer for (name, param). Returns (found, value)."""
-    found, value = _lookup(table, name, param)
+    found, value = lookup(table, name, param)
     if not found and isinstance(table, dict) and default_name != name:
-        found, value = _lookup(table, default_name, param)
+        found, value = lookup(table, default_name, param)
     return found, value
 
 
-def _lookup_any(table, name, default_name, param, convert):
-    """_lookup_named's value, converted; None when there is none."""
-    found, value = _lookup_named(table, name, default_name, param)
+def lookup_any(table, name, default_name, param, convert):
+    """lookup_named's value, converted; None when there is none."""
+    found, value = lookup_named(table, name, default_name, param)
     return convert(value) if found else None
 
 
@@ -235,15 +235,15 @@ class DistributedConfig(_Config):
         return self.state.get(key) if isinstance(self.state, dict) else None
 
     def _declared_global_shape(self, default_name, param):
-        found, name = _lookup(self._state_entry("names"), default_name, param)
-        return _lookup_any(self._state_entry("global_shapes"), str(name) if found else default_name,
+        found, name = lookup(self._state_entry("names"), default_name, param)
+        return lookup_any(self._state_entry("global_shapes"), str(name) if found else default_name,
                            default_name, param, lambda s: tuple(int(d) for d in s))
 
     def _world(self):
         comm = self._state_entry("world_comm")
         if comm is not None:
             return comm
-        _require_dist("DistributedConfig")
+        require_dist("DistributedConfig")
         return TorchDistComm(self._state_entry("world_pg"))
 
     # -- the design's assignment, once -----------------------------------------------
@@ -258,7 +258,7 @@ class DistributedConfig(_Config):
         if world is not None:
             rank, size = int(world.rank), int(world.size)
         else:
-            _, dist = _torch()
+            _, dist = torch_and_dist()
             if not dist.is_available() or not dist.is_initialized():
                 return  # at the first step; _attach then says what is missing
             group = self._state_entry("world_pg")
@@ -279,19 +279,19 @@ class DistributedConfig(_Config):
         optimizer.set_world(world)
         seen = set()
         for default_name, param in named_params:
-            found, name = _lookup(self._state_entry("names"), default_name, param)
+            found, name = lookup(self._state_entry("names"), default_name, param)
             name = str(name) if found else default_name
             if name in seen:
                 raise ValueError("muon.DistributedConfig: two parameters are named '%s'" % name)
             seen.add(name)
-            shape = _lookup_any(self._state_entry("global_shapes"), name, default_name, param,
+            shape = lookup_any(self._state_entry("global_shapes"), name, default_name, param,
                                 lambda s: tuple(int(d) for d in s))
             if shape is None:
                 shape = self._probe_global_shape(world, name, param) or tuple(param.shape)
             if len(shape) < 2:
-                raise ValueError("muon.DistributedConfig: " + _matrix_ndim_error(name, shape))
+                raise ValueError("muon.DistributedConfig: " + matrix_ndim_error(name, shape))
             rows, cols = shape[0], math.prod(shape[1:])
-            grad = _grad_buffer(param)
+            grad = grad_buffer(param)
             optimizer.register_custom(_local(param), _local(grad), name, rows, cols,
                                       *self._callbacks(name, param, rows, cols))
 
@@ -300,8 +300,8 @@ class DistributedConfig(_Config):
         declared: learn it once, at registration, by a gather of zeros on every
         rank, the owner telling the others the shape (a DTensor says it itself).
         None when nothing is to be learned (per-parameter form: the local shape)."""
-        torch, dist = _torch()
-        if _is_dtensor(param) or id(param) not in self._index or \
+        torch, dist = torch_and_dist()
+        if is_dtensor(param) or id(param) not in self._index or \
                 not self._design_form(self.gather_fn, 4):
             return None
         owner = self._owners[self._index[id(param)]]
@@ -322,7 +322,7 @@ class DistributedConfig(_Config):
         """assign_fn, gather_fn and redistribute_fn in Optimizer.register_custom's
         form, calling this config's callables for `param` (registered as `name`,
         a rows x cols matrix)."""
-        torch, _ = _torch()
+        torch, _ = torch_and_dist()
         cfg = self
         local_shape = tuple(_local(param).shape)
         design_gather = self._design_form(self.gather_fn, 4)
@@ -343,7 +343,7 @@ class DistributedConfig(_Config):
         def gather(local, owner):
             update = torch.from_numpy(local).view(tuple(_local(param).shape))
             cfg._recent.append(update)
-            if _is_dtensor(param):  # the design's shard of a DTensor param is a DTensor
+            if is_dtensor(param):  # the design's shard of a DTensor param is a DTensor
                 update = type(param).from_local(update, param.device_mesh, param.placements,
                                                 shape=param.shape, stride=param.stride())
             set_current()
@@ -411,10 +411,10 @@ def _copy_piece(torch, piece, local_out, name, local_shape):
 
 def _local(t):
     """The local tensor of a DTensor, else the tensor itself."""
-    return t.to_local() if _is_dtensor(t) else t
+    return t.to_local() if is_dtensor(t) else t
 
 
-def _is_dtensor(t):
+def is_dtensor(t):
     return callable(getattr(t, "to_local", None)) and hasattr(t, "device_mesh")
 
 

@@ -7,8 +7,8 @@ replaced.
 import math
 
 from ._comm import Replicate, Shard
-from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _matrix_ndim_error,
-                      _matrix_view, _require_dist, _torch, _torch_version)
+from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, matrix_ndim_error,
+                      matrix_view_for, require_dist, torch_and_dist, torch_version)
 from ._dist import TorchDistComm
 
 def _dtensor_class():
@@ -38,7 +38,7 @@ def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names
         raise RuntimeError(
             "muon.create_dtensor_config needs torch.distributed's DTensor (torch >= 2.x); "
             "this torch is %s, which has none: use create_processgroup_config with process "
-            "groups from torch.distributed.new_group" % _torch_version())
+            "groups from torch.distributed.new_group" % torch_version())
     return _DTensorConfig(names, replicated_mode, async_gpu_parallelism, prefetch_count)
 
 
@@ -122,7 +122,7 @@ def dtensor_assign_fn(params, state):
     """create_dtensor_config's assign_fn (the design's form): the largest
     Newton-Schulz cost first, to the least loaded rank; {rank: [param_idx]}.
     Keeps the params in state["params"] for the other two functions."""
-    _, dist = _torch()
+    _, dist = torch_and_dist()
     n = dist.get_world_size()
     state["params"] = list(params)
     cost = []
@@ -139,18 +139,18 @@ def dtensor_assign_fn(params, state):
 
 def dtensor_gather_fn(tensor, rank, state):
     """create_dtensor_config's gather_fn: the whole tensor of a DTensor shard."""
-    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+    return tensor.full_tensor() if is_dtensor(tensor) else tensor
 
 
 def dtensor_redistribute_fn(update, rank, state):
     """create_dtensor_config's redistribute_fn: the assigned rank's update to every
     rank of the world, then each rank's shard with its param's mesh and
     placements."""
-    torch, dist = _torch()
+    torch, dist = torch_and_dist()
     param = state["params"][state["current_param_idx"]]
     full = update.contiguous() if update is not None else torch.empty(tuple(param.shape))
     dist.broadcast(full, src=rank)
-    if not _is_dtensor(param):
+    if not is_dtensor(param):
         return full
     from torch.distributed.tensor import distribute_tensor
     return distribute_tensor(full, param.device_mesh, param.placements)
@@ -181,17 +181,17 @@ class _DTensorConfig(DistributedConfig):
     def _attach(self, optimizer, named_params):
         if not self._native():
             return super()._attach(optimizer, named_params)
-        _require_dist("create_dtensor_config")
-        _attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
+        require_dist("create_dtensor_config")
+        attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 
 
-def _attach_dtensors(optimizer, named_params, names, replicated_mode):
+def attach_dtensors(optimizer, named_params, names, replicated_mode):
     """Registers DTensor params with their placements: the world, one group per
     mesh dim, then each param (names: create_dtensor_config's `names`). A param
     that is not a DTensor is a whole tensor on every rank, as the design says
     (Replicate over the world: the host keeps the copies equal, as DDP does)."""
     DTensor = _dtensor_class()
-    torch, _ = _torch()
+    torch, _ = torch_and_dist()
     world = optimizer.set_world(TorchDistComm(None))
     # Groups first (the library takes no group after a registration), one per
     # mesh dim, in the order the params meet them (the same on every rank).
@@ -205,13 +205,13 @@ def _attach_dtensors(optimizer, named_params, names, replicated_mode):
                 if key not in group_ids:
                     group_ids[key] = optimizer.add_group(TorchDistComm(m.get_group(dim)))
     for default_name, param in named_params:
-        found, name = _lookup(names, default_name, param)
+        found, name = lookup(names, default_name, param)
         name = str(name) if found else default_name
         if param.ndim < 2:
-            raise ValueError(_matrix_ndim_error(name, tuple(param.shape)))
+            raise ValueError(matrix_ndim_error(name, tuple(param.shape)))
         if not isinstance(param, DTensor):
-            optimizer.register(param, _grad_buffer(param), name=name,
-                               matrix_view=_matrix_view(param.ndim),
+            optimizer.register(param, grad_buffer(param), name=name,
+                               matrix_view=matrix_view_for(param.ndim),
                                global_shape=tuple(param.shape), placements=[Replicate(world)],
                                replicated_mode=replicated_mode)
             continue
@@ -222,6 +222,6 @@ def _attach_dtensors(optimizer, named_params, names, replicated_mode):
         if param.grad is None:
             param.grad = torch.zeros_like(param)
         optimizer.register(param.to_local(), param.grad.to_local(), name=name,
-                           matrix_view=_matrix_view(param.ndim),
+                           matrix_view=matrix_view_for(param.ndim),
                            global_shape=tuple(param.shape), placements=placements,
                            replicated_mode=replicated_mode)

@@ -18,9 +18,9 @@ import math
 import zlib
 
 from ._comm import FlatRange, Replicate, Shard
-from ._config import (DistributedConfig, _grad_buffer, _is_dtensor, _lookup, _lookup_any,
-                      _lookup_named, _matrix_ndim_error, _matrix_view, _require_dist, _torch,
-                      _torch_version)
+from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, lookup_any,
+                      lookup_named, matrix_ndim_error, matrix_view_for, require_dist, torch_and_dist,
+                      torch_version)
 from ._dist import TorchDistComm
 from ._flat import segment_of
 
@@ -41,7 +41,7 @@ def _chunk_sizes(total, n):
 
 def _crc(t):
     """A checksum of a tensor's bytes (replica checks)."""
-    torch, _ = _torch()
+    torch, _ = torch_and_dist()
     data = t.detach().to("cpu").contiguous().reshape(-1)
     if data.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         data = data.to(torch.float32)
@@ -66,7 +66,7 @@ def _crc(t):
 
 def processgroup_assign_fn(params, state):
     """The design's assignment: param_idx round robin over the world."""
-    _, dist = _torch()
+    _, dist = torch_and_dist()
     n = dist.get_world_size(state.get("world_pg"))
     out = {r: [] for r in range(n)}
     for i in range(len(params)):
@@ -78,7 +78,7 @@ def processgroup_gather_fn(shard, rank, state):
     """The design's gather: the innermost split undone first (TP before FSDP in
     the design's order), an all_gather over each group; the whole tensor on
     every rank of the world (the assigned one included)."""
-    torch, dist = _torch()
+    torch, dist = torch_and_dist()
     layout = state["layouts"][state["current_param_idx"]]
     t = shard.reshape(layout["local_shape"])
     for step in reversed(layout["steps"]):
@@ -96,7 +96,7 @@ def processgroup_redistribute_fn(update, rank, state):
     """The design's redistribute: the assigned rank's update to every rank of
     the world, then the outermost split first (FSDP before TP in the design's
     order); this rank's piece."""
-    torch, dist = _torch()
+    torch, dist = torch_and_dist()
     layout = state["layouts"][state["current_param_idx"]]
     world = state.get("world_pg")
     full = update.contiguous() if update is not None else torch.empty(layout["global_shape"])
@@ -139,7 +139,7 @@ def _megatron_tp_dim(param):
     return int(param.partition_dim) if param.tensor_model_parallel else None
 
 
-class _ProcessGroupConfig(DistributedConfig):
+class ProcessGroupConfig(DistributedConfig):
     """What create_processgroup_config returns (see there)."""
 
     def __init__(self, groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
@@ -180,14 +180,14 @@ class _ProcessGroupConfig(DistributedConfig):
         if self._name_fn is not None:
             return self._name_fn(self, default_name, param)
         if self.names is not None:
-            found, name = _lookup(self.names, default_name, param)
+            found, name = lookup(self.names, default_name, param)
             if not found:
                 raise _ParamError("param '%s' (shape %s) has no entry in `names`"
                                   % (default_name, tuple(param.shape)))
             return str(name)
         pp = self.groups.get("pp")
         if pp is not None:
-            _, dist = _torch()
+            _, dist = torch_and_dist()
             return "stage%d.%s" % (dist.get_rank(pp), default_name)
         return default_name
 
@@ -207,7 +207,7 @@ class _ProcessGroupConfig(DistributedConfig):
             if _has_megatron_tp(param):
                 return _megatron_tp_dim(param)
             return _DefaultDim(self._tp_default) if self._tp_default is not None else None
-        found, value = _lookup_named(self.tp_dims, name, default_name, param)
+        found, value = lookup_named(self.tp_dims, name, default_name, param)
         if found:
             return None if value is None else int(value)
         return _megatron_tp_dim(param) if _has_megatron_tp(param) else None
@@ -216,7 +216,7 @@ class _ProcessGroupConfig(DistributedConfig):
         return self._global_shape(self._name(default_name, param), default_name, param)
 
     def _global_shape(self, name, default_name, param):
-        return _lookup_any(self.global_shapes, name, default_name, param,
+        return lookup_any(self.global_shapes, name, default_name, param,
                            lambda shape: tuple(int(d) for d in shape))
 
     # -- attach ---------------------------------------------------------------------
@@ -242,9 +242,9 @@ class _ProcessGroupConfig(DistributedConfig):
             DistributedConfig._prepare(self, named_matrices)
 
     def _attach(self, optimizer, named_params):
-        if any(_is_dtensor(p) for _, p in named_params):
+        if any(is_dtensor(p) for _, p in named_params):
             return self._attach_dtensors(optimizer, named_params)
-        job = _Job(self, _require_dist("create_processgroup_config"))
+        job = _Job(self, require_dist("create_processgroup_config"))
         entries = self._read_params(job, named_params)
         good = [e for e in entries if not e["bad"]]
         if self._fsdp_outer(job.groups):  # TP pieces add up to FSDP's, those to the whole
@@ -273,8 +273,8 @@ class _ProcessGroupConfig(DistributedConfig):
             raise ValueError("muon distributed config: with DTensor params, a replaced "
                              "assign_fn, gather_fn or redistribute_fn needs "
                              "create_dtensor_config, whose functions take DTensors")
-        from ._dtensor_config import _attach_dtensors
-        _attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
+        from ._dtensor_config import attach_dtensors
+        attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 
     def _read_params(self, job, named_params):
         """Names, local shapes, global shapes and TP dims, and the checks that need
@@ -332,7 +332,7 @@ class _ProcessGroupConfig(DistributedConfig):
             return
         ndim_shape = e["global"] if e["global"] is not None else e["local"]
         if len(ndim_shape) < 2:
-            job.fail(e, _matrix_ndim_error(e["name"], ndim_shape))
+            job.fail(e, matrix_ndim_error(e["name"], ndim_shape))
             return
         if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
             job.fail(e, "param '%s': tp dim %d does not exist in shape %s"
@@ -559,8 +559,8 @@ class _ProcessGroupConfig(DistributedConfig):
         # else the config's own (Megatron's fused QKV).
         split = None if e["default"] in getattr(optimizer, "_splits", {}) else \
             self._split_of(e["param"])
-        optimizer.register(param, _grad_buffer(param), name=e["name"],
-                           matrix_view=_matrix_view(len(global_shape)),
+        optimizer.register(param, grad_buffer(param), name=e["name"],
+                           matrix_view=matrix_view_for(len(global_shape)),
                            global_shape=global_shape, placements=placements,
                            replicated_mode=self.replicated_mode,
                            split_sizes=split[1] if split else None,
@@ -779,7 +779,7 @@ def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None,
             raise TypeError("muon: %s must be a dict (keyed by param or name) or a callable "
                             "(name, param) -> value, got %s" % (what, type(table).__name__))
     groups = {"dp": dp_pg, "cp": cp_pg, "ep": ep_pg, "tp": tp_pg, "fsdp": fsdp_pg, "pp": pp_pg}
-    return _ProcessGroupConfig(groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
+    return ProcessGroupConfig(groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
                                global_shapes, verify_replicas, async_gpu_parallelism,
                                prefetch_count, _gather_order(gather_order, fsdp_mode))
 
@@ -849,7 +849,7 @@ def create_auto_config(fsdp_process_group=None, tp_process_group=None,
             idx = config._param_index(param)
             name = default_name
             if config.groups.get("pp") is not None:
-                _, dist = _torch()
+                _, dist = torch_and_dist()
                 name = "stage%d.%s" % (dist.get_rank(config.groups["pp"]), name)
             if idx in experts:
                 name = "expert%s.%s" % (experts[idx], name)
@@ -897,7 +897,7 @@ def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
         raise RuntimeError(
             "muon.create_devicemesh_config needs torch.distributed's DeviceMesh (torch >= 2.x); "
             "this torch is %s, which has none: use create_processgroup_config with process "
-            "groups from torch.distributed.new_group" % _torch_version())
+            "groups from torch.distributed.new_group" % torch_version())
     names_of_dims = tuple(mesh_dim_names or getattr(device_mesh, "mesh_dim_names", None) or ())
     if len(names_of_dims) != device_mesh.ndim:
         raise ValueError("muon: the mesh has %d dims; give one role per dim in mesh_dim_names"

@@ -46,7 +46,7 @@ AdamW.
 import json
 import math
 
-from ._pg_config import _ProcessGroupConfig
+from ._pg_config import ProcessGroupConfig
 from ._flat import Segment
 
 __all__ = ["create_deepspeed_config", "initialize", "zero_partition_segments"]
@@ -163,12 +163,12 @@ def _check_stage3(zero):
                          "muon.deepspeed.initialize" % (len(groups), max(per_group.values())))
 
 
-class DeepSpeedConfig(_ProcessGroupConfig):
+class DeepSpeedConfig(ProcessGroupConfig):
     """What create_deepspeed_config returns: a muon.DistributedConfig whose FSDP
     group is ZeRO's data-parallel group, known once bound to the ZeRO optimizer."""
 
     def __init__(self, verify_replicas, async_gpu_parallelism, prefetch_count):
-        _ProcessGroupConfig.__init__(
+        ProcessGroupConfig.__init__(
             self, {"fsdp": None}, None, None, "flat", None, "host_averaged", None,
             verify_replicas, async_gpu_parallelism, prefetch_count, ("fsdp", "tp"))
         self._zero = None      # the ZeRO optimizer (stages 1-3)
@@ -178,7 +178,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
     def bind(self, zero_optimizer):
         """Binds the config to the engine deepspeed.initialize built (or, at
         stages 1-3, to its ZeRO optimizer, engine.optimizer)."""
-        from ._config import _torch
+        from ._config import torch_and_dist
         zero = zero_optimizer
         engine = None
         if hasattr(zero, "module") and hasattr(zero, "optimizer"):
@@ -203,7 +203,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
             raise ValueError("muon.deepspeed: the param groups are partitioned over different "
                              "data-parallel groups (MoE expert groups), which muon.deepspeed "
                              "does not map")
-        _, dist = _torch()
+        _, dist = torch_and_dist()
         rank, size = dist.get_rank(groups[0]), dist.get_world_size(groups[0])
         self._segments = {g: zero_partition_segments(zero, g, rank, size)
                           for g in range(len(partitions))}
@@ -258,7 +258,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
         shape = getattr(param, "ds_shape", None)
         if shape is not None:
             return tuple(shape)
-        return _ProcessGroupConfig._declared_global_shape(self, default_name, param)
+        return ProcessGroupConfig._declared_global_shape(self, default_name, param)
 
     def _attach(self, optimizer, named_params):
         if not self._bound:
@@ -267,7 +267,7 @@ class DeepSpeedConfig(_ProcessGroupConfig):
                                "config.bind(engine) after deepspeed.initialize and before the "
                                "first step (DeepSpeed's FP16_UnfusedOptimizer, bf16 or fp16 at "
                                "ZeRO stage 0, steps at construction: use stage 1 there)")
-        return _ProcessGroupConfig._attach(self, optimizer, named_params)
+        return ProcessGroupConfig._attach(self, optimizer, named_params)
 
 
 def create_deepspeed_config(*, verify_replicas=True, async_gpu_parallelism=True,

@@ -53,7 +53,7 @@ naming it.
 import warnings
 
 from ._flat import Segment
-from ._pg_config import _ProcessGroupConfig, create_processgroup_config
+from ._pg_config import ProcessGroupConfig, create_processgroup_config
 
 __all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
            "megatron_qkv_splits"]
@@ -141,7 +141,7 @@ def megatron_flat_ranges(ddp, dp_rank=None):
     return out
 
 
-class MegatronDistOptConfig(_ProcessGroupConfig):
+class MegatronDistOptConfig(ProcessGroupConfig):
     """What create_megatron_config(ddp=...) returns: each parameter of the DDP
     model(s) is a flat buffer (its own flattening) of which this rank steps
     the range Megatron's distributed optimizer gives it."""
@@ -159,7 +159,7 @@ class MegatronDistOptConfig(_ProcessGroupConfig):
         for c in chunks:
             for name, p in c.module.named_parameters():
                 names.setdefault(p, name)
-        _ProcessGroupConfig.__init__(
+        ProcessGroupConfig.__init__(
             self, {"fsdp": dp_group, "tp": tp_group, "pp": pp_group}, None,
             lambda name, param: megatron_tp_dim(getattr(param, "_muon_buffer", param)),
             "flat", None, "host_averaged", None, kwargs["verify_replicas"],

@@ -80,11 +80,11 @@ def test_attaching_needs_an_initialized_process_group():
 
 def test_lookup_tables_accept_params_names_and_callables():
     w = torch.nn.Parameter(torch.randn(4, 3))
-    assert _config._lookup_any({w: 1}, "a", "group0.param0", w, int) == 1
-    assert _config._lookup_any({"group0.param0": 0}, "a", "group0.param0", w, int) == 0
-    assert _config._lookup_any({"a": 1}, "a", "group0.param0", w, int) == 1
-    assert _config._lookup_any(lambda n, p: 1 if p is w else None, "a", "x", w, int) == 1
-    assert _config._lookup_any({"b": 1}, "a", "group0.param0", w, int) is None
+    assert _config.lookup_any({w: 1}, "a", "group0.param0", w, int) == 1
+    assert _config.lookup_any({"group0.param0": 0}, "a", "group0.param0", w, int) == 0
+    assert _config.lookup_any({"a": 1}, "a", "group0.param0", w, int) == 1
+    assert _config.lookup_any(lambda n, p: 1 if p is w else None, "a", "x", w, int) == 1
+    assert _config.lookup_any({"b": 1}, "a", "group0.param0", w, int) is None
     assert _pg_config._chunk_sizes(10, 4) == [3, 3, 3, 1]
     assert _pg_config._chunk_sizes(5, 4) == [2, 2, 1, 0]
     assert _pg_config._chunk_sizes(3, 4) == [1, 1, 1, 0]
