@@ -145,8 +145,9 @@ MUON_AMX void AmxBlockSums(const uint16_t* left, const uint16_t* right, int64_t 
 // Micro tiles of 8 rows x 48 columns (the last of a block 16 or 32 wide;
 // 16 rows x 16 columns when 16 wide, so that 16 sums, not 8, hide
 // VDPBF16PS's latency: 451 against 340 GFLOP/s on an AMD Zen 5 core),
-// columns outer: a micro panel of right (48 columns x 512 k, 48 KiB) stays in
-// L1 while the block's rows stream past it. On the diagonal of a symmetric
+// columns outer: a micro panel of right (48 columns x 512 k, 48 KiB: L1's
+// size on Zen 5, kept there or in L2) is reused while the block's rows
+// stream past it. On the diagonal of a symmetric
 // product, micro tiles wholly below it are skipped. k runs in chunks of
 // kAvx512Chunk tiles: fewer passes over the block's sums than kChunk's
 // (GPT-2's step about 3% faster on that core).
