@@ -1,6 +1,7 @@
 """The house's link rule: every relative link in the tracked Markdown files
 names a file that exists, and every #anchor a heading of that file (GitHub's
 slugs). Prints each broken link and exits 1; prints nothing when all hold."""
+import functools
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ def slug(heading):
     return s.replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)
 def anchors(path):
     found, fenced = set(), False
     with open(path, encoding="utf-8") as f:
