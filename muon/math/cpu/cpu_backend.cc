@@ -169,7 +169,10 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   cpu::UseThreads(threads, native && native_bf16_->ResultsIndependentOfThreads()
                                ? threads
                                : cpu::NativeThreadsHere());
-  if (!native || rows == 0 || cols == 0) return absl::OkStatus();
+  // The fp32 products' engine (their results do not follow the threads).
+  MUON_RETURN_IF_ERROR(products_.Choose(threads));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (!native) return products_.Reserve(PlanNewtonSchulz(1, rows, cols));
   // The program that runs (a tall matrix transposed to the wide program where
   // the engine prefers it) and every iteration's scalars.
   const bool transpose = rows > cols && native_bf16_->PrefersWide();
@@ -349,25 +352,10 @@ const char* CpuBackend::Bf16EngineName() {
 
 void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
                          int round) {
-  const float* a = buffers[static_cast<int>(g.a.buffer)];
-  const float* b = buffers[static_cast<int>(g.b.buffer)];
-  const float* c = buffers[static_cast<int>(g.c.buffer)];
   float* d = buffers[static_cast<int>(g.d.buffer)];
-  const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
-  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
-  // CBLAS updates C in place: D starts as C (C and D share layout).
-  if (beta != 0.0f) std::copy(c, c + g.d.ld * g.n, d);
-  if (g.symmetric) {
-    // One triangle of Y Y^T, Y = op(A), then mirrored.
-    cblas_ssyrk(CblasColMajor, CblasUpper, g.trans_a ? CblasTrans : CblasNoTrans, m, k, alpha, a,
-                static_cast<int>(g.a.ld), beta, d, static_cast<int>(g.d.ld));
-    cpu::MirrorUpper(d, g.m, g.d.ld);
-  } else {
-    cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                static_cast<int>(g.a.ld), b, static_cast<int>(g.b.ld), beta, d,
-                static_cast<int>(g.d.ld));
-  }
+  products_.Run(g, NsScalarValue(g.alpha, abc), NsScalarValue(g.beta, abc),
+                buffers[static_cast<int>(g.a.buffer)], buffers[static_cast<int>(g.b.buffer)],
+                buffers[static_cast<int>(g.c.buffer)], d);
   cpu::RoundToType(round, d, g.d.ld * g.n);
 }
 
@@ -511,7 +499,6 @@ absl::Status CpuBackend::OrthogonalizeBf16(const NsConfig& config, const NsProgr
 
 void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u) {
   const int64_t elems = program.x_elems;
-  const int m = static_cast<int>(program.m), n = static_cast<int>(program.n);
   float* gram = work_ + elems;
   float* poly = gram + program.gram_elems;
   // X alternates between u and the workspace; starting in the workspace when
@@ -525,27 +512,16 @@ void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& prog
   } else {
     cpu::Divide(u, elems, norm, false);
   }
-  // As stored, X is W^T (n x m, leading dimension n) when wide, W (m x n,
-  // leading dimension m) when tall, in CBLAS's column-major terms.
-  const int ld_x = program.tall ? m : n;
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
     const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
                 c = static_cast<float>(abc[2]);
-    // gram = W W^T (upper, then mirrored: the next product reads it whole).
-    cblas_ssyrk(CblasColMajor, CblasUpper, program.tall ? CblasNoTrans : CblasTrans, m, n, 1.0f,
-                x, ld_x, 0.0f, gram, m);
-    cpu::MirrorUpper(gram, m, m);
-    // poly = c gram gram^T + b gram + a I (upper); a cubic iteration (c == 0)
-    // skips the product.
-    if (c != 0.0f) {
-      cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, m, m, c, gram, m, 0.0f, poly, m);
-    } else {
-      std::fill(poly, poly + program.gram_elems, 0.0f);
-    }
-    cpu::FoldPolynomial(poly, gram, m, a, b);
-    // W' = poly W (W'^T = W^T poly).
-    cpu::SymmetricTimesW(program, poly, x, x_next);
+    // gram = W W^T; poly = c gram gram + b gram + a I (a cubic iteration,
+    // c == 0, skips the product): b gram and a X folded into the one
+    // product of the update, W' = poly W.
+    products_.Gram(program, x, gram);
+    products_.Polynomial(program.m, gram, a, b, c, poly);
+    products_.TimesW(program, poly, x, x_next);
     std::swap(x, x_next);
   }
 }

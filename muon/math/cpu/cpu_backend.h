@@ -17,6 +17,7 @@
 #include "muon/math/cpu/cpu_features.h"
 #include "muon/math/cpu/cpu_threads.h"
 #include "muon/math/cpu/native_bf16.h"
+#include "muon/math/cpu/f32_products.h"
 #include "muon/math/cpu/parallel.h"
 #include "muon/math/elementwise.h"
 #include "muon/math/ns_program.h"
@@ -66,6 +67,9 @@ class CpuBackend final : public MathBackend {
   // The engine bf16 Newton-Schulz runs on: "amx", "avx512_bf16", "onednn" or
   // "emulated".
   const char* Bf16EngineName();
+  // The engine of the fp32 products (f32_products.h) as the last
+  // Orthogonalize or Reserve chose it: "avx512" or "openblas".
+  const char* Fp32EngineName() const { return cpu::Fp32EngineName(products_.engine()); }
 
  private:
   static void Normalize(const NsConfig& config, float* x, int64_t elems);
@@ -89,19 +93,18 @@ class CpuBackend final : public MathBackend {
   // One matrix through the program (muon/math/ns_program.h) in place: fp32
   // products rounded to bf16 after each (the emulated bf16).
   void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
-  // The same in fp32, each product as CBLAS runs it fastest: one triangle of
-  // the symmetric ones (SYRK), the polynomial with b * gram and a * I folded
-  // in so that the update is one product (SYMM) without copies, and the last
-  // iteration's result written into u itself.
+  // The same in fp32 (Fp32Products' Gram, Polynomial, TimesW): one triangle
+  // of the symmetric products computed, the polynomial with b * gram and
+  // a * I folded in so that the update is one product without copies, and
+  // the last iteration's result written into u itself.
   void OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u);
   // AOL's pre-scaling (cpu/aol.h) of a bf16 matrix, through an fp32 copy in
   // the workspace.
   void AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t cols, uint16_t* x);
   void ReleaseWork();
-  // One product of the program, by CBLAS (SYRK for the symmetric ones); D is
-  // rounded to bf16 when `bf16`.
-  // `round`: an ew:: type each product's result is rounded to.
-  static void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+  // One product of the program on the fp32 products' engine; D is then
+  // rounded to `round` (an ew:: type).
+  void RunGemm(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
                       int round);
   // The ew:: type the config's products round to (kF32: none).
   static int RoundType(const NsConfig& config);
@@ -119,6 +122,7 @@ class CpuBackend final : public MathBackend {
   bool native_probed_ = false;
   absl::Status native_status_;  // the engine's choice, when it failed
   std::unique_ptr<NativeBf16Gemm> native_bf16_;
+  Fp32Products products_{&source_};  // the fp32 ones (f32_products.h)
   float* work_ = nullptr;
   size_t work_floats_ = 0;
   // Element-wise work split for the rank's threads (kept: no allocation per

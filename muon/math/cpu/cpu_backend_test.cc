@@ -1,6 +1,7 @@
 #include "muon/math/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
+#include "muon/math/cpu/cpu_features.h"
 #include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
@@ -223,6 +225,95 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NsShapes,
                          ::testing::Values(Shape{16, 16}, Shape{8, 24}, Shape{24, 8}, Shape{1, 7},
                                            Shape{7, 1}, Shape{33, 65}));
 
+// Sets an environment variable for a scope (unset when `value` is null).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Both fp32 engines (OpenBLAS; libmuon's AVX-512 kernel where the CPU has
+// AVX-512) on matrices of several output blocks: each within fp32's rounding
+// of the double reference, for the fp32 program and the emulated bf16 and
+// fp16 ones (fp32 products rounded), and within rounding of each other.
+TEST(CpuBackend, BothFp32EnginesMatchTheReference) {
+  const bool kernel_runs = (cpu::Features() & cpu::kFeatureAvx512) != 0;
+  if (!kernel_runs) {
+    std::printf("this CPU (features: %s) has no avx512: OpenBLAS's products only\n",
+                cpu::FeatureNames(cpu::Features()).c_str());
+  }
+  for (const Shape s : {Shape{300, 520}, Shape{520, 300}, Shape{257, 257}}) {
+    for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
+      NsConfig cfg;
+      cfg.dtype = dtype;
+      const auto u = RandomNormal(s.rows * s.cols, 11);
+      const auto want = ReferenceNs(u, s.rows, s.cols, cfg);
+      std::vector<float> results[2];
+      for (int e = 0; e < (kernel_runs ? 2 : 1); ++e) {
+        const ScopedEnv engine("MUON_CPU_FP32", e == 0 ? "openblas" : "avx512");
+        CpuBackend be;
+        be.AllowNativeBf16(false);
+        results[e] = u;
+        const absl::Status st = be.Orthogonalize(cfg, {results[e].data(), 1, s.rows, s.cols});
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_STREQ(be.Fp32EngineName(), e == 0 ? "openblas" : "avx512");
+        // fp32: the NsShapes bound; bf16 and fp16 round every product.
+        const double bound = dtype == NsDtype::kFP32 ? 1e-5 : dtype == NsDtype::kBF16 ? 0.1 : 0.02;
+        EXPECT_LT(MaxRelErr(results[e], want), bound)
+            << s.rows << "x" << s.cols << " " << static_cast<int>(dtype) << " on "
+            << be.Fp32EngineName();
+      }
+      if (kernel_runs && dtype == NsDtype::kFP32) {
+        double diff = 0.0;
+        for (size_t i = 0; i < u.size(); ++i) {
+          diff = std::max(diff, std::fabs(static_cast<double>(results[0][i]) - results[1][i]));
+        }
+        EXPECT_LT(diff, 2e-5) << s.rows << "x" << s.cols << ": the engines part";
+      }
+    }
+  }
+}
+
+// MUON_CPU_FP32 naming no engine fails the Newton-Schulz with the setting
+// named; a CPU without AVX-512 (the mask) runs OpenBLAS's products.
+TEST(CpuBackend, Fp32EngineSettingAndMask) {
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  auto u = RandomNormal(8 * 24, 3);
+  {
+    const ScopedEnv bad("MUON_CPU_FP32", "mkl");
+    CpuBackend be;
+    const absl::Status st = be.Orthogonalize(cfg, {u.data(), 1, 8, 24});
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("MUON_CPU_FP32=\"mkl\""), std::string::npos) << st;
+  }
+  const ScopedEnv unset("MUON_CPU_FP32", nullptr);
+  const cpu::ScopedFeatureMask avx2(cpu::kFeatureAvx2);
+  CpuBackend be;
+  ASSERT_TRUE(be.Orthogonalize(cfg, {u.data(), 1, 8, 24}).ok());
+  EXPECT_STREQ(be.Fp32EngineName(), "openblas");
+}
+
 TEST(CpuBackend, BatchEqualsOneByOne) {
   NsConfig cfg;
   cfg.dtype = NsDtype::kFP32;
@@ -383,15 +474,19 @@ TEST(CpuBackend, WorkspaceComesFromTheMemorySource) {
     be.SetMemorySource(source);
     ASSERT_TRUE(be.Reserve(NsConfig{}, 1, 6, 16).ok());
     // The workspace, and the native bf16 products' own (the AMX kernel's
-    // packed operands, or oneDNN's scratchpad) where they are native.
-    const size_t blocks = be.NativeBf16() ? 2u : 1u;
+    // packed operands, or oneDNN's scratchpad) where they are native, else
+    // the fp32 kernel's packed operands where it runs.
+    const bool fp32_kernel = std::string(be.Fp32EngineName()) == "avx512";
+    const size_t blocks = be.NativeBf16() || fp32_kernel ? 2u : 1u;
     ASSERT_EQ(live.size(), blocks);
     EXPECT_EQ(what[0], "the Newton-Schulz workspace");
     EXPECT_EQ(live[0].second, (6 * 16 + 2 * 6 * 6) * sizeof(float));
-    if (blocks == 2) {
+    if (blocks == 2 && be.NativeBf16()) {
       EXPECT_TRUE(what[1] == "the bf16 product's packed operands" ||
                   what[1] == "the bf16 product scratchpad")
           << what[1];
+    } else if (blocks == 2) {
+      EXPECT_EQ(what[1], "the fp32 products' packed operands");
     }
     auto u = RandomNormal(6 * 16, 3);
     auto want = ReferenceNs(u, 6, 16, NsConfig{});

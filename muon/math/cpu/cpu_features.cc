@@ -1,5 +1,7 @@
 #include "muon/math/cpu/cpu_features.h"
 
+#include <strings.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -205,6 +207,38 @@ absl::StatusOr<Bf16Engine> ChooseBf16EngineHere() {
                                      " caps this CPU's features)"));
   }
   return engine;
+}
+
+const char* Fp32EngineName(Fp32Engine engine) {
+  return engine == Fp32Engine::kAvx512 ? "avx512" : "openblas";
+}
+
+bool OpenBlasCoreHasAvx512(const char* core) {
+  if (core == nullptr) return false;
+  for (const char* name : {"skylakex", "cooperlake", "sapphirerapids"}) {
+    if (strcasecmp(core, name) == 0) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request,
+                                            const char* openblas_core) {
+  const bool avx512 = (features & kFeatureAvx512) != 0;
+  if (request == nullptr || request[0] == '\0' || std::strcmp(request, "auto") == 0) {
+    return avx512 && !OpenBlasCoreHasAvx512(openblas_core) ? Fp32Engine::kAvx512
+                                                           : Fp32Engine::kOpenBlas;
+  }
+  if (std::strcmp(request, "openblas") == 0) return Fp32Engine::kOpenBlas;
+  if (std::strcmp(request, "avx512") == 0) {
+    if (avx512) return Fp32Engine::kAvx512;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MUON_CPU_FP32=avx512: this CPU (", CpuVendor().empty() ? "unknown" : CpuVendor(),
+        ", features: ", FeatureNames(features),
+        ") has no avx512; unset MUON_CPU_FP32 to let libmuon choose"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("MUON_CPU_FP32=\"", request,
+                   "\" is not an fp32 engine: set one of auto, avx512, openblas, or unset it"));
 }
 
 }  // namespace cpu

@@ -15,6 +15,10 @@
 //     products, each rounded to bf16: faster than the AVX512-BF16 kernel on
 //     Intel's CPUs without AMX, Cooper Lake or Sapphire Rapids with AMX off).
 //     oneDNN's matmul only on request.
+//   - fp32 products (ChooseFp32Engine): libmuon's AVX-512 kernel
+//     (f32_gemm.h) where the CPU has AVX-512 and OpenBLAS runs kernels
+//     without it (OPENBLAS_CORETYPE=Haswell, or a core it does not know);
+//     else OpenBLAS.
 //   - the element-wise loops (cpu_kernels.h): the AVX-512, AVX2 or baseline
 //     build of each loop (x86-64-v4, -v3, default); all compute the same bits.
 #ifndef MUON_MATH_CPU_CPU_FEATURES_H_
@@ -104,6 +108,25 @@ absl::StatusOr<Bf16Engine> ChooseBf16Engine(uint32_t features, const char* reque
                                             const char* amx_setting = nullptr);
 // The same on Features() and this process's environment.
 absl::StatusOr<Bf16Engine> ChooseBf16EngineHere();
+
+// The engine of the CPU backend's fp32 products (f32_products.h): the fp32
+// Newton-Schulz's, and the emulated bf16 and fp16 ones before rounding.
+enum class Fp32Engine {
+  kOpenBlas,  // OpenBLAS's SGEMM, SSYRK, SSYMM
+  kAvx512,    // libmuon's AVX-512 kernel (f32_gemm.h)
+};
+const char* Fp32EngineName(Fp32Engine engine);  // "openblas", "avx512"
+
+// Whether OpenBLAS's core (openblas_get_corename(): "Haswell", "SkylakeX",
+// ...) runs AVX-512 kernels: SkylakeX, Cooperlake, SapphireRapids.
+bool OpenBlasCoreHasAvx512(const char* core);
+
+// The choice for a CPU with `features` whose OpenBLAS runs `openblas_core`.
+// `request` is MUON_CPU_FP32's value: "auto" or unset, libmuon's kernel where
+// the CPU has AVX-512 and OpenBLAS's core does not use it, else OpenBLAS;
+// "avx512" or "openblas", that one, or an error naming the missing feature.
+absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request,
+                                            const char* openblas_core);
 
 }  // namespace cpu
 }  // namespace muon
