@@ -51,7 +51,7 @@ CAPI_SRCS=(
   muon/comm/self_comm.cc muon/comm/ordered_sum.cc muon/comm/inprocess_comm.cc
   muon/comm/nccl_comm.cc muon/device/cuda_loader.cc
   muon/engine/checkpoint.cc muon/engine/custom_stepper.cc muon/engine/exchange_stepper.cc
-  muon/engine/local_update.cc muon/engine/optimizer.cc muon/engine/optimizer_state.cc
+  muon/engine/local_update.cc muon/engine/optimizer.cc muon/engine/step_outcome.cc muon/engine/optimizer_state.cc
   muon/engine/device_outcome.cc muon/engine/options.cc
   muon/engine/orthogonalize.cc muon/engine/outcome.cc muon/engine/param.cc
   muon/engine/pipeline.cc muon/engine/registry.cc muon/engine/setup.cc

@@ -77,28 +77,27 @@ absl::Status DeviceOutcome::SendCountHome(const std::shared_ptr<Device>& device,
   return absl::OkStatus();
 }
 
-absl::Status DeviceOutcome::Settle(Registry& registry, void* stream, bool* job_failed,
-                                   bool* uncount, bool* restored) {
-  *job_failed = *uncount = *restored = false;
-  if (!pending_) return absl::OkStatus();
+DeviceOutcome::Settled DeviceOutcome::Settle(Registry& registry, void* stream) {
+  Settled out;
+  if (!pending_) return out;
   pending_ = false;
   // The stream made the copy long ago in a training loop (the forward and
   // backward passes ran since): this waits for nothing there.
-  MUON_RETURN_IF_ERROR(registry.device()->WaitMark());
+  out.status = registry.device()->WaitMark();
   const int n = registry.world().size();
-  if (VerdictsSayOk(verdicts(), n)) return absl::OkStatus();
+  if (!out.status.ok() || VerdictsSayOk(verdicts(), n)) return out;
   // Every rank holds the same verdicts and comes here: the reports.
   LocalOutcome local;
   local.Note(local_);
-  absl::Status job = JudgeVerdicts(registry.world(), registry.device().get(), local, options_,
-                                   stream, absl::StrCat("step ", step_), verdicts(),
-                                   kVerdictBytes * static_cast<size_t>(n));
-  if (job.ok()) job = absl::InternalError("the verdicts said no, their judgement yes");
-  *job_failed = true;
-  *uncount = counted_;  // the updates were applied nowhere: the step did not happen
-  *restored = restored_;
+  out.status = JudgeVerdicts(registry.world(), registry.device().get(), local, options_, stream,
+                             absl::StrCat("step ", step_), verdicts(),
+                             kVerdictBytes * static_cast<size_t>(n));
+  if (out.status.ok()) out.status = absl::InternalError("the verdicts said no, their judgement yes");
+  out.job_failed = true;
+  out.uncount = counted_;  // the updates were applied nowhere: the step did not happen
+  out.restored = restored_;
   counted_ = false;
-  return job;
+  return out;
 }
 
 absl::Status DeviceOutcome::PendingFailure(const Registry& registry) const {

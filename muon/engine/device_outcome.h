@@ -44,14 +44,18 @@ class DeviceOutcome {
   void Counted() { counted_ = true; }
 
   // The last finished step's verdicts, judged at the start of the next step
-  // (its one host wait, on the last step's end). OK when it succeeded (or
-  // none is pending). *job_failed: it failed, and the returned error (the
-  // failing ranks and causes, or the differing values) is every rank's; if
-  // it was counted, *uncount is set; *restored: this rank's state was loaded
-  // since (it took part in the judgement, and needs no poisoning). Else an
-  // error of this rank alone (the wait failed), which it refuses the step with.
-  absl::Status Settle(Registry& registry, void* stream, bool* job_failed, bool* uncount,
-                      bool* restored);
+  // (its one host wait, on the last step's end).
+  struct Settled {
+    // OK when it succeeded (or none is pending). Else, with job_failed, the
+    // error every rank returns (the failing ranks and causes, or the
+    // differing values); without, an error of this rank alone (the wait
+    // failed), which it refuses the step with.
+    absl::Status status;
+    bool job_failed = false;
+    bool uncount = false;   // it failed and the optimizer had counted it
+    bool restored = false;  // this rank's state was loaded since (no poisoning needed)
+  };
+  Settled Settle(Registry& registry, void* stream);
   // Refuses (FailedPrecondition) while the pending step failed on some rank.
   absl::Status PendingFailure(const Registry& registry) const;
   // The last step's non-finite count once the stream got there (-1 when the

@@ -72,107 +72,53 @@ absl::Status Optimizer::Step(void* stream) {
   // This step's stream first: whether it captures into a CUDA graph is asked
   // of it, not of the last step's stream.
   MUON_RETURN_IF_ERROR(registry_.device()->SetStream(stream));
-  // On a GPU: the last step's outcome first (every rank the same); not while
-  // the step is captured into a CUDA graph (the host can wait for nothing).
-  const bool capturing = registry_.device()->Capturing();
-  bool job_failed = false, uncount = false, restored = false;
-  absl::Status settled =
-      capturing ? absl::OkStatus()
-                : device_outcome_.Settle(registry_, stream, &job_failed, &uncount, &restored);
-  if (uncount) --step_count_;
-  if (job_failed) {
-    if (!restored) Poison(settled);  // (a state loaded since is not the failed step's)
-    return settled;
-  }
-  if (!settled.ok() && poisoned_.empty()) Poison(settled);
-  // Before anything changes (and before any collective: every rank of a
-  // consistent job holds the same count), so that every state a step
-  // reaches can be saved and loaded again.
-  if (settled.ok() && step_count_ >= kMaxSavedStepCount) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "the step count is ", step_count_, ", the largest a state blob holds (INT64_MAX - 1): "
-        "one more step could not be saved and loaded; nothing changed (load an earlier state "
-        "to go on)"));
-  }
-  absl::Status ready = settled.ok() ? Prepare(stream) : settled;
+  StepCall step{&registry_, &options_, setup_.get(), stream,
+                   registry_.device()->Capturing(), step_count_};
+  const StepOpened opened = outcome_.Open(step);
+  step_count_ -= opened.uncount;
+  step.counted = step_count_;
+  if (opened.ends) return opened.status;
+  const absl::Status ready = opened.status.ok() ? Prepare(stream) : opened.status;
+  step.setup = setup_.get();
   // Until the plan exists nothing of a step is collective but the setup,
   // which agrees on its own; in a world of one there is nobody to agree with.
-  const bool shared = setup_ != nullptr && registry_.world().size() > 1;
-  if (setup_ == nullptr || setup_->empty() || (!shared && !ready.ok())) return ready;
-  // From the first momentum update on, state changes. A rank whose part
-  // fails (or that refuses: poisoned) goes on taking part in every
-  // collective of the step; then every rank agrees on the outcome.
-  LocalOutcome local;
-  local.Note(ready);
-  if (options_.skip_nonfinite) {
-    absl::StatusOr<bool> skip = AgreeToSkip(shared, local.ok(), stream);
-    if (!skip.ok()) {
-      local.Note(skip.status());
-    } else if (*skip) {
-      ++stats_.steps_skipped;  // nothing changed, on any rank
-      return absl::OkStatus();
-    }
+  if (setup_ == nullptr || setup_->empty() || (!step.shared() && !ready.ok())) return ready;
+  StepBegun begun = outcome_.Begin(step, ready, &stats_.nonfinite_grads);
+  if (begun.skip) {
+    ++stats_.steps_skipped;  // nothing changed, on any rank
+    return absl::OkStatus();
   }
+  RunStages(step, &begun.local);
+  const StepClosed closed = outcome_.Close(
+      step, begun.local, [this](const int32_t* gate) { return ApplyUpdates(gate); });
+  if (!closed.status.ok()) return closed.status;
+  if (closed.skipped) ++stats_.steps_skipped;
+  ++step_count_;
+  CountStats();
+  return outcome_.Counted(step);
+}
+
+void Optimizer::RunStages(const StepCall& step, LocalOutcome* local) {
   try {
     // lr, weight decay and momentum where the kernels read them; not while
     // captured, so that a graph's replays read what was written last
     // (PushHyperparameters between replays).
-    if (local.ok() && !capturing) {
-      local.Note(registry_.device()->math().StoreScalars(setup_->scalars(), ScalarsOf(options_)));
+    if (local->ok() && !step.capturing) {
+      local->Note(registry_.device()->math().StoreScalars(setup_->scalars(), ScalarsOf(options_)));
     }
-    if (local.ok()) local.Note(UpdateMomenta());
-    setup_->exchange->SetVerdict(static_cast<int32_t>(local.status().code()),
-                                 HyperDigest(options_));
-    local.Note(RunSteppers(stream, !local.ok()));
+    if (local->ok()) local->Note(UpdateMomenta());
+    outcome_.HandVerdict(step, *local);
+    local->Note(RunSteppers(step.stream, !local->ok()));
   } catch (const std::bad_alloc&) {
-    local.Note(absl::ResourceExhaustedError("out of host memory in the middle of a step"));
+    local->Note(absl::ResourceExhaustedError("out of host memory in the middle of a step"));
   } catch (const std::exception& e) {
-    local.Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
+    local->Note(absl::InternalError(absl::StrCat("in the middle of a step: ", e.what())));
   }
-  if (shared && !setup_->gate.empty()) {  // a GPU: judged at the next step
-    absl::Status st = device_outcome_.Finish(
-        registry_, *setup_, options_, local, stream, step_count_ + 1, capturing,
-        [this](const int32_t* gate) { return ApplyUpdates(gate); });
-    if (!st.ok()) {
-      if (poisoned_.empty()) Poison(st);
-      return st;
-    }
-    ++step_count_;
-    device_outcome_.Counted();
-    CountStats();
-    return absl::OkStatus();
-  }
-  // The verdicts travelled with the exchange's last scatter when it ends the
-  // step; else one all_gather of them.
-  const ExchangeStepper& ex = *setup_->exchange;
-  absl::Status st =
-      shared ? AgreeOutcome(registry_.world(), registry_.device().get(), local, options_, stream,
-                            absl::StrCat("step ", step_count_ + 1),
-                            ex.carries_verdicts() ? &ex.verdicts() : nullptr, &setup_->agree)
-             : local.status();
-  // Applied only where every rank succeeded (a device error there poisons
-  // this rank, whose next step every rank then fails), and every update is
-  // finite when skip_nonfinite_updates asks.
-  absl::StatusOr<bool> skip = false;
-  if (st.ok() && options_.skip_nonfinite_updates) skip = AgreeToSkipUpdates(shared, stream);
-  if (!skip.ok()) st = skip.status();
-  if (st.ok() && !*skip) st = ApplyUpdates();
-  if (st.ok() && *skip) ++stats_.steps_skipped;  // the momentum stepped; no parameter
-  if (!st.ok()) {
-    if (poisoned_.empty()) Poison(st);
-    return st;
-  }
-  ++step_count_;
-  CountStats();
-  if (!setup_->nonfinite.empty() && !capturing) {
-    return device_outcome_.SendCountHome(registry_.device(), *setup_);
-  }
-  return absl::OkStatus();
 }
 
 const StepStats& Optimizer::stats() const {
   int64_t count = 0;
-  if (device_outcome_.TakeCount(*registry_.device(), &count)) stats_.nonfinite_grads = count;
+  if (outcome_.TakeCount(*registry_.device(), &count)) stats_.nonfinite_grads = count;
   stats_.memory_bytes = registry_.device()->allocated_bytes();
   stats_.momentum_bytes = 0;
   stats_.param_elements = 0;
@@ -188,26 +134,7 @@ const StepStats& Optimizer::stats() const {
 }
 
 absl::Status Optimizer::Prepare(void* stream) {
-  if (!poisoned_.empty()) {
-    size_t done = 0, total = 0;
-    const std::vector<Param>& params = registry_.params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!params[i].holds_state) continue;
-      ++total;
-      done += restored_[i] ? 1 : 0;
-    }
-    // NorMuon's moments are only in a blob: muon_set_state cannot restore them.
-    const std::string how =
-        options_.normuon
-            ? std::string("muon_load_state or muon_load_states with whole blobs: NorMuon's "
-                          "second moments are in them, and muon_set_state cannot restore those")
-            : absl::StrCat("muon_load_state with a whole blob, or muon_set_state for every "
-                           "parameter: ", done, " of ", total, " restored so far");
-    return absl::FailedPreconditionError(absl::StrCat(
-        "refused: an earlier step failed mid-way, so parameters and state may be "
-        "half-updated; restore both from a checkpoint (", how,
-        ") before stepping again. The failure: ", poisoned_));
-  }
+  MUON_RETURN_IF_ERROR(outcome_.Refusal(registry_, options_));
   if (registry_.params().empty() && !registry_.distributed()) {
     return absl::FailedPreconditionError(
         "no parameters are registered; call muon_register_param first");
@@ -267,52 +194,6 @@ absl::Status Optimizer::UpdateMomenta() {
   if (args.empty()) return absl::OkStatus();
   return registry_.device()->math().Momentum(
       MomentumStepOf(options_, setup_->scalars(), counter), args);
-}
-
-absl::StatusOr<bool> Optimizer::AgreeToSkip(bool shared, bool local_ok, void* stream) {
-  Device& device = *registry_.device();
-  int64_t mine = -1;  // -1: this rank already failed its step
-  absl::Status counted;
-  if (local_ok && setup_->nonfinite.empty()) {
-    mine = 0;
-    for (const Param& p : registry_.params()) {
-      if (p.active) mine += CountNonFinite(p.grad.dtype, p.grad.data, p.numel());
-    }
-  } else if (local_ok) {
-    // A GPU: counted there, then the one wait this option costs (as a
-    // mixed-precision scaler's check of its inf flag).
-    int64_t* counter = setup_->nonfinite.as<int64_t>();
-    counted = device.Capturing()
-                  ? absl::FailedPreconditionError(
-                        "skip_nonfinite waits for the GPU's count, which a step being captured "
-                        "into a CUDA graph cannot do; capture steps without it")
-                  : device.ZeroAsync(counter, sizeof(int64_t));
-    for (const Param& p : registry_.params()) {
-      if (counted.ok() && p.active) {
-        counted = device.math().CountNonFinite(p.grad.dtype, p.grad.data, p.numel(), counter);
-      }
-    }
-    if (counted.ok()) counted = device.ToHost(&mine, counter, sizeof mine);
-    if (!counted.ok()) mine = -1;
-  }
-  std::vector<int64_t>& all = setup_->nonfinite_counts;  // one per rank
-  all[0] = mine;
-  if (shared) {
-    // On a GPU through the step's verdict buffers (allocated at setup).
-    const DeviceStaging staging{setup_->verdict_send.data(), setup_->verdicts.data()};
-    static const std::string* const kOp = new std::string("counting non-finite gradients");
-    MUON_RETURN_IF_ERROR(GatherInt64(registry_.world(), &device, mine, all.data(), stream, *kOp,
-                                     setup_->verdicts.empty() ? nullptr : &staging));
-  }
-  MUON_RETURN_IF_ERROR(counted);
-  int64_t total = 0;
-  for (int64_t c : all) {
-    if (c < 0) return false;  // a rank failed: the step goes on, to fail on every rank
-    total += c;
-  }
-  stats_.nonfinite_grads = mine;
-  device_outcome_.DropCount();  // this count is the step's
-  return total > 0;
 }
 
 absl::Status Optimizer::RunSteppers(void* stream, bool failed) {

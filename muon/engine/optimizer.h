@@ -2,14 +2,17 @@
 // the options, and the steppers built at the first step (setup.h). One step
 // reads like torch.optim.Muon's loop:
 //
-//   momentum into each local piece's update buffer   (local_update.h)
+//   open: may the step start (the last GPU step judged)  (step_outcome.h)
+//   the scalars; momentum into each local piece's update buffer   (local_update.h)
 //   every stepper: pieces to each matrix's owner, Newton-Schulz there, the
 //     results back                                     (stepper.h)
-//   decay and the update onto each local piece         (local_update.h)
+//   close: every rank agrees on the outcome, then decay and the update
+//     onto each local piece               (step_outcome.h, local_update.h)
 //   stats
 //
 // A single-process optimizer runs the same steps over a world of one rank.
-// The optimizer itself never communicates: the setup and the steppers do.
+// The optimizer itself never communicates: the setup, the steppers and the
+// step's outcome do.
 #ifndef MUON_ENGINE_OPTIMIZER_H_
 #define MUON_ENGINE_OPTIMIZER_H_
 
@@ -21,13 +24,13 @@
 #include "absl/status/statusor.h"
 #include "muon/comm/comm.h"
 #include "muon/engine/checkpoint.h"
-#include "muon/engine/device_outcome.h"
 #include "muon/engine/options.h"
 #include "muon/engine/outcome.h"
 #include "muon/engine/qk_clip.h"
 #include "muon/engine/param.h"
 #include "muon/engine/registry.h"
 #include "muon/engine/setup.h"
+#include "muon/engine/step_outcome.h"
 
 namespace muon {
 
@@ -131,19 +134,16 @@ class Optimizer {
   bool StepsLocally(const Param& p) const { return p.zero2_group < 0 && p.active; }
   // The checks and the first step's setup: a failure here changes nothing.
   absl::Status Prepare(void* stream);
-  // The three stages of a step (see the top of this file).
+  // The three stages of a step (see the top of this file): the scalars and
+  // momenta, then the steppers, noted in *local (this rank goes on taking
+  // part in every collective whatever failed); the updates land at Close.
+  void RunStages(const StepCall& step, LocalOutcome* local);
   absl::Status UpdateMomenta();
   absl::Status RunSteppers(void* stream, bool failed);
   absl::Status ApplyUpdates(const int32_t* gate = nullptr);
 
   void CountStats();
   absl::Status Restore(const std::vector<SavedState>& blobs, bool own_blob);
-  // skip_nonfinite: whether every rank skips this step (a gradient of some
-  // rank is not finite), agreed before anything changes.
-  absl::StatusOr<bool> AgreeToSkip(bool shared, bool local_ok, void* stream);
-  // skip_nonfinite_updates: whether some rank's orthogonalized updates hold
-  // a non-finite value (one all_gather of the counts).
-  absl::StatusOr<bool> AgreeToSkipUpdates(bool shared, void* stream);
   absl::Status CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const;
   // With NorMuon: the moments the blob holds (after the first step the
   // matrices this rank owns, before it what was loaded), with their values
@@ -162,17 +162,11 @@ class Optimizer {
   // the matrices' owners (then emptied).
   MomentStash moment_stash_;
   std::vector<QkClipLayer> qk_layers_;  // registered for muon_qk_clip
-  void Poison(const absl::Status& cause);
-  // Set when a step failed after changing state; cleared by a whole blob
-  // (LoadState) or once every param holding state here was restored (CopyStateIn).
-  std::string poisoned_;
-  std::vector<bool> restored_;  // per param, while poisoned: restored since
   int64_t nonfinite_ = 0;       // this step's momentum pass
   int64_t step_count_ = 0;
-  // On a GPU: the steps' outcomes and non-finite counts, known without a
-  // host wait (device_outcome.h).
-  DeviceOutcome device_outcome_;
-
+  // The steps' outcomes: poisoning, the skip agreements, the verdicts
+  // (step_outcome.h).
+  StepOutcome outcome_;
 
   mutable StepStats stats_;
 };

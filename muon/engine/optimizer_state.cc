@@ -16,13 +16,6 @@
 
 namespace muon {
 
-void Optimizer::Poison(const absl::Status& cause) {
-  constexpr size_t kKept = 300;  // the refusal repeats it: keep it short
-  poisoned_ = std::string(cause.message().substr(0, kKept));
-  if (cause.message().size() > kKept) poisoned_ += "...";
-  restored_.assign(registry_.params().size(), false);
-}
-
 absl::Status Optimizer::CheckStateTensor(int64_t id, const DLTensor* t, Param** param) const {
   MUON_ASSIGN_OR_RETURN(const Param* p, registry_.Get(id));
   if (!p->holds_state) {
@@ -72,15 +65,8 @@ absl::Status Optimizer::CopyStateIn(int64_t id, const DLTensor* src) {
         v->on_host() ? device.FromHost(p->momentum.data(), v->data, p->momentum.size())
                      : device.CopyBytes(p->momentum.data(), v->data, p->momentum.size()));
   }
-  if (!poisoned_.empty()) {
-    // Poisoned until every param holding state here has been restored.
-    const std::vector<Param>& params = registry_.params();
-    restored_[static_cast<size_t>(p - params.data())] = true;
-    bool all = true;
-    for (size_t i = 0; i < params.size(); ++i) all = all && (restored_[i] || !params[i].holds_state);
-    // (NorMuon's moments are restored by a whole blob only.)
-    if (all && !options_.normuon) poisoned_.clear();
-  }
+  outcome_.ParamRestored(registry_, static_cast<size_t>(p - registry_.params().data()),
+                         options_.normuon);
   return absl::OkStatus();
 }
 
@@ -193,7 +179,7 @@ size_t Optimizer::StateBlobSize() const {
 }
 
 absl::Status Optimizer::SaveState(unsigned char* out) const {
-  MUON_RETURN_IF_ERROR(device_outcome_.PendingFailure(registry_));
+  MUON_RETURN_IF_ERROR(outcome_.PendingFailure(registry_));
   const std::vector<Param>& params = registry_.params();
   Device& device = *registry_.device();
   std::vector<const void*> momentum(params.size());
@@ -256,8 +242,7 @@ absl::Status Optimizer::Restore(const std::vector<SavedState>& blobs, bool own_b
   for (size_t i : plan.held_elsewhere) params[i].momentum_elsewhere = true;
   step_count_ = plan.step_count;
   stats_.steps = step_count_;  // the stats count steps as muon_step_count does
-  device_outcome_.Restored();  // (the step in flight is still judged by every rank)
-  poisoned_.clear();
+  outcome_.Restored();  // (the step in flight is still judged by every rank)
   return absl::OkStatus();
 }
 

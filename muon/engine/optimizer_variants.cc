@@ -1,6 +1,6 @@
 // The optimizer's entry points of the update variants: QK-Clip
 // (muon_register_qk_clip, muon_qk_clip; the clip itself is
-// muon/engine/qk_clip.cc) and the agreement of skip_nonfinite_updates.
+// muon/engine/qk_clip.cc).
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -27,21 +27,6 @@ absl::Status Resolve(QkHeads* h, int heads, const Param& p, const char* which) {
 }
 
 }  // namespace
-
-absl::StatusOr<bool> Optimizer::AgreeToSkipUpdates(bool shared, void* stream) {
-  int64_t mine = 0;
-  for (const Stepper* s : setup_->steppers()) mine += s->stats().nonfinite_updates;
-  std::vector<int64_t>& all = setup_->nonfinite_counts;  // one per rank
-  all[0] = mine;
-  if (shared) {
-    static const std::string* const kOp = new std::string("counting non-finite updates");
-    MUON_RETURN_IF_ERROR(GatherInt64(registry_.world(), registry_.device().get(), mine,
-                                     all.data(), stream, *kOp));
-  }
-  int64_t total = 0;
-  for (int64_t c : all) total += c;
-  return total > 0;
-}
 
 absl::StatusOr<int64_t> Optimizer::RegisterQkClip(QkClipLayer layer) {
   MUON_ASSIGN_OR_RETURN(const Param* q, registry_.Get(layer.q.param));
