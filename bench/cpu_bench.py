@@ -122,20 +122,53 @@ def interleaved(fns, reps):
 
 def ns_table(shapes, reps):
     print("\n## Newton-Schulz, fp32 (5 iterations; median ms; GFLOP/s counting 4m^2n + 2m^3)\n")
-    print("| shape | libmuon ms | numpy ms | torch fp32 ms | libmuon GFLOP/s | vs numpy | vs torch |")
-    print("|---|---|---|---|---|---|---|")
-    opt = muon.Optimizer(ns_dtype="fp32")
+    print("libmuon on the fp32 engine it chooses (MUON_CPU_FP32 unset: its AVX-512 kernel where "
+          "the CPU has AVX-512 and OpenBLAS's core does not use it) and on OpenBLAS "
+          "(MUON_CPU_FP32=openblas).\n")
+    print("| shape | libmuon ms | libmuon on OpenBLAS ms | numpy ms | torch fp32 ms | "
+          "libmuon GFLOP/s | vs numpy | vs torch |")
+    print("|---|---|---|---|---|---|---|---|")
+    opt = engine_optimizer("MUON_CPU_FP32", None, "fp32")
+    on_blas = engine_optimizer("MUON_CPU_FP32", "openblas", "fp32")
     for rows, cols in shapes:
         g = torch.randn(rows, cols)
         out = torch.empty_like(g)
         gn = g.numpy().copy()
-        ours, np_t, th = interleaved(
-            [lambda: opt.orthogonalize(g, out), lambda: numpy_ns(gn), lambda: torch_fp32_ns(g)],
+        ours, blas, np_t, th = interleaved(
+            [lambda: opt.orthogonalize(g, out), lambda: on_blas.orthogonalize(g, out),
+             lambda: numpy_ns(gn), lambda: torch_fp32_ns(g)],
             reps)
-        print("| %dx%d | %.2f | %.2f | %.2f | %.1f | %.2fx | %.2fx |" % (
-            rows, cols, ours * 1e3, np_t * 1e3, th * 1e3, ns_flops(rows, cols) / ours / 1e9,
-            np_t / ours, th / ours))
+        print("| %dx%d | %.2f | %.2f | %.2f | %.2f | %.1f | %.2fx | %.2fx |" % (
+            rows, cols, ours * 1e3, blas * 1e3, np_t * 1e3, th * 1e3,
+            ns_flops(rows, cols) / ours / 1e9, np_t / ours, th / ours))
     opt.close()
+    on_blas.close()
+
+
+def engine_optimizer(variable, engine, ns_dtype):
+    """An optimizer whose backend chose its products' engine with `variable`
+    (MUON_CPU_BF16, MUON_CPU_FP32) set to `engine` (None: unset, libmuon's
+    choice). The backend decides at each product's setup, so the setting
+    stays for the optimizer's products: the variable is set around each call
+    of the returned optimizer's orthogonalize."""
+    opt = muon.Optimizer(ns_dtype=ns_dtype)
+    plain = opt.orthogonalize
+
+    def orthogonalize(g, out):
+        before = os.environ.get(variable)
+        if engine is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = engine
+        try:
+            return plain(g, out)
+        finally:
+            if before is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = before
+    opt.orthogonalize = orthogonalize
+    return opt
 
 
 def bf16_optimizer(engine):
@@ -414,7 +447,8 @@ def main():
     print("\nCPU flags: %s; settings: %s" % (
         " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "none",
         ", ".join("%s=%s" % (k, os.environ.get(k, "(unset)")) for k in (
-            "OPENBLAS_CORETYPE", "MUON_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MUON_CPU_BF16"))))
+            "OPENBLAS_CORETYPE", "MUON_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MUON_CPU_BF16",
+            "MUON_CPU_FP32"))))
     sizes = [s for s in (256, 512, 1024, 2048, 4096) if s <= args.max_size]
     shapes = [(s, s) for s in sizes] + [(1024, 4096), (4096, 1024)]
     if args.schedules:
