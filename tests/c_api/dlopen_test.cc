@@ -92,12 +92,27 @@ std::atomic<int> g_failures{0};  // CHECK runs on the rank threads too
     }                                                                               \
   } while (0)
 
-// Names of the functions the header declares (lines starting with MUON_API).
+// Names of the functions the header declares (lines starting with MUON_API),
+// its sections included (each `#include "libmuon/muon_<name>.h"` line is
+// read from the header's own folder, in place).
 std::vector<std::string> HeaderFunctions(const std::string& path) {
   std::ifstream in(path);
+  if (!in) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    ++g_failures;
+    return {};
+  }
+  const std::string folder = path.substr(0, path.find_last_of('/') + 1);
   std::vector<std::string> names;
   std::string line;
+  const std::string section = "#include \"libmuon/muon_";
   while (std::getline(in, line)) {
+    if (line.rfind(section, 0) == 0) {
+      const std::string file =
+          "muon_" + line.substr(section.size(), line.rfind('"') - section.size());
+      for (std::string& name : HeaderFunctions(folder + file)) names.push_back(std::move(name));
+      continue;
+    }
     if (line.rfind("MUON_API ", 0) != 0) continue;
     const size_t paren = line.find('(');
     if (paren == std::string::npos) continue;
