@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "muon/common/status.h"
-#include "muon/sharding/host_gather.h"
+#include "muon/comm/host_collectives.h"
 
 namespace muon {
 namespace {
@@ -36,7 +36,7 @@ const char* AdjustName(AdjustLr a) {
 absl::Status GatherAll(Comm& world, Device* device, const void* mine, size_t bytes,
                        std::vector<unsigned char>* all, void* stream, const std::string& op) {
   all->assign(static_cast<size_t>(world.size()) * bytes, 0);
-  return HostAllGather(world, device, mine, all->data(), bytes, stream, op);
+  return HostCollectives(world, device, stream).AllGather(mine, all->data(), bytes, op);
 }
 
 std::string ReportText(const unsigned char* report) {
@@ -87,11 +87,6 @@ const std::string& AgreeingLabel(const std::string& what, std::string* label) {
   if (label->capacity() < size) label->reserve(size + 32);
   label->assign(kAgreeing).append(what);
   return *label;
-}
-
-absl::Status GatherInt64(Comm& world, Device* device, int64_t mine, int64_t* out, void* stream,
-                         const std::string& op, const DeviceStaging* staging) {
-  return HostAllGather(world, device, &mine, out, sizeof mine, stream, op, staging);
 }
 
 namespace {

@@ -23,7 +23,7 @@
 #include "muon/comm/comm.h"
 #include "muon/device/device.h"
 #include "muon/engine/options.h"
-#include "muon/sharding/host_gather.h"
+#include "muon/comm/host_collectives.h"
 
 namespace muon {
 
@@ -106,12 +106,6 @@ inline absl::Status JudgeVerdicts(Comm& world, Device* device, const LocalOutcom
                                   const std::vector<unsigned char>& all) {
   return JudgeVerdicts(world, device, local, options, stream, what, all.data(), all.size());
 }
-
-// Every rank's `mine`, in rank order, into out[0 .. world.size()) (one
-// all_gather over the world; `staging`: device buffers to stage through, see
-// HostAllGather).
-absl::Status GatherInt64(Comm& world, Device* device, int64_t mine, int64_t* out, void* stream,
-                         const std::string& op, const DeviceStaging* staging = nullptr);
 
 }  // namespace muon
 

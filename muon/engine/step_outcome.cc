@@ -199,9 +199,9 @@ absl::StatusOr<bool> StepOutcome::AgreeToSkip(const StepCall& step, bool local_o
     // On a GPU through the step's verdict buffers (allocated at setup).
     const DeviceStaging staging{setup.verdict_send.data(), setup.verdicts.data()};
     static const std::string* const kOp = new std::string("counting non-finite gradients");
-    MUON_RETURN_IF_ERROR(GatherInt64(step.registry->world(), &device, mine, all.data(),
-                                     step.stream, *kOp,
-                                     setup.verdicts.empty() ? nullptr : &staging));
+    MUON_RETURN_IF_ERROR(HostCollectives(step.registry->world(), &device, step.stream)
+                             .GatherInt64(mine, all.data(), *kOp,
+                                          setup.verdicts.empty() ? nullptr : &staging));
   }
   MUON_RETURN_IF_ERROR(counted);
   int64_t total = 0;
@@ -221,8 +221,9 @@ absl::StatusOr<bool> StepOutcome::AgreeToSkipUpdates(const StepCall& step) {
   all[0] = mine;
   if (step.shared()) {
     static const std::string* const kOp = new std::string("counting non-finite updates");
-    MUON_RETURN_IF_ERROR(GatherInt64(step.registry->world(), step.registry->device().get(), mine,
-                                     all.data(), step.stream, *kOp));
+    MUON_RETURN_IF_ERROR(
+        HostCollectives(step.registry->world(), step.registry->device().get(), step.stream)
+            .GatherInt64(mine, all.data(), *kOp));
   }
   int64_t total = 0;
   for (int64_t c : all) total += c;
