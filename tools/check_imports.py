@@ -12,21 +12,30 @@ PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python
 # Lowest first: the ctypes declarations, then the low level that mirrors the
 # C ABI, then the torch layer, then the framework adapters, then the package.
 LEVELS = {
-    "_lib": 0,            # loads libmuon.so, declares the C ABI
-    "_errors": 1,         # MuonError, status checks
-    "_tensor": 1,         # numpy/torch tensors as DLTensors
-    "_flat": 1,           # FSDP1/ZeRO flat ranges (no muon import)
-    "_comm": 2,           # placements, Python communicators
-    "_optimizer": 3,      # muon.Optimizer (the C ABI's mirror)
-    "_dist": 3,           # torch.distributed communicators
-    "_config": 4,         # DistributedConfig
-    "_newton_schulz": 4,  # zeropower_via_newtonschulz
-    "_torch": 4,          # muon.Muon
-    "_dtensor_config": 5,
-    "_pg_config": 6,
-    "megatron": 7,
-    "deepspeed": 7,
-    "__init__": 8,
+    "_lib": 0,              # loads libmuon.so, declares the C ABI
+    "_errors": 1,           # MuonError, status checks
+    "_tensor": 1,           # numpy/torch tensors as DLTensors
+    "_flat": 1,             # FSDP1/ZeRO flat ranges (no muon import)
+    "_options": 1,          # muon_options_t / muon_param_options_t from Python values
+    "_comm": 2,             # placements, Python communicators
+    "_optimizer_state": 2,  # muon.Optimizer's state and QK-Clip methods
+    "_callbacks": 3,        # Python callables as the library's C callbacks
+    "_dist": 3,             # torch.distributed communicators
+    "_optimizer": 4,        # muon.Optimizer (the C ABI's mirror)
+    "_config": 4,           # DistributedConfig
+    "_group_options": 5,    # muon.Muon's param-group options, checked
+    "_newton_schulz": 5,    # zeropower_via_newtonschulz
+    "_dtensor_config": 5,   # create_dtensor_config
+    "_pg_functions": 5,     # processgroup_*_fn, the process-group configs' custom path
+    "_pg_job": 5,           # one collective attach of a process-group config
+    "_library_groups": 6,   # muon.Muon's library optimizer per param group
+    "_torch_state": 6,      # muon.Muon's state_dict, load_state_dict, copies
+    "_pg_layout": 6,        # a process-group config's layout, read at attach
+    "_torch": 7,            # muon.Muon
+    "_pg_config": 7,        # create_processgroup_config and its kin
+    "megatron": 8,
+    "deepspeed": 8,
+    "__init__": 9,
 }
 
 

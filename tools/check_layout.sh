@@ -4,8 +4,9 @@
 #   - nothing under muon/ includes capi/; inside muon/, only muon/comm/
 #     includes the public headers (include/libmuon/), and they include only
 #     the C library's, DLPack's and each other;
-#   - no non-test source file under muon/, capi/ or include/ is over 600
-#     lines, and the optimizer (a coordinator) is under 400;
+#   - no non-test source file under muon/, capi/ or include/, and no Python
+#     file under python/, is over 600 lines, and the optimizer (a
+#     coordinator) is under 400;
 #   - the README is at most 250 lines (reference lives in docs/), and every
 #     relative link of a Markdown file names a file and heading that exist;
 #   - no file cites a DESIGN.md (the design documents are not in the tree);
@@ -34,7 +35,8 @@ for f in $(grep -E '^include/.*\.h$' <<<"$files"); do
   other=$(grep -E '^#include' "$f" | grep -vE '<(stddef|stdint)\.h>|<dlpack/dlpack\.h>|"libmuon/[a-z_]+\.h"')
   [ -n "$other" ] && fail "$f includes $other (include/ holds the C ABI: DLPack only)"
 done
-for f in $(grep -E '^(muon|capi|include)/.*\.(h|c|cc|cu)$' <<<"$files" | grep -vE '_test\.cc$|/testing/'); do
+for f in $(grep -E '^(muon|capi|include)/.*\.(h|c|cc|cu)$|^python/.*\.py$' <<<"$files" |
+           grep -vE '_test\.cc$|/testing/'); do
   [ -f "$f" ] || continue
   n=$(wc -l <"$f")
   [ "$n" -gt 600 ] && fail "$f has $n lines (at most 600)"

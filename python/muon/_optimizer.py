@@ -1,10 +1,16 @@
-"""Optimizer: one libmuon optimizer handle, driven from Python."""
+"""Optimizer: one libmuon optimizer handle, driven from Python (registration,
+communicators, stepping; the state and QK-Clip methods in _optimizer_state.py,
+the options' C structs in _options.py, the C callbacks in _callbacks.py)."""
 
 import ctypes
 import operator
 
 from . import _comm, _lib
-from ._errors import MuonError, callback_failed, check, describe, error
+from ._callbacks import assignment_callback, custom_layout
+from ._errors import MuonError, check, describe, error
+from ._optimizer_state import OptimizerState
+from ._options import (MATRIX_VIEW, REPLICATED_MODE, choice, fill_options, fill_split,
+                       moments_shape, split_spec)
 from ._tensor import TensorView, is_numpy, is_torch
 
 _lib_handle = _lib.lib
@@ -17,111 +23,7 @@ def version():
     return tuple(p.value for p in parts)
 
 
-_ADJUST_LR = {
-    "original": _lib.ADJUST_LR_ORIGINAL,
-    "match_rms_adamw": _lib.ADJUST_LR_MATCH_RMS_ADAMW,
-    "none": _lib.ADJUST_LR_NONE,
-    "spectral_unclamped": _lib.ADJUST_LR_SPECTRAL_UNCLAMPED,
-}
-_NS_DTYPE = {
-    "bf16": _lib.NS_DTYPE_BF16,
-    "bfloat16": _lib.NS_DTYPE_BF16,
-    "fp32": _lib.NS_DTYPE_FP32,
-    "float32": _lib.NS_DTYPE_FP32,
-    "fp16": _lib.NS_DTYPE_FP16,
-    "float16": _lib.NS_DTYPE_FP16,
-}
-_NS_ALGORITHM = {"standard": _lib.NS_STANDARD, "gram": _lib.NS_GRAM}
-_MATRIX_VIEW = {
-    "2d": _lib.MATRIX_VIEW_2D,
-    "flatten_trailing": _lib.MATRIX_VIEW_FLATTEN_TRAILING,
-    "batched_leading": _lib.MATRIX_VIEW_BATCHED_LEADING,
-}
-_ASSIGNMENT = {
-    "balanced": _lib.ASSIGNMENT_BALANCED,
-    "round_robin": _lib.ASSIGNMENT_ROUND_ROBIN,
-    "spread": _lib.ASSIGNMENT_SPREAD,
-    "split": _lib.ASSIGNMENT_SPLIT,
-}
-_REPLICATED_MODE = {
-    "host_averaged": _lib.REPLICATED_HOST_AVERAGED,
-    "zero2": _lib.REPLICATED_ZERO2,
-}
 _STAT_FIELDS = tuple(name for name, _ in _lib.muon_stats_t._fields_ if name != "struct_size")
-
-
-def _choice(kind, value, table):
-    key = str(value).lower().replace("-", "_")
-    if key.startswith("torch."):  # torch.bfloat16 / torch.float32 for ns_dtype
-        key = key[len("torch."):]
-    if key not in table:
-        raise ValueError("muon: unknown %s %r; use one of %s" % (kind, value, sorted(table)))
-    return table[key]
-
-
-# The built-in schedules (muon.h's muon_ns_coefficients_t), by name.
-NS_PRESETS = {
-    "polar_express": _lib.NS_COEFFICIENTS_POLAR_EXPRESS,
-    "cans": _lib.NS_COEFFICIENTS_CANS,
-    "deepseekv4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
-    "deepseek_v4": _lib.NS_COEFFICIENTS_DEEPSEEK_V4,
-    "cubic5": _lib.NS_COEFFICIENTS_CUBIC5,
-    "aol": _lib.NS_COEFFICIENTS_AOL,
-}
-
-
-def _set_coefficients(o, spec):
-    """Fills the coefficient fields of `o`; returns the ctypes table to keep alive."""
-    if isinstance(spec, str):
-        key = spec.lower().replace("-", "_")
-        if key not in NS_PRESETS:
-            raise ValueError("muon: unknown ns_coefficients preset %r; use one of %s, an "
-                             "(a, b, c) tuple or a list of them"
-                             % (spec, ", ".join(repr(k) for k in NS_PRESETS if k != "deepseek_v4")))
-        o.ns_coefficients = NS_PRESETS[key]
-        return None
-    rows = list(spec)
-    if len(rows) == 3 and not any(hasattr(v, "__len__") for v in rows):
-        o.ns_coefficients = _lib.NS_COEFFICIENTS_FIXED
-        o.ns_a, o.ns_b, o.ns_c = (float(v) for v in rows)
-        return None
-    flat = []
-    for i, row in enumerate(rows):
-        row = list(row)
-        if len(row) != 3:
-            raise ValueError("muon: ns_coefficients row %d has %d values, not (a, b, c)"
-                             % (i, len(row)))
-        flat.extend(float(v) for v in row)
-    table = (ctypes.c_double * max(len(flat), 1))(*flat)
-    o.ns_coefficients = _lib.NS_COEFFICIENTS_TABLE
-    o.ns_table_rows = len(rows)
-    o.ns_table = ctypes.cast(table, ctypes.POINTER(ctypes.c_double))
-    return table
-
-
-def _prod(shape):
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _float_matrix(x):
-    """What a gather_fn returned, as a float32 C-contiguous 2-D numpy array
-    (no copy when it already is one)."""
-    import numpy
-
-    if is_torch(x):
-        if x.device.type != "cpu":
-            raise TypeError("gather_fn returned a tensor on %s; the library reads host memory"
-                            % x.device)
-        import torch
-        x = x.detach().to(torch.float32).contiguous().numpy()  # the array keeps the tensor alive
-    arr = numpy.ascontiguousarray(x, dtype=numpy.float32)
-    if arr.ndim != 2:
-        raise ValueError("gather_fn must return a (rows, cols) matrix, got shape %s"
-                         % (tuple(arr.shape),))
-    return arr
 
 
 class _Registered:
@@ -136,43 +38,13 @@ class _Registered:
         self.moments_shape = moments_shape
 
 
-def _moments_shape(shape, view, split=None):
-    """The shape of NorMuon's moments of a global `shape` seen as `view`: a
-    moment per row of each matrix (of each block, with column blocks)."""
-    blocks = len(split[1]) if split is not None and split[0] == 1 else 1
-    if view == _MATRIX_VIEW["batched_leading"] and len(shape) >= 3:
-        return (int(shape[0]), int(shape[1]) * blocks)
-    return (int(shape[0]) * blocks,) if shape else (0,)
-
-
-def _split_spec(split_sizes, split_dim, who):
-    """(dim, sizes) from register()'s arguments, or None."""
-    if split_sizes is None:
-        return None
-    sizes = tuple(operator.index(v) for v in split_sizes)
-    if not sizes:
-        raise ValueError("muon: %s: split_sizes is empty; give None for no split" % who)
-    return (operator.index(split_dim), sizes)
-
-
-def _fill_split(po, split, keep):
-    """Writes a (dim, sizes) split into muon_param_options_t `po`."""
-    if split is None:
-        return
-    array = (ctypes.c_int64 * len(split[1]))(*split[1])
-    keep.append(array)
-    po.split_dim = split[0]
-    po.num_split_sizes = len(split[1])
-    po.split_sizes = ctypes.cast(array, ctypes.POINTER(ctypes.c_int64))
-
-
 def _tracks(param, grad):
     """Whether step() should check that param.grad is still `grad` (torch swaps
     a parameter's .grad after zero_grad(set_to_none=True))."""
     return grad is not None and is_torch(param) and getattr(param, "grad", None) is grad
 
 
-class Optimizer:
+class Optimizer(OptimizerState):
     """The Muon optimizer over host-owned matrices: one libmuon handle.
 
     This is the low-level interface (register arrays, step); it works with numpy
@@ -252,68 +124,22 @@ class Optimizer:
 
         o = _lib.muon_options_t()
         check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
-        if lr is not None:
-            o.lr = float(lr)
-        if weight_decay is not None:
-            o.weight_decay = float(weight_decay)
-        if momentum is not None:
-            o.momentum = float(momentum)
-        if nesterov is not None:
-            o.nesterov = 1 if nesterov else 0
-        if ns_steps is not None:
-            o.ns_steps = operator.index(ns_steps)
-        if eps is not None:
-            o.eps = float(eps)
-        o.adjust_lr = _choice("adjust_lr", "none" if adjust_lr is None else adjust_lr,
-                              _ADJUST_LR)
-        if ns_dtype is not None:
-            o.ns_dtype = _choice("ns_dtype", ns_dtype, _NS_DTYPE)
-        if momentum_fp32 is not None:
-            o.momentum_fp32 = 1 if momentum_fp32 else 0
-        if skip_nonfinite is not None:
-            o.skip_nonfinite = 1 if skip_nonfinite else 0
-        if update_in_grad is not None:
-            o.update_in_grad = 1 if update_in_grad else 0
-        if update_scale is not None:
-            o.update_scale = float(update_scale)
-        if cautious_wd is not None:
-            o.cautious_wd = 1 if cautious_wd else 0
-        if normuon is not None:
-            o.normuon = 1 if normuon else 0
-        if normuon_beta2 is not None:
-            o.normuon_beta2 = float(normuon_beta2)
-        if normuon_eps is not None:
-            o.normuon_eps = float(normuon_eps)
-        if skip_nonfinite_updates is not None:
-            o.skip_nonfinite_updates = 1 if skip_nonfinite_updates else 0
-        if ns_algorithm is not None:
-            o.ns_algorithm = _choice("ns_algorithm", ns_algorithm, _NS_ALGORITHM)
-        if gram_restarts is not None:
-            bits = 0
-            for i in gram_restarts:
-                i = operator.index(i)
-                if not 0 <= i < 64:
-                    raise ValueError("muon: gram_restarts holds iteration %d; iterations 0 to "
-                                     "63 can restart" % i)
-                bits |= 1 << i
-            o.ns_gram_restarts = bits
-        if assignment is not None:
-            if callable(assignment):
-                o.assignment = _lib.ASSIGNMENT_CUSTOM
-                callback = self._assignment_trampoline(assignment)
-                o.assign_fn = callback
-                self._keep.append(callback)
-            else:
-                o.assignment = _choice("assignment", assignment, _ASSIGNMENT)
-        if prefetch_count is not None:
-            o.prefetch_count = operator.index(prefetch_count)
-        if async_parallelism is not None:
-            o.async_parallelism = 1 if async_parallelism else 0
-        if round_bytes is not None:
-            o.round_bytes = operator.index(round_bytes)
-        table = None
-        if ns_coefficients is not None:
-            table = _set_coefficients(o, ns_coefficients)
+
+        def keep_callback(fn):
+            callback = assignment_callback(fn, self._callback_errors)
+            self._keep.append(callback)
+            return callback
+
+        table = fill_options(
+            o, keep_callback, lr=lr, weight_decay=weight_decay, momentum=momentum,
+            nesterov=nesterov, ns_steps=ns_steps, ns_coefficients=ns_coefficients, eps=eps,
+            adjust_lr=adjust_lr, ns_dtype=ns_dtype, momentum_fp32=momentum_fp32,
+            assignment=assignment, prefetch_count=prefetch_count,
+            async_parallelism=async_parallelism, round_bytes=round_bytes,
+            skip_nonfinite=skip_nonfinite, update_in_grad=update_in_grad,
+            update_scale=update_scale, cautious_wd=cautious_wd, normuon=normuon,
+            normuon_beta2=normuon_beta2, normuon_eps=normuon_eps, ns_algorithm=ns_algorithm,
+            gram_restarts=gram_restarts, skip_nonfinite_updates=skip_nonfinite_updates)
         handle = _lib.opt_p()
         check(_lib_handle.muon_create(ctypes.byref(o), ctypes.byref(handle)))
         del table  # copied by muon_create
@@ -495,19 +321,19 @@ class Optimizer:
         self._check_comms_take(param, name)
         pv, gv = self._views(param, grad, name)
         po = self._param_options(name)
-        po.matrix_view = _choice("matrix_view", matrix_view, _MATRIX_VIEW) \
+        po.matrix_view = choice("matrix_view", matrix_view, MATRIX_VIEW) \
             if not isinstance(matrix_view, int) else matrix_view
-        po.replicated_mode = _choice("replicated_mode", replicated_mode, _REPLICATED_MODE) \
+        po.replicated_mode = choice("replicated_mode", replicated_mode, REPLICATED_MODE) \
             if not isinstance(replicated_mode, int) else replicated_mode
         if lr_scale is not None:
             po.lr_scale = float(lr_scale)
         if weight_decay_scale is not None:
             po.weight_decay_scale = float(weight_decay_scale)
         keep = []
-        split = _split_spec(split_sizes, split_dim, "param %r" % (name,)) \
+        split = split_spec(split_sizes, split_dim, "param %r" % (name,)) \
             if split_sizes is not None else self._take_split(name if _split_name is None
                                                              else _split_name)
-        _fill_split(po, split, keep)
+        fill_split(po, split, keep)
         if global_shape is not None:
             shape = [operator.index(d) for d in global_shape]
             array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -532,7 +358,7 @@ class Optimizer:
         shape = global_shape if global_shape is not None else tuple(param.shape)
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
                                         pv, gv, _tracks(param, grad),
-                                        _moments_shape(tuple(shape), po.matrix_view, split)))
+                                        moments_shape(tuple(shape), po.matrix_view, split)))
         return pid.value
 
     def register_custom(self, param, grad, name, rows, cols, assign_fn, gather_fn,
@@ -568,65 +394,18 @@ class Optimizer:
             po.lr_scale = float(lr_scale)
         if weight_decay_scale is not None:
             po.weight_decay_scale = float(weight_decay_scale)
-        split = _split_spec(split_sizes, split_dim, "param %r" % (name,)) \
+        split = split_spec(split_sizes, split_dim, "param %r" % (name,)) \
             if split_sizes is not None else self._take_split(name)
-        _fill_split(po, split, self._keep)
-        shape = tuple(int(s) for s in getattr(param, "shape", ()))
-        numel = _prod(shape)
-        sink = self._callback_errors
-        label = "param '%s'" % name
-        held = [None]  # the owner's gathered matrix, until redistribute_fn returns
-
-        def local_shape(n):
-            return shape if n == numel else (int(n),)
-
-        def c_assign(state, param_name, world_size):
-            try:
-                owner = operator.index(assign_fn(name, int(world_size)))
-                return owner if -2 ** 31 <= owner < 2 ** 31 else -1
-            except BaseException as e:  # noqa: B902 - reported as an invalid owner
-                sink.append(("assign_fn of %s" % label, e))
-                return -1
-
-        def c_gather(state, local, n, owner, out, stream):
-            try:
-                full = gather_fn(_comm.view(local, local_shape(n), "<f4"),
-                                 int(owner))
-                held[0] = None
-                if full is not None:
-                    arr = _float_matrix(full)
-                    held[0] = arr
-                    out[0].data = arr.ctypes.data
-                    out[0].rows, out[0].cols = arr.shape
-                return 0
-            except BaseException as e:  # noqa: B902 - turned into a status
-                return callback_failed(e, "gather_fn of %s" % label, sink)
-
-        def c_redistribute(state, full, rows, cols, owner, local, n, stream):
-            try:
-                matrix = _comm.view(full, (rows, cols), "<f4") if full else None
-                redistribute_fn(matrix, int(owner),
-                                _comm.view(local, local_shape(n), "<f4"))
-                return 0
-            except BaseException as e:  # noqa: B902 - turned into a status
-                return callback_failed(e, "redistribute_fn of %s" % label, sink)
-            finally:
-                held[0] = None
-
-        layout = _lib.muon_custom_layout_t()
-        layout.struct_size = ctypes.sizeof(layout)
-        layout.state = None
-        layout.global_rows = operator.index(rows)
-        layout.global_cols = operator.index(cols)
-        callbacks = (_lib.CUSTOM_ASSIGN_FN(c_assign), _lib.CUSTOM_GATHER_FN(c_gather),
-                     _lib.CUSTOM_REDISTRIBUTE_FN(c_redistribute))
-        layout.assign_fn, layout.gather_fn, layout.redistribute_fn = callbacks
+        fill_split(po, split, self._keep)
+        layout, callbacks = custom_layout(
+            name, tuple(int(s) for s in getattr(param, "shape", ())), rows, cols, assign_fn,
+            gather_fn, redistribute_fn, self._callback_errors)
         pid = ctypes.c_int64()
         check(_lib_handle.muon_register_param_custom(h, pv.ref, gv.ref, ctypes.byref(po),
                                                       ctypes.byref(layout), ctypes.byref(pid)))
         self._keep.append(callbacks)
         self._params.append(_Registered(str(name), pv, gv, _tracks(param, grad),
-                                        _moments_shape((operator.index(rows),), 0, split)))
+                                        moments_shape((operator.index(rows),), 0, split)))
         return pid.value
 
     def set_split(self, name, split_sizes, split_dim=0):
@@ -636,7 +415,7 @@ class Optimizer:
         if split_sizes is None:
             self._splits.pop(name, None)
         else:
-            self._splits[name] = _split_spec(split_sizes, split_dim, "param %r" % (name,))
+            self._splits[name] = split_spec(split_sizes, split_dim, "param %r" % (name,))
 
     def _take_split(self, name):
         split = self._splits.get(name)
@@ -677,35 +456,6 @@ class Optimizer:
         return self._params[operator.index(param_id)].name
 
     # -- stepping ---------------------------------------------------------------
-
-    def _assignment_trampoline(self, fn):
-        sink = self._callback_errors
-
-        def c_assign(state, count, matrices, owners):
-            try:
-                table = []
-                for i in range(count):
-                    m = matrices[i]
-                    table.append({
-                        "param_name": m.param_name.decode("utf-8", "replace"),
-                        "index": m.index,
-                        "rows": m.rows,
-                        "cols": m.cols,
-                        "ns_flops": m.ns_flops,
-                        "holders": [m.holders[j] for j in range(m.num_holders)],
-                    })
-                chosen = list(fn(table))
-                if len(chosen) != count:
-                    raise ValueError("the assignment returned %d owners for %d matrices"
-                                     % (len(chosen), count))
-                ranks = [operator.index(r) for r in chosen]
-                for i, r in enumerate(ranks):
-                    owners[i] = r
-                return 0
-            except BaseException as e:  # noqa: B902 - turned into a status
-                return callback_failed(e, "the assignment callable", sink)
-
-        return _lib.ASSIGN_FN(c_assign)
 
     def _check_torch_storage(self):
         for r in self._params:
@@ -769,7 +519,7 @@ class Optimizer:
         if out is None:
             out = x.clone() if is_torch(x) else x.copy()
         xv, ov = TensorView(x), TensorView(out)
-        view = _choice("matrix_view", matrix_view, _MATRIX_VIEW) \
+        view = choice("matrix_view", matrix_view, MATRIX_VIEW) \
             if not isinstance(matrix_view, int) else matrix_view
         if stream is None and is_torch(x) and x.is_cuda:
             import torch
@@ -828,139 +578,6 @@ class Optimizer:
         check(_lib_handle.muon_stats_init(ctypes.byref(s), ctypes.sizeof(s)))
         check(_lib_handle.muon_get_stats(self._h(), ctypes.byref(s)))
         return {name: getattr(s, name) for name in _STAT_FIELDS}
-
-    # -- state ---------------------------------------------------------------------
-
-    def state_dtype(self, param_id):
-        """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
-        dt = _lib.DLDataType()
-        check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
-        return {(_lib.kDLFloat, 32): "float32", (_lib.kDLFloat, 16): "float16",
-                (_lib.kDLBfloat, 16): "bfloat16"}[(dt.code, dt.bits)]
-
-    def get_state(self, param_id, out=None):
-        """A copy of a parameter's momentum buffer.
-
-        A torch tensor for torch parameters, a numpy array for numpy ones, of the
-        parameter's shape and the state dtype (the gradient's, or float32 with
-        momentum_fp32). With `out`, fills and returns that array instead.
-        """
-        h = self._h()
-        if out is None:
-            dt = _lib.DLDataType()
-            check(_lib_handle.muon_get_state_dtype(h, int(param_id), ctypes.byref(dt)))
-            like = self._params[int(param_id)].param.obj  # the id is valid: the call succeeded
-            if is_torch(like):
-                import torch
-                dtype = {(_lib.kDLFloat, 32): torch.float32, (_lib.kDLFloat, 16): torch.float16,
-                         (_lib.kDLBfloat, 16): torch.bfloat16}[(dt.code, dt.bits)]
-                out = torch.empty(tuple(like.shape), dtype=dtype)
-            else:
-                import numpy
-                if dt.code != _lib.kDLFloat:
-                    raise TypeError("muon: state dtype bfloat16 cannot be held by numpy")
-                out = numpy.empty(like.shape, dtype="float%d" % dt.bits)
-        view = TensorView(out)
-        check(_lib_handle.muon_get_state(h, int(param_id), view.ref))
-        return out
-
-    def set_state(self, param_id, value):
-        """Overwrites a parameter's momentum buffer (shape and state dtype must match)."""
-        view = TensorView(value)
-        check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
-
-    def get_moments(self, param_id):
-        """A copy of a parameter's NorMuon second moments (float32, one per row:
-        shape (rows,), or (batch, rows) for a batched view), a torch tensor for
-        torch parameters, else a numpy array. Before the first step, what was
-        set or loaded (zeros when nothing); after it, only on the rank that owns
-        every matrix of the parameter (muon_get_moments)."""
-        rec = self._params[int(param_id)] if 0 <= int(param_id) < len(self._params) else None
-        shape = rec.moments_shape if rec is not None else (0,)
-        if rec is not None and is_torch(rec.param.obj):
-            import torch
-            out = torch.empty(shape, dtype=torch.float32)
-        else:
-            import numpy
-            out = numpy.empty(shape, dtype="float32")
-        view = TensorView(out)
-        check(_lib_handle.muon_get_moments(self._h(), int(param_id), view.ref))
-        return out
-
-    def set_moments(self, param_id, value):
-        """Overwrites a parameter's NorMuon second moments (float32, one per row
-        of each matrix; muon_set_moments)."""
-        view = TensorView(value)
-        check(_lib_handle.muon_set_moments(self._h(), int(param_id), view.ref))
-
-    # -- QK-Clip ------------------------------------------------------------------
-
-    _QK_FIELDS = ("num_kv_heads", "q_first_row", "q_head_stride", "q_head_rows",
-                  "q_rotary_rows", "k_first_row", "k_head_stride", "k_head_rows")
-
-    def register_qk_clip(self, q_param_id, k_param_id, num_heads, alpha=0.5, **rows):
-        """Registers an attention layer for qk_clip (muon_register_qk_clip):
-        query head h is rows [q_first_row + h * q_head_stride, + q_head_rows)
-        of parameter q_param_id's global matrix, key head g the same of
-        k_param_id's with the k_ fields; num_kv_heads for GQA; q_rotary_rows
-        for MLA. Zeros (the defaults) ask for heads splitting the rows evenly.
-        Returns the layer's id."""
-        unknown = set(rows) - set(self._QK_FIELDS)
-        if unknown:
-            raise TypeError("muon: register_qk_clip got unknown arguments %s; it takes %s"
-                            % (sorted(unknown), ", ".join(self._QK_FIELDS)))
-        layer = _lib.muon_qk_clip_layer_t()
-        check(_lib_handle.muon_qk_clip_layer_init(ctypes.byref(layer), ctypes.sizeof(layer)))
-        layer.q_param, layer.k_param = operator.index(q_param_id), operator.index(k_param_id)
-        layer.num_heads = operator.index(num_heads)
-        layer.alpha = float(alpha)
-        for name, value in rows.items():
-            setattr(layer, name, operator.index(value if value is not None else 0))
-        out = ctypes.c_int64()
-        check(_lib_handle.muon_register_qk_clip(self._h(), ctypes.byref(layer), ctypes.byref(out)))
-        return out.value
-
-    def qk_clip(self, layer_id, max_logits, tau):
-        """QK-Clip of a registered layer (muon_qk_clip): `max_logits` holds the
-        layer's largest attention logit of each query head (a sequence, numpy
-        array or tensor), the same on every rank; returns how many heads were
-        clipped. Scales this rank's pieces of the layer's parameters."""
-        values = [float(v) for v in (max_logits.tolist() if hasattr(max_logits, "tolist")
-                                     else max_logits)]
-        array = (ctypes.c_float * max(len(values), 1))(*values)
-        clipped = ctypes.c_int32()
-        check(_lib_handle.muon_qk_clip(self._h(), int(layer_id), array, len(values), float(tau),
-                                       ctypes.byref(clipped)))
-        return clipped.value
-
-    def state_bytes(self):
-        """The whole optimizer state (step count and momentum buffers) as bytes."""
-        h = self._h()
-        size = ctypes.c_size_t()
-        check(_lib_handle.muon_save_state(h, None, 0, ctypes.byref(size)))
-        buf = ctypes.create_string_buffer(max(size.value, 1))
-        check(_lib_handle.muon_save_state(h, buf, size.value, ctypes.byref(size)))
-        return buf.raw[:size.value]
-
-    def load_state_bytes(self, data):
-        """Restores state written by state_bytes() into an optimizer with the same
-        parameters registered in the same order. Hyper-parameters are not restored."""
-        data = bytes(data)
-        check(_lib_handle.muon_load_state(self._h(), data, len(data)))
-
-    def load_states_bytes(self, blobs):
-        """Restores this rank's state from several ranks' state_bytes() (e.g.
-        every blob of a checkpoint saved at another world size or layout:
-        muon_load_states). Each param's elements are found by name and global
-        coordinates in whichever blob holds them. Refused while a custom-path
-        parameter is registered (load this rank's own blob with
-        load_state_bytes)."""
-        blobs = [bytes(b) for b in blobs]
-        n = len(blobs)
-        buffers = (ctypes.c_void_p * max(n, 1))(
-            *[ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p) for b in blobs])
-        sizes = (ctypes.c_size_t * max(n, 1))(*[len(b) for b in blobs])
-        check(_lib_handle.muon_load_states(self._h(), buffers, sizes, n))  # blobs: alive
 
     def __repr__(self):
         if self.closed:

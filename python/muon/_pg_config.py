@@ -12,120 +12,22 @@ over the same layout, which _attach writes into the config's state.
 
 _attach is collective: every rank issues the same collectives in the same
 order, and any inconsistency is raised on every rank, naming the ranks.
+
+ProcessGroupConfig is this module's; it inherits its layout reading from
+_pg_layout.py (LayoutChecks), runs each attach as a _pg_job.Job, and its
+three functions are _pg_functions.py's.
 """
 
 import math
-import zlib
 
 from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, lookup_any,
-                      lookup_named, matrix_ndim_error, matrix_view_for, require_dist, torch_and_dist,
-                      torch_version)
+                      lookup_named, matrix_view_for, require_dist, torch_and_dist, torch_version)
 from ._dist import TorchDistComm
-from ._flat import segment_of
-
-# ---------------------------------------------------------------------------
-# Placements from process groups
-# ---------------------------------------------------------------------------
-
-_ROLE_TEXT = {"dp": "data-parallel (dp_pg)", "cp": "context-parallel (cp_pg)",
-              "ep": "expert-parallel (ep_pg)", "tp": "tensor-parallel (tp_pg)",
-              "fsdp": "FSDP (fsdp_pg)", "pp": "pipeline (pp_pg)"}
-
-
-def _chunk_sizes(total, n):
-    """torch.chunk's sizes of `total` over n (ceil each, tail short, possibly empty)."""
-    step = -(-total // n) if total else 0
-    return [max(0, min(step, total - r * step)) for r in range(n)]
-
-
-def _crc(t):
-    """A checksum of a tensor's bytes (replica checks)."""
-    torch, _ = torch_and_dist()
-    data = t.detach().to("cpu").contiguous().reshape(-1)
-    if data.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        data = data.to(torch.float32)
-    return zlib.crc32(data.view(torch.uint8).numpy().tobytes())
-
-
-# ---------------------------------------------------------------------------
-# The design's three functions over these layouts (the custom path)
-# ---------------------------------------------------------------------------
-#
-# They read what _attach writes into the config's state:
-#   state["groups"][role]       the process group of a role ("tp", "fsdp", ...)
-#   state["world_pg"]           the group of every rank stepping Muon (None: the world)
-#   state["layouts"][param_idx] {"name", "global_shape", "local_shape", "steps"}:
-#       steps go from the whole tensor down to this rank's piece (outermost
-#       first), replicas left out; each is {"group": role, "kind": "shard",
-#       "dim": d, "sizes": [size on each group rank]} or {"group": role,
-#       "kind": "flat", "shape": the piece it flattens, "ranges": [(start,
-#       length) on each group rank]}.
-# A user's own gather_fn or redistribute_fn may read them too.
-
-
-def processgroup_assign_fn(params, state):
-    """The design's assignment: param_idx round robin over the world."""
-    _, dist = torch_and_dist()
-    n = dist.get_world_size(state.get("world_pg"))
-    out = {r: [] for r in range(n)}
-    for i in range(len(params)):
-        out[i % n].append(i)
-    return out
-
-
-def processgroup_gather_fn(shard, rank, state):
-    """The design's gather: the innermost split undone first (TP before FSDP in
-    the design's order), an all_gather over each group; the whole tensor on
-    every rank of the world (the assigned one included)."""
-    torch, dist = torch_and_dist()
-    layout = state["layouts"][state["current_param_idx"]]
-    t = shard.reshape(layout["local_shape"])
-    for step in reversed(layout["steps"]):
-        group = state["groups"][step["group"]]
-        if step["kind"] == "shard":
-            t = _all_gather_along(torch, dist, t, step["dim"], step["sizes"], group)
-        else:
-            lengths = [length for _, length in step["ranges"]]
-            t = _all_gather_along(torch, dist, t.reshape(-1), 0, lengths, group)
-            t = t.reshape(step["shape"])
-    return t
-
-
-def processgroup_redistribute_fn(update, rank, state):
-    """The design's redistribute: the assigned rank's update to every rank of
-    the world, then the outermost split first (FSDP before TP in the design's
-    order); this rank's piece."""
-    torch, dist = torch_and_dist()
-    layout = state["layouts"][state["current_param_idx"]]
-    world = state.get("world_pg")
-    full = update.contiguous() if update is not None else torch.empty(layout["global_shape"])
-    dist.broadcast(full, src=rank if world is None else dist.get_global_rank(world, rank),
-                   group=world)
-    t = full
-    for step in layout["steps"]:
-        me = dist.get_rank(state["groups"][step["group"]])
-        if step["kind"] == "shard":
-            t = t.narrow(step["dim"], sum(step["sizes"][:me]), step["sizes"][me])
-        else:
-            start, length = step["ranges"][me]
-            t = t.reshape(-1)[start:start + length]
-    return t.reshape(layout["local_shape"])
-
-
-def _all_gather_along(torch, dist, t, dim, sizes, group):
-    """Every group rank's piece (sizes[r] long in `dim`), concatenated in rank order."""
-    widest = max(sizes)
-    if widest == 0:
-        return t
-    t = t.contiguous()
-    if t.shape[dim] < widest:  # all_gather moves equal sizes
-        pad = list(t.shape)
-        pad[dim] = widest - t.shape[dim]
-        t = torch.cat([t, t.new_zeros(pad)], dim)
-    parts = [torch.empty_like(t) for _ in sizes]
-    dist.all_gather(parts, t, group=group)
-    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim)
+from ._pg_functions import (chunk_sizes as _chunk_sizes, processgroup_assign_fn,
+                            processgroup_gather_fn, processgroup_redistribute_fn)
+from ._pg_job import DefaultDim, Job, ParamError
+from ._pg_layout import LayoutChecks
 
 
 def _has_megatron_tp(param):
@@ -139,7 +41,7 @@ def _megatron_tp_dim(param):
     return int(param.partition_dim) if param.tensor_model_parallel else None
 
 
-class ProcessGroupConfig(DistributedConfig):
+class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     """What create_processgroup_config returns (see there)."""
 
     def __init__(self, groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
@@ -182,7 +84,7 @@ class ProcessGroupConfig(DistributedConfig):
         if self.names is not None:
             found, name = lookup(self.names, default_name, param)
             if not found:
-                raise _ParamError("param '%s' (shape %s) has no entry in `names`"
+                raise ParamError("param '%s' (shape %s) has no entry in `names`"
                                   % (default_name, tuple(param.shape)))
             return str(name)
         pp = self.groups.get("pp")
@@ -206,7 +108,7 @@ class ProcessGroupConfig(DistributedConfig):
                 return None if table[idx] is None else int(table[idx])
             if _has_megatron_tp(param):
                 return _megatron_tp_dim(param)
-            return _DefaultDim(self._tp_default) if self._tp_default is not None else None
+            return DefaultDim(self._tp_default) if self._tp_default is not None else None
         found, value = lookup_named(self.tp_dims, name, default_name, param)
         if found:
             return None if value is None else int(value)
@@ -244,7 +146,7 @@ class ProcessGroupConfig(DistributedConfig):
     def _attach(self, optimizer, named_params):
         if any(is_dtensor(p) for _, p in named_params):
             return self._attach_dtensors(optimizer, named_params)
-        job = _Job(self, require_dist("create_processgroup_config"))
+        job = Job(self, require_dist("create_processgroup_config"))
         entries = self._read_params(job, named_params)
         good = [e for e in entries if not e["bad"]]
         if self._fsdp_outer(job.groups):  # TP pieces add up to FSDP's, those to the whole
@@ -276,202 +178,6 @@ class ProcessGroupConfig(DistributedConfig):
         from ._dtensor_config import attach_dtensors
         attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 
-    def _read_params(self, job, named_params):
-        """Names, local shapes, global shapes and TP dims, and the checks that need
-        no communication; one entry (a dict) per param, in the given order."""
-        entries = []
-        taken = {}
-        for default_name, param in named_params:
-            e = {"default": default_name, "param": param, "bad": False}
-            entries.append(e)
-            try:
-                e["name"] = self._name(default_name, param)
-            except Exception as err:  # noqa: BLE001  (reported on every rank)
-                e["name"] = default_name
-                job.fail(e, str(err) if isinstance(err, _ParamError) else
-                         "param '%s': naming it raised %s: %s"
-                         % (default_name, type(err).__name__, err))
-                continue
-            if e["name"] in taken:
-                job.fail(e, "params '%s' and '%s' are both named '%s'"
-                         % (taken[e["name"]], default_name, e["name"]))
-            taken[e["name"]] = default_name
-            e["local"] = tuple(param.shape)
-            e["segment"] = segment_of(param)
-            try:
-                e["global"] = self._global_shape(e["name"], default_name, param)
-                e["tp_dim"] = self._tp_dim(e["name"], default_name, param) \
-                    if "tp" in job.groups else None
-                if e["global"] is None and e["segment"] is not None:
-                    # The range indexes the TP piece (the whole tensor without TP).
-                    g = list(e["segment"].shape)
-                    if e["tp_dim"] is not None and 0 <= e["tp_dim"] < len(g):
-                        g[e["tp_dim"]] *= job.sizes["tp"]
-                    e["global"] = tuple(g)
-            except Exception as err:  # noqa: BLE001
-                job.fail(e, "param '%s': reading global_shapes/tp_dims raised %s: %s"
-                         % (e["name"], type(err).__name__, err))
-                continue
-            self._check_shapes(job, e)
-        return entries
-
-    def _check_shapes(self, job, e):
-        if e["segment"] is not None and ("fsdp" not in job.groups or
-                                         self._fsdp_outer(job.groups)):
-            job.fail(e, "param '%s' is a range of a flat buffer (an FSDP1 FlatParameter or a "
-                     "ZeRO partition), split over the ranks of its FSDP group: %s"
-                     % (e["name"], "pass that group as fsdp_pg (FSDP1: the model's "
-                                   "process_group)" if "fsdp" not in job.groups else
-                                   "the buffer flattens the TP piece, so pass "
-                                   "gather_order=('fsdp', 'tp')"))
-            return
-        flat = self.fsdp_mode == "flat" and "fsdp" in job.groups
-        if flat and e["global"] is None:
-            job.fail(e, "param '%s': fsdp_mode='flat' needs its global shape; pass "
-                     "global_shapes={param or name: shape, ...}" % e["name"])
-            return
-        ndim_shape = e["global"] if e["global"] is not None else e["local"]
-        if len(ndim_shape) < 2:
-            job.fail(e, matrix_ndim_error(e["name"], ndim_shape))
-            return
-        if e["tp_dim"] is not None and not 0 <= e["tp_dim"] < len(ndim_shape):
-            job.fail(e, "param '%s': tp dim %d does not exist in shape %s"
-                     % (e["name"], e["tp_dim"], tuple(ndim_shape)))
-        e["crc"] = _crc(e["param"]) if self.verify_replicas else 0
-
-    def _fsdp_pieces(self, job, good, src, dst):
-        """FSDP: the shape FSDP splits (e[dst]) from every member's e[src]."""
-        if "fsdp" not in job.groups:
-            for e in good:
-                e[dst] = e[src]
-            return good
-        n = job.sizes["fsdp"]
-        me = job.dist.get_rank(job.groups["fsdp"])
-        payload = {e["name"]: e[src] for e in good}
-        payload.update({("range", e["name"]): (e["segment"].start, e["segment"].length)
-                        for e in good if e["segment"] is not None})
-        everyone = job.gather("fsdp", payload)
-        for e in good:
-            missing = everyone.ranks_without(e["name"])
-            if missing:
-                job.fail(e, "param '%s' is sharded over the FSDP group but rank(s) "
-                         "%s do not have it" % (e["name"], missing))
-            elif e["segment"] is not None:
-                e["ranges"] = [d.get(("range", e["name"]), (0, 0)) for d in everyone]
-                self._flat_piece(job, e, n, me, dst)
-            elif self.fsdp_mode == "flat":
-                self._flat_piece(job, e, n, me, dst)
-            else:
-                self._chunked_piece(job, e, everyone, n, src, dst)
-        return [e for e in good if not e["bad"]]
-
-    def _flat_piece(self, job, e, n, me, dst):
-        piece = self._tp_piece(e, job.sizes.get("tp", 1))
-        if piece is None:
-            job.fail(e, "param '%s': global dim %d (%d) does not split evenly "
-                     "over %d TP ranks" % (e["name"], e["tp_dim"],
-                                           e["global"][e["tp_dim"]], job.sizes["tp"]))
-            return
-        e[dst] = piece
-        if e["segment"] is not None:  # the flat buffer says which range
-            e["fsdp"] = ("flat", e["segment"].start, e["segment"].length)
-            return
-        total = math.prod(piece)
-        step = -(-total // n)
-        start = min(me * step, total)
-        e["fsdp"] = ("flat", start, max(0, min(step, total - start)))
-
-    def _chunked_piece(self, job, e, everyone, n, src, dst):
-        shapes = [tuple(d[e["name"]]) for d in everyone]
-        mine = tuple(e[src])
-        if any(len(s) != len(mine) or s[1:] != mine[1:] for s in shapes):
-            job.fail(e, "param '%s': FSDP ranks hold pieces of shapes %s; FSDP "
-                     "splits dim 0 only" % (e["name"], shapes))
-            return
-        dim0 = [s[0] for s in shapes]
-        e[dst] = (sum(dim0),) + mine[1:]
-        e["fsdp"] = ("shard", "chunk" if dim0 == _chunk_sizes(sum(dim0), n) else dim0)
-
-    def _tp_global_shapes(self, job, good, src, dst):
-        """TP: the shape TP splits (e[dst]) from every member's e[src], or a
-        replica check."""
-        if "tp" not in job.groups:
-            for e in good:
-                e[dst] = e[src]
-                e["tp"] = None
-            return good
-        everyone = job.gather("tp", {e["name"]: (e[src], e["crc"]) for e in good})
-        for e in good:
-            missing = everyone.ranks_without(e["name"])
-            if missing:
-                job.fail(e, "param '%s' is missing on rank(s) %s of its "
-                         "TP group; every TP rank holds every TP-sharded or "
-                         "replicated param" % (e["name"], missing))
-                continue
-            d = e["tp_dim"]
-            if d is None:
-                if not self._replica_mismatch(e, everyone, "tensor-parallel", job.errors,
-                                              "; is it TP-sharded but missing from tp_dims?",
-                                              src):
-                    e[dst] = e[src]
-                    e["tp"] = None
-                continue
-            if isinstance(d, _DefaultDim) and self.verify_replicas and len(everyone) > 1 and \
-                    len({m[e["name"]][1] for m in everyone}) == 1:
-                job.fail(e, "param '%s' is read as TP-sharded on dim %d (tp_dim_per_param does "
-                         "not list it, and dim %d is the default) but every TP rank holds the "
-                         "same values: if it is replicated over TP, say so with "
-                         "tp_dim_per_param={%d: None}" % (e["name"], d, d,
-                                                          self._param_index(e["param"])))
-                continue
-            pieces = [tuple(m[e["name"]][0]) for m in everyone]
-            mine = tuple(e[src])
-            if any(len(p) != len(mine) or p[:d] + p[d + 1:] != mine[:d] + mine[d + 1:]
-                   for p in pieces):
-                job.fail(e, "param '%s': TP ranks hold pieces of shapes %s, which do not "
-                         "differ in dim %d only" % (e["name"], pieces, d))
-                continue
-            split = [p[d] for p in pieces]
-            g = list(mine)
-            g[d] = sum(split)
-            e[dst] = tuple(g)
-            e["tp"] = (d, "even" if len(set(split)) == 1 else split)
-        return [e for e in good if not e["bad"]]
-
-    def _ep_experts(self, job, good):
-        """EP: a name on every EP rank is a dense (replicated) param, on one an expert."""
-        if "ep" not in job.groups:
-            return good
-        everyone = job.gather("ep", {e["name"]: (e["piece"], e["crc"]) for e in good})
-        for e in good:
-            holders = [everyone.world[r] for r, d in enumerate(everyone) if e["name"] in d]
-            if len(holders) == len(everyone):
-                e["expert"] = False
-                self._replica_mismatch(e, everyone, "expert-parallel", job.errors,
-                                       "; expert params need distinct names on different "
-                                       "EP ranks (names=...)")
-            elif len(holders) == 1:
-                e["expert"] = True
-            else:
-                job.fail(e, "param '%s' is held by EP ranks %s of %d: a param is either "
-                         "dense (on every EP rank) or an expert (on one)"
-                         % (e["name"], holders, len(everyone)))
-        return [e for e in good if not e["bad"]]
-
-    def _check_replicas(self, job, good):
-        """DP, CP: replicas."""
-        for role, text in (("dp", "data-parallel"), ("cp", "context-parallel")):
-            if role not in job.groups:
-                continue
-            everyone = job.gather(role, {e["name"]: (e["piece"], e["crc"]) for e in good})
-            for e in good:
-                missing = everyone.ranks_without(e["name"])
-                if missing:
-                    job.fail(e, "param '%s' is replicated over the %s group but rank(s) "
-                             "%s do not have it" % (e["name"], text, missing))
-                    continue
-                self._replica_mismatch(e, everyone, text, job.errors, "")
-
     def _register_all(self, job, optimizer, entries):
         """The world, the groups and the registrations; False (the error noted)
         when one of them fails."""
@@ -485,35 +191,6 @@ class ProcessGroupConfig(DistributedConfig):
         except Exception as err:  # noqa: BLE001  (reported on every rank)
             job.errors.append("%s: %s" % (type(err).__name__, err))
             return False
-
-    def _tp_piece(self, e, tp_size):
-        """The TP piece's shape from the global shape (flat mode)."""
-        g = list(e["global"])
-        d = e["tp_dim"]
-        if d is not None:
-            if g[d] % tp_size:
-                return None
-            g[d] //= tp_size
-        return tuple(g)
-
-    def _replica_mismatch(self, e, everyone, text, errors, hint, key="piece"):
-        shapes = [tuple(d[e["name"]][0]) for d in everyone]
-        if any(s != tuple(e[key]) for s in shapes):
-            errors.append("param '%s' is replicated over the %s group but its ranks hold "
-                          "shapes %s%s" % (e["name"], text, shapes, hint))
-            e["bad"] = True
-            return True
-        if self.verify_replicas:
-            crcs = [d[e["name"]][1] for d in everyone]
-            if len(set(crcs)) != 1:
-                differ = [everyone.world[r] for r, c in enumerate(crcs) if c != crcs[0]]
-                errors.append("param '%s' is replicated over the %s group but its values on "
-                              "rank(s) %s differ from rank %d's%s (verify_replicas=False skips "
-                              "this check)" % (e["name"], text, differ, everyone.world[0],
-                                               hint))
-                e["bad"] = True
-                return True
-        return False
 
     def _global_of(self, e):
         """The param's whole shape: given (flat FSDP) or added up from the pieces."""
@@ -635,73 +312,6 @@ class ProcessGroupConfig(DistributedConfig):
                              % (e["name"], math.prod(shape), math.prod(e["local"])))
         return {"name": e["name"], "global_shape": self._global_of(e),
                 "local_shape": tuple(e["local"]), "steps": steps}
-
-
-class _ParamError(ValueError):
-    pass
-
-
-class _DefaultDim(int):
-    """A TP dim nobody gave for the param: create_auto_config's default (dim 0)."""
-
-
-class _Gathered(list):
-    """Every group member's payload, in group-rank order; .world: their world ranks."""
-
-    world = ()
-
-    def ranks_without(self, name):
-        return [self.world[r] for r, d in enumerate(self) if name not in d]
-
-
-class _Job:
-    """One _attach: the groups present, their sizes, this rank's problems (raised
-    on every rank at the end), and the collectives every rank issues."""
-
-    def __init__(self, config, dist):
-        self.dist = dist
-        self.world_pg = config.world_pg
-        self.groups = {role: pg for role, pg in config.groups.items() if pg is not None}
-        self.errors = []
-        self.world_size = dist.get_world_size(config.world_pg)
-        self.sizes = {role: dist.get_world_size(pg) for role, pg in self.groups.items()}
-        self.my_rank = dist.get_rank(config.world_pg)
-        product = math.prod(self.sizes.values()) if self.sizes else 1
-        if product != self.world_size:
-            self.errors.append(
-                "the group sizes (%s) multiply to %d but the world has %d ranks; every rank "
-                "must be in exactly one group of each kind"
-                % (", ".join("%s %d" % (_ROLE_TEXT[r], s) for r, s in self.sizes.items())
-                   or "no groups", product, self.world_size))
-
-    def fail(self, entry, message):
-        self.errors.append(message)
-        entry["bad"] = True
-
-    def gather(self, role, payload):
-        """payload (a dict name -> value) of every member of the group, in group-rank
-        order; .world lists their ranks in the world (for messages)."""
-        out = [None] * self.sizes[role]
-        self.dist.all_gather_object(out, (self.my_rank, payload), group=self.groups[role])
-        gathered = _Gathered(d for _, d in out)
-        gathered.world = [r for r, _ in out]
-        return gathered
-
-    def raise_on_every_rank(self, registered):
-        """Every rank's problems, gathered over the world and raised on every rank
-        (ValueError naming the ranks of each), unless there are none."""
-        everyone = [None] * self.world_size
-        self.dist.all_gather_object(everyone, self.errors, group=self.world_pg)
-        by_message = {}  # message -> the ranks that report it, in first-seen order
-        for r, errs in enumerate(everyone):
-            for msg in errs or []:
-                by_message.setdefault(msg, []).append(r)
-        problems = ["%s %s: %s" % ("ranks" if len(rs) > 1 else "rank",
-                                   ", ".join(str(r) for r in rs), msg)
-                    for msg, rs in by_message.items()]
-        if problems or not registered:
-            raise ValueError("muon distributed config: the layout is inconsistent (every rank "
-                             "raises this):\n  " + "\n  ".join(problems))
 
 
 def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,

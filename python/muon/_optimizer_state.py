@@ -1,0 +1,148 @@
+"""muon.Optimizer's state and QK-Clip: each parameter's momentum buffer and
+NorMuon moments, the whole state as bytes (state blobs), and QK-Clip's
+layers. Optimizer inherits these methods (OptimizerState)."""
+
+import ctypes
+import operator
+
+from . import _lib
+from ._errors import check
+from ._tensor import TensorView, is_torch
+
+_lib_handle = _lib.lib
+
+
+class OptimizerState:
+    """muon.Optimizer's methods over the library's state (self._h(): the handle;
+    self._params: the registered parameters)."""
+
+    def state_dtype(self, param_id):
+        """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
+        dt = _lib.DLDataType()
+        check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
+        return {(_lib.kDLFloat, 32): "float32", (_lib.kDLFloat, 16): "float16",
+                (_lib.kDLBfloat, 16): "bfloat16"}[(dt.code, dt.bits)]
+
+    def get_state(self, param_id, out=None):
+        """A copy of a parameter's momentum buffer.
+
+        A torch tensor for torch parameters, a numpy array for numpy ones, of the
+        parameter's shape and the state dtype (the gradient's, or float32 with
+        momentum_fp32). With `out`, fills and returns that array instead.
+        """
+        h = self._h()
+        if out is None:
+            dt = _lib.DLDataType()
+            check(_lib_handle.muon_get_state_dtype(h, int(param_id), ctypes.byref(dt)))
+            like = self._params[int(param_id)].param.obj  # the id is valid: the call succeeded
+            if is_torch(like):
+                import torch
+                dtype = {(_lib.kDLFloat, 32): torch.float32, (_lib.kDLFloat, 16): torch.float16,
+                         (_lib.kDLBfloat, 16): torch.bfloat16}[(dt.code, dt.bits)]
+                out = torch.empty(tuple(like.shape), dtype=dtype)
+            else:
+                import numpy
+                if dt.code != _lib.kDLFloat:
+                    raise TypeError("muon: state dtype bfloat16 cannot be held by numpy")
+                out = numpy.empty(like.shape, dtype="float%d" % dt.bits)
+        view = TensorView(out)
+        check(_lib_handle.muon_get_state(h, int(param_id), view.ref))
+        return out
+
+    def set_state(self, param_id, value):
+        """Overwrites a parameter's momentum buffer (shape and state dtype must match)."""
+        view = TensorView(value)
+        check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
+
+    def get_moments(self, param_id):
+        """A copy of a parameter's NorMuon second moments (float32, one per row:
+        shape (rows,), or (batch, rows) for a batched view), a torch tensor for
+        torch parameters, else a numpy array. Before the first step, what was
+        set or loaded (zeros when nothing); after it, only on the rank that owns
+        every matrix of the parameter (muon_get_moments)."""
+        rec = self._params[int(param_id)] if 0 <= int(param_id) < len(self._params) else None
+        shape = rec.moments_shape if rec is not None else (0,)
+        if rec is not None and is_torch(rec.param.obj):
+            import torch
+            out = torch.empty(shape, dtype=torch.float32)
+        else:
+            import numpy
+            out = numpy.empty(shape, dtype="float32")
+        view = TensorView(out)
+        check(_lib_handle.muon_get_moments(self._h(), int(param_id), view.ref))
+        return out
+
+    def set_moments(self, param_id, value):
+        """Overwrites a parameter's NorMuon second moments (float32, one per row
+        of each matrix; muon_set_moments)."""
+        view = TensorView(value)
+        check(_lib_handle.muon_set_moments(self._h(), int(param_id), view.ref))
+
+    # -- QK-Clip ------------------------------------------------------------------
+
+    _QK_FIELDS = ("num_kv_heads", "q_first_row", "q_head_stride", "q_head_rows",
+                  "q_rotary_rows", "k_first_row", "k_head_stride", "k_head_rows")
+
+    def register_qk_clip(self, q_param_id, k_param_id, num_heads, alpha=0.5, **rows):
+        """Registers an attention layer for qk_clip (muon_register_qk_clip):
+        query head h is rows [q_first_row + h * q_head_stride, + q_head_rows)
+        of parameter q_param_id's global matrix, key head g the same of
+        k_param_id's with the k_ fields; num_kv_heads for GQA; q_rotary_rows
+        for MLA. Zeros (the defaults) ask for heads splitting the rows evenly.
+        Returns the layer's id."""
+        unknown = set(rows) - set(self._QK_FIELDS)
+        if unknown:
+            raise TypeError("muon: register_qk_clip got unknown arguments %s; it takes %s"
+                            % (sorted(unknown), ", ".join(self._QK_FIELDS)))
+        layer = _lib.muon_qk_clip_layer_t()
+        check(_lib_handle.muon_qk_clip_layer_init(ctypes.byref(layer), ctypes.sizeof(layer)))
+        layer.q_param, layer.k_param = operator.index(q_param_id), operator.index(k_param_id)
+        layer.num_heads = operator.index(num_heads)
+        layer.alpha = float(alpha)
+        for name, value in rows.items():
+            setattr(layer, name, operator.index(value if value is not None else 0))
+        out = ctypes.c_int64()
+        check(_lib_handle.muon_register_qk_clip(self._h(), ctypes.byref(layer), ctypes.byref(out)))
+        return out.value
+
+    def qk_clip(self, layer_id, max_logits, tau):
+        """QK-Clip of a registered layer (muon_qk_clip): `max_logits` holds the
+        layer's largest attention logit of each query head (a sequence, numpy
+        array or tensor), the same on every rank; returns how many heads were
+        clipped. Scales this rank's pieces of the layer's parameters."""
+        values = [float(v) for v in (max_logits.tolist() if hasattr(max_logits, "tolist")
+                                     else max_logits)]
+        array = (ctypes.c_float * max(len(values), 1))(*values)
+        clipped = ctypes.c_int32()
+        check(_lib_handle.muon_qk_clip(self._h(), int(layer_id), array, len(values), float(tau),
+                                       ctypes.byref(clipped)))
+        return clipped.value
+
+    def state_bytes(self):
+        """The whole optimizer state (step count and momentum buffers) as bytes."""
+        h = self._h()
+        size = ctypes.c_size_t()
+        check(_lib_handle.muon_save_state(h, None, 0, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        check(_lib_handle.muon_save_state(h, buf, size.value, ctypes.byref(size)))
+        return buf.raw[:size.value]
+
+    def load_state_bytes(self, data):
+        """Restores state written by state_bytes() into an optimizer with the same
+        parameters registered in the same order. Hyper-parameters are not restored."""
+        data = bytes(data)
+        check(_lib_handle.muon_load_state(self._h(), data, len(data)))
+
+    def load_states_bytes(self, blobs):
+        """Restores this rank's state from several ranks' state_bytes() (e.g.
+        every blob of a checkpoint saved at another world size or layout:
+        muon_load_states). Each param's elements are found by name and global
+        coordinates in whichever blob holds them. Refused while a custom-path
+        parameter is registered (load this rank's own blob with
+        load_state_bytes)."""
+        blobs = [bytes(b) for b in blobs]
+        n = len(blobs)
+        buffers = (ctypes.c_void_p * max(n, 1))(
+            *[ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p) for b in blobs])
+        sizes = (ctypes.c_size_t * max(n, 1))(*[len(b) for b in blobs])
+        check(_lib_handle.muon_load_states(self._h(), buffers, sizes, n))  # blobs: alive

@@ -1,0 +1,208 @@
+"""muon.Muon's state in torch's format: state_dict() and load_state_dict()
+(the momentum buffers and NorMuon moments the library holds copied out and
+back, flat buffers' state folded buffer-shaped), and copy.deepcopy / pickle
+(__getstate__, __setstate__). Muon inherits these methods (TorchState)."""
+
+import collections
+
+import torch
+
+from ._group_options import GROUP_KEYS, check_group, variants_of
+
+# What __getstate__ returns carries this key; torch's load_state_dict calls
+# __setstate__ with a dict without it.
+_COPY_MARK = "_muon_copy"
+
+
+def _like_param(buf, p):
+    """A local momentum buffer as the param is: a DTensor with the param's mesh and
+    placements for a DTensor param (so torch.distributed.checkpoint can reshard
+    it), else the tensor itself."""
+    if not hasattr(p, "device_mesh") or not callable(getattr(p, "to_local", None)):
+        return buf
+    return type(p).from_local(buf.to(p.to_local().device), p.device_mesh, p.placements,
+                              shape=p.shape, stride=p.stride())
+
+
+class TorchState:
+    """muon.Muon's state_dict, load_state_dict, __getstate__ and __setstate__."""
+
+    def _momentum_buffers(self):
+        """(member, a copy of its momentum buffer) for each member that has one
+        (held by the library, or pending for a group not built yet)."""
+        out = []
+        for gi, group in self._numbered():
+            g = self._groups.get(gi)
+            position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
+            for _, p in self._members(gi, group):
+                buf = None
+                k = position.get(id(p))
+                if id(p) in self._pending:
+                    buf = self._pending[id(p)]
+                    buf = None if buf is None else buf.clone()
+                elif (g is not None and self._has_state.get(id(p)) and k is not None
+                      and k < len(g.ids) and g.ids[k] is not None):
+                    buf = self._local_state(g, g.ids[k])
+                if buf is not None:
+                    out.append((p, buf))
+        return out
+
+    def _moments(self):
+        """{id(member): a copy of its NorMuon second moments} for each member
+        that has them (held by the library, or pending for a group not built)."""
+        out = {}
+        for gi, group in self._numbered():
+            if not variants_of(group)["normuon"]:
+                continue
+            g = self._groups.get(gi)
+            position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
+            for _, p in self._members(gi, group):
+                k = position.get(id(p))
+                if id(p) in self._pending_moments:
+                    out[id(p)] = self._pending_moments[id(p)].clone()
+                elif (g is not None and g.normuon and self._has_state.get(id(p))
+                      and k is not None and k < len(g.ids) and g.ids[k] is not None):
+                    if self._config is not None:
+                        raise NotImplementedError(
+                            "muon.Muon: with normuon=True and a distributed_config, NorMuon's "
+                            "second moments live on each matrix's owner rank, and state_dict() "
+                            "cannot carry them yet; checkpoint through the library's state "
+                            "blobs (muon.Optimizer.state_bytes / load_states_bytes) or train "
+                            "without normuon")
+                    out[id(p)] = g.opt.get_moments(g.ids[k])
+        return out
+
+    def _take_momentum_from_state(self):
+        """Moves the momentum buffers (and NorMuon moments) self.state holds
+        (just loaded or copied) to where the next build gives them to the
+        library."""
+        for gi, group in self._numbered():
+            normuon = variants_of(group)["normuon"] and self._config is None
+            for _, p in self._members(gi, group):
+                entry = self.state.get(p)
+                moments = entry.pop("normuon_second_moment", None) if entry is not None else None
+                # A state without them (torch's, or saved without normuon) starts
+                # them at zero, as the library's state blobs do.
+                if normuon and moments is None and p.ndim >= 1:
+                    moments = torch.zeros((p.shape[0],), dtype=torch.float32)
+                if normuon:
+                    self._pending_moments[id(p)] = moments
+                else:
+                    self._pending_moments.pop(id(p), None)
+                buf = entry.pop("momentum_buffer", None) if entry is not None else None
+                if entry is not None and not entry:
+                    del self.state[p]
+                self._pending[id(p)] = buf
+                if buf is None:
+                    self._has_state.pop(id(p), None)
+                else:
+                    self._has_state[id(p)] = True
+
+    def state_dict(self):
+        added = []  # (tensor, what self.state held for it before)
+
+        def put(t, entry):
+            added.append((t, self.state.get(t)))
+            if entry is None:
+                self.state.pop(t, None)
+            else:
+                self.state[t] = entry
+
+        moments = self._moments()
+        for p, buf in self._momentum_buffers():
+            extra = {"normuon_second_moment": moments[id(p)]} if id(p) in moments else {}
+            put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p), **extra))
+        # A flat buffer's state is the buffer's: its segments' folded into
+        # buffer-shaped tensors (torch's format for the param the host gave).
+        for fb in self._flat_buffers():
+            folded = fb.fold({v: self.state.get(v) for v in fb.views})
+            for v in fb.views:
+                if v in self.state:
+                    put(v, None)
+            if folded:
+                put(fb.param, folded)
+        try:
+            return super().state_dict()
+        finally:
+            # The dict returned keeps the copies; the library has the live buffers.
+            for t, before in reversed(added):
+                if before is None:
+                    self.state.pop(t, None)
+                else:
+                    self.state[t] = before
+
+    def load_state_dict(self, state_dict):
+        numbered = self._numbered()
+        super().load_state_dict(state_dict)
+        # torch made new group dicts, in the same order: they keep the numbers,
+        # and a group's split blocks when the checkpoint's group names none
+        # (a checkpoint of torch.optim.Muon, or from before the split).
+        for (n, old), group in zip(numbered, self.param_groups):
+            self._numbers[id(group)] = (group, n)
+            self._by_number[n] = group
+            for key in ("split_sizes", "split_dim"):
+                if key in old and key not in group:
+                    group[key] = old[key]
+        for group in self.param_groups:
+            # A checkpoint of torch.optim.Muon has no ns_dtype: the constructor's
+            # applies. Only this optimizer's options: torch's __setstate__ put
+            # "differentiable" into self.defaults, and no param group holds it.
+            for key in GROUP_KEYS:
+                if key not in group:
+                    group[key] = self.defaults[key]
+            check_group(group)
+        self._unfold_flat_state()
+        self._take_momentum_from_state()
+        for g in self._groups.values():
+            self._apply_pending(g)
+
+    # -- copy.deepcopy and pickle ------------------------------------------------------
+
+    def __getstate__(self):
+        """torch.optim.Optimizer's copy (defaults, state, param_groups; hooks are
+        not copied), with the momentum buffers the library holds put into the
+        state. The library's handles are not part of it: the copy builds its
+        own at its first step, from its param groups and this state, as
+        load_state_dict does. So a deepcopy of the optimizer deep-copies its
+        parameters, as torch's does, and steps them like the original."""
+        if self._config is not None:
+            raise TypeError("muon.Muon: an optimizer with a distributed_config cannot be copied "
+                            "or pickled (its communicators and process groups belong to this "
+                            "process); save state_dict() and load it into a new optimizer")
+        state = collections.defaultdict(dict)
+        for p, entry in self.state.items():
+            state[p] = dict(entry)
+        moments = self._moments()
+        for p, buf in self._momentum_buffers():
+            state[p]["momentum_buffer"] = buf
+            if id(p) in moments:
+                state[p]["normuon_second_moment"] = moments[id(p)]
+        return {"defaults": self.defaults, "state": state, "param_groups": self.param_groups,
+                _COPY_MARK: True}
+
+    def __setstate__(self, state):
+        if not state.get(_COPY_MARK):
+            # torch.optim.Optimizer.load_state_dict sets its state and groups this way.
+            super().__setstate__(state)
+            return
+        state = {k: v for k, v in state.items() if k != _COPY_MARK}
+        self._init_bookkeeping(None)
+        super().__setstate__(state)
+        self._take_momentum_from_state()
+
+    def _unfold_flat_state(self):
+        """A flat buffer's loaded state back onto its segments: momentum for the
+        matrices', AdamW's entries for the others'."""
+        matrices = {id(p) for gi, group in self._numbered()
+                    for _, p in self._matrices(gi, group)}
+
+        for fb in self._flat_buffers():
+            entry = self.state.pop(fb.param, None)
+            for v in fb.views:
+                self.state.pop(v, None)
+            if not entry:
+                continue
+            adamw_keys = tuple(k for k in entry if k != "momentum_buffer")
+            for v, values in fb.unfold(entry, lambda view: ("momentum_buffer",)
+                                       if id(view) in matrices else adamw_keys).items():
+                self.state[v] = values
