@@ -148,16 +148,18 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             return self._attach_dtensors(optimizer, named_params)
         job = Job(self, require_dist("create_processgroup_config"))
         entries = self._read_params(job, named_params)
-        good = [e for e in entries if not e["bad"]]
+        local_pieces = [(e, e.local) for e in entries if not e.bad]
         if self._fsdp_outer(job.groups):  # TP pieces add up to FSDP's, those to the whole
-            good = self._tp_global_shapes(job, good, "local", "fsdp_piece")
-            good = self._fsdp_pieces(job, good, "fsdp_piece", "global_inferred")
-            for e in good:
-                e["piece"] = e["fsdp_piece"]
+            pieces = self._tp_global_shapes(job, local_pieces)
+            wholes = self._fsdp_pieces(job, pieces)
         else:  # FSDP pieces add up to TP's, those to the whole
-            good = self._fsdp_pieces(job, good, "local", "piece")
-            good = self._tp_global_shapes(job, good, "piece", "global_inferred")
-        good = self._ep_experts(job, good)
+            pieces = self._fsdp_pieces(job, local_pieces)
+            wholes = self._tp_global_shapes(job, pieces)
+        for e, piece in pieces:
+            e.piece = piece  # what DP, CP and EP replicate
+        for e, whole in wholes:
+            e.global_inferred = whole
+        good = self._ep_experts(job, [e for e, _ in wholes])
         self._check_replicas(job, good)
         if job.errors:
             registered = False
@@ -194,12 +196,12 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
 
     def _global_of(self, e):
         """The param's whole shape: given (flat FSDP) or added up from the pieces."""
-        if e.get("fsdp", (None,))[0] == "flat":
-            return tuple(e["global"])
-        inferred = tuple(e["global_inferred"])
-        if e["global"] is not None and tuple(e["global"]) != inferred:
+        if e.fsdp is not None and e.fsdp[0] == "flat":
+            return tuple(e.global_shape)
+        inferred = tuple(e.global_inferred)
+        if e.global_shape is not None and tuple(e.global_shape) != inferred:
             raise ValueError("param '%s': global_shapes says %s but the ranks' pieces add "
-                             "up to %s" % (e["name"], tuple(e["global"]), inferred))
+                             "up to %s" % (e.name, tuple(e.global_shape), inferred))
         return inferred
 
     def _steps(self, roles, e):
@@ -207,14 +209,14 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         first: (kind, role, arg), kind "replicate", "shard" (arg: (dim, split))
         or "flat" (arg: (start, length) of this rank)."""
         steps = [("replicate", role, None) for role in ("dp", "cp") if role in roles]
-        if "ep" in roles and not e["expert"]:
+        if "ep" in roles and not e.expert:
             steps.append(("replicate", "ep", None))
         split = []
         if "tp" in roles:
-            split.append(("replicate", "tp", None) if e["tp"] is None else
-                         ("shard", "tp", e["tp"]))
+            split.append(("replicate", "tp", None) if e.tp is None else
+                         ("shard", "tp", e.tp))
         if "fsdp" in roles:
-            kind = e["fsdp"]
+            kind = e.fsdp
             split.append(("flat", "fsdp", kind[1:]) if kind[0] == "flat" else
                          ("shard", "fsdp", (0, kind[1])))
         if self._fsdp_outer(roles):
@@ -222,7 +224,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         return steps + split
 
     def _register(self, optimizer, gid, e):
-        param = e["param"]
+        param = e.param
         global_shape = self._global_of(e)
         placements = []
         for kind, role, arg in self._steps(gid, e):
@@ -234,14 +236,14 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                 placements.append(FlatRange(gid[role], arg[0], arg[1]))
         # The param group's split (muon.Muon set it under the default name),
         # else the config's own (Megatron's fused QKV).
-        split = None if e["default"] in getattr(optimizer, "_splits", {}) else \
-            self._split_of(e["param"])
-        optimizer.register(param, grad_buffer(param), name=e["name"],
+        split = None if e.default in getattr(optimizer, "_splits", {}) else \
+            self._split_of(e.param)
+        optimizer.register(param, grad_buffer(param), name=e.name,
                            matrix_view=matrix_view_for(len(global_shape)),
                            global_shape=global_shape, placements=placements,
                            replicated_mode=self.replicated_mode,
                            split_sizes=split[1] if split else None,
-                           split_dim=split[0] if split else 0, _split_name=e["default"])
+                           split_dim=split[0] if split else 0, _split_name=e.default)
 
     def _split_of(self, param):
         """(split_dim, split_sizes) this config gives `param`: what
@@ -254,7 +256,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     def _register_custom(self, job, optimizer, entries):
         """The layouts into state, then DistributedConfig's registration of the
         three functions; False (the error noted) when that fails."""
-        if "pp" in job.groups or any(e.get("expert") for e in entries):
+        if "pp" in job.groups or any(e.expert for e in entries):
             job.errors.append(
                 "a replaced assign_fn, gather_fn or redistribute_fn runs the design's "
                 "functions, whose param_idx must name the same param on every rank; pipeline "
@@ -270,14 +272,14 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                                    "at the first step)")
             layouts, names, shapes = {}, {}, {}
             for e in entries:
-                layouts[self._index[id(e["param"])]] = self._layout(job, e)
-                names[e["param"]] = e["name"]
-                shapes[e["name"]] = self._global_of(e)
+                layouts[self._index[id(e.param)]] = self._layout(job, e)
+                names[e.param] = e.name
+                shapes[e.name] = self._global_of(e)
             self.state["layouts"] = {**self.state.get("layouts", {}), **layouts}
             self.state["names"] = {**self.state.get("names", {}), **names}
             self.state["global_shapes"] = {**self.state.get("global_shapes", {}), **shapes}
             DistributedConfig._attach(self, optimizer,
-                                      [(e["default"], e["param"]) for e in entries])
+                                      [(e.default, e.param) for e in entries])
             return True
         except Exception as err:  # noqa: BLE001  (reported on every rank)
             job.errors.append("%s: %s" % (type(err).__name__, err))
@@ -301,17 +303,17 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             else:
                 total = math.prod(shape)
                 c = -(-total // n)
-                ranges = e.get("ranges") or [
+                ranges = e.ranges or [
                     (min(r * c, total), max(0, min(c, total - min(r * c, total))))
                     for r in range(n)]
                 steps.append({"group": role, "kind": "flat", "shape": tuple(shape),
                               "ranges": ranges})
                 shape = [ranges[me][1]]
-        if math.prod(shape) != math.prod(e["local"]):
+        if math.prod(shape) != math.prod(e.local):
             raise ValueError("param '%s': its layout gives this rank %s elements, it holds %s"
-                             % (e["name"], math.prod(shape), math.prod(e["local"])))
-        return {"name": e["name"], "global_shape": self._global_of(e),
-                "local_shape": tuple(e["local"]), "steps": steps}
+                             % (e.name, math.prod(shape), math.prod(e.local)))
+        return {"name": e.name, "global_shape": self._global_of(e),
+                "local_shape": tuple(e.local), "steps": steps}
 
 
 def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,

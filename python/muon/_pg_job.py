@@ -1,17 +1,51 @@
 """One collective attach of a process-group config: the groups present and
 their sizes, the payloads gathered over a group, and this rank's problems,
-raised on every rank at the end (Job); with the small types it reports
-(ParamError, DefaultDim, Gathered)."""
+raised on every rank at the end (Job); each param as the attach reads it
+(ParamEntry); and the small types they report (ParamError, DefaultDim,
+Gathered)."""
 
+from __future__ import annotations
+
+import dataclasses
 import math
+from typing import Any
+
+from ._flat import Segment
+
+Shape = tuple[int, ...]
 
 _ROLE_TEXT = {"dp": "data-parallel (dp_pg)", "cp": "context-parallel (cp_pg)",
               "ep": "expert-parallel (ep_pg)", "tp": "tensor-parallel (tp_pg)",
               "fsdp": "FSDP (fsdp_pg)", "pp": "pipeline (pp_pg)"}
 
 
+@dataclasses.dataclass(eq=False)
+class ParamEntry:
+    """One param of an attach, as the layout checks read it: filled in step by
+    step (ProcessGroupConfig.attach), marked bad once a problem is noted on
+    the Job (the attach then registers nothing)."""
+
+    default: str                    # muon.Muon's name for the param
+    param: Any                      # the tensor: this rank's piece
+    name: str                       # its name across ranks (the config's)
+    bad: bool = False               # a problem was noted (Job.fail)
+    local: Shape = ()               # this rank's piece's shape
+    segment: Segment | None = None  # the range of a flat buffer it views, if any
+    global_shape: Shape | None = None  # the whole shape, as told (or read from the segment)
+    tp_dim: int | None = None       # the dim TP splits (None: replicated over TP)
+    crc: int = 0                    # a checksum of its values (verify_replicas)
+    # What the pieces over the groups add up to:
+    piece: Shape | None = None            # the piece DP, CP and EP replicate
+    global_inferred: Shape | None = None  # the whole
+    # The splits read from the ranks:
+    tp: tuple[int, str | list[int]] | None = None  # (dim, "even" | each TP rank's size)
+    fsdp: tuple[Any, ...] | None = None  # ("flat", start, length) or ("shard", "chunk" | sizes)
+    ranges: list[tuple[int, int]] | None = None  # a flat buffer's (start, length) per FSDP rank
+    expert: bool = False            # held by one EP rank only
+
+
 class ParamError(ValueError):
-    pass
+    """A param's problem a lookup raised, reported as its message says."""
 
 
 class DefaultDim(int):
@@ -28,7 +62,7 @@ class Gathered(list):
 
 
 class Job:
-    """One _attach: the groups present, their sizes, this rank's problems (raised
+    """One attach: the groups present, their sizes, this rank's problems (raised
     on every rank at the end), and the collectives every rank issues."""
 
     def __init__(self, config, dist):
@@ -48,8 +82,9 @@ class Job:
                    or "no groups", product, self.world_size))
 
     def fail(self, entry, message):
+        """Notes a problem of `entry` (a ParamEntry), which is then left out."""
         self.errors.append(message)
-        entry["bad"] = True
+        entry.bad = True
 
     def gather(self, role, payload):
         """payload (a dict name -> value) of every member of the group, in group-rank
