@@ -18,6 +18,7 @@ LEVELS = {
     "_flat": 1,             # FSDP1/ZeRO flat ranges (no muon import)
     "_options": 1,          # muon_options_t / muon_param_options_t from Python values
     "_comm": 2,             # placements, Python communicators
+    "_base_config": 2,      # DistributedConfigBase: the protocol muon.Muon drives
     "_optimizer_state": 2,  # muon.Optimizer's state and QK-Clip methods
     "_callbacks": 3,        # Python callables as the library's C callbacks
     "_dist": 3,             # torch.distributed communicators

@@ -17,6 +17,10 @@ communicator written in Python) and InProcessWorld (ranks as threads).
         ...  # backward() fills p.grad in place, then
         opt.step()
 
+Distributed configs (distributed_config=) derive from muon.DistributedConfigBase,
+which documents the protocol muon.Muon calls; the framework adapters
+(muon.megatron, muon.deepspeed) build on muon.ProcessGroupConfig.
+
 The library is found through MUON_LIBRARY, next to this package, in the
 repository's bazel-bin, or through the system loader (see _lib.py).
 """
@@ -26,8 +30,10 @@ from ._errors import MuonError
 from ._optimizer import Optimizer, version
 from ._comm import Communicator, FlatRange, InProcessComm, InProcessWorld, Replicate, Shard
 from ._dist import TorchDistComm
+from ._base_config import DistributedConfigBase
 from ._config import DistributedConfig
-from ._pg_config import create_auto_config, create_devicemesh_config, create_processgroup_config
+from ._pg_config import (ProcessGroupConfig, create_auto_config, create_devicemesh_config,
+                         create_processgroup_config)
 from ._dtensor_config import create_dtensor_config
 
 __version__ = "%d.%d.%d" % version()
@@ -45,8 +51,9 @@ __all__ = [
     "library_path",
     "version",
 ]
-__all__ += ["TorchDistComm", "DistributedConfig", "create_auto_config",
-            "create_devicemesh_config", "create_dtensor_config", "create_processgroup_config"]
+__all__ += ["TorchDistComm", "DistributedConfig", "DistributedConfigBase", "ProcessGroupConfig",
+            "create_auto_config", "create_devicemesh_config", "create_dtensor_config",
+            "create_processgroup_config"]
 
 __all__ += ["Muon", "zeropower_via_newtonschulz"]
 

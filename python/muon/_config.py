@@ -1,28 +1,18 @@
-"""Distributed configs for muon.Muon: how each rank's parameters map to the
-library's distributed engine (include/libmuon/muon.h).
+"""DistributedConfig: the design's distributed config for muon.Muon, three
+torch-level callables (assign_fn, gather_fn, redistribute_fn) registered on
+the custom path (muon_register_param_custom); and the helpers the other
+configs share (lookups by param or name, torch and torch.distributed).
 
-A config implements two methods that muon.Muon calls once per param group:
+Every config derives from muon.DistributedConfigBase (_base_config.py),
+which names the protocol muon.Muon calls: options() and attach(optimizer,
+named_params), with prepare(), set_param_order(), global_ndim() and the
+rest optional. The create_*_config helpers (_pg_config.py,
+_dtensor_config.py) return DistributedConfigs too, whose three functions
+describe their layout; while none is replaced they register placements
+instead (muon_register_param with a global shape), so the library moves the
+pieces itself.
 
-  _options() -> dict
-      extra keyword arguments of the low-level muon.Optimizer
-      (prefetch_count, async_parallelism);
-  _attach(optimizer, named_params)
-      sets the world, adds the groups and registers every (name, param) of the
-      group, in the order given, with its grad buffer (allocated when
-      param.grad is None).
-
-It may also implement _prepare(named_matrices) (called in muon.Muon's
-__init__: the design's assign_fn runs there), _set_param_order(params) and
-_global_ndim(name, param) (a flat shard's global tensor may be a matrix).
-
-DistributedConfig (here) wraps three torch-level callables over the custom
-path (muon_register_param_custom). The create_*_config helpers
-(_pg_config.py, _dtensor_config.py) are DistributedConfigs too, whose three
-functions describe their layout; while none is replaced they register
-placements instead (muon_register_param with a global shape), so the
-library moves the pieces itself.
-
-_attach is collective: muon.Muon calls it at the first step() of each param
+attach is collective: muon.Muon calls it at the first step() of each param
 group, so every rank of the world must step the same number of param groups,
 in the same order. Layout errors are found there and raised on every rank.
 """
@@ -33,6 +23,7 @@ import inspect
 import math
 import typing
 
+from ._base_config import DistributedConfigBase, check_pipeline_options
 from ._dist import TorchDistComm
 
 __all__ = ["DistributedConfig"]
@@ -55,13 +46,6 @@ def require_dist(what):
         raise RuntimeError("muon.%s: torch.distributed is not initialized; call "
                            "torch.distributed.init_process_group first" % what)
     return dist
-
-
-def _check_pipeline_options(async_gpu_parallelism, prefetch_count):
-    if isinstance(prefetch_count, bool) or not isinstance(prefetch_count, int) or \
-            prefetch_count < 0:
-        raise ValueError("muon: prefetch_count must be an int >= 0, got %r" % (prefetch_count,))
-    return bool(async_gpu_parallelism), int(prefetch_count)
 
 
 def matrix_ndim_error(name, shape):
@@ -114,32 +98,6 @@ def lookup_any(table, name, default_name, param, convert):
     return convert(value) if found else None
 
 
-class _Config:
-    """The pipeline options every config carries."""
-
-    def __init__(self, async_gpu_parallelism=True, prefetch_count=1):
-        self.async_gpu_parallelism, self.prefetch_count = _check_pipeline_options(
-            async_gpu_parallelism, prefetch_count)
-
-    def _options(self):
-        return {"prefetch_count": self.prefetch_count,
-                "async_parallelism": self.async_gpu_parallelism}
-
-    def _declared_global_shape(self, default_name, param):
-        """The global shape the config was told for a param, or None."""
-        return None
-
-    def _global_ndim(self, default_name, param):
-        """The param's global number of dims (a DTensor's ndim is global; a local
-        piece's may not be: a flat shard is 1-D). muon.Muon gives the params whose
-        global tensor has fewer than 2 dims to AdamW."""
-        try:
-            shape = self._declared_global_shape(default_name, param)
-        except Exception:  # noqa: BLE001  (a lookup that fails is reported by _attach)
-            shape = None
-        return len(shape) if shape is not None else param.ndim
-
-
 # ---------------------------------------------------------------------------
 # DistributedConfig: the custom path
 # ---------------------------------------------------------------------------
@@ -162,7 +120,7 @@ def _positional_arity(fn):
 
 
 @dataclasses.dataclass(eq=False)
-class DistributedConfig(_Config):
+class DistributedConfig(DistributedConfigBase):
     """Zero-redundancy Muon over layouts the host gathers itself (the design's
     DistributedConfig).
 
@@ -217,7 +175,7 @@ class DistributedConfig(_Config):
             if not callable(fn):
                 raise TypeError("muon.DistributedConfig: %s must be callable, got %s"
                                 % (what, type(fn).__name__))
-        self.async_gpu_parallelism, self.prefetch_count = _check_pipeline_options(
+        self.async_gpu_parallelism, self.prefetch_count = check_pipeline_options(
             self.async_gpu_parallelism, self.prefetch_count)
         if self.state is None:
             self.state = {}
@@ -248,7 +206,7 @@ class DistributedConfig(_Config):
 
     # -- the design's assignment, once -----------------------------------------------
 
-    def _prepare(self, named_matrices):
+    def prepare(self, named_matrices):
         """Runs the design's assign_fn over every matrix muon.Muon steps (a list of
         (name, param)), once; muon.Muon calls this from __init__ and before each
         step (it waits for torch.distributed to be initialized)."""
@@ -260,7 +218,7 @@ class DistributedConfig(_Config):
         else:
             _, dist = torch_and_dist()
             if not dist.is_available() or not dist.is_initialized():
-                return  # at the first step; _attach then says what is missing
+                return  # at the first step; attach then says what is missing
             group = self._state_entry("world_pg")
             rank, size = dist.get_rank(group), dist.get_world_size(group)
         params = [p for _, p in named_matrices]
@@ -274,7 +232,9 @@ class DistributedConfig(_Config):
 
     # -- registration ---------------------------------------------------------------
 
-    def _attach(self, optimizer, named_params):
+    def attach(self, optimizer, named_params):
+        """Registers every param on the custom path, its three callables calling
+        this config's assign_fn, gather_fn and redistribute_fn (see the class)."""
         world = self._world()
         optimizer.set_world(world)
         seen = set()

@@ -173,14 +173,14 @@ class _DTensorConfig(DistributedConfig):
         return (self.assign_fn is dtensor_assign_fn and self.gather_fn is dtensor_gather_fn
                 and self.redistribute_fn is dtensor_redistribute_fn)
 
-    def _prepare(self, named_matrices):
+    def prepare(self, named_matrices):
         if not self._native():
             self.state.setdefault("params", [p for _, p in named_matrices])
-            super()._prepare(named_matrices)
+            super().prepare(named_matrices)
 
-    def _attach(self, optimizer, named_params):
+    def attach(self, optimizer, named_params):
         if not self._native():
-            return super()._attach(optimizer, named_params)
+            return super().attach(optimizer, named_params)
         require_dist("create_dtensor_config")
         attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 

@@ -35,7 +35,7 @@ _VARIANTS = (("extra_scale_factor", "update_scale", 1.0, float),
              ("gram_restarts", "gram_restarts", (2,), tuple),
              ("skip_nonfinite_updates", "skip_nonfinite_updates", False, bool))
 GROUP_KEYS = _TORCH_GROUP_KEYS + ("ns_dtype", "adamw_lr", "adamw_betas", "adamw_eps",
-                                   "adamw_wd") + tuple(v[0] for v in _VARIANTS)
+                                  "adamw_wd") + tuple(v[0] for v in _VARIANTS)
 
 
 def real_value(name, value):

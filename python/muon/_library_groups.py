@@ -96,7 +96,7 @@ class LibraryGroups:
     def _build(self, gi, group, indexed):
         kwargs = lowlevel_kwargs(group)
         if self._config is not None:
-            kwargs.update(self._config._options() or {})
+            kwargs.update(self._hooks.options())
         opt = _optimizer.Optimizer(**kwargs)
         try:
             g = LibraryGroup(opt, indexed, self._rebuild_key(group), kwargs["normuon"])
@@ -145,7 +145,7 @@ class LibraryGroups:
         for name, _ in named:
             if split is not None:
                 g.opt.set_split(name, split[1], split[0])
-        self._config._attach(g.opt, named)
+        self._hooks.attach(g.opt, named)
         if split is not None:
             missed = [name for name, _ in named if name not in g.opt._splits_used]
             if missed:  # the same on every rank: the same groups, the same config

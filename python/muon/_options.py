@@ -144,7 +144,7 @@ def fill_options(o, assign_callback, lr=None, weight_decay=None, momentum=None, 
     if eps is not None:
         o.eps = float(eps)
     o.adjust_lr = choice("adjust_lr", "none" if adjust_lr is None else adjust_lr,
-                          _ADJUST_LR)
+                         _ADJUST_LR)
     if ns_dtype is not None:
         o.ns_dtype = choice("ns_dtype", ns_dtype, _NS_DTYPE)
     if momentum_fp32 is not None:

@@ -8,9 +8,9 @@ so the library moves the pieces itself: TP as Shard(tp_dim), FSDP as
 Shard(0, chunk) or FlatRange, DP and CP as Replicate, EP by registering
 experts only where they live, PP by each stage registering its own
 parameters. Replace any of them and the three run through the custom path
-over the same layout, which _attach writes into the config's state.
+over the same layout, which attach writes into the config's state.
 
-_attach is collective: every rank issues the same collectives in the same
+attach is collective: every rank issues the same collectives in the same
 order, and any inconsistency is raised on every rank, naming the ranks.
 
 ProcessGroupConfig is this module's; it inherits its layout reading from
@@ -42,11 +42,27 @@ def _megatron_tp_dim(param):
 
 
 class ProcessGroupConfig(LayoutChecks, DistributedConfig):
-    """What create_processgroup_config returns (see there)."""
+    """A layout made of torch.distributed process groups: what
+    create_processgroup_config returns (its arguments are this class's; see
+    there), and the base a framework adapter derives from (muon.megatron's and
+    muon.deepspeed's configs do).
 
-    def __init__(self, groups, world_pg, tp_dims, fsdp_mode, names, replicated_mode,
-                 global_shapes, verify_replicas, async_gpu_parallelism, prefetch_count,
-                 gather_order, index_tables=None, name_fn=None):
+    groups maps each role ("dp", "cp", "ep", "tp", "fsdp", "pp") to this
+    rank's process group of that kind (None: not used). At attach the config
+    reads every param's layout from the ranks (one all_gather_object per group
+    kind) and registers it with placements. An adapter sets what it learns of
+    its framework and overrides the protocol's hooks (muon.DistributedConfigBase):
+    flat_segments() for flat buffers (ZeRO partitions, Megatron's distributed
+    optimizer), flat_grad_attr, after_step(), global_ndim(), attach() to check
+    it is ready; and param_splits, {id(param): (split_dim, split_sizes)}, the
+    split blocks it gives params (Megatron's fused QKV; a param group's own
+    split_sizes win).
+    """
+
+    def __init__(self, groups, world_pg=None, tp_dims=None, fsdp_mode="chunk", names=None,
+                 replicated_mode="host_averaged", global_shapes=None, verify_replicas=True,
+                 async_gpu_parallelism=True, prefetch_count=1, gather_order=None,
+                 index_tables=None, name_fn=None):
         state = {"world_pg": world_pg,
                  "groups": {role: pg for role, pg in groups.items() if pg is not None}}
         DistributedConfig.__init__(self, processgroup_assign_fn, processgroup_gather_fn,
@@ -60,7 +76,9 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         self.replicated_mode = replicated_mode
         self.global_shapes = global_shapes
         self.verify_replicas = verify_replicas
-        self.gather_order = gather_order  # ("tp", "fsdp"): FSDP splits the whole matrix
+        # ("tp", "fsdp"): FSDP splits the whole matrix
+        self.gather_order = _gather_order(gather_order, fsdp_mode)
+        self.param_splits = {}  # id(param) -> (split_dim, split_sizes): an adapter's
         # create_auto_config: tables keyed by the param's index over all param
         # groups, in the order muon.Muon attaches them.
         self._index_tables = index_tables or {}
@@ -73,7 +91,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     def _param_index(self, param):
         return self._order.setdefault(id(param), len(self._order))
 
-    def _set_param_order(self, params):
+    def set_param_order(self, params):
         """muon.Muon's params, over its param groups in order: a param's index
         (tp_dim_per_param, expert_assignments) is its position here."""
         self._order = {id(p): k for k, p in enumerate(params)}
@@ -85,7 +103,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             found, name = lookup(self.names, default_name, param)
             if not found:
                 raise ParamError("param '%s' (shape %s) has no entry in `names`"
-                                  % (default_name, tuple(param.shape)))
+                                 % (default_name, tuple(param.shape)))
             return str(name)
         pp = self.groups.get("pp")
         if pp is not None:
@@ -139,11 +157,11 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         design's order: TP gathered first), rather than FSDP each TP piece."""
         return tuple(self.gather_order) == ("tp", "fsdp") and "tp" in roles and "fsdp" in roles
 
-    def _prepare(self, named_matrices):
+    def prepare(self, named_matrices):
         if not self._native():
-            DistributedConfig._prepare(self, named_matrices)
+            DistributedConfig.prepare(self, named_matrices)
 
-    def _attach(self, optimizer, named_params):
+    def attach(self, optimizer, named_params):
         if any(is_dtensor(p) for _, p in named_params):
             return self._attach_dtensors(optimizer, named_params)
         job = Job(self, require_dist("create_processgroup_config"))
@@ -246,10 +264,10 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                            split_dim=split[0] if split else 0, _split_name=e.default)
 
     def _split_of(self, param):
-        """(split_dim, split_sizes) this config gives `param`: what
-        `_param_splits` ({id(param): (dim, sizes)}, set by an adapter such as
-        muon.megatron's fused-QKV split) holds, else None."""
-        return getattr(self, "_param_splits", {}).get(id(param))
+        """(split_dim, split_sizes) this config gives `param`: what param_splits
+        ({id(param): (dim, sizes)}, set by an adapter such as muon.megatron's
+        fused-QKV split) holds, else None."""
+        return self.param_splits.get(id(param))
 
     # -- the custom path (one of the three functions replaced) ---------------------
 
@@ -278,8 +296,8 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             self.state["layouts"] = {**self.state.get("layouts", {}), **layouts}
             self.state["names"] = {**self.state.get("names", {}), **names}
             self.state["global_shapes"] = {**self.state.get("global_shapes", {}), **shapes}
-            DistributedConfig._attach(self, optimizer,
-                                      [(e.default, e.param) for e in entries])
+            DistributedConfig.attach(self, optimizer,
+                                     [(e.default, e.param) for e in entries])
             return True
         except Exception as err:  # noqa: BLE001  (reported on every rank)
             job.errors.append("%s: %s" % (type(err).__name__, err))

@@ -24,7 +24,7 @@ def crc(t):
     return zlib.crc32(data.view(torch.uint8).numpy().tobytes())
 
 
-# They read what _attach writes into the config's state:
+# They read what ProcessGroupConfig.attach writes into the config's state:
 #   state["groups"][role]       the process group of a role ("tp", "fsdp", ...)
 #   state["world_pg"]           the group of every rank stepping Muon (None: the world)
 #   state["layouts"][param_idx] {"name", "global_shape", "local_shape", "steps"}:

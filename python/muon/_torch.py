@@ -18,6 +18,7 @@ group's options.
 import torch
 
 from . import _optimizer
+from ._base_config import ConfigHooks
 from ._flat import FlatBuffer, fsdp1_segments
 from ._group_options import DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param
 from ._library_groups import LibraryGroups
@@ -94,11 +95,12 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     refuses to be copied (TypeError).
 
     distributed_config: a muon.DistributedConfig (the design's: assign_fn,
-    gather_fn, redistribute_fn, state), what a create_*_config helper returns,
-    or any object with `_options()` (extra muon.Optimizer arguments) and
-    `_attach(optimizer, named_params)` (sets the world, adds groups and
-    registers every (name, param), see docs/python_api.md); every rank then
-    steps every parameter (a missing gradient counts as zero).
+    gather_fn, redistribute_fn, state), what a create_*_config helper or a
+    framework adapter returns, or any muon.DistributedConfigBase: an object
+    with options() (extra muon.Optimizer arguments) and attach(optimizer,
+    named_params) (sets the world, adds groups and registers every (name,
+    param); see muon.DistributedConfigBase for the optional rest); every rank
+    then steps every parameter (a missing gradient counts as zero).
     """
 
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
@@ -108,12 +110,10 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                  extra_scale_factor=1.0, cautious_wd=False, normuon=False,
                  normuon_beta2=0.95, normuon_eps=1e-8, ns_algorithm="standard",
                  gram_restarts=(2,), skip_nonfinite_updates=False):
-        if distributed_config is not None and not (
-                callable(getattr(distributed_config, "_attach", None))
-                and callable(getattr(distributed_config, "_options", None))):
-            raise TypeError("muon.Muon: distributed_config must provide _options() and "
-                            "_attach(optimizer, named_params), got %s"
-                            % type(distributed_config).__name__)
+        if distributed_config is not None and not ConfigHooks.accepts(distributed_config):
+            raise TypeError("muon.Muon: distributed_config must provide options() and "
+                            "attach(optimizer, named_params) (a muon.DistributedConfigBase), "
+                            "got %s" % type(distributed_config).__name__)
         self._init_bookkeeping(distributed_config)
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
@@ -143,14 +143,15 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                                     for gi, group in self._numbered()}
             self._built_ids = {id(p) for gi, group in self._numbered()
                                for _, p in self._members(gi, group)}
-        order = getattr(self._config, "_set_param_order", None)
-        if order is not None:
-            order([p for gi, group in self._numbered() for _, p in self._members(gi, group)])
+        if self._hooks is not None:
+            self._hooks.set_param_order([p for gi, group in self._numbered()
+                                         for _, p in self._members(gi, group)])
         self._prepare_config()
 
     def _init_bookkeeping(self, config):
         """What this class keeps beside torch.optim.Optimizer's attributes, empty."""
         self._config = config
+        self._hooks = None if config is None else ConfigHooks(config)  # the config's protocol
         self._flat = {}        # id(param) -> (param, its FlatBuffer or None for a plain one)
         self._numbers = {}     # id(param group dict) -> (the dict, its number)
         self._by_number = {}   # number -> param group dict
@@ -167,10 +168,9 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
 
     def _prepare_config(self):
         """Lets the config see every matrix once (the design's assign_fn runs there)."""
-        prepare = getattr(self._config, "_prepare", None)
-        if prepare is not None:
-            prepare([(self._name(gi, i), p) for gi, group in self._numbered()
-                     for i, p in self._matrices(gi, group)])
+        if self._hooks is not None:
+            self._hooks.prepare([(self._name(gi, i), p) for gi, group in self._numbered()
+                                 for i, p in self._matrices(gi, group)])
 
     def _numbered(self):
         """(number, group) of the current param groups. A group keeps its number
@@ -192,10 +192,9 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         """The segments of a flat buffer (muon._flat), or None for a plain param:
         what the config's table says (framework adapters), else FSDP1's own
         metadata."""
-        if self._config is None:
+        if self._hooks is None:
             return None
-        table = getattr(self._config, "_flat_segments", None)
-        segments = table(name, p) if table is not None else None
+        segments = self._hooks.flat_segments(name, p)
         return segments if segments is not None else fsdp1_segments(p)
 
     def _flat_of(self, gi, i, p):
@@ -207,7 +206,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             segments = self._flat_segments(self._name(gi, i), p)
             fb = None if segments is None else FlatBuffer(
                 self._name(gi, i), p, segments,
-                grad_attr=getattr(self._config, "_flat_grad_attr", "grad"))
+                grad_attr=self._hooks.flat_grad_attr)
             entry = self._flat[id(p)] = (p, fb)
         return entry[1]
 
@@ -269,8 +268,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         segment = getattr(p, "_muon_segment", None)
         if segment is not None:
             return len(segment.shape) >= 2
-        if self._config is not None and hasattr(self._config, "_global_ndim"):
-            return self._config._global_ndim(self._name(gi, i), p) >= 2
+        if self._hooks is not None:
+            return self._hooks.global_ndim(self._name(gi, i), p) >= 2
         return p.ndim >= 2
 
     def _matrices(self, gi, group):
@@ -369,7 +368,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         for fb in self._flat_buffers():
             fb.sync()
         self._prepare_config()
-        skip_empty = getattr(self._config, "_skip_empty_groups", False)
+        skip_empty = self._hooks is not None and self._hooks.skip_empty_groups
         for gi, group in self._numbered():
             if skip_empty and not group["params"]:
                 continue  # ZeRO-3 steps its sub-groups one at a time (muon.deepspeed)
@@ -410,9 +409,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                 if _increment_version is not None:
                     _increment_version(p)  # updated in place, as torch's optimizers do
         self._step_adamw()
-        after = getattr(self._config, "_after_step", None)
-        if after is not None:
-            after()  # e.g. Megatron's DDP all-gathers the ranges just updated
+        if self._hooks is not None:
+            self._hooks.after_step()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss
 
     def push_hyperparameters(self, stream=None):

@@ -169,8 +169,9 @@ class DeepSpeedConfig(ProcessGroupConfig):
 
     def __init__(self, verify_replicas, async_gpu_parallelism, prefetch_count):
         ProcessGroupConfig.__init__(
-            self, {"fsdp": None}, None, None, "flat", None, "host_averaged", None,
-            verify_replicas, async_gpu_parallelism, prefetch_count, ("fsdp", "tp"))
+            self, {"fsdp": None}, fsdp_mode="flat", verify_replicas=verify_replicas,
+            async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count,
+            gather_order=("fsdp", "tp"))
         self._zero = None      # the ZeRO optimizer (stages 1-3)
         self._bound = False
         self._segments = {}  # group index -> Segments of this rank's partition
@@ -213,7 +214,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
             # one step() that steps it and empties the group after; until the
             # first, the groups hold the model's (partitioned) params. Emptied
             # here, so that every step() sees only the partition it steps.
-            self._skip_empty_groups = True
+            self.skip_empty_groups = True
             for group in zero.optimizer.param_groups:
                 group["params"] = []
         self._set_group("fsdp", groups[0])
@@ -244,7 +245,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self.world_pg = group
         self.state["world_pg"] = group
 
-    def _flat_segments(self, name, param):
+    def flat_segments(self, name, param):
         if self._zero is None:
             return None
         for g, part in enumerate(_partitions(self._zero)):
@@ -252,22 +253,22 @@ class DeepSpeedConfig(ProcessGroupConfig):
                 return self._segments[g]
         return None
 
-    def _declared_global_shape(self, default_name, param):
+    def global_ndim(self, name, param):
         # A param partitioned by ZeRO-3 (zero.Init, or after initialize) is
         # empty; DeepSpeed keeps its shape in ds_shape.
         shape = getattr(param, "ds_shape", None)
         if shape is not None:
-            return tuple(shape)
-        return ProcessGroupConfig._declared_global_shape(self, default_name, param)
+            return len(shape)
+        return ProcessGroupConfig.global_ndim(self, name, param)
 
-    def _attach(self, optimizer, named_params):
+    def attach(self, optimizer, named_params):
         if not self._bound:
             raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's engine; "
                                "build the engine with muon.deepspeed.initialize, or call "
                                "config.bind(engine) after deepspeed.initialize and before the "
                                "first step (DeepSpeed's FP16_UnfusedOptimizer, bf16 or fp16 at "
                                "ZeRO stage 0, steps at construction: use stage 1 there)")
-        return ProcessGroupConfig._attach(self, optimizer, named_params)
+        return ProcessGroupConfig.attach(self, optimizer, named_params)
 
 
 def create_deepspeed_config(*, verify_replicas=True, async_gpu_parallelism=True,

@@ -146,7 +146,7 @@ class MegatronDistOptConfig(ProcessGroupConfig):
     model(s) is a flat buffer (its own flattening) of which this rank steps
     the range Megatron's distributed optimizer gives it."""
 
-    _flat_grad_attr = "main_grad"
+    flat_grad_attr = "main_grad"
 
     def __init__(self, chunks, tp_group, pp_group, **kwargs):
         ranges = megatron_flat_ranges(chunks)
@@ -160,17 +160,18 @@ class MegatronDistOptConfig(ProcessGroupConfig):
             for name, p in c.module.named_parameters():
                 names.setdefault(p, name)
         ProcessGroupConfig.__init__(
-            self, {"fsdp": dp_group, "tp": tp_group, "pp": pp_group}, None,
-            lambda name, param: megatron_tp_dim(getattr(param, "_muon_buffer", param)),
-            "flat", None, "host_averaged", None, kwargs["verify_replicas"],
-            kwargs["async_gpu_parallelism"], kwargs["prefetch_count"], ("fsdp", "tp"))
+            self, {"fsdp": dp_group, "tp": tp_group, "pp": pp_group},
+            tp_dims=lambda name, param: megatron_tp_dim(getattr(param, "_muon_buffer", param)),
+            fsdp_mode="flat", verify_replicas=kwargs["verify_replicas"],
+            async_gpu_parallelism=kwargs["async_gpu_parallelism"],
+            prefetch_count=kwargs["prefetch_count"], gather_order=("fsdp", "tp"))
         self._chunks = list(chunks)
         self._ranges = ranges
         self._names = names
-        self._param_splits = {id(p): v for p, v in megatron_qkv_splits(self._chunks).items()} \
+        self.param_splits = {id(p): v for p, v in megatron_qkv_splits(self._chunks).items()} \
             if kwargs["split_qkv"] else {}
 
-    def _flat_segments(self, name, param):
+    def flat_segments(self, name, param):
         r = self._ranges.get(param)
         if r is None:
             return None
@@ -178,7 +179,7 @@ class MegatronDistOptConfig(ProcessGroupConfig):
         return [Segment(self._names.get(param, name), tuple(param.shape), start, length,
                         start)]
 
-    def _after_step(self):
+    def after_step(self):
         # What DistributedOptimizer does after the inner step: every rank's
         # updated ranges all-gathered into the whole params.
         for chunk in self._chunks:
@@ -239,5 +240,5 @@ def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=N
         replicated_mode=replicated_mode, verify_replicas=verify_replicas,
         async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count)
     if split_qkv and model is not None:
-        config._param_splits = {id(p): v for p, v in megatron_qkv_splits(model).items()}
+        config.param_splits = {id(p): v for p, v in megatron_qkv_splits(model).items()}
     return config

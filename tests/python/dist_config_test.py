@@ -175,3 +175,54 @@ def test_framework_adapters_load_as_attributes_of_a_plain_import():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["muon.megatron", "muon.deepspeed"]
+
+
+def test_the_configs_protocol_has_public_names_and_keeps_the_0_6_ones():
+    from muon._base_config import ConfigHooks
+
+    for name in ("DistributedConfigBase", "ProcessGroupConfig"):
+        assert hasattr(muon, name) and name in muon.__all__, name
+    for cfg in (muon.DistributedConfig(_noop, _noop, _noop), muon.create_processgroup_config(),
+                muon.create_dtensor_config(), muon.deepspeed.create_deepspeed_config()):
+        assert isinstance(cfg, muon.DistributedConfigBase), type(cfg)
+        assert cfg.options() == cfg._options()  # the 0.6 name, an alias for 0.7
+    assert isinstance(muon.deepspeed.create_deepspeed_config(), muon.ProcessGroupConfig)
+
+    class Written06(muon.DistributedConfig):  # overrides the 0.6 names
+        _flat_grad_attr = "main_grad"
+
+        def _options(self):
+            return {"prefetch_count": 3}
+
+        def _global_ndim(self, name, param):
+            return 5
+
+    hooks = ConfigHooks(Written06(_noop, _noop, _noop))
+    w = torch.zeros(2)
+    assert hooks.options() == {"prefetch_count": 3}
+    assert hooks.global_ndim("w", w) == 5 and hooks.flat_grad_attr == "main_grad"
+
+    class Duck:  # no base class, the public names only
+        def options(self):
+            return {}
+
+        def attach(self, optimizer, named_params):
+            pass
+
+    hooks = ConfigHooks(Duck())
+    assert ConfigHooks.accepts(Duck()) and not ConfigHooks.accepts(object())
+    assert hooks.global_ndim("w", w) == 1 and hooks.flat_segments("w", w) is None
+    assert hooks.flat_grad_attr == "grad" and hooks.skip_empty_groups is False
+
+    class Mine(muon.DistributedConfigBase):
+        def attach(self, optimizer, named_params):
+            self.attached = list(named_params)
+
+    cfg = Mine(prefetch_count=0)
+    assert cfg.options() == {"prefetch_count": 0, "async_parallelism": True}
+    cfg._attach(None, [("a", w)])
+    assert cfg.attached == [("a", w)]
+    cfg._skip_empty_groups = True  # a 0.6 adapter's assignment reaches the public name
+    assert cfg.skip_empty_groups and ConfigHooks(cfg).skip_empty_groups
+    with pytest.raises(NotImplementedError, match="attach"):
+        muon.DistributedConfigBase().attach(None, [])
