@@ -1,6 +1,7 @@
 """The house's import rule for the Python package python/muon: each module
-has a level, and imports (at module level or inside a function) only modules
-of lower levels, so the package's modules form layers with no cycle. A module
+has a level, and imports (at module level, inside a function, or for type
+checkers under `if TYPE_CHECKING:`) only modules of lower levels, so the
+package's modules form layers with no cycle. A module
 missing from LEVELS, or an import upward or sideways, is printed and the
 script exits 1; it prints nothing when all hold."""
 import ast
@@ -18,25 +19,26 @@ LEVELS = {
     "_flat": 1,             # FSDP1/ZeRO flat ranges (no muon import)
     "_options": 1,          # muon_options_t / muon_param_options_t from Python values
     "_comm": 2,             # placements, Python communicators
-    "_base_config": 2,      # DistributedConfigBase: the protocol muon.Muon drives
     "_optimizer_state": 2,  # muon.Optimizer's state and QK-Clip methods
     "_callbacks": 3,        # Python callables as the library's C callbacks
     "_dist": 3,             # torch.distributed communicators
+    "_optimizer_comms": 3,  # muon.Optimizer's communicators
     "_optimizer": 4,        # muon.Optimizer (the C ABI's mirror)
-    "_config": 4,           # DistributedConfig
+    "_base_config": 5,      # DistributedConfigBase: the protocol muon.Muon drives
     "_group_options": 5,    # muon.Muon's param-group options, checked
     "_newton_schulz": 5,    # zeropower_via_newtonschulz
-    "_dtensor_config": 5,   # create_dtensor_config
-    "_pg_functions": 5,     # processgroup_*_fn, the process-group configs' custom path
-    "_pg_job": 5,           # one collective attach of a process-group config
+    "_config": 6,           # DistributedConfig
     "_library_groups": 6,   # muon.Muon's library optimizer per param group
     "_torch_state": 6,      # muon.Muon's state_dict, load_state_dict, copies
-    "_pg_layout": 6,        # a process-group config's layout, read at attach
+    "_pg_job": 6,           # one collective attach of a process-group config
+    "_dtensor_config": 7,   # create_dtensor_config
+    "_pg_functions": 7,     # processgroup_*_fn, the process-group configs' custom path
     "_torch": 7,            # muon.Muon
-    "_pg_config": 7,        # create_processgroup_config and its kin
-    "megatron": 8,
-    "deepspeed": 8,
-    "__init__": 9,
+    "_pg_layout": 8,        # a process-group config's layout, read at attach
+    "_pg_config": 9,        # create_processgroup_config and its kin
+    "megatron": 10,
+    "deepspeed": 10,
+    "__init__": 11,
 }
 
 

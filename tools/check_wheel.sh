@@ -60,6 +60,7 @@ import muon
 # The import name: the distribution is libmuon, the package it installs is muon.
 dist = importlib.metadata.distribution("libmuon")
 assert "muon/__init__.py" in {str(f) for f in dist.files}, "libmuon does not install muon/"
+assert "muon/py.typed" in {str(f) for f in dist.files}, "the wheel lacks muon/py.typed"
 assert dist.version == muon.__version__, (dist.version, muon.__version__)
 assert muon.__file__.startswith(venv), muon.__file__
 assert muon.library_path.startswith(os.path.dirname(muon.__file__)), muon.library_path

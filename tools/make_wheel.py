@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Packs the Python package and the built libraries into one wheel:
-libmuon-<version>-py3-none-<platform>.whl holding muon/*.py, muon/libmuon.so
+libmuon-<version>-py3-none-<platform>.whl holding muon/*.py, muon/py.typed (the
+package's type hints are for type checkers, PEP 561), muon/libmuon.so
 (found by the package next to itself) and, when given, muon/libmuon_cuda.so
 (loaded by libmuon.so from its own directory). Written with zipfile, as the
 wheel format (PEP 427) describes: no build backend, nothing from the network.
@@ -45,7 +46,7 @@ def main():
     dist_info = "libmuon-%s.dist-info" % ver
     files = {}  # archive name -> bytes
     for name in sorted(os.listdir(args.package)):
-        if name.endswith(".py"):
+        if name.endswith(".py") or name == "py.typed":
             with open(os.path.join(args.package, name), "rb") as f:
                 files["muon/" + name] = f.read()
     for path, name in ((args.lib, "libmuon.so"), (args.cuda_plugin, "libmuon_cuda.so")):

@@ -25,6 +25,10 @@ The library is found through MUON_LIBRARY, next to this package, in the
 repository's bazel-bin, or through the system loader (see _lib.py).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from ._lib import path as library_path
 from ._errors import MuonError
 from ._optimizer import Optimizer, version
@@ -36,7 +40,7 @@ from ._pg_config import (ProcessGroupConfig, create_auto_config, create_deviceme
                          create_processgroup_config)
 from ._dtensor_config import create_dtensor_config
 
-__version__ = "%d.%d.%d" % version()
+__version__: str = "%d.%d.%d" % version()
 
 __all__ = [
     "Communicator",
@@ -58,7 +62,7 @@ __all__ += ["TorchDistComm", "DistributedConfig", "DistributedConfigBase", "Proc
 __all__ += ["Muon", "zeropower_via_newtonschulz"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # The torch layer imports torch: loaded on first use, so that the low level
     # stays usable (and quick to import) with numpy alone.
     if name == "Muon":

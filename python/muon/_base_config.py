@@ -3,6 +3,18 @@ drives a distributed_config through, each method named, documented and given
 its default once; and ConfigHooks, which reads that protocol from any config,
 the underscore names of 0.6 (_attach, _options, ...) included."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._flat import Segment
+    from ._optimizer import Optimizer
+
+    NamedParams = Sequence[tuple[str, torch.Tensor]]
+
 # The protocol's attributes and their defaults. 0.6 named every part of the
 # protocol with a leading underscore; those names work for one release more.
 _ATTRIBUTES = {"flat_grad_attr": "grad", "skip_empty_groups": False}
@@ -46,22 +58,22 @@ class DistributedConfigBase:
     a 0.6 config's, for one release.
     """
 
-    async_gpu_parallelism = True
-    prefetch_count = 1
-    flat_grad_attr = "grad"
-    skip_empty_groups = False
+    async_gpu_parallelism: bool = True
+    prefetch_count: int = 1
+    flat_grad_attr: str = "grad"
+    skip_empty_groups: bool = False
 
-    def __init__(self, async_gpu_parallelism=True, prefetch_count=1):
+    def __init__(self, async_gpu_parallelism: bool = True, prefetch_count: int = 1) -> None:
         self.async_gpu_parallelism, self.prefetch_count = check_pipeline_options(
             async_gpu_parallelism, prefetch_count)
 
-    def options(self):
+    def options(self) -> dict[str, Any]:
         """Extra keyword arguments of the low-level muon.Optimizer of each param
         group: the pipeline options (prefetch_count, async_parallelism)."""
         return {"prefetch_count": self.prefetch_count,
                 "async_parallelism": self.async_gpu_parallelism}
 
-    def attach(self, optimizer, named_params):
+    def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         """Sets the world of `optimizer` (one param group's muon.Optimizer), adds
         its groups and registers every (name, param) of `named_params`, in that
         order, each with its grad buffer (allocated when param.grad is None).
@@ -70,15 +82,15 @@ class DistributedConfigBase:
         raise NotImplementedError("%s.attach(optimizer, named_params) registers the params; "
                                   "a distributed config implements it" % type(self).__name__)
 
-    def prepare(self, named_matrices):
+    def prepare(self, named_matrices: NamedParams) -> None:
         """Called with every (name, matrix) muon.Muon steps, from its __init__ and
         before each step (the design's assign_fn runs here). Default: nothing."""
 
-    def set_param_order(self, params):
+    def set_param_order(self, params: Sequence[torch.Tensor]) -> None:
         """Called once with every param muon.Muon was given, over its param
         groups in order (a param's index is its position). Default: nothing."""
 
-    def global_ndim(self, name, param):
+    def global_ndim(self, name: str, param: torch.Tensor) -> int:
         """The number of dims of the param's global tensor (a flat shard's local
         piece is 1-D; a DTensor's ndim is global). muon.Muon gives the params
         whose global tensor has fewer than 2 dims to AdamW. Default: the
@@ -89,17 +101,18 @@ class DistributedConfigBase:
             shape = None
         return len(shape) if shape is not None else param.ndim
 
-    def flat_segments(self, name, param):
+    def flat_segments(self, name: str, param: torch.Tensor) -> list[Segment] | None:
         """The Segments (muon._flat.Segment) of a param that is a flat buffer
         holding ranges of several weights, or None for a plain param (then
         FSDP1's own metadata is read). Default: None."""
         return None
 
-    def after_step(self):
+    def after_step(self) -> None:
         """Called at the end of each step() (Megatron's DDP all-gathers the
         ranges just updated). Default: nothing."""
 
-    def _declared_global_shape(self, default_name, param):
+    def _declared_global_shape(self, default_name: str,
+                               param: torch.Tensor) -> tuple[int, ...] | None:
         """The global shape the config was told for a param, or None."""
         return None
 

@@ -11,12 +11,18 @@
   threads of one process).
 """
 
+from __future__ import annotations
+
 import ctypes
 import operator
 import threading
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from . import _lib
 from ._errors import MuonError, callback_failed, check
+
+if TYPE_CHECKING:
+    import numpy
 
 _lib_handle = _lib.lib
 
@@ -58,7 +64,7 @@ class Shard(_Placement):
 
     __slots__ = ("dim", "split")
 
-    def __init__(self, group, dim, split="even"):
+    def __init__(self, group: Any, dim: int, split: str | Sequence[int] = "even") -> None:
         self.group = group
         self.dim = operator.index(dim)
         if isinstance(split, str):
@@ -99,7 +105,7 @@ class FlatRange(_Placement):
 
     __slots__ = ("start", "length")
 
-    def __init__(self, group, start, length):
+    def __init__(self, group: Any, start: int, length: int) -> None:
         self.group = group
         self.start = operator.index(start)
         self.length = operator.index(length)
@@ -124,7 +130,7 @@ class Replicate(_Placement):
 
     __slots__ = ()
 
-    def __init__(self, group):
+    def __init__(self, group: Any) -> None:
         self.group = group
 
     def _key(self):
@@ -137,6 +143,11 @@ class Replicate(_Placement):
 
     def __repr__(self):
         return "Replicate(group=%r)" % (self.group,)
+
+
+# A placement: how a global tensor is cut down to this rank's piece. Each one's
+# group is a group id (an int) or the communicator given to set_world/add_group.
+Placement = Union[Shard, FlatRange, Replicate]
 
 
 # ---------------------------------------------------------------------------
@@ -225,30 +236,33 @@ class Communicator:
     (prefetch_count > 0), never two at once on one group.
     """
 
-    rank = None
-    size = None
+    rank: int | None = None
+    size: int | None = None
 
     # -- the collectives (override) ---------------------------------------------
 
-    def all_gather(self, send, recv):
+    def all_gather(self, send: numpy.ndarray, recv: numpy.ndarray) -> None:
         raise NotImplementedError("%s.all_gather" % type(self).__name__)
 
-    def all_to_all_v(self, send, send_counts, send_offsets, recv, recv_counts, recv_offsets):
+    def all_to_all_v(self, send: numpy.ndarray, send_counts: list[int], send_offsets: list[int],
+                     recv: numpy.ndarray, recv_counts: list[int],
+                     recv_offsets: list[int]) -> None:
         raise NotImplementedError("%s.all_to_all_v" % type(self).__name__)
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf: numpy.ndarray, root: int) -> None:
         raise NotImplementedError("%s.broadcast" % type(self).__name__)
 
-    def reduce_scatter(self, send, recv, count, dtype):
+    def reduce_scatter(self, send: numpy.ndarray, recv: numpy.ndarray, count: int,
+                       dtype: str) -> None:
         raise NotImplementedError("%s.reduce_scatter" % type(self).__name__)
 
-    def barrier(self):
+    def barrier(self) -> None:
         raise NotImplementedError("%s.barrier" % type(self).__name__)
 
     # -- the table ----------------------------------------------------------------
 
     @property
-    def table(self):
+    def table(self) -> _lib.muon_comm_t:
         built = self.__dict__.get("_muon_table")
         if built is None:
             with _TABLE_LOCK:
@@ -357,7 +371,7 @@ class InProcessWorld:
     groups in the same order.
     """
 
-    def __init__(self, size):
+    def __init__(self, size: int) -> None:
         self._destroy = _lib_handle.muon_inprocess_world_destroy
         self._handle = None
         handle = _lib.world_p()
@@ -366,12 +380,12 @@ class InProcessWorld:
         self._handle = handle
         self.size = operator.index(size)
 
-    def comm(self, rank, ranks=None):
+    def comm(self, rank: int, ranks: Sequence[int] | None = None) -> InProcessComm:
         if not self._handle:
             raise ValueError("muon: the in-process world is closed")
         return InProcessComm(self, rank, ranks)
 
-    def abort(self):
+    def abort(self) -> None:
         """Releases every rank waiting in a collective for one that will never
         enter it, and fails every later collective (muon_inprocess_world_abort,
         as ncclCommAbort): for a host whose rank thread failed outside libmuon.
@@ -400,7 +414,8 @@ class InProcessComm:
     serve several optimizers (one per param group) in turn.
     """
 
-    def __init__(self, world, rank, ranks=None):
+    def __init__(self, world: InProcessWorld, rank: int,
+                 ranks: Sequence[int] | None = None) -> None:
         self._ctx = None
         self._release = None
         self.world = world

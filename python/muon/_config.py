@@ -17,14 +17,28 @@ group, so every rank of the world must step the same number of param groups,
 in the same order. Layout errors are found there and raised on every rank.
 """
 
+from __future__ import annotations
+
 import collections
 import dataclasses
 import inspect
 import math
-import typing
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._base_config import DistributedConfigBase, check_pipeline_options
 from ._dist import TorchDistComm
+
+if TYPE_CHECKING:
+    from typing import Mapping, Union
+
+    import torch
+
+    from ._base_config import NamedParams
+    from ._optimizer import Optimizer
+
+    # A per-param table: a dict keyed by the param object or its name, or a
+    # callable (name, param) -> value (None: no entry).
+    ParamTable = Union[Mapping[Any, Any], Callable[[str, torch.Tensor], Any]]
 
 __all__ = ["DistributedConfig"]
 
@@ -162,14 +176,14 @@ class DistributedConfig(DistributedConfigBase):
     parameter and the exception.
     """
 
-    assign_fn: typing.Callable
-    gather_fn: typing.Callable
-    redistribute_fn: typing.Callable
-    state: typing.Any = dataclasses.field(default_factory=dict)
+    assign_fn: Callable[..., Any]
+    gather_fn: Callable[..., Any]
+    redistribute_fn: Callable[..., Any]
+    state: Any = dataclasses.field(default_factory=dict)
     async_gpu_parallelism: bool = True
     prefetch_count: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for what, fn in (("assign_fn", self.assign_fn), ("gather_fn", self.gather_fn),
                          ("redistribute_fn", self.redistribute_fn)):
             if not callable(fn):
@@ -206,7 +220,7 @@ class DistributedConfig(DistributedConfigBase):
 
     # -- the design's assignment, once -----------------------------------------------
 
-    def prepare(self, named_matrices):
+    def prepare(self, named_matrices: NamedParams) -> None:
         """Runs the design's assign_fn over every matrix muon.Muon steps (a list of
         (name, param)), once; muon.Muon calls this from __init__ and before each
         step (it waits for torch.distributed to be initialized)."""
@@ -232,7 +246,7 @@ class DistributedConfig(DistributedConfigBase):
 
     # -- registration ---------------------------------------------------------------
 
-    def attach(self, optimizer, named_params):
+    def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         """Registers every param on the custom path, its three callables calling
         this config's assign_fn, gather_fn and redistribute_fn (see the class)."""
         world = self._world()

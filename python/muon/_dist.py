@@ -27,9 +27,15 @@ exit aborts the process (torch 1.13: "terminate called without an active
 exception"). With ours still held, it only lowers a reference count.
 """
 
+from __future__ import annotations
+
 import collections
+from typing import TYPE_CHECKING, Any
 
 from ._comm import Communicator
+
+if TYPE_CHECKING:
+    import numpy
 
 _REDUCE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -67,7 +73,7 @@ class TorchDistComm(Communicator):
     CPU memory, so use a backend that takes CPU tensors (gloo).
     """
 
-    def __init__(self, group=None):
+    def __init__(self, group: Any = None) -> None:
         torch, dist = _torch()
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("muon.TorchDistComm: torch.distributed is not initialized; call "
@@ -92,7 +98,7 @@ class TorchDistComm(Communicator):
 
     # -- the collectives ------------------------------------------------------------
 
-    def all_gather(self, send, recv):
+    def all_gather(self, send: numpy.ndarray, recv: numpy.ndarray) -> None:
         torch, dist = _torch()
         nbytes = send.size
         if recv.size < nbytes * self.size:
@@ -106,7 +112,9 @@ class TorchDistComm(Communicator):
         self._hold(src, dst, parts)
         dist.all_gather(parts, src, group=self.group)
 
-    def all_to_all_v(self, send, send_counts, send_offsets, recv, recv_counts, recv_offsets):
+    def all_to_all_v(self, send: numpy.ndarray, send_counts: list[int], send_offsets: list[int],
+                     recv: numpy.ndarray, recv_counts: list[int],
+                     recv_offsets: list[int]) -> None:
         torch, dist = _torch()
         n = self.size
         sc = [int(c) for c in send_counts[:n]]
@@ -149,7 +157,7 @@ class TorchDistComm(Communicator):
                     torch.from_numpy(recv_flat[ro[p]:ro[p] + rc[p]]).copy_(dst[pos:pos + rc[p]])
                 pos += rc[p]
 
-    def broadcast(self, buf, root):
+    def broadcast(self, buf: numpy.ndarray, root: int) -> None:
         torch, dist = _torch()
         root = int(root)
         if not 0 <= root < self.size:
@@ -161,7 +169,8 @@ class TorchDistComm(Communicator):
         self._hold(t)
         dist.broadcast(t, src=self.ranks[root], group=self.group)
 
-    def reduce_scatter(self, send, recv, count, dtype):
+    def reduce_scatter(self, send: numpy.ndarray, recv: numpy.ndarray, count: int,
+                       dtype: str) -> None:
         torch, dist = _torch()
         if dtype not in _REDUCE_DTYPES:
             raise ValueError("reduce_scatter: dtype %r is not one of %s" % (dtype,
@@ -189,7 +198,7 @@ class TorchDistComm(Communicator):
         out = torch.from_numpy(recv.reshape(-1)[:block]).view(tdtype)
         out.copy_(acc.to(tdtype))  # one rounding, to nearest even
 
-    def barrier(self):
+    def barrier(self) -> None:
         _, dist = _torch()
         dist.barrier(group=self.group)
 

@@ -4,12 +4,20 @@ dtensor_gather_fn, dtensor_redistribute_fn) run the custom path when one is
 replaced.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 from ._comm import Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, matrix_ndim_error,
                       matrix_view_for, require_dist, torch_and_dist, torch_version)
 from ._dist import TorchDistComm
+
+if TYPE_CHECKING:
+    from ._base_config import NamedParams
+    from ._config import ParamTable
+    from ._optimizer import Optimizer
 
 def _dtensor_class():
     try:
@@ -26,8 +34,9 @@ def _dtensor_class():
 
 
 
-def create_dtensor_config(async_gpu_parallelism=True, prefetch_count=1, *, names=None,
-                          replicated_mode="host_averaged"):
+def create_dtensor_config(async_gpu_parallelism: bool = True, prefetch_count: int = 1, *,
+                          names: ParamTable | None = None,
+                          replicated_mode: str = "host_averaged") -> DistributedConfig:
     """A DistributedConfig that reads each param's layout from the DTensor it is
     (torch >= 2.x): every mesh dim's Shard(d) becomes Shard(group, d, "chunk")
     (DTensor splits like torch.chunk), Replicate becomes Replicate(group), and
@@ -173,12 +182,12 @@ class _DTensorConfig(DistributedConfig):
         return (self.assign_fn is dtensor_assign_fn and self.gather_fn is dtensor_gather_fn
                 and self.redistribute_fn is dtensor_redistribute_fn)
 
-    def prepare(self, named_matrices):
+    def prepare(self, named_matrices: NamedParams) -> None:
         if not self._native():
             self.state.setdefault("params", [p for _, p in named_matrices])
             super().prepare(named_matrices)
 
-    def attach(self, optimizer, named_params):
+    def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         if not self._native():
             return super().attach(optimizer, named_params)
         require_dist("create_dtensor_config")

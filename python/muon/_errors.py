@@ -6,6 +6,8 @@ The bottom of the package: it imports only _lib, and any module may import
 it (_comm and _optimizer do; _optimizer imports _comm, never the reverse).
 """
 
+from __future__ import annotations
+
 from . import _lib
 
 _lib_handle = _lib.lib
@@ -19,7 +21,11 @@ class MuonError(RuntimeError):
     detail (muon_last_error_message), which names the parameter and the cause.
     """
 
-    def __init__(self, status, message=""):
+    status: str
+    code: int
+    message: str
+
+    def __init__(self, status: int | str, message: str = "") -> None:
         if isinstance(status, str):
             code = _lib.STATUS_CODES.get(status, 2)
             name = status
@@ -31,7 +37,7 @@ class MuonError(RuntimeError):
         self.code = code
         self.message = message
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "%s: %s" % (self.status, self.message) if self.message else self.status
 
 

@@ -16,7 +16,10 @@ only where a FlatBuffer needs it (the process-group configs import it, and
 `import muon` stays free of torch).
 """
 
+from __future__ import annotations
+
 import math
+from typing import Sequence
 
 
 class Segment:
@@ -26,7 +29,14 @@ class Segment:
 
     __slots__ = ("name", "shape", "start", "length", "offset")
 
-    def __init__(self, name, shape, start, length, offset):
+    name: str
+    shape: tuple[int, ...]
+    start: int
+    length: int
+    offset: int
+
+    def __init__(self, name: str, shape: Sequence[int], start: int, length: int,
+                 offset: int) -> None:
         self.name = str(name)
         self.shape = tuple(int(d) for d in shape)
         self.start = int(start)

@@ -479,6 +479,8 @@ def _check_struct_sizes(lib):
             raise _mismatch(lib, struct, theirs)
 
 
+lib: ctypes.CDLL
+path: str  # the file (or name) libmuon was loaded from: muon.library_path
 lib, path = _load()
 _declare(lib)
 _check_struct_sizes(lib)

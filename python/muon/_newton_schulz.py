@@ -10,15 +10,25 @@ torch.optim.Muon applies to each update (muon_orthogonalize).
                                       design documents' call forms
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
 from . import _optimizer
 
+if TYPE_CHECKING:
+    from ._options import Coefficients
+
 _DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 
 
-def zeropower_via_newtonschulz(G, ns_coefficients=_DEFAULT_COEFFICIENTS, ns_steps=5, eps=1e-7,
-                               ns_dtype="bf16", out_dtype=None):
+def zeropower_via_newtonschulz(G: torch.Tensor,
+                               ns_coefficients: Coefficients = _DEFAULT_COEFFICIENTS,
+                               ns_steps: int = 5, eps: float = 1e-7,
+                               ns_dtype: str | torch.dtype = "bf16",
+                               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Orthogonalizes G (a torch tensor with at least 2 dims; the leading dims of a
     3-D or larger G are a batch of matrices) with `ns_steps` Newton-Schulz
     iterations of (a, b, c) = ns_coefficients (or a list of such rows, or
@@ -49,7 +59,10 @@ _DEFAULT_STEPS = 5
 _DEFAULT_EPS = 1e-7
 
 
-def _zeropower_via_newtonschulz(grad, ns_coefficients=None, ns_steps=None, eps=_DEFAULT_EPS):
+def _zeropower_via_newtonschulz(grad: torch.Tensor,
+                                ns_coefficients: tuple[float, float, float] | int | None = None,
+                                ns_steps: int | None = None,
+                                eps: float = _DEFAULT_EPS) -> torch.Tensor:
     """torch.optim._muon._zeropower_via_newtonschulz on libmuon's backend: the same
     arguments, the same ValueErrors, a bfloat16 result. The design documents
     call it as (grad, ns_steps) and (grad) too: an int second argument is the

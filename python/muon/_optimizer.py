@@ -1,26 +1,40 @@
 """Optimizer: one libmuon optimizer handle, driven from Python (registration,
-communicators, stepping; the state and QK-Clip methods in _optimizer_state.py,
-the options' C structs in _options.py, the C callbacks in _callbacks.py)."""
+stepping; the communicator methods in _optimizer_comms.py, the state and
+QK-Clip methods in _optimizer_state.py, the options' C structs in
+_options.py, the C callbacks in _callbacks.py)."""
+
+from __future__ import annotations
 
 import ctypes
 import operator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar
 
-from . import _comm, _lib
+from . import _lib
 from ._callbacks import assignment_callback, custom_layout
 from ._errors import MuonError, check, describe, error
+from ._optimizer_comms import OptimizerComms
 from ._optimizer_state import OptimizerState
 from ._options import (MATRIX_VIEW, REPLICATED_MODE, choice, fill_options, fill_split,
                        moments_shape, split_spec)
 from ._tensor import TensorView, is_numpy, is_torch
 
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+    from ._comm import Placement
+    from ._options import Coefficients
+    from ._tensor import Tensor
+
 _lib_handle = _lib.lib
+_T = TypeVar("_T")  # orthogonalize's array: numpy in, numpy out; torch in, torch out
 
 
-def version():
+def version() -> tuple[int, int, int]:
     """The loaded library's version as (major, minor, patch)."""
     parts = [ctypes.c_int32() for _ in range(3)]
     _lib_handle.muon_get_version(*[ctypes.byref(p) for p in parts])
-    return tuple(p.value for p in parts)
+    return (parts[0].value, parts[1].value, parts[2].value)
 
 
 _STAT_FIELDS = tuple(name for name, _ in _lib.muon_stats_t._fields_ if name != "struct_size")
@@ -44,7 +58,7 @@ def _tracks(param, grad):
     return grad is not None and is_torch(param) and getattr(param, "grad", None) is grad
 
 
-class Optimizer(OptimizerState):
+class Optimizer(OptimizerComms, OptimizerState):
     """The Muon optimizer over host-owned matrices: one libmuon handle.
 
     This is the low-level interface (register arrays, step); it works with numpy
@@ -104,13 +118,19 @@ class Optimizer(OptimizerState):
     threads each use their own).
     """
 
-    def __init__(self, lr=None, weight_decay=None, momentum=None, nesterov=None, ns_steps=None,
-                 ns_coefficients=None, eps=None, adjust_lr="original", ns_dtype=None,
-                 momentum_fp32=None, assignment=None, prefetch_count=None,
-                 async_parallelism=None, round_bytes=None, skip_nonfinite=None,
-                 update_in_grad=None, update_scale=None, cautious_wd=None, normuon=None,
-                 normuon_beta2=None, normuon_eps=None, ns_algorithm=None, gram_restarts=None,
-                 skip_nonfinite_updates=None):
+    def __init__(self, lr: float | None = None, weight_decay: float | None = None,
+                 momentum: float | None = None, nesterov: bool | None = None,
+                 ns_steps: int | None = None, ns_coefficients: Coefficients | None = None,
+                 eps: float | None = None, adjust_lr: str | None = "original",
+                 ns_dtype: str | torch.dtype | None = None, momentum_fp32: bool | None = None,
+                 assignment: str | Callable[[list[dict[str, Any]]], Sequence[int]] | None = None,
+                 prefetch_count: int | None = None, async_parallelism: bool | None = None,
+                 round_bytes: int | None = None, skip_nonfinite: bool | None = None,
+                 update_in_grad: bool | None = None, update_scale: float | None = None,
+                 cautious_wd: bool | None = None, normuon: bool | None = None,
+                 normuon_beta2: float | None = None, normuon_eps: float | None = None,
+                 ns_algorithm: str | None = None, gram_restarts: Iterable[int] | None = None,
+                 skip_nonfinite_updates: bool | None = None) -> None:
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -147,7 +167,7 @@ class Optimizer(OptimizerState):
 
     # -- lifetime ----------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """Destroys the optimizer and releases the registered arrays, communicators
         and callbacks. Idempotent."""
         handle, self._handle = getattr(self, "_handle", None), None
@@ -165,15 +185,15 @@ class Optimizer(OptimizerState):
         except Exception:  # never raise from a finalizer
             pass
 
-    def __enter__(self):
+    def __enter__(self) -> Optimizer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return not self._handle
 
     def _h(self):
@@ -183,7 +203,7 @@ class Optimizer(OptimizerState):
 
     # -- hyper-parameters -----------------------------------------------------
 
-    def options(self):
+    def options(self) -> dict[str, Any]:
         """The current options as a dict (ns_table and assign_fn are not handed out)."""
         o = _lib.muon_options_t()
         check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
@@ -193,88 +213,28 @@ class Optimizer(OptimizerState):
                                 "assign_fn", "assign_state")}
 
     @property
-    def lr(self):
+    def lr(self) -> float:
         return self.options()["lr"]
 
     @lr.setter
-    def lr(self, value):
+    def lr(self, value: float) -> None:
         check(_lib_handle.muon_set_lr(self._h(), float(value)))
 
     @property
-    def weight_decay(self):
+    def weight_decay(self) -> float:
         return self.options()["weight_decay"]
 
     @weight_decay.setter
-    def weight_decay(self, value):
+    def weight_decay(self, value: float) -> None:
         check(_lib_handle.muon_set_weight_decay(self._h(), float(value)))
 
     @property
-    def momentum(self):
+    def momentum(self) -> float:
         return self.options()["momentum"]
 
     @momentum.setter
-    def momentum(self, value):
+    def momentum(self, value: float) -> None:
         check(_lib_handle.muon_set_momentum(self._h(), float(value)))
-
-    # -- communicators -----------------------------------------------------------
-
-    @staticmethod
-    def _table_of(comm):
-        if isinstance(comm, _lib.muon_comm_t):
-            return comm  # a raw table: the library takes over its release
-        table = getattr(comm, "table", None)
-        if not isinstance(table, _lib.muon_comm_t):
-            raise TypeError("muon: expected a communicator (a muon.Communicator, an "
-                            "InProcessWorld.comm(...) or an object with a muon_comm_t .table), "
-                            "got %s" % type(comm).__name__)
-        return table
-
-    def set_world(self, comm):
-        """Sets the world communicator (every rank taking part in step()); returns its
-        group id, usable in placements. Set once, before registering parameters."""
-        h = self._h()
-        table = self._table_of(comm)
-        gid = ctypes.c_int32()
-        check(_lib_handle.muon_set_world(h, ctypes.byref(table), ctypes.byref(gid)))
-        self._adopt(comm, gid.value)
-        self._world = (table.rank, table.size)
-        return gid.value
-
-    def add_group(self, comm):
-        """Adds a group (TP, FSDP, DP, ...) for placements; returns its id. Every rank
-        adds its groups in the same order."""
-        h = self._h()
-        table = self._table_of(comm)
-        gid = ctypes.c_int32()
-        check(_lib_handle.muon_add_group(h, ctypes.byref(table), ctypes.byref(gid)))
-        self._adopt(comm, gid.value)
-        return gid.value
-
-    def _adopt(self, comm, gid):
-        self._comms.append(comm)  # its callbacks and context stay alive with this optimizer
-        if not isinstance(comm, _lib.muon_comm_t):
-            self._group_ids.setdefault(id(comm), gid)
-
-    def _resolve_group(self, group):
-        try:
-            return operator.index(group)
-        except TypeError:
-            pass
-        gid = self._group_ids.get(id(group))
-        if gid is None:
-            raise TypeError("muon: a placement's group must be a group id or a communicator "
-                            "given to this optimizer's set_world/add_group; got %r" % (group,))
-        return gid
-
-    @property
-    def world_rank(self):
-        """This rank in the world (None without a world)."""
-        return self._world[0] if self._world else None
-
-    @property
-    def world_size(self):
-        """Ranks in the world (None without a world)."""
-        return self._world[1] if self._world else None
 
     # -- parameters -------------------------------------------------------------
 
@@ -291,9 +251,13 @@ class Optimizer(OptimizerState):
                              "parameters in place" % (name or "?"))
         return TensorView(param), TensorView(grad)
 
-    def register(self, param, grad, name=None, matrix_view="2d", global_shape=None,
-                 placements=None, replicated_mode="host_averaged", lr_scale=None,
-                 weight_decay_scale=None, split_sizes=None, split_dim=0, _split_name=None):
+    def register(self, param: Tensor, grad: Tensor, name: str | None = None,
+                 matrix_view: str | int = "2d", global_shape: Sequence[int] | None = None,
+                 placements: Sequence[Placement] | None = None,
+                 replicated_mode: str | int = "host_averaged", lr_scale: float | None = None,
+                 weight_decay_scale: float | None = None,
+                 split_sizes: Sequence[int] | None = None, split_dim: int = 0,
+                 _split_name: str | None = None) -> int:
         """Registers a parameter and its gradient; returns the parameter's id.
 
         matrix_view: "2d" (default), "flatten_trailing" ((d0, d1, ...) as one
@@ -361,9 +325,13 @@ class Optimizer(OptimizerState):
                                         moments_shape(tuple(shape), po.matrix_view, split)))
         return pid.value
 
-    def register_custom(self, param, grad, name, rows, cols, assign_fn, gather_fn,
-                        redistribute_fn, lr_scale=None, weight_decay_scale=None,
-                        split_sizes=None, split_dim=0):
+    def register_custom(self, param: Tensor, grad: Tensor, name: str, rows: int, cols: int,
+                        assign_fn: Callable[[str, int], int],
+                        gather_fn: Callable[[numpy.ndarray, int], Any],
+                        redistribute_fn: Callable[[numpy.ndarray | None, int, numpy.ndarray],
+                                                  None],
+                        lr_scale: float | None = None, weight_decay_scale: float | None = None,
+                        split_sizes: Sequence[int] | None = None, split_dim: int = 0) -> int:
         """Registers a parameter on the custom path: one rows x cols matrix of which
         this rank holds `param` (its gradient `grad`), moved by the host's callables.
         Needs a world; every rank holding a piece registers it under `name`.
@@ -408,7 +376,8 @@ class Optimizer(OptimizerState):
                                         moments_shape((operator.index(rows),), 0, split)))
         return pid.value
 
-    def set_split(self, name, split_sizes, split_dim=0):
+    def set_split(self, name: str, split_sizes: Sequence[int] | None,
+                  split_dim: int = 0) -> None:
         """The split blocks (see register()) that the registration of `name` takes
         when it gives none: a distributed config registers the parameters, and
         muon.Muon says the split of each beforehand. split_sizes None: none."""
@@ -423,7 +392,7 @@ class Optimizer(OptimizerState):
             self._splits_used.add(name)
         return split
 
-    def rebind(self, param_id, param, grad):
+    def rebind(self, param_id: int, param: Tensor, grad: Tensor | None) -> None:
         """Points a registered parameter at new storage between steps (same shape
         and dtype as registered). `grad` None (single process only): the
         parameter is skipped by the next steps, as torch skips parameters
@@ -443,15 +412,15 @@ class Optimizer(OptimizerState):
         record.track_torch_grad = _tracks(param, grad)
 
     @property
-    def num_params(self):
+    def num_params(self) -> int:
         n = ctypes.c_size_t()
         check(_lib_handle.muon_num_params(self._h(), ctypes.byref(n)))
         return n.value
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_params
 
-    def param_name(self, param_id):
+    def param_name(self, param_id: int) -> str:
         """The name a parameter was registered under."""
         return self._params[operator.index(param_id)].name
 
@@ -474,29 +443,6 @@ class Optimizer(OptimizerState):
                                     "p.grad.zero_() or zero_grad(set_to_none=False), or "
                                     "rebind() the new one" % r.name)
 
-    def _take_callback_errors(self):
-        taken = list(self._callback_errors)
-        del self._callback_errors[:len(taken)]
-        for comm in self._comms:
-            take = getattr(comm, "_muon_take_errors", None)
-            if take is not None:
-                taken.extend(take())
-        return taken
-
-    def _check_comms_take(self, param, name):
-        """A communicator written in Python reads the library's buffers as host
-        memory: refuse GPU tensors with it before the library could hand it
-        device pointers."""
-        if not (is_torch(param) and param.is_cuda):
-            return
-        for comm in self._comms:
-            if isinstance(comm, _comm.Communicator):
-                raise TypeError(
-                    "muon: param %r is a CUDA tensor, but communicator %s is written in Python "
-                    "and moves host memory only; use muon.InProcessWorld or an NCCL "
-                    "communicator (muon_comm_from_nccl) with GPU tensors"
-                    % (name, type(comm).__name__))
-
     def _stream_of(self, stream):
         """The cudaStream_t value muon_step gets: `stream` as given (an int, or
         an object with .cuda_stream such as torch.cuda.Stream), else for CUDA
@@ -510,7 +456,8 @@ class Optimizer(OptimizerState):
                 return torch.cuda.current_stream(p.device).cuda_stream or None
         return None
 
-    def orthogonalize(self, x, out=None, matrix_view="2d", stream=None):
+    def orthogonalize(self, x: _T, out: _T | None = None, matrix_view: str | int = "2d",
+                      stream: Any = None) -> _T:
         """Newton-Schulz alone (muon_orthogonalize) with this optimizer's options:
         every matrix of `x` (a torch tensor or numpy array, seen through
         `matrix_view`) orthogonalized into `out` (default: a new array like x;
@@ -529,7 +476,7 @@ class Optimizer(OptimizerState):
         check(_lib_handle.muon_orthogonalize(self._h(), xv.ref, ov.ref, view, stream))
         return out
 
-    def step(self, stream=None):
+    def step(self, stream: Any = None) -> None:
         """One Muon step over every registered parameter (collective with a world).
 
         For CUDA tensors the work is enqueued on `stream` (default: torch's
@@ -552,7 +499,7 @@ class Optimizer(OptimizerState):
                                 % (err.message, "; ".join(missing)))
             raise err from raised[0][1]
 
-    def push_hyperparameters(self, stream=None):
+    def push_hyperparameters(self, stream: Any = None) -> None:
         """Writes the current lr, weight_decay and momentum where the step's
         kernels read them, ordered on `stream` (default as for step): before
         each replay of a step captured into a CUDA graph, so that the replays
@@ -560,12 +507,12 @@ class Optimizer(OptimizerState):
         check(_lib_handle.muon_push_hyperparameters(self._h(), self._stream_of(stream)))
 
     @property
-    def step_count(self):
+    def step_count(self) -> int:
         n = ctypes.c_int64()
         check(_lib_handle.muon_step_count(self._h(), ctypes.byref(n)))
         return n.value
 
-    def stats(self):
+    def stats(self) -> dict[str, int | float]:
         """What moved and what was computed on this rank (muon_get_stats): steps;
         for the last step bytes_sent, bytes_received, collectives, rounds,
         matrices_orthogonalized, ns_flops, nonfinite_grads (non-finite gradient

@@ -2,12 +2,20 @@
 NorMuon moments, the whole state as bytes (state blobs), and QK-Clip's
 layers. Optimizer inherits these methods (OptimizerState)."""
 
+from __future__ import annotations
+
 import ctypes
 import operator
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 from . import _lib
 from ._errors import check
 from ._tensor import TensorView, is_torch
+
+if TYPE_CHECKING:
+    from ._tensor import Tensor
+
+    Blob = Union[bytes, bytearray, memoryview]  # what state_bytes() returned
 
 _lib_handle = _lib.lib
 
@@ -16,14 +24,14 @@ class OptimizerState:
     """muon.Optimizer's methods over the library's state (self._h(): the handle;
     self._params: the registered parameters)."""
 
-    def state_dtype(self, param_id):
+    def state_dtype(self, param_id: int) -> str:
         """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
         dt = _lib.DLDataType()
         check(_lib_handle.muon_get_state_dtype(self._h(), int(param_id), ctypes.byref(dt)))
         return {(_lib.kDLFloat, 32): "float32", (_lib.kDLFloat, 16): "float16",
                 (_lib.kDLBfloat, 16): "bfloat16"}[(dt.code, dt.bits)]
 
-    def get_state(self, param_id, out=None):
+    def get_state(self, param_id: int, out: Tensor | None = None) -> Any:
         """A copy of a parameter's momentum buffer.
 
         A torch tensor for torch parameters, a numpy array for numpy ones, of the
@@ -49,12 +57,12 @@ class OptimizerState:
         check(_lib_handle.muon_get_state(h, int(param_id), view.ref))
         return out
 
-    def set_state(self, param_id, value):
+    def set_state(self, param_id: int, value: Tensor) -> None:
         """Overwrites a parameter's momentum buffer (shape and state dtype must match)."""
         view = TensorView(value)
         check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
 
-    def get_moments(self, param_id):
+    def get_moments(self, param_id: int) -> Any:
         """A copy of a parameter's NorMuon second moments (float32, one per row:
         shape (rows,), or (batch, rows) for a batched view), a torch tensor for
         torch parameters, else a numpy array. Before the first step, what was
@@ -72,7 +80,7 @@ class OptimizerState:
         check(_lib_handle.muon_get_moments(self._h(), int(param_id), view.ref))
         return out
 
-    def set_moments(self, param_id, value):
+    def set_moments(self, param_id: int, value: Tensor) -> None:
         """Overwrites a parameter's NorMuon second moments (float32, one per row
         of each matrix; muon_set_moments)."""
         view = TensorView(value)
@@ -83,7 +91,8 @@ class OptimizerState:
     _QK_FIELDS = ("num_kv_heads", "q_first_row", "q_head_stride", "q_head_rows",
                   "q_rotary_rows", "k_first_row", "k_head_stride", "k_head_rows")
 
-    def register_qk_clip(self, q_param_id, k_param_id, num_heads, alpha=0.5, **rows):
+    def register_qk_clip(self, q_param_id: int, k_param_id: int, num_heads: int,
+                         alpha: float = 0.5, **rows: int) -> int:
         """Registers an attention layer for qk_clip (muon_register_qk_clip):
         query head h is rows [q_first_row + h * q_head_stride, + q_head_rows)
         of parameter q_param_id's global matrix, key head g the same of
@@ -105,7 +114,7 @@ class OptimizerState:
         check(_lib_handle.muon_register_qk_clip(self._h(), ctypes.byref(layer), ctypes.byref(out)))
         return out.value
 
-    def qk_clip(self, layer_id, max_logits, tau):
+    def qk_clip(self, layer_id: int, max_logits: Sequence[float] | Tensor, tau: float) -> int:
         """QK-Clip of a registered layer (muon_qk_clip): `max_logits` holds the
         layer's largest attention logit of each query head (a sequence, numpy
         array or tensor), the same on every rank; returns how many heads were
@@ -118,7 +127,7 @@ class OptimizerState:
                                        ctypes.byref(clipped)))
         return clipped.value
 
-    def state_bytes(self):
+    def state_bytes(self) -> bytes:
         """The whole optimizer state (step count and momentum buffers) as bytes."""
         h = self._h()
         size = ctypes.c_size_t()
@@ -127,13 +136,13 @@ class OptimizerState:
         check(_lib_handle.muon_save_state(h, buf, size.value, ctypes.byref(size)))
         return buf.raw[:size.value]
 
-    def load_state_bytes(self, data):
+    def load_state_bytes(self, data: Blob) -> None:
         """Restores state written by state_bytes() into an optimizer with the same
         parameters registered in the same order. Hyper-parameters are not restored."""
         data = bytes(data)
         check(_lib_handle.muon_load_state(self._h(), data, len(data)))
 
-    def load_states_bytes(self, blobs):
+    def load_states_bytes(self, blobs: Iterable[Blob]) -> None:
         """Restores this rank's state from several ranks' state_bytes() (e.g.
         every blob of a checkpoint saved at another world size or layout:
         muon_load_states). Each param's elements are found by name and global

@@ -2,10 +2,17 @@
 Newton-Schulz coefficient presets and tables, and split blocks, written into
 muon_options_t and muon_param_options_t (include/libmuon/muon.h)."""
 
+from __future__ import annotations
+
 import ctypes
 import operator
+from typing import Sequence, Union
 
 from . import _lib
+
+# ns_coefficients: an (a, b, c) row for every iteration, a list of rows (row i
+# for iteration i, the last reused), or a preset's name (NS_PRESETS).
+Coefficients = Union[str, Sequence[float], Sequence[Sequence[float]]]
 
 _ADJUST_LR = {
     "original": _lib.ADJUST_LR_ORIGINAL,

@@ -18,7 +18,10 @@ _pg_layout.py (LayoutChecks), runs each attach as a _pg_job.Job, and its
 three functions are _pg_functions.py's.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, lookup_any,
@@ -28,6 +31,14 @@ from ._pg_functions import (chunk_sizes as _chunk_sizes, processgroup_assign_fn,
                             processgroup_gather_fn, processgroup_redistribute_fn)
 from ._pg_job import DefaultDim, Job, ParamError
 from ._pg_layout import LayoutChecks
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import DeviceMesh, ProcessGroup
+
+    from ._base_config import NamedParams
+    from ._config import ParamTable
+    from ._optimizer import Optimizer
 
 
 def _has_megatron_tp(param):
@@ -59,10 +70,15 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     split_sizes win).
     """
 
-    def __init__(self, groups, world_pg=None, tp_dims=None, fsdp_mode="chunk", names=None,
-                 replicated_mode="host_averaged", global_shapes=None, verify_replicas=True,
-                 async_gpu_parallelism=True, prefetch_count=1, gather_order=None,
-                 index_tables=None, name_fn=None):
+    def __init__(self, groups: dict[str, ProcessGroup | None],
+                 world_pg: ProcessGroup | None = None, tp_dims: ParamTable | None = None,
+                 fsdp_mode: str = "chunk", names: ParamTable | None = None,
+                 replicated_mode: str = "host_averaged",
+                 global_shapes: ParamTable | None = None, verify_replicas: bool = True,
+                 async_gpu_parallelism: bool = True, prefetch_count: int = 1,
+                 gather_order: Sequence[str] | None = None,
+                 index_tables: dict[str, Any] | None = None,
+                 name_fn: Callable[..., str] | None = None) -> None:
         state = {"world_pg": world_pg,
                  "groups": {role: pg for role, pg in groups.items() if pg is not None}}
         DistributedConfig.__init__(self, processgroup_assign_fn, processgroup_gather_fn,
@@ -91,7 +107,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     def _param_index(self, param):
         return self._order.setdefault(id(param), len(self._order))
 
-    def set_param_order(self, params):
+    def set_param_order(self, params: Sequence[torch.Tensor]) -> None:
         """muon.Muon's params, over its param groups in order: a param's index
         (tp_dim_per_param, expert_assignments) is its position here."""
         self._order = {id(p): k for k, p in enumerate(params)}
@@ -157,11 +173,11 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         design's order: TP gathered first), rather than FSDP each TP piece."""
         return tuple(self.gather_order) == ("tp", "fsdp") and "tp" in roles and "fsdp" in roles
 
-    def prepare(self, named_matrices):
+    def prepare(self, named_matrices: NamedParams) -> None:
         if not self._native():
             DistributedConfig.prepare(self, named_matrices)
 
-    def attach(self, optimizer, named_params):
+    def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         if any(is_dtensor(p) for _, p in named_params):
             return self._attach_dtensors(optimizer, named_params)
         job = Job(self, require_dist("create_processgroup_config"))
@@ -334,11 +350,20 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                 "local_shape": tuple(e.local), "steps": steps}
 
 
-def create_processgroup_config(fsdp_pg=None, tp_pg=None, dp_pg=None, ep_pg=None, cp_pg=None,
-                               pp_pg=None, *, world_pg=None, tp_dims=None, fsdp_mode="chunk",
-                               names=None, replicated_mode="host_averaged",
-                               global_shapes=None, verify_replicas=True,
-                               async_gpu_parallelism=True, prefetch_count=1, gather_order=None):
+def create_processgroup_config(fsdp_pg: ProcessGroup | None = None,
+                               tp_pg: ProcessGroup | None = None,
+                               dp_pg: ProcessGroup | None = None,
+                               ep_pg: ProcessGroup | None = None,
+                               cp_pg: ProcessGroup | None = None,
+                               pp_pg: ProcessGroup | None = None, *,
+                               world_pg: ProcessGroup | None = None,
+                               tp_dims: ParamTable | None = None, fsdp_mode: str = "chunk",
+                               names: ParamTable | None = None,
+                               replicated_mode: str = "host_averaged",
+                               global_shapes: ParamTable | None = None,
+                               verify_replicas: bool = True, async_gpu_parallelism: bool = True,
+                               prefetch_count: int = 1,
+                               gather_order: Sequence[str] | None = None) -> ProcessGroupConfig:
     """A config for layouts made of torch.distributed process groups.
 
     Each rank passes the groups it is a member of (None for a kind not used);
@@ -428,13 +453,20 @@ def _gather_order(order, fsdp_mode):
     return tuple(order)
 
 
-def create_auto_config(fsdp_process_group=None, tp_process_group=None,
-                       ddp_process_group=None, ep_process_group=None, cp_process_group=None,
-                       tp_dim_per_param=None, expert_assignments=None,
-                       async_gpu_parallelism=True, prefetch_count=1, *,
-                       pp_process_group=None, world_process_group=None, fsdp_mode="chunk",
-                       replicated_mode="host_averaged", global_shapes=None,
-                       verify_replicas=True, tp_shard_dim=None, gather_order=None):
+def create_auto_config(fsdp_process_group: ProcessGroup | None = None,
+                       tp_process_group: ProcessGroup | None = None,
+                       ddp_process_group: ProcessGroup | None = None,
+                       ep_process_group: ProcessGroup | None = None,
+                       cp_process_group: ProcessGroup | None = None,
+                       tp_dim_per_param: int | dict[int, int | None] | None = None,
+                       expert_assignments: dict[int, Any] | None = None,
+                       async_gpu_parallelism: bool = True, prefetch_count: int = 1, *,
+                       pp_process_group: ProcessGroup | None = None,
+                       world_process_group: ProcessGroup | None = None,
+                       fsdp_mode: str = "chunk", replicated_mode: str = "host_averaged",
+                       global_shapes: ParamTable | None = None, verify_replicas: bool = True,
+                       tp_shard_dim: int | None = None,
+                       gather_order: Sequence[str] | None = None) -> ProcessGroupConfig:
     """create_processgroup_config under the names of torch's distributed-Muon design.
 
     tp_dim_per_param: an int (every param is TP-sharded on that dim) or a
@@ -513,10 +545,15 @@ _MESH_ROLES = {"dp": "dp", "ddp": "dp", "replicate": "dp", "dp_replicate": "dp",
                "dp_shard": "fsdp", "pp": "pp"}
 
 
-def create_devicemesh_config(device_mesh, mesh_dim_names=None, *, tp_dims=None,
-                             fsdp_mode="chunk", names=None, replicated_mode="host_averaged",
-                             global_shapes=None, verify_replicas=True,
-                             async_gpu_parallelism=True, prefetch_count=1, gather_order=None):
+def create_devicemesh_config(device_mesh: DeviceMesh,
+                             mesh_dim_names: Sequence[str] | None = None, *,
+                             tp_dims: ParamTable | None = None, fsdp_mode: str = "chunk",
+                             names: ParamTable | None = None,
+                             replicated_mode: str = "host_averaged",
+                             global_shapes: ParamTable | None = None,
+                             verify_replicas: bool = True, async_gpu_parallelism: bool = True,
+                             prefetch_count: int = 1,
+                             gather_order: Sequence[str] | None = None) -> ProcessGroupConfig:
     """create_processgroup_config with the groups of a DeviceMesh (torch >= 2.x).
 
     mesh_dim_names: the role of each mesh dimension, from "dp" (or "ddp",

@@ -5,10 +5,21 @@ elements and dtype. Layout checks (contiguity, dtype support, device) are the
 library's job, so its error messages reach the user unchanged.
 """
 
+from __future__ import annotations
+
 import ctypes
 import sys
+from typing import TYPE_CHECKING, Union
 
 from . import _lib
+
+if TYPE_CHECKING:
+    import numpy
+    import torch
+
+    # What the low level takes as a parameter, a gradient or a state: a numpy
+    # array or a torch tensor (type checkers only).
+    Tensor = Union[numpy.ndarray, torch.Tensor]
 
 
 def is_torch(x):

@@ -15,6 +15,10 @@ format from _torch_state.py (TorchState); _group_options.py checks a param
 group's options.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
 import torch
 
 from . import _optimizer
@@ -23,6 +27,15 @@ from ._flat import FlatBuffer, fsdp1_segments
 from ._group_options import DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param
 from ._library_groups import LibraryGroups
 from ._torch_state import TorchState
+
+if TYPE_CHECKING:
+    from typing import Union
+
+    from ._base_config import DistributedConfigBase
+    from ._options import Coefficients
+
+    # One attention layer's largest logit per query head (QK-Clip).
+    HeadLogits = Union[Sequence[float], torch.Tensor]
 
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
 
@@ -103,13 +116,19 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     then steps every parameter (a missing gradient counts as zero).
     """
 
-    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
-                 ns_coefficients=DEFAULT_COEFFICIENTS, eps=1e-7, ns_steps=5,
-                 adjust_lr_fn=None, distributed_config=None, *, ns_dtype="bf16",
-                 adamw_lr=None, adamw_betas=(0.95, 0.95), adamw_eps=1e-8, adamw_wd=0.0,
-                 extra_scale_factor=1.0, cautious_wd=False, normuon=False,
-                 normuon_beta2=0.95, normuon_eps=1e-8, ns_algorithm="standard",
-                 gram_restarts=(2,), skip_nonfinite_updates=False):
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+                 lr: float | torch.Tensor = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True,
+                 ns_coefficients: Coefficients = DEFAULT_COEFFICIENTS, eps: float = 1e-7,
+                 ns_steps: int = 5, adjust_lr_fn: str | None = None,
+                 distributed_config: DistributedConfigBase | None = None, *,
+                 ns_dtype: str | torch.dtype = "bf16", adamw_lr: float | None = None,
+                 adamw_betas: tuple[float, float] = (0.95, 0.95), adamw_eps: float = 1e-8,
+                 adamw_wd: float = 0.0, extra_scale_factor: float = 1.0,
+                 cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
+                 normuon_eps: float = 1e-8, ns_algorithm: str = "standard",
+                 gram_restarts: Iterable[int] = (2,),
+                 skip_nonfinite_updates: bool = False) -> None:
         if distributed_config is not None and not ConfigHooks.accepts(distributed_config):
             raise TypeError("muon.Muon: distributed_config must provide options() and "
                             "attach(optimizer, named_params) (a muon.DistributedConfigBase), "
@@ -230,7 +249,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
 
     # -- param groups ----------------------------------------------------------
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         count = len(self.param_groups)
         super().add_param_group(param_group)
         try:
@@ -286,7 +305,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                     return gi, k
         return None
 
-    def register_qk(self, q_param, k_param=None, *, num_heads, alpha=0.5, **rows):
+    def register_qk(self, q_param: torch.Tensor, k_param: torch.Tensor | None = None, *,
+                    num_heads: int, alpha: float = 0.5, **rows: int) -> int:
         """MuonClip's QK-Clip (Kimi K2) for one attention layer; returns the
         layer's handle for qk_clip. q_param holds the query heads, k_param
         (default: q_param, a fused QKV projection) the key heads, as rows of
@@ -316,7 +336,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         return len(self._qk) - 1
 
     @torch.no_grad()
-    def qk_clip(self, max_logits, tau):
+    def qk_clip(self, max_logits: Mapping[int, HeadLogits] | Sequence[HeadLogits],
+                tau: float) -> int:
         """QK-Clip after a step: `max_logits` maps each register_qk handle to
         that layer's largest attention logit per query head (or is a sequence
         in handle order), the same on every rank; heads above `tau` shrink.
@@ -353,13 +374,13 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
 
     # -- torch.optim.Optimizer ---------------------------------------------------------
 
-    def zero_grad(self, *args, **kwargs):
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         super().zero_grad(*args, **kwargs)
         if self._config is None:
             self._unbind_missing_grads()
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One Muon step for every param group; returns closure()'s loss if given."""
         loss = None
         if closure is not None:
@@ -413,7 +434,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             self._hooks.after_step()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss
 
-    def push_hyperparameters(self, stream=None):
+    def push_hyperparameters(self, stream: Any = None) -> None:
         """Before each replay of a step captured into a CUDA graph: writes every
         group's current lr, weight_decay and momentum where the captured kernels
         read them, so that the replays follow an LR scheduler (a replay runs no
@@ -465,7 +486,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         self._adamw.state = self.state  # (load_state_dict replaces self.state)
         self._adamw.step()
 
-    def stats(self):
+    def stats(self) -> dict[str, int | float]:
         """What moved and what was computed in the last step on this rank, summed
         over the param groups (the library's muon_get_stats)."""
         total = {}

@@ -3,7 +3,10 @@
 back, flat buffers' state folded buffer-shaped), and copy.deepcopy / pickle
 (__getstate__, __setstate__). Muon inherits these methods (TorchState)."""
 
+from __future__ import annotations
+
 import collections
+from typing import Any
 
 import torch
 
@@ -98,7 +101,7 @@ class TorchState:
                 else:
                     self._has_state[id(p)] = True
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         added = []  # (tensor, what self.state held for it before)
 
         def put(t, entry):
@@ -131,7 +134,7 @@ class TorchState:
                 else:
                     self.state[t] = before
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         numbered = self._numbered()
         super().load_state_dict(state_dict)
         # torch made new group dicts, in the same order: they keep the numbers,

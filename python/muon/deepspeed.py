@@ -43,11 +43,21 @@ this config raises at step() rather than step ZeRO's flat partitions as
 AdamW.
 """
 
+from __future__ import annotations
+
 import json
 import math
+from typing import TYPE_CHECKING, Any
 
 from ._pg_config import ProcessGroupConfig
 from ._flat import Segment
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._base_config import NamedParams
+    from ._optimizer import Optimizer
+    from ._torch import Muon
 
 __all__ = ["create_deepspeed_config", "initialize", "zero_partition_segments"]
 
@@ -71,7 +81,8 @@ def _partitions(zero):
                      "DeepSpeedZeroOptimizer_Stage3 under stage 3)" % type(zero).__name__)
 
 
-def zero_partition_segments(zero, group_index, rank, world_size):
+def zero_partition_segments(zero: Any, group_index: int, rank: int,
+                            world_size: int) -> list[Segment]:
     """The Segments of group `group_index`'s partition on data-parallel rank
     `rank` of `world_size`: every param of the group, in the flat buffer's
     order, with its range [start, start + length) in that partition (empty
@@ -176,7 +187,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self._bound = False
         self._segments = {}  # group index -> Segments of this rank's partition
 
-    def bind(self, zero_optimizer):
+    def bind(self, zero_optimizer: Any) -> DeepSpeedConfig:
         """Binds the config to the engine deepspeed.initialize built (or, at
         stages 1-3, to its ZeRO optimizer, engine.optimizer)."""
         from ._config import torch_and_dist
@@ -245,7 +256,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self.world_pg = group
         self.state["world_pg"] = group
 
-    def flat_segments(self, name, param):
+    def flat_segments(self, name: str, param: torch.Tensor) -> list[Segment] | None:
         if self._zero is None:
             return None
         for g, part in enumerate(_partitions(self._zero)):
@@ -253,7 +264,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
                 return self._segments[g]
         return None
 
-    def global_ndim(self, name, param):
+    def global_ndim(self, name: str, param: torch.Tensor) -> int:
         # A param partitioned by ZeRO-3 (zero.Init, or after initialize) is
         # empty; DeepSpeed keeps its shape in ds_shape.
         shape = getattr(param, "ds_shape", None)
@@ -261,7 +272,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
             return len(shape)
         return ProcessGroupConfig.global_ndim(self, name, param)
 
-    def attach(self, optimizer, named_params):
+    def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         if not self._bound:
             raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's engine; "
                                "build the engine with muon.deepspeed.initialize, or call "
@@ -271,14 +282,14 @@ class DeepSpeedConfig(ProcessGroupConfig):
         return ProcessGroupConfig.attach(self, optimizer, named_params)
 
 
-def create_deepspeed_config(*, verify_replicas=True, async_gpu_parallelism=True,
-                            prefetch_count=1):
+def create_deepspeed_config(*, verify_replicas: bool = True, async_gpu_parallelism: bool = True,
+                            prefetch_count: int = 1) -> DeepSpeedConfig:
     """A muon.DistributedConfig for muon.Muon as DeepSpeed's client optimizer
     under any ZeRO stage (see the module's docstring)."""
     return DeepSpeedConfig(verify_replicas, async_gpu_parallelism, prefetch_count)
 
 
-def initialize(*, optimizer, config, **kwargs):
+def initialize(*, optimizer: Muon, config: dict[str, Any] | str, **kwargs: Any) -> tuple:
     """deepspeed.initialize(optimizer=optimizer, config=config, **kwargs) for a
     muon.Muon with create_deepspeed_config(): sets
     "zero_allow_untested_optimizer" (DeepSpeed refuses client optimizers it does

@@ -50,16 +50,23 @@ its expert-parallel buffers); an expert parameter fails at the first step
 naming it.
 """
 
+from __future__ import annotations
+
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from ._flat import Segment
 from ._pg_config import ProcessGroupConfig, create_processgroup_config
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup
 
 __all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
            "megatron_qkv_splits"]
 
 
-def megatron_qkv_splits(model):
+def megatron_qkv_splits(model: Any) -> dict[torch.Tensor, tuple[int, list[int]]]:
     """{param: (0, [q_per_group * kv_channels, kv_channels, kv_channels])} for
     the fused QKV weight (linear_qkv.weight) of every attention layer of
     `model` (a module, or a list of model chunks, DDP-wrapped or not): the
@@ -80,7 +87,7 @@ def megatron_qkv_splits(model):
     return out
 
 
-def megatron_tp_dim(param):
+def megatron_tp_dim(param: torch.Tensor) -> int | None:
     """The dim a Megatron parameter is split along over the TP group, or None
     (replicated). ValueError for an expert parameter (not mapped yet)."""
     if getattr(param, "allreduce", True) is False:
@@ -106,7 +113,8 @@ def _parallel_state():
     return parallel_state
 
 
-def megatron_flat_ranges(ddp, dp_rank=None):
+def megatron_flat_ranges(ddp: Any,
+                         dp_rank: int | None = None) -> dict[torch.Tensor, tuple[int, int]]:
     """{param: (start, length)}: the range of each parameter's row-major
     flattening that data-parallel rank `dp_rank` (default: this one) owns under
     Megatron's distributed optimizer, for every dense parameter of the DDP
@@ -171,7 +179,7 @@ class MegatronDistOptConfig(ProcessGroupConfig):
         self.param_splits = {id(p): v for p, v in megatron_qkv_splits(self._chunks).items()} \
             if kwargs["split_qkv"] else {}
 
-    def flat_segments(self, name, param):
+    def flat_segments(self, name: str, param: torch.Tensor) -> list[Segment] | None:
         r = self._ranges.get(param)
         if r is None:
             return None
@@ -179,17 +187,19 @@ class MegatronDistOptConfig(ProcessGroupConfig):
         return [Segment(self._names.get(param, name), tuple(param.shape), start, length,
                         start)]
 
-    def after_step(self):
+    def after_step(self) -> None:
         # What DistributedOptimizer does after the inner step: every rank's
         # updated ranges all-gathered into the whole params.
         for chunk in self._chunks:
             chunk.start_param_sync(force_sync=True)
 
 
-def create_megatron_config(*, ddp=None, tp_group=None, dp_group=None, pp_group=None,
-                           replicated_mode="host_averaged", verify_replicas=True,
-                           async_gpu_parallelism=True, prefetch_count=1, model=None,
-                           split_qkv=True):
+def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = None,
+                           dp_group: ProcessGroup | None = None,
+                           pp_group: ProcessGroup | None = None,
+                           replicated_mode: str = "host_averaged", verify_replicas: bool = True,
+                           async_gpu_parallelism: bool = True, prefetch_count: int = 1,
+                           model: Any = None, split_qkv: bool = True) -> ProcessGroupConfig:
     """A muon.DistributedConfig for a model built of Megatron-core layers.
 
     The groups default to parallel_state's: the tensor-model-parallel group,
