@@ -93,6 +93,148 @@ std::vector<Segment> SegmentsOf(const Unit& u, const PlanParam& pp) {
   return rows;
 }
 
+// Slot positions of owned matrices: grouped by shape within each round,
+// then the owned parts of split matrices, into each round's table (its
+// batches, blocks, slot size, owned count and flops). Returns each unit's
+// slot (-1: not owned here).
+std::vector<int64_t> PlaceOwned(const Plan& plan, int my_rank, std::vector<RoundTable>* tables) {
+  std::vector<int64_t> slot_of(plan.units.size(), -1);
+  // A split parameter's matrices batch apart (the key's third entry).
+  using Key = std::tuple<int64_t, int64_t, int>;
+  std::vector<std::map<Key, std::vector<int>>> by_shape(plan.rounds);
+  std::vector<std::vector<Key>> shape_order(plan.rounds);
+  std::vector<std::vector<int>> parts(plan.rounds);
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const Unit& u = plan.units[i];
+    if (u.owner != my_rank) continue;
+    if (u.parts > 1) {
+      parts[u.round].push_back(static_cast<int>(i));
+      continue;
+    }
+    const PlanParam& pp = plan.params[u.param];
+    const Key key{pp.rows, pp.cols, pp.split.none() ? -1 : u.param};
+    auto& m = by_shape[u.round];
+    if (m.find(key) == m.end()) shape_order[u.round].push_back(key);
+    m[key].push_back(static_cast<int>(i));
+  }
+  for (int r = 0; r < plan.rounds; ++r) {
+    RoundTable& t = (*tables)[r];
+    for (const auto& key : shape_order[r]) {
+      const auto [rows, cols, split_param] = key;
+      ShapeBatch b{rows, cols, t.slot_floats, 0, {}, split_param};
+      for (int i : by_shape[r][key]) {
+        b.units.push_back(i);
+        slot_of[i] = t.slot_floats;
+        t.slot_floats += rows * cols;
+        ++b.count;
+        ++t.owned;
+        t.flops += plan.units[i].flops;
+      }
+      t.batches.push_back(b);
+    }
+    for (int i : parts[r]) {
+      const Unit& u = plan.units[i];
+      const PlanParam& pp = plan.params[u.param];
+      const int64_t m = std::min(pp.rows, pp.cols);
+      slot_of[i] = t.slot_floats;
+      t.blocks.push_back({i, t.slot_floats, m, u.width, pp.rows > pp.cols});
+      t.slot_floats += m * u.width;
+      t.flops += u.flops;
+    }
+  }
+  return slot_of;
+}
+
+// One unit as this rank takes part in it, for its spans in its round's table.
+struct UnitSpans {
+  const Unit& u;
+  const PlanParam& pp;
+  int my_rank;
+  int my_holder;  // this rank's entry among pp's holders, or -1
+  bool owner;     // this rank orthogonalizes it
+  int64_t slot;   // its slot, when owned
+  const std::vector<Segment>& segments;
+  std::vector<BlockCursor>& cursors;  // each holder's blocks
+
+  // The gather into the owner's slot: the owner fills what it holds from its
+  // own piece (a copy to itself, no traffic); the canonical holders send
+  // only the rest. Returns whether this rank sends any of it.
+  bool AddGather(RoundTable& t) const {
+    const DType state = static_cast<DType>(pp.state_dtype);
+    bool sends_any = false;
+    int owner_holder = -1;
+    for (int h : u.receivers) {
+      if (pp.holders[h].rank == u.owner) owner_holder = h;
+    }
+    for (const Segment& seg : segments) {
+      std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
+      std::vector<Run> cover;
+      if (owner_holder >= 0) {
+        sends.push_back({owner_holder, cursors[owner_holder].Intersect(seg.begin, seg.end)});
+        for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
+        std::sort(cover.begin(), cover.end(),
+                  [](const Run& a, const Run& b) { return a.offset < b.offset; });
+      }
+      for (int h : u.senders) {
+        if (h == owner_holder || (!owner && h != my_holder)) continue;
+        sends.push_back({h, Subtract(cursors[h].Intersect(seg.begin, seg.end), cover)});
+      }
+      for (const auto& [h, runs] : sends) {
+        const int from = pp.holders[h].rank;
+        for (const LocatedRun& lr : runs) {
+          if (from == my_rank) {
+            t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
+            sends_any = true;
+          }
+          if (owner) {
+            t.gather_recv[from].push_back(
+                {slot + seg.slot + lr.run.offset - seg.begin, lr.run.length, state});
+          }
+        }
+      }
+    }
+    return sends_any;
+  }
+
+  // The scatter of the result: every holder (each copy) receives its
+  // elements. Returns whether this rank receives any of it.
+  bool AddScatter(bool i_receive, DType ns_wire, RoundTable& t) const {
+    bool receives_any = false;
+    for (int h : u.receivers) {
+      const Holder& holder = pp.holders[h];
+      if (!owner && !(i_receive && holder.rank == my_rank)) continue;
+      for (const Segment& seg : segments) {
+        for (const LocatedRun& lr : cursors[h].Intersect(seg.begin, seg.end)) {
+          if (owner) {
+            t.scatter_send[holder.rank].push_back(
+                {slot + seg.slot + lr.run.offset - seg.begin, lr.run.length, ns_wire});
+          }
+          if (holder.rank == my_rank) {
+            t.scatter_recv[u.owner].push_back({pp.local, lr.local, lr.run.length, ns_wire});
+            receives_any = true;
+          }
+        }
+      }
+    }
+    return receives_any;
+  }
+};
+
+// Each round's label for errors: the round and its first parameter.
+void LabelRounds(const Plan& plan, std::vector<RoundTable>* tables) {
+  std::vector<int> first(plan.rounds, -1), count(plan.rounds, 0);
+  for (const Unit& u : plan.units) {
+    if (first[u.round] < 0) first[u.round] = u.param;
+    ++count[u.round];
+  }
+  for (int r = 0; r < plan.rounds; ++r) {
+    (*tables)[r].label =
+        absl::StrCat("round ", r, " (param '", plan.params[first[r]].name, "'",
+                     count[r] > 1 ? absl::StrCat(" and ", count[r] - 1, " more matrices") : "",
+                     ")");
+  }
+}
+
 }  // namespace
 
 std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int world,
@@ -104,54 +246,7 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
     t.scatter_send.resize(world);
     t.scatter_recv.resize(world);
   }
-  // Slot positions of owned matrices: grouped by shape within each round,
-  // then the owned parts of split matrices.
-  std::vector<int64_t> slot_of(plan.units.size(), -1);
-  {
-    // A split parameter's matrices batch apart (the key's third entry).
-    using Key = std::tuple<int64_t, int64_t, int>;
-    std::vector<std::map<Key, std::vector<int>>> by_shape(plan.rounds);
-    std::vector<std::vector<Key>> shape_order(plan.rounds);
-    std::vector<std::vector<int>> parts(plan.rounds);
-    for (size_t i = 0; i < plan.units.size(); ++i) {
-      const Unit& u = plan.units[i];
-      if (u.owner != my_rank) continue;
-      if (u.parts > 1) {
-        parts[u.round].push_back(static_cast<int>(i));
-        continue;
-      }
-      const PlanParam& pp = plan.params[u.param];
-      const Key key{pp.rows, pp.cols, pp.split.none() ? -1 : u.param};
-      auto& m = by_shape[u.round];
-      if (m.find(key) == m.end()) shape_order[u.round].push_back(key);
-      m[key].push_back(static_cast<int>(i));
-    }
-    for (int r = 0; r < plan.rounds; ++r) {
-      RoundTable& t = tables[r];
-      for (const auto& key : shape_order[r]) {
-        const auto [rows, cols, split_param] = key;
-        ShapeBatch b{rows, cols, t.slot_floats, 0, {}, split_param};
-        for (int i : by_shape[r][key]) {
-          b.units.push_back(i);
-          slot_of[i] = t.slot_floats;
-          t.slot_floats += rows * cols;
-          ++b.count;
-          ++t.owned;
-          t.flops += plan.units[i].flops;
-        }
-        t.batches.push_back(b);
-      }
-      for (int i : parts[r]) {
-        const Unit& u = plan.units[i];
-        const PlanParam& pp = plan.params[u.param];
-        const int64_t m = std::min(pp.rows, pp.cols);
-        slot_of[i] = t.slot_floats;
-        t.blocks.push_back({i, t.slot_floats, m, u.width, pp.rows > pp.cols});
-        t.slot_floats += m * u.width;
-        t.flops += u.flops;
-      }
-    }
-  }
+  const std::vector<int64_t> slot_of = PlaceOwned(plan, my_rank, &tables);
   // This rank's entry among each parameter's holders (found from my_rank, so
   // any rank's copy of the plan serves).
   std::vector<int> mine(plan.params.size(), -1);
@@ -182,74 +277,14 @@ std::vector<RoundTable> BuildRoundTables(const Plan& plan, int my_rank, int worl
       for (const Holder& h : pp.holders) cursors.emplace_back(pp.Blocks(h));
       cursors_of = u.param;
     }
-    const DType state = static_cast<DType>(pp.state_dtype);
+    const UnitSpans spans{u, pp, my_rank, my_holder, owner, slot_of[i], segments, cursors};
     RoundTable& t = tables[u.round];
     bool involved = owner;
-    if (owner || i_send) {
-      // The owner fills what it holds from its own piece (a copy to itself,
-      // no traffic); the canonical holders send only the rest.
-      int owner_holder = -1;
-      for (int h : u.receivers) {
-        if (pp.holders[h].rank == u.owner) owner_holder = h;
-      }
-      for (const Segment& seg : segments) {
-        std::vector<std::pair<int, std::vector<LocatedRun>>> sends;
-        std::vector<Run> cover;
-        if (owner_holder >= 0) {
-          sends.push_back({owner_holder, cursors[owner_holder].Intersect(seg.begin, seg.end)});
-          for (const LocatedRun& lr : sends.back().second) cover.push_back(lr.run);
-          std::sort(cover.begin(), cover.end(),
-                    [](const Run& a, const Run& b) { return a.offset < b.offset; });
-        }
-        for (int h : u.senders) {
-          if (h == owner_holder || (!owner && h != my_holder)) continue;
-          sends.push_back({h, Subtract(cursors[h].Intersect(seg.begin, seg.end), cover)});
-        }
-        for (const auto& [h, runs] : sends) {
-          const int from = pp.holders[h].rank;
-          for (const LocatedRun& lr : runs) {
-            if (from == my_rank) {
-              t.gather_send[u.owner].push_back({pp.local, lr.local, lr.run.length, state});
-              involved = true;
-            }
-            if (owner) {
-              t.gather_recv[from].push_back(
-                  {slot_of[i] + seg.slot + lr.run.offset - seg.begin, lr.run.length, state});
-            }
-          }
-        }
-      }
-    }
-    // Every holder (each copy) receives its elements of the result.
-    for (int h : u.receivers) {
-      const Holder& holder = pp.holders[h];
-      if (!owner && !(i_receive && holder.rank == my_rank)) continue;
-      for (const Segment& seg : segments) {
-        for (const LocatedRun& lr : cursors[h].Intersect(seg.begin, seg.end)) {
-          if (owner) {
-            t.scatter_send[holder.rank].push_back(
-                {slot_of[i] + seg.slot + lr.run.offset - seg.begin, lr.run.length, ns_wire});
-          }
-          if (holder.rank == my_rank) {
-            t.scatter_recv[u.owner].push_back({pp.local, lr.local, lr.run.length, ns_wire});
-            involved = true;
-          }
-        }
-      }
-    }
+    if (owner || i_send) involved |= spans.AddGather(t);
+    involved |= spans.AddScatter(i_receive, ns_wire, t);
     if (involved) t.units.push_back(static_cast<int>(i));
   }
-  // Errors name the round and its first parameter.
-  std::vector<int> first(plan.rounds, -1), count(plan.rounds, 0);
-  for (const Unit& u : plan.units) {
-    if (first[u.round] < 0) first[u.round] = u.param;
-    ++count[u.round];
-  }
-  for (int r = 0; r < plan.rounds; ++r) {
-    tables[r].label = absl::StrCat("round ", r, " (param '", plan.params[first[r]].name, "'",
-                                   count[r] > 1 ? absl::StrCat(" and ", count[r] - 1, " more matrices") : "",
-                                   ")");
-  }
+  LabelRounds(plan, &tables);
   return tables;
 }
 
