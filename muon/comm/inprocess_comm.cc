@@ -128,159 +128,185 @@ absl::Status InProcessGroup::Run(int me, const Call& call) {
   return verdict;
 }
 
+std::string InProcessGroup::Who(int r) const {
+  return absl::StrCat("group rank ", r, " (world rank ", world_ranks_[r], ")");
+}
+
 absl::Status InProcessGroup::Check(const MemoryOps* ops) const {
   const int n = size();
-  auto who = [&](int r) {
-    return absl::StrCat("group rank ", r, " (world rank ", world_ranks_[r], ")");
-  };
   for (int r = 0; r < n; ++r) {
     if (calls_[r].op != calls_[0].op) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "mismatched collectives: ", who(0), " called ", OpName(static_cast<int>(calls_[0].op)),
-          ", ", who(r), " called ", OpName(static_cast<int>(calls_[r].op))));
+          "mismatched collectives: ", Who(0), " called ", OpName(static_cast<int>(calls_[0].op)),
+          ", ", Who(r), " called ", OpName(static_cast<int>(calls_[r].op))));
     }
   }
   for (int r = 0; r < n; ++r) {
     if (calls_[r].failed) {
-      return absl::InternalError(absl::StrCat(who(r), " could not finish its stream's work"));
+      return absl::InternalError(absl::StrCat(Who(r), " could not finish its stream's work"));
     }
     if (calls_[r].stream != nullptr && ops == nullptr) {
       return absl::UnimplementedError(absl::StrCat(
-          who(r), " passed a non-NULL stream, but no GPU device is loaded in this process: "
+          Who(r), " passed a non-NULL stream, but no GPU device is loaded in this process: "
                   "the in-process communicator then copies host memory only"));
     }
   }
-  const Call& c0 = calls_[0];
-  switch (c0.op) {
+  switch (calls_[0].op) {
     case Op::kBarrier:
       return absl::OkStatus();
     case Op::kAllGather:
-      for (int r = 0; r < n; ++r) {
-        const Call& c = calls_[r];
-        if (c.bytes != c0.bytes) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("all_gather byte counts differ: ", who(0), " sends ", c0.bytes,
-                           " bytes, ", who(r), " sends ", c.bytes));
-        }
-        if (c.bytes != 0 && (c.send == nullptr || c.recv == nullptr)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "all_gather of ", c.bytes, " bytes: ", who(r), " passed a NULL ",
-              c.send == nullptr ? "send" : "recv", " buffer"));
-        }
-      }
-      if (MulOverflows(c0.bytes, static_cast<size_t>(n))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("all_gather of ", c0.bytes, " bytes from ", n, " ranks overflows size_t"));
-      }
-      return absl::OkStatus();
+      return CheckAllGather();
     case Op::kBroadcast:
-      for (int r = 0; r < n; ++r) {
-        const Call& c = calls_[r];
-        if (c.root != c0.root) {
-          return absl::InvalidArgumentError(absl::StrCat("broadcast roots differ: ", who(0),
-                                                         " names root ", c0.root, ", ", who(r),
-                                                         " names root ", c.root));
-        }
-        if (c.bytes != c0.bytes) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("broadcast byte counts differ: ", who(0), " passes ", c0.bytes,
-                           " bytes, ", who(r), " passes ", c.bytes));
-        }
-        if (c.bytes != 0 && c.recv == nullptr) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("broadcast of ", c.bytes, " bytes: ", who(r), " passed a NULL buffer"));
-        }
-      }
-      if (c0.root < 0 || c0.root >= n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("broadcast root ", c0.root, " is outside the group of ", n));
-      }
-      return absl::OkStatus();
-    case Op::kReduceScatter: {
-      DType t;
-      if (!FromCDType(c0.dtype, &t)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("reduce_scatter dtype ", c0.dtype,
-                         " is unknown; use MUON_DTYPE_FLOAT32 (0), BFLOAT16 (1) or FLOAT16 (2)"));
-      }
-      for (int r = 0; r < n; ++r) {
-        const Call& c = calls_[r];
-        if (c.dtype != c0.dtype) {
-          return absl::InvalidArgumentError(absl::StrCat("reduce_scatter dtypes differ: ", who(0),
-                                                         " passes ", c0.dtype, ", ", who(r),
-                                                         " passes ", c.dtype));
-        }
-        if (c.count != c0.count) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("reduce_scatter counts differ: ", who(0), " passes ", c0.count,
-                           " elements, ", who(r), " passes ", c.count));
-        }
-        if (c.count != 0 && (c.send == nullptr || c.recv == nullptr)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "reduce_scatter of ", c.count, " elements: ", who(r), " passed a NULL ",
-              c.send == nullptr ? "send" : "recv", " buffer"));
-        }
-      }
-      if (MulOverflows(c0.count, static_cast<size_t>(n) * SizeOf(t))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "reduce_scatter of ", c0.count, " elements from ", n, " ranks overflows size_t"));
-      }
-      return absl::OkStatus();
-    }
-    case Op::kAllToAllV: {
-      for (int r = 0; r < n; ++r) {
-        const Call& c = calls_[r];
-        if (c.send_bytes == nullptr || c.send_offsets == nullptr || c.recv_bytes == nullptr ||
-            c.recv_offsets == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "all_to_all_v: ", who(r), " passed a NULL ",
-              c.send_bytes == nullptr     ? "send_bytes"
-              : c.send_offsets == nullptr ? "send_offsets"
-              : c.recv_bytes == nullptr   ? "recv_bytes"
-                                          : "recv_offsets",
-              " array"));
-        }
-      }
-      for (int r = 0; r < n; ++r) {
-        const Call& c = calls_[r];
-        for (int p = 0; p < n; ++p) {
-          // What r receives from p is what p sends to r.
-          if (c.recv_bytes[p] != calls_[p].send_bytes[r]) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "all_to_all_v counts do not pair up: ", who(p), " sends ",
-                calls_[p].send_bytes[r], " bytes to ", who(r), ", which expects ",
-                c.recv_bytes[p]));
-          }
-          if (c.send_bytes[p] != 0) {
-            if (c.send == nullptr) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "all_to_all_v: ", who(r), " sends ", c.send_bytes[p], " bytes to group rank ",
-                  p, " from a NULL send buffer"));
-            }
-            if (AddOverflows(c.send_offsets[p], c.send_bytes[p])) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "all_to_all_v: ", who(r), "'s send offset ", c.send_offsets[p], " plus ",
-                  c.send_bytes[p], " bytes for group rank ", p, " overflows size_t"));
-            }
-          }
-          if (c.recv_bytes[p] != 0) {
-            if (c.recv == nullptr) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "all_to_all_v: ", who(r), " receives ", c.recv_bytes[p],
-                  " bytes from group rank ", p, " into a NULL recv buffer"));
-            }
-            if (AddOverflows(c.recv_offsets[p], c.recv_bytes[p])) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "all_to_all_v: ", who(r), "'s recv offset ", c.recv_offsets[p], " plus ",
-                  c.recv_bytes[p], " bytes from group rank ", p, " overflows size_t"));
-            }
-          }
-        }
-      }
-      return absl::OkStatus();
-    }
+      return CheckBroadcast();
+    case Op::kReduceScatter:
+      return CheckReduceScatter();
+    case Op::kAllToAllV:
+      return CheckAllToAllV();
   }
   return absl::InternalError("unknown collective");
+}
+
+absl::Status InProcessGroup::CheckAllGather() const {
+  const int n = size();
+  const Call& c0 = calls_[0];
+  for (int r = 0; r < n; ++r) {
+    const Call& c = calls_[r];
+    if (c.bytes != c0.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("all_gather byte counts differ: ", Who(0),
+                                                     " sends ", c0.bytes, " bytes, ", Who(r),
+                                                     " sends ", c.bytes));
+    }
+    if (c.bytes != 0 && (c.send == nullptr || c.recv == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_gather of ", c.bytes, " bytes: ", Who(r), " passed a NULL ",
+          c.send == nullptr ? "send" : "recv", " buffer"));
+    }
+  }
+  if (MulOverflows(c0.bytes, static_cast<size_t>(n))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all_gather of ", c0.bytes, " bytes from ", n, " ranks overflows size_t"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::CheckBroadcast() const {
+  const int n = size();
+  const Call& c0 = calls_[0];
+  for (int r = 0; r < n; ++r) {
+    const Call& c = calls_[r];
+    if (c.root != c0.root) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast roots differ: ", Who(0),
+                                                     " names root ", c0.root, ", ", Who(r),
+                                                     " names root ", c.root));
+    }
+    if (c.bytes != c0.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast byte counts differ: ", Who(0),
+                                                     " passes ", c0.bytes, " bytes, ", Who(r),
+                                                     " passes ", c.bytes));
+    }
+    if (c.bytes != 0 && c.recv == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast of ", c.bytes, " bytes: ", Who(r), " passed a NULL buffer"));
+    }
+  }
+  if (c0.root < 0 || c0.root >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", c0.root, " is outside the group of ", n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::CheckReduceScatter() const {
+  const int n = size();
+  const Call& c0 = calls_[0];
+  DType t;
+  if (!FromCDType(c0.dtype, &t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce_scatter dtype ", c0.dtype,
+                     " is unknown; use MUON_DTYPE_FLOAT32 (0), BFLOAT16 (1) or FLOAT16 (2)"));
+  }
+  for (int r = 0; r < n; ++r) {
+    const Call& c = calls_[r];
+    if (c.dtype != c0.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat("reduce_scatter dtypes differ: ", Who(0),
+                                                     " passes ", c0.dtype, ", ", Who(r),
+                                                     " passes ", c.dtype));
+    }
+    if (c.count != c0.count) {
+      return absl::InvalidArgumentError(absl::StrCat("reduce_scatter counts differ: ", Who(0),
+                                                     " passes ", c0.count, " elements, ", Who(r),
+                                                     " passes ", c.count));
+    }
+    if (c.count != 0 && (c.send == nullptr || c.recv == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduce_scatter of ", c.count, " elements: ", Who(r), " passed a NULL ",
+          c.send == nullptr ? "send" : "recv", " buffer"));
+    }
+  }
+  if (MulOverflows(c0.count, static_cast<size_t>(n) * SizeOf(t))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter of ", c0.count, " elements from ", n, " ranks overflows size_t"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::CheckAllToAllV() const {
+  const int n = size();
+  for (int r = 0; r < n; ++r) {
+    const Call& c = calls_[r];
+    if (c.send_bytes == nullptr || c.send_offsets == nullptr || c.recv_bytes == nullptr ||
+        c.recv_offsets == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_to_all_v: ", Who(r), " passed a NULL ",
+          c.send_bytes == nullptr     ? "send_bytes"
+          : c.send_offsets == nullptr ? "send_offsets"
+          : c.recv_bytes == nullptr   ? "recv_bytes"
+                                      : "recv_offsets",
+          " array"));
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    for (int p = 0; p < n; ++p) {
+      absl::Status paired = CheckAllToAllVPair(r, p);
+      if (!paired.ok()) return paired;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessGroup::CheckAllToAllVPair(int r, int p) const {
+  const Call& c = calls_[r];
+  // What r receives from p is what p sends to r.
+  if (c.recv_bytes[p] != calls_[p].send_bytes[r]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "all_to_all_v counts do not pair up: ", Who(p), " sends ", calls_[p].send_bytes[r],
+        " bytes to ", Who(r), ", which expects ", c.recv_bytes[p]));
+  }
+  if (c.send_bytes[p] != 0) {
+    if (c.send == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("all_to_all_v: ", Who(r), " sends ",
+                                                     c.send_bytes[p], " bytes to group rank ", p,
+                                                     " from a NULL send buffer"));
+    }
+    if (AddOverflows(c.send_offsets[p], c.send_bytes[p])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_to_all_v: ", Who(r), "'s send offset ", c.send_offsets[p], " plus ",
+          c.send_bytes[p], " bytes for group rank ", p, " overflows size_t"));
+    }
+  }
+  if (c.recv_bytes[p] != 0) {
+    if (c.recv == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("all_to_all_v: ", Who(r), " receives ",
+                                                     c.recv_bytes[p], " bytes from group rank ",
+                                                     p, " into a NULL recv buffer"));
+    }
+    if (AddOverflows(c.recv_offsets[p], c.recv_bytes[p])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_to_all_v: ", Who(r), "'s recv offset ", c.recv_offsets[p], " plus ",
+          c.recv_bytes[p], " bytes from group rank ", p, " overflows size_t"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status InProcessGroup::Copy(int me, const MemoryOps* ops) const {

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -92,6 +93,16 @@ class InProcessGroup {
   // The same verdict on every member: OK, or what is inconsistent.
   // `ops`: the installed GPU memory ops (memory_ops.h), or NULL.
   absl::Status Check(const MemoryOps* ops) const;
+  // Check's verdict for each collective, once every member called it.
+  absl::Status CheckAllGather() const;
+  absl::Status CheckBroadcast() const;
+  absl::Status CheckReduceScatter() const;
+  absl::Status CheckAllToAllV() const;
+  // What group rank r sends to and receives from group rank p (every
+  // member passed its arrays).
+  absl::Status CheckAllToAllVPair(int r, int p) const;
+  // "group rank r (world rank w)", for errors.
+  std::string Who(int r) const;
   absl::Status Copy(int me, const MemoryOps* ops) const;
   // Waits until all members have called it (a reusable barrier); `lock` holds
   // mu_. `abortable`: false (this member leaves, arrival taken back) when the
