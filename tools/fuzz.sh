@@ -43,8 +43,8 @@ COMMON_SRCS=(
 # The distributed logic (//muon/sharding:{layout,assignment,plan,handshake,exchange}).
 SHARDING_SRCS=(
   muon/sharding/layout.cc muon/sharding/run_blocks.cc muon/sharding/assignment.cc muon/sharding/plan.cc
-  muon/sharding/plan_units.cc muon/sharding/handshake.cc muon/comm/host_collectives.cc
-  muon/sharding/exchange.cc
+  muon/sharding/plan_units.cc muon/sharding/handshake.cc muon/sharding/handshake_wire.cc
+  muon/comm/host_collectives.cc muon/sharding/exchange.cc
 )
 # libmuon.so's C entry points over the engine (//capi, as //:libmuon.so links it).
 CAPI_SRCS=(

@@ -9,143 +9,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/sharding/handshake_wire.h"
 #include "muon/sharding/host_gather.h"
 
 namespace muon {
 namespace {
 
-// ---- Serialization (host byte order: every rank of a job shares it) ----
-
-class Out {
- public:
-  template <typename T>
-  void Put(T v) {
-    buf_.append(reinterpret_cast<const char*>(&v), sizeof v);
-  }
-  void Str(const std::string& s) {
-    Put<uint32_t>(static_cast<uint32_t>(s.size()));
-    buf_.append(s);
-  }
-  void Ints(const std::vector<int64_t>& v) {
-    Put<uint32_t>(static_cast<uint32_t>(v.size()));
-    for (int64_t x : v) Put<int64_t>(x);
-  }
-  std::string Take() { return std::move(buf_); }
-
- private:
-  std::string buf_;
-};
-
-class In {
- public:
-  explicit In(const std::string& b) : b_(b) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (b_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, b_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool Str(std::string* s) {
-    uint32_t n;
-    if (!Get(&n) || b_.size() - pos_ < n) return false;
-    s->assign(b_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool Ints(std::vector<int64_t>* v) {
-    uint32_t n;
-    if (!Get(&n) || (b_.size() - pos_) / 8 < n) return false;
-    v->resize(n);
-    for (auto& x : *v) Get(&x);
-    return true;
-  }
-  bool AtEnd() const { return pos_ == b_.size(); }
-
- private:
-  const std::string& b_;
-  size_t pos_ = 0;
-};
-
-// A parameter table. `ranges`: with each FlatRange's start and length (the one
-// field differing between ranks of one table; the compact handshake sends them apart).
-void PutParams(Out& o, const std::vector<RankParamDesc>& params, bool ranges) {
-  o.Put<uint32_t>(static_cast<uint32_t>(params.size()));
-  for (const RankParamDesc& p : params) {
-    o.Str(p.name);
-    o.Put<uint8_t>(p.param_dtype);
-    o.Put<uint8_t>(p.state_dtype);
-    o.Put<uint8_t>(p.view);
-    o.Put<int32_t>(p.custom_owner);
-    o.Put<uint8_t>(p.zero2);
-    o.Put<double>(p.lr_scale);
-    o.Put<double>(p.weight_decay_scale);
-    o.Put<int32_t>(p.split.dim);
-    o.Ints(p.split.sizes);
-    o.Ints(p.global_shape);
-    o.Ints(p.layout.global_shape);
-    o.Put<uint32_t>(static_cast<uint32_t>(p.layout.placements.size()));
-    for (const Placement& pl : p.layout.placements) {
-      o.Put<int32_t>(static_cast<int32_t>(pl.kind));
-      o.Put<int32_t>(pl.group);
-      o.Put<int32_t>(pl.dim);
-      o.Put<int32_t>(static_cast<int32_t>(pl.split));
-      o.Ints(pl.sizes);
-      if (ranges) {
-        o.Put<int64_t>(pl.start);
-        o.Put<int64_t>(pl.length);
-      }
-    }
-  }
-}
-
-bool GetParams(In& in, std::vector<RankParamDesc>* params, bool ranges) {
-  uint32_t nparams;
-  if (!in.Get(&nparams)) return false;
-  for (uint32_t i = 0; i < nparams; ++i) {
-    RankParamDesc p;
-    uint32_t nplace;
-    if (!in.Str(&p.name) || !in.Get(&p.param_dtype) || !in.Get(&p.state_dtype) ||
-        !in.Get(&p.view) || !in.Get(&p.custom_owner) || !in.Get(&p.zero2) ||
-        !in.Get(&p.lr_scale) || !in.Get(&p.weight_decay_scale) || !in.Get(&p.split.dim) ||
-        !in.Ints(&p.split.sizes) || !in.Ints(&p.global_shape) ||
-        !in.Ints(&p.layout.global_shape) || !in.Get(&nplace) || nplace > 64) {
-      return false;
-    }
-    p.layout.placements.resize(nplace);
-    for (Placement& pl : p.layout.placements) {
-      int32_t kind, group, dim, split;
-      if (!in.Get(&kind) || !in.Get(&group) || !in.Get(&dim) || !in.Get(&split) ||
-          !in.Ints(&pl.sizes)) {
-        return false;
-      }
-      if (ranges && (!in.Get(&pl.start) || !in.Get(&pl.length))) return false;
-      pl.kind = static_cast<PlacementKind>(kind);
-      pl.group = group;
-      pl.dim = dim;
-      pl.split = static_cast<ShardSplit>(split);
-    }
-    params->push_back(std::move(p));
-  }
-  return true;
-}
-
-void PutMembers(Out& o, const std::vector<int>& g) {
-  o.Put<uint32_t>(static_cast<uint32_t>(g.size()));
-  for (int m : g) o.Put<int32_t>(m);
-}
-
-bool GetMembers(In& in, std::vector<int>* g) {
-  uint32_t n;
-  if (!in.Get(&n) || n > (1u << 24)) return false;
-  g->resize(n);
-  for (int& m : *g) {
-    int32_t v;
-    if (!in.Get(&v)) return false;
-    m = v;
-  }
-  return true;
-}
+// The wire form (handshake_wire.h).
+using wire::GetMembers;
+using wire::GetParams;
+using wire::In;
+using wire::Out;
+using wire::PutMembers;
+using wire::PutParams;
 
 }  // namespace
 
@@ -443,103 +319,95 @@ absl::StatusOr<std::vector<RankDesc>> HandshakeDirectory::Assemble(
   return ranks;
 }
 
-absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
-                               const PlanOptions& options, const absl::Status& local_error,
-                               Device* device, void* stream, bool* own) {
-  if (own != nullptr) *own = true;
-  const HandshakeParts mine = SplitHandshake(fingerprint, me);
-  const int n = world.size(), self = world.rank();
-  const char* op = "setup: handshake";
-  // This rank's first failure; it goes on taking part in every collective.
-  absl::Status failed = local_error;
-  auto note = [&failed](const absl::Status& st) {
+namespace {
+
+constexpr const char* kHandshakeOp = "setup: handshake";
+
+// The tables and buffers of one all_to_all_v of host bytes over the world,
+// per rank.
+struct AllToAllBytes {
+  explicit AllToAllBytes(int n) : send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n) {}
+  std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
+  std::string send, recv;
+};
+
+// This rank's side of AgreePlan's collectives: where they run, and its first
+// failure (after which it goes on taking part in every collective).
+struct HandshakeRun {
+  Comm& world;
+  Device* device;
+  void* stream;
+  absl::Status failed;
+
+  void Note(const absl::Status& st) {
     if (failed.ok() && !st.ok()) failed = st;
-  };
+  }
   // A size from the wire that no handshake makes: that part travels as no
   // bytes (on every rank alike: they all hold the same headers).
-  auto capped = [&](uint64_t size, int sender, const char* what) -> size_t {
+  size_t Capped(uint64_t size, int sender, const char* what) {
     if (size <= kMaxHandshakePart) return static_cast<size_t>(size);
-    note(absl::InternalError(absl::StrCat("setup: rank ", sender, " announced a ", what, " of ",
+    Note(absl::InternalError(absl::StrCat("setup: rank ", sender, " announced a ", what, " of ",
                                           size, " bytes, more than a handshake part may hold (",
                                           kMaxHandshakePart, "); its header arrived damaged")));
     return 0;
-  };
+  }
+  // Sends x->send as its send tables say and receives sizes[j] bytes from
+  // each rank j into x->recv, in rank order (its receive tables).
+  void AllToAllV(const std::vector<size_t>& sizes, AllToAllBytes* x) {
+    size_t total = 0;
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      x->recv_bytes[j] = sizes[j];
+      x->recv_offsets[j] = total;
+      total += sizes[j];
+    }
+    x->recv.resize(total);
+    Note(HostAllToAllV(world, device, x->send.data(), x->send_bytes, x->send_offsets,
+                       x->send.size(), &x->recv[0], x->recv_bytes, x->recv_offsets, total, stream,
+                       kHandshakeOp));
+  }
+};
 
-  // 1. The headers: every rank's shared key and own part's size.
+// 1. The headers: every rank's shared key and own part's size. 2. The own
+// parts, each to every rank. Returns the directory they make.
+HandshakeDirectory ExchangeOwnParts(HandshakeRun& run, const HandshakeParts& mine) {
+  const int n = run.world.size();
   std::vector<HandshakeHeader> headers(n);
-  note(HostAllGather(world, device, &mine.header, headers.data(), sizeof(HandshakeHeader), stream,
-                     op));
-
-  // 2. The own parts, each to every rank.
-  std::vector<size_t> send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n);
-  std::string send, recv;
+  run.Note(HostAllGather(run.world, run.device, &mine.header, headers.data(),
+                         sizeof(HandshakeHeader), run.stream, kHandshakeOp));
+  AllToAllBytes x(n);
+  std::vector<size_t> sizes(n);
   const size_t own_sent = mine.own.size() <= kMaxHandshakePart ? mine.own.size() : 0;
-  send.reserve(own_sent * n);
-  size_t total = 0;
+  x.send.reserve(own_sent * n);
   for (int j = 0; j < n; ++j) {
-    send_bytes[j] = own_sent;
-    send_offsets[j] = send.size();
-    send.append(mine.own, 0, own_sent);
-    recv_bytes[j] = capped(headers[j].own_size, j, "part of its own");
-    recv_offsets[j] = total;
-    total += recv_bytes[j];
+    x.send_bytes[j] = own_sent;
+    x.send_offsets[j] = x.send.size();
+    x.send.append(mine.own, 0, own_sent);
+    sizes[j] = run.Capped(headers[j].own_size, j, "part of its own");
   }
-  recv.resize(total);
-  note(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets, send.size(), &recv[0],
-                     recv_bytes, recv_offsets, total, stream, op));
+  run.AllToAllV(sizes, &x);
+  std::string().swap(x.send);
   std::vector<std::string> owns(n);
-  for (int j = 0; j < n; ++j) owns[j] = recv.substr(recv_offsets[j], recv_bytes[j]);
-  std::string().swap(recv);
-  const HandshakeDirectory dir(headers, owns);
-  std::vector<std::string>().swap(owns);
+  for (int j = 0; j < n; ++j) owns[j] = x.recv.substr(x.recv_offsets[j], x.recv_bytes[j]);
+  std::string().swap(x.recv);
+  return HandshakeDirectory(headers, owns);
+}
 
-  // 3. The distinct shared parts and member lists this rank does not hold,
-  // each from one of its holders (a shared part compressed). A part whose
-  // size no handshake makes travels as no bytes, on both sides.
-  std::vector<std::string> bytes(dir.parts());
-  for (const auto& [part, local] : dir.Held(self)) {
-    bytes[part] = local == 0 ? mine.shared : mine.groups[local - 1];
-  }
-  send.clear();
-  const std::vector<std::vector<size_t>> sent = dir.Sent(self);
-  for (int j = 0; j < n; ++j) {
-    send_offsets[j] = send.size();
-    for (size_t part : sent[j]) {
-      if (dir.WireSize(part, self) > kMaxHandshakePart) continue;
-      send += dir.Compressed(part, self) ? mine.shared_wire : bytes[part];
-    }
-    send_bytes[j] = send.size() - send_offsets[j];
-  }
-  std::vector<std::vector<size_t>> from(n);
-  for (size_t part = 0; part < dir.parts(); ++part) {
-    const int s = dir.Sender(part, self);
-    if (s >= 0) from[s].push_back(part);
-  }
-  std::vector<std::vector<size_t>> part_bytes(n);  // each received part's, as it travels
-  total = 0;
-  for (int j = 0; j < n; ++j) {
-    recv_offsets[j] = total;
-    recv_bytes[j] = 0;
-    for (size_t part : from[j]) {
-      part_bytes[j].push_back(capped(dir.WireSize(part, j), j, "handshake part"));
-      recv_bytes[j] += part_bytes[j].back();
-    }
-    total += recv_bytes[j];
-  }
-  recv.resize(total);
-  note(HostAllToAllV(world, device, send.data(), send_bytes, send_offsets, send.size(), &recv[0],
-                     recv_bytes, recv_offsets, total, stream, op));
-  std::string().swap(send);
-  // A part that does not expand to its key fails the setup on this rank
-  // after the verdicts (every rank still joins them).
+// The parts received in `x` from each rank j (from[j], each of
+// part_bytes[j] bytes as it travelled) into bytes[part], a compressed one
+// expanded. A part that does not expand to its key fails the setup on this
+// rank (the error returned) after the verdicts: every rank still joins them.
+absl::Status UnpackParts(const AllToAllBytes& x, const HandshakeDirectory& dir,
+                         const std::vector<std::vector<size_t>>& from,
+                         const std::vector<std::vector<size_t>>& part_bytes,
+                         std::vector<std::string>* bytes) {
   absl::Status received;
-  for (int j = 0; j < n; ++j) {
-    size_t at = recv_offsets[j];
+  for (size_t j = 0; j < from.size(); ++j) {
+    size_t at = x.recv_offsets[j];
     for (size_t i = 0; i < from[j].size(); ++i) {
       const size_t part = from[j][i], size = part_bytes[j][i];
-      if (!dir.Compressed(part, j)) {
-        bytes[part] = recv.substr(at, size);
-      } else if (!ExpandPart(recv.substr(at, size), dir.key(part), &bytes[part]) &&
+      if (!dir.Compressed(part, static_cast<int>(j))) {
+        (*bytes)[part] = x.recv.substr(at, size);
+      } else if (!ExpandPart(x.recv.substr(at, size), dir.key(part), &(*bytes)[part]) &&
                  received.ok()) {
         received = absl::InternalError(absl::StrCat(
             "setup: the parameter table rank ", j, " sent does not expand to its digest"));
@@ -547,43 +415,76 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
       at += size;
     }
   }
-  std::string().swap(recv);
+  return received;
+}
 
-  // Every rank that received the same data reaches the same verdict; a rank
-  // that fails alone (a custom assignment, a collective) still joins the
-  // digest exchange.
-  Plan plan;
-  if (failed.ok()) {
-    failed = [&]() -> absl::Status {
-      MUON_RETURN_IF_ERROR(received);
-      MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
-                            dir.AssembleShared(bytes, fingerprint, self));
-      std::vector<std::string>().swap(bytes);
-      MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, self, options));
-      return absl::OkStatus();
-    }();
+// 3. The distinct shared parts and member lists this rank does not hold,
+// each from one of its holders (a shared part compressed). A part whose
+// size no handshake makes travels as no bytes, on both sides. Returns every
+// part's bytes this rank holds or received (UnpackParts: *received).
+std::vector<std::string> ExchangeSharedParts(HandshakeRun& run, const HandshakeDirectory& dir,
+                                             const HandshakeParts& mine,
+                                             absl::Status* received) {
+  const int n = run.world.size(), self = run.world.rank();
+  std::vector<std::string> bytes(dir.parts());
+  for (const auto& [part, local] : dir.Held(self)) {
+    bytes[part] = local == 0 ? mine.shared : mine.groups[local - 1];
   }
-  // The plan check's verdict: the plan's digest, and whether it was built,
-  // in words no damaged byte turns into each other (neither: damage).
+  AllToAllBytes x(n);
+  const std::vector<std::vector<size_t>> sent = dir.Sent(self);
+  for (int j = 0; j < n; ++j) {
+    x.send_offsets[j] = x.send.size();
+    for (size_t part : sent[j]) {
+      if (dir.WireSize(part, self) > kMaxHandshakePart) continue;
+      x.send += dir.Compressed(part, self) ? mine.shared_wire : bytes[part];
+    }
+    x.send_bytes[j] = x.send.size() - x.send_offsets[j];
+  }
+  std::vector<std::vector<size_t>> from(n);  // the parts each rank sends this one
+  for (size_t part = 0; part < dir.parts(); ++part) {
+    const int s = dir.Sender(part, self);
+    if (s >= 0) from[s].push_back(part);
+  }
+  std::vector<std::vector<size_t>> part_bytes(n);  // each received part's, as it travels
+  std::vector<size_t> sizes(n, 0);
+  for (int j = 0; j < n; ++j) {
+    for (size_t part : from[j]) {
+      part_bytes[j].push_back(run.Capped(dir.WireSize(part, j), j, "handshake part"));
+      sizes[j] += part_bytes[j].back();
+    }
+  }
+  run.AllToAllV(sizes, &x);
+  std::string().swap(x.send);
+  *received = UnpackParts(x, dir, from, part_bytes, &bytes);
+  return bytes;
+}
+
+// 4. The plan check: every rank's verdict (its plan's digest, and whether it
+// was built, in words no damaged byte turns into each other; neither:
+// damage), gathered and held against this rank's `plan`. Returns the plan,
+// this rank's failure, or (*own false) another rank's that it could not
+// build the plan.
+absl::StatusOr<Plan> CheckVerdicts(HandshakeRun& run, Plan plan, bool* own) {
+  const int n = run.world.size();
   constexpr uint64_t kBuilt = 0x544c495542u, kFailed = 0x44454c494146u;  // "BUILT", "FAILED"
   struct Verdict {
     uint64_t digest;
     uint64_t state;
-  } my_verdict{failed.ok() ? plan.digest : 0, failed.ok() ? kBuilt : kFailed};
+  } my_verdict{run.failed.ok() ? plan.digest : 0, run.failed.ok() ? kBuilt : kFailed};
   std::vector<Verdict> verdicts(n, Verdict{0, 0});
-  note(HostAllGather(world, device, &my_verdict, verdicts.data(), sizeof my_verdict, stream,
-                     "setup: plan check"));
-  for (int r = 0; r < n && failed.ok(); ++r) {
+  run.Note(HostAllGather(run.world, run.device, &my_verdict, verdicts.data(), sizeof my_verdict,
+                         run.stream, "setup: plan check"));
+  for (int r = 0; r < n && run.failed.ok(); ++r) {
     if (verdicts[r].state != kBuilt && verdicts[r].state != kFailed) {
-      failed = absl::InternalError(absl::StrCat("setup: rank ", r,
-                                                "'s plan check arrived damaged"));
+      run.failed = absl::InternalError(absl::StrCat("setup: rank ", r,
+                                                    "'s plan check arrived damaged"));
     } else if (verdicts[r].state == kBuilt && verdicts[r].digest != plan.digest) {
-      failed = absl::InvalidArgumentError(absl::StrCat(
-          "setup: rank ", r, " computed a different plan than rank ", world.rank(),
+      run.failed = absl::InvalidArgumentError(absl::StrCat(
+          "setup: rank ", r, " computed a different plan than rank ", run.world.rank(),
           " (a custom assignment must give the same owners on every rank)"));
     }
   }
-  if (!failed.ok()) return failed;
+  if (!run.failed.ok()) return run.failed;
   // Another rank's failure, which every rank reads alike: that rank reports
   // its cause when the ranks agree on the setup's outcome.
   if (own != nullptr) *own = false;
@@ -593,7 +494,36 @@ absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::strin
           absl::StrCat("setup: rank ", r, " could not build the plan (see its error)"));
     }
   }
-  return plan;
+  return std::move(plan);
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> AgreePlan(Comm& world, const RankDesc& me, const std::string& fingerprint,
+                               const PlanOptions& options, const absl::Status& local_error,
+                               Device* device, void* stream, bool* own) {
+  if (own != nullptr) *own = true;
+  const HandshakeParts mine = SplitHandshake(fingerprint, me);
+  // This rank's first failure; it goes on taking part in every collective.
+  HandshakeRun run{world, device, stream, local_error};
+  const HandshakeDirectory dir = ExchangeOwnParts(run, mine);
+  absl::Status received;
+  std::vector<std::string> bytes = ExchangeSharedParts(run, dir, mine, &received);
+  // Every rank that received the same data reaches the same verdict; a rank
+  // that fails alone (a custom assignment, a collective) still joins the
+  // digest exchange.
+  Plan plan;
+  if (run.failed.ok()) {
+    run.failed = [&]() -> absl::Status {
+      MUON_RETURN_IF_ERROR(received);
+      MUON_ASSIGN_OR_RETURN(std::vector<SharedRankDesc> ranks,
+                            dir.AssembleShared(bytes, fingerprint, world.rank()));
+      std::vector<std::string>().swap(bytes);
+      MUON_ASSIGN_OR_RETURN(plan, BuildPlan(ranks, world.rank(), options));
+      return absl::OkStatus();
+    }();
+  }
+  return CheckVerdicts(run, std::move(plan), own);
 }
 
 }  // namespace muon
