@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
 #include "muon/common/tensor.h"
 
 namespace muon {
@@ -111,33 +112,86 @@ std::vector<RunBlock> BoxBlocks(const std::vector<int64_t>& shape, const std::ve
   return out;
 }
 
-// ComputePiece, and PieceShape when `with_runs` is false. Without a
-// FlatRange (and unless `row_by_row`) the Shards only narrow a box of the
-// global tensor, whose runs are made once at the end (BoxBlocks); otherwise
-// every placement maps the runs so far, one slice per index of the dims
-// before its own.
-absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
-                              const std::vector<int>& coords, const std::string& who,
-                              bool with_runs, bool row_by_row, bool as_blocks = false) {
-  // No negative dimension, and no product of dimensions below overflows.
-  // (The messages are made only for an error: CheckShape again with its name.)
-  if (!CheckShape(layout.global_shape, std::string()).ok()) {
-    return CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
-  }
-  Piece piece;
-  piece.shape = layout.global_shape;
-  const int64_t numel = Product(piece.shape, 0, piece.shape.size());
-  bool boxed = !row_by_row;
-  for (const Placement& p : layout.placements) {
-    if (p.kind == PlacementKind::kFlatRange) boxed = false;
-  }
-  std::vector<int64_t> box_lo(piece.shape.size(), 0);  // boxed: the box in the global tensor
-  if (numel > 0 && with_runs && !boxed) piece.runs.push_back({0, numel});
-  std::vector<bool> used(group_sizes.size(), false);
+// The `i`-th placement, `p`, of the piece of `who`, named for errors (made
+// only then).
+struct Where {
+  const std::string& who;
+  const Placement& p;
+  size_t i;
+  std::string operator()() const { return absl::StrCat(who, ": ", Describe(p, i)); }
+};
 
-  for (size_t i = 0; i < layout.placements.size(); ++i) {
-    const Placement& p = layout.placements[i];
-    const auto where = [&] { return absl::StrCat(who, ": ", Describe(p, i)); };
+// The slice [*a, *b) of a dim of size `d` that Shard `p` over a group of
+// `n` gives group rank `r`.
+absl::Status ShardBounds(const Placement& p, int64_t d, int n, int r, const Where& where,
+                         int64_t* a, int64_t* b) {
+  switch (p.split) {
+    case ShardSplit::kEven:
+      if (d % n != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), ": dim ", p.dim, " of size ", d, " does not split evenly over ", n,
+            " ranks; use the chunk split or explicit sizes"));
+      }
+      *a = r * (d / n);
+      *b = *a + d / n;
+      return absl::OkStatus();
+    case ShardSplit::kChunk: {
+      // ceil(d / n) each, the tail short or empty; computed without
+      // d + n - 1, r * c past d or a + c, which overflow for a
+      // dimension near INT64_MAX (of an empty tensor, or a global
+      // shape a rank declares).
+      const int64_t c = d / n + (d % n != 0 ? 1 : 0);
+      *a = r > 0 && c > d / r ? d : std::min<int64_t>(r * c, d);
+      *b = *a + std::min<int64_t>(c, d - *a);
+      return absl::OkStatus();
+    }
+    case ShardSplit::kSizes: {
+      if (p.sizes.size() != static_cast<size_t>(n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), ": ", p.sizes.size(), " sizes given for a group of ", n, " ranks"));
+      }
+      int64_t total = 0;
+      for (int64_t s : p.sizes) {
+        if (s < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(where(), ": negative size ", s));
+        }
+        if (s > d - total) {  // (the sum itself may overflow)
+          return absl::InvalidArgumentError(absl::StrCat(
+              where(), ": sizes add up to more than ", d, ", the size of dim ", p.dim));
+        }
+        total += s;
+      }
+      if (total != d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), ": sizes add up to ", total, ", but dim ", p.dim, " has size ", d));
+      }
+      for (int k = 0; k < r; ++k) *a += p.sizes[k];
+      *b = *a + p.sizes[r];
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), ": unknown split ", static_cast<int>(p.split)));
+  }
+}
+
+// A piece as the placements narrow it, one placement at a time (Compute).
+// Without a FlatRange (and unless `row_by_row`) the Shards only narrow a box
+// of the global tensor, whose runs are made once at the end (BoxBlocks);
+// otherwise every placement maps the runs so far, one slice per index of the
+// dims before its own.
+struct PieceBuilder {
+  const std::vector<int>& group_sizes;
+  const std::vector<int>& coords;
+  const bool with_runs;
+  const bool boxed;
+  Piece piece;
+  std::vector<int64_t> box_lo;  // boxed: the box in the global tensor
+  std::vector<bool> used;       // per group: an earlier placement's
+
+  // Narrows the piece by placement `p` (the `i`-th).
+  absl::Status Apply(const Placement& p, size_t i, const std::string& who) {
+    const Where where{who, p, i};
     if (p.group < 0 || static_cast<size_t>(p.group) >= group_sizes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where(), ": group ", p.group, " is not known (", group_sizes.size(),
@@ -148,118 +202,109 @@ absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& grou
           absl::StrCat(where(), ": the group is already used by an earlier placement"));
     }
     used[p.group] = true;
-    const int n = group_sizes[p.group];
-    const int r = coords[p.group];
     RunMap map(piece.runs);
     std::vector<Run> next;
     switch (p.kind) {
       case PlacementKind::kReplicate:
-        if (r != 0) piece.canonical = false;
-        continue;
-      case PlacementKind::kShard: {
-        if (p.dim < 0 || static_cast<size_t>(p.dim) >= piece.shape.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where(), ": dim ", p.dim, " does not exist in shape ",
-                           ShapeString(piece.shape)));
-        }
-        const int64_t d = piece.shape[p.dim];
-        int64_t a = 0, b = 0;
-        switch (p.split) {
-          case ShardSplit::kEven:
-            if (d % n != 0) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  where(), ": dim ", p.dim, " of size ", d, " does not split evenly over ", n,
-                  " ranks; use the chunk split or explicit sizes"));
-            }
-            a = r * (d / n);
-            b = a + d / n;
-            break;
-          case ShardSplit::kChunk: {
-            // ceil(d / n) each, the tail short or empty; computed without
-            // d + n - 1, r * c past d or a + c, which overflow for a
-            // dimension near INT64_MAX (of an empty tensor, or a global
-            // shape a rank declares).
-            const int64_t c = d / n + (d % n != 0 ? 1 : 0);
-            a = r > 0 && c > d / r ? d : std::min<int64_t>(r * c, d);
-            b = a + std::min<int64_t>(c, d - a);
-            break;
-          }
-          case ShardSplit::kSizes: {
-            if (p.sizes.size() != static_cast<size_t>(n)) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  where(), ": ", p.sizes.size(), " sizes given for a group of ", n, " ranks"));
-            }
-            int64_t total = 0;
-            for (int64_t s : p.sizes) {
-              if (s < 0) {
-                return absl::InvalidArgumentError(
-                    absl::StrCat(where(), ": negative size ", s));
-              }
-              if (s > d - total) {  // (the sum itself may overflow)
-                return absl::InvalidArgumentError(absl::StrCat(
-                    where(), ": sizes add up to more than ", d, ", the size of dim ", p.dim));
-              }
-              total += s;
-            }
-            if (total != d) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  where(), ": sizes add up to ", total, ", but dim ", p.dim, " has size ", d));
-            }
-            for (int k = 0; k < r; ++k) a += p.sizes[k];
-            b = a + p.sizes[r];
-            break;
-          }
-          default:
-            return absl::InvalidArgumentError(absl::StrCat(where(), ": unknown split ",
-                                                           static_cast<int>(p.split)));
-        }
-        const int64_t outer = Product(piece.shape, 0, p.dim);
-        const int64_t inner = Product(piece.shape, p.dim + 1, piece.shape.size());
-        piece.shape[p.dim] = b - a;
-        if (boxed) {
-          box_lo[p.dim] += a;
-          continue;  // the runs come from the box at the end
-        }
-        // (An empty slice has no runs, however many rows it spans.)
-        for (int64_t o = 0; with_runs && (b - a) * inner > 0 && o < outer; ++o) {
-          map.Map((o * d + a) * inner, (b - a) * inner, &next);
-        }
+        if (coords[p.group] != 0) piece.canonical = false;
+        return absl::OkStatus();
+      case PlacementKind::kShard:
+        MUON_RETURN_IF_ERROR(ApplyShard(p, where, map, &next));
         break;
-      }
-      case PlacementKind::kFlatRange: {
-        const int64_t current = Product(piece.shape, 0, piece.shape.size());
-        if (p.start < 0 || p.length < 0 || p.start > current || p.length > current - p.start) {
-          int64_t end = 0;
-          const std::string range =
-              __builtin_add_overflow(p.start, p.length, &end)
-                  ? absl::StrCat("[", p.start, ", ", p.start, " + ", p.length, ")")
-                  : absl::StrCat("[", p.start, ", ", end, ")");
-          return absl::InvalidArgumentError(absl::StrCat(
-              where(), ": range ", range, " does not lie inside the ", current,
-              " elements of the tensor it splits (shape ", ShapeString(piece.shape), ")"));
-        }
-        if (with_runs) map.Map(p.start, p.length, &next);
-        piece.shape = {p.length};
+      case PlacementKind::kFlatRange:
+        MUON_RETURN_IF_ERROR(ApplyFlatRange(p, where, map, &next));
         break;
-      }
       default:
         return absl::InvalidArgumentError(
             absl::StrCat(where(), ": unknown placement kind ", static_cast<int>(p.kind)));
     }
     piece.runs = std::move(next);
+    return absl::OkStatus();
+  }
+
+  // A Shard: the box narrowed (boxed: no runs until the end, *next stays
+  // empty as the runs are), or the runs of its slices into *next.
+  absl::Status ApplyShard(const Placement& p, const Where& where, const RunMap& map,
+                          std::vector<Run>* next) {
+    if (p.dim < 0 || static_cast<size_t>(p.dim) >= piece.shape.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(where(), ": dim ", p.dim,
+                                                     " does not exist in shape ",
+                                                     ShapeString(piece.shape)));
+    }
+    const int64_t d = piece.shape[p.dim];
+    int64_t a = 0, b = 0;
+    MUON_RETURN_IF_ERROR(
+        ShardBounds(p, d, group_sizes[p.group], coords[p.group], where, &a, &b));
+    const int64_t outer = Product(piece.shape, 0, p.dim);
+    const int64_t inner = Product(piece.shape, p.dim + 1, piece.shape.size());
+    piece.shape[p.dim] = b - a;
+    if (boxed) {
+      box_lo[p.dim] += a;
+      return absl::OkStatus();  // the runs come from the box at the end
+    }
+    // (An empty slice has no runs, however many rows it spans.)
+    for (int64_t o = 0; with_runs && (b - a) * inner > 0 && o < outer; ++o) {
+      map.Map((o * d + a) * inner, (b - a) * inner, next);
+    }
+    return absl::OkStatus();
+  }
+
+  // A FlatRange: the range of the piece so far, flat; its runs into *next.
+  absl::Status ApplyFlatRange(const Placement& p, const Where& where, const RunMap& map,
+                              std::vector<Run>* next) {
+    const int64_t current = Product(piece.shape, 0, piece.shape.size());
+    if (p.start < 0 || p.length < 0 || p.start > current || p.length > current - p.start) {
+      int64_t end = 0;
+      const std::string range =
+          __builtin_add_overflow(p.start, p.length, &end)
+              ? absl::StrCat("[", p.start, ", ", p.start, " + ", p.length, ")")
+              : absl::StrCat("[", p.start, ", ", end, ")");
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), ": range ", range, " does not lie inside the ", current,
+          " elements of the tensor it splits (shape ", ShapeString(piece.shape), ")"));
+    }
+    if (with_runs) map.Map(p.start, p.length, next);
+    piece.shape = {p.length};
+    return absl::OkStatus();
+  }
+};
+
+// ComputePiece, and PieceShape when `with_runs` is false (PieceBuilder says
+// how the runs are made).
+absl::StatusOr<Piece> Compute(const Layout& layout, const std::vector<int>& group_sizes,
+                              const std::vector<int>& coords, const std::string& who,
+                              bool with_runs, bool row_by_row, bool as_blocks = false) {
+  // No negative dimension, and no product of dimensions below overflows.
+  // (The messages are made only for an error: CheckShape again with its name.)
+  if (!CheckShape(layout.global_shape, std::string()).ok()) {
+    return CheckShape(layout.global_shape, absl::StrCat(who, ": global shape"));
+  }
+  bool boxed = !row_by_row;
+  for (const Placement& p : layout.placements) {
+    if (p.kind == PlacementKind::kFlatRange) boxed = false;
+  }
+  PieceBuilder b{group_sizes, coords, with_runs, boxed, Piece(),
+                 std::vector<int64_t>(layout.global_shape.size(), 0),
+                 std::vector<bool>(group_sizes.size(), false)};
+  Piece& piece = b.piece;
+  piece.shape = layout.global_shape;
+  const int64_t numel = Product(piece.shape, 0, piece.shape.size());
+  if (numel > 0 && with_runs && !boxed) piece.runs.push_back({0, numel});
+  for (size_t i = 0; i < layout.placements.size(); ++i) {
+    MUON_RETURN_IF_ERROR(b.Apply(layout.placements[i], i, who));
   }
   if (boxed && with_runs) {
     if (as_blocks) {
-      piece.blocks = BoxBlocks(layout.global_shape, box_lo, piece.shape);
+      piece.blocks = BoxBlocks(layout.global_shape, b.box_lo, piece.shape);
     } else {
-      piece.runs = ExpandBlocks(BoxBlocks(layout.global_shape, box_lo, piece.shape));
+      piece.runs = ExpandBlocks(BoxBlocks(layout.global_shape, b.box_lo, piece.shape));
     }
   } else if (with_runs && as_blocks) {
     piece.blocks = ToBlocks(piece.runs);
     std::vector<Run>().swap(piece.runs);
   }
   piece.numel = Product(piece.shape, 0, piece.shape.size());
-  return piece;
+  return std::move(piece);
 }
 
 }  // namespace
