@@ -43,94 +43,15 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   const int lookahead = world.size() == 1
                             ? 0
                             : std::min(options.dist.prefetch_count, std::max(0, rounds - 1));
-  int64_t most_slots = 0;
-  for (const RoundTable& t : s->tables_) most_slots = std::max(most_slots, t.slot_floats);
-  const std::shared_ptr<Device>& device = ctx.device;
-  // The owned matrices in the dtype the backend orthogonalizes with the least
-  // work (bf16 for the CPU's AMX products: no rounding and widening passes);
-  // fp32 when a round holds a part of a split matrix (OrthogonalizeBlock's).
-  const bool any_split = std::any_of(s->splits_.begin(), s->splits_.end(),
-                                     [](const SplitRound& r) { return !r.members.empty(); });
-  if (any_split && !device->is_host()) {
-    return absl::UnimplementedError(
-        "MUON_ASSIGNMENT_SPLIT: a matrix split over ranks runs on the CPU backend only so far");
-  }
-  s->slot_dtype_ = any_split ? DType::kF32 : device->math().SlotDtype(options.ns);
-  for (int k = 0; k <= lookahead; ++k) {
-    MUON_ASSIGN_OR_RETURN(
-        DeviceBuffer b,
-        DeviceBuffer::Make(device, static_cast<size_t>(most_slots) * SizeOf(s->slot_dtype_),
-                           "the working buffer of owned matrices"));
-    s->slots_.push_back(std::move(b));
-  }
-  s->carry_ = carry_verdicts && rounds > 0 && world.size() > 1;
-  const size_t trailers = s->carry_ ? kVerdictBytes * static_cast<size_t>(world.size()) : 0;
-  const size_t exchange_bytes = MaxExchangeBytes(s->tables_) + trailers;
-  MUON_ASSIGN_OR_RETURN(s->send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
-  if (world.size() > 1) {  // a world of one unpacks from the send buffer
-    MUON_ASSIGN_OR_RETURN(s->recv_,
-                          DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
-  }
-  if (s->carry_ && !device->is_host()) {
-    MUON_ASSIGN_OR_RETURN(s->verdicts_on_device_,
-                          DeviceBuffer::Make(device, trailers, "the step verdicts"));
-    MUON_ASSIGN_OR_RETURN(s->verdict_out_,
-                          DeviceBuffer::Make(device, kVerdictBytes, "this rank's step verdict"));
-    MUON_ASSIGN_OR_RETURN(s->verdict_home_, StagingBuffer::Make(device, kVerdictBytes,
-                                                                "this rank's step verdict"));
-  }
-  for (int r = 0; r < rounds; ++r) {
-    MUON_ASSIGN_OR_RETURN(
-        BoundExchange b,
-        BindExchange(s->tables_[r], *ctx.device, *ctx.updates,
-                     LocalBuffer{s->slots_[r % s->slots_.size()].data(), s->slot_dtype_},
-                     s->send_.as<unsigned char>(),
-                     s->recv_.as<unsigned char>(), world.size() == 1,
-                     s->carry_ && r == rounds - 1 ? kVerdictBytes : 0));
-    s->bound_.push_back(std::move(b));
-  }
-  for (const RoundTable& t : s->tables_) {
-    auto& splits = s->split_batches_.emplace_back();
-    for (const ShapeBatch& b : t.batches) {
-      SplitBatch& sb = splits.emplace_back();
-      if (b.split_param < 0) {
-        MUON_RETURN_IF_ERROR(ctx.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
-        continue;
-      }
-      const PlanParam& pp = plan.params[static_cast<size_t>(b.split_param)];
-      if (!device->is_host()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "param '", pp.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
-            "backend only so far"));
-      }
-      sb.split = pp.split;
-      sb.factors = BlockLrRatios(options.adjust_lr, pp.split, b.rows, b.cols);
-      MUON_RETURN_IF_ERROR(s->split_blocks_.Reserve(ctx.device->math(), options.ns, pp.split,
-                                                    b.rows, b.cols, s->slot_dtype_));
-    }
-  }
-  if (ctx.moments != nullptr) {  // NorMuon: the moments of every owned matrix
-    for (const RoundTable& t : s->tables_) {
-      auto& ids = s->moment_ids_.emplace_back();
-      auto& locals = s->moment_locals_.emplace_back();
-      for (const ShapeBatch& b : t.batches) {
-        auto& batch = ids.emplace_back();
-        auto& local = locals.emplace_back();
-        for (int i : b.units) {
-          const Unit& u = plan.units[static_cast<size_t>(i)];
-          const PlanParam& pp = plan.params[u.param];
-          batch.push_back(
-              ctx.moments->Add(pp.name, u.index, SplitMomentCount(pp.split, b.rows, b.cols)));
-          local.push_back(plan.params[u.param].local);
-        }
-        s->moment_ptrs_.resize(std::max(s->moment_ptrs_.size(), batch.size()));
-      }
-    }
-  }
+  MUON_RETURN_IF_ERROR(s->MakeBuffers(lookahead, carry_verdicts));
+  MUON_RETURN_IF_ERROR(s->BindRounds());
+  MUON_RETURN_IF_ERROR(s->ReserveBatches(plan));
+  if (ctx.moments != nullptr) s->AddMoments(plan);
   // On GPUs with more than one rank, the exchanges run on the device's
   // communication lane (a stream of their own) so that a round's exchange
   // overlaps another's math; stream points order the two (a world of one
   // only copies: it stays on the step's stream).
+  const std::shared_ptr<Device>& device = ctx.device;
   if (!device->is_host() && world.size() > 1 && rounds > 0) {
     MUON_ASSIGN_OR_RETURN(s->lane_, device->CommLane());
     // Step stream: 0 the momentum done, 1 + r round r's math done. Lane: r
@@ -140,6 +61,104 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   }
   MUON_ASSIGN_OR_RETURN(s->pipeline_, Pipeline::Create(lookahead));
   return s;
+}
+
+absl::Status ExchangeStepper::MakeBuffers(int lookahead, bool carry_verdicts) {
+  const std::shared_ptr<Device>& device = ctx_.device;
+  const int rounds = this->rounds();
+  int64_t most_slots = 0;
+  for (const RoundTable& t : tables_) most_slots = std::max(most_slots, t.slot_floats);
+  // The owned matrices in the dtype the backend orthogonalizes with the least
+  // work (bf16 for the CPU's AMX products: no rounding and widening passes);
+  // fp32 when a round holds a part of a split matrix (OrthogonalizeBlock's).
+  const bool any_split = std::any_of(splits_.begin(), splits_.end(),
+                                     [](const SplitRound& r) { return !r.members.empty(); });
+  if (any_split && !device->is_host()) {
+    return absl::UnimplementedError(
+        "MUON_ASSIGNMENT_SPLIT: a matrix split over ranks runs on the CPU backend only so far");
+  }
+  slot_dtype_ = any_split ? DType::kF32 : device->math().SlotDtype(ctx_.options->ns);
+  for (int k = 0; k <= lookahead; ++k) {
+    MUON_ASSIGN_OR_RETURN(
+        DeviceBuffer b,
+        DeviceBuffer::Make(device, static_cast<size_t>(most_slots) * SizeOf(slot_dtype_),
+                           "the working buffer of owned matrices"));
+    slots_.push_back(std::move(b));
+  }
+  carry_ = carry_verdicts && rounds > 0 && world_.size() > 1;
+  const size_t trailers = carry_ ? kVerdictBytes * static_cast<size_t>(world_.size()) : 0;
+  const size_t exchange_bytes = MaxExchangeBytes(tables_) + trailers;
+  MUON_ASSIGN_OR_RETURN(send_, DeviceBuffer::Make(device, exchange_bytes, "the send buffer"));
+  if (world_.size() > 1) {  // a world of one unpacks from the send buffer
+    MUON_ASSIGN_OR_RETURN(recv_, DeviceBuffer::Make(device, exchange_bytes, "the receive buffer"));
+  }
+  if (carry_ && !device->is_host()) {
+    MUON_ASSIGN_OR_RETURN(verdicts_on_device_,
+                          DeviceBuffer::Make(device, trailers, "the step verdicts"));
+    MUON_ASSIGN_OR_RETURN(verdict_out_,
+                          DeviceBuffer::Make(device, kVerdictBytes, "this rank's step verdict"));
+    MUON_ASSIGN_OR_RETURN(verdict_home_,
+                          StagingBuffer::Make(device, kVerdictBytes, "this rank's step verdict"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangeStepper::BindRounds() {
+  const int rounds = this->rounds();
+  for (int r = 0; r < rounds; ++r) {
+    MUON_ASSIGN_OR_RETURN(
+        BoundExchange b,
+        BindExchange(tables_[r], *ctx_.device, *ctx_.updates,
+                     LocalBuffer{slots_[r % slots_.size()].data(), slot_dtype_},
+                     send_.as<unsigned char>(), recv_.as<unsigned char>(), world_.size() == 1,
+                     carry_ && r == rounds - 1 ? kVerdictBytes : 0));
+    bound_.push_back(std::move(b));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExchangeStepper::ReserveBatches(const Plan& plan) {
+  const Options& options = *ctx_.options;
+  for (const RoundTable& t : tables_) {
+    auto& splits = split_batches_.emplace_back();
+    for (const ShapeBatch& b : t.batches) {
+      SplitBatch& sb = splits.emplace_back();
+      if (b.split_param < 0) {
+        MUON_RETURN_IF_ERROR(ctx_.device->math().Reserve(options.ns, b.count, b.rows, b.cols));
+        continue;
+      }
+      const PlanParam& pp = plan.params[static_cast<size_t>(b.split_param)];
+      if (!ctx_.device->is_host()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "param '", pp.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
+            "backend only so far"));
+      }
+      sb.split = pp.split;
+      sb.factors = BlockLrRatios(options.adjust_lr, pp.split, b.rows, b.cols);
+      MUON_RETURN_IF_ERROR(split_blocks_.Reserve(ctx_.device->math(), options.ns, pp.split,
+                                                 b.rows, b.cols, slot_dtype_));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ExchangeStepper::AddMoments(const Plan& plan) {
+  for (const RoundTable& t : tables_) {
+    auto& ids = moment_ids_.emplace_back();
+    auto& locals = moment_locals_.emplace_back();
+    for (const ShapeBatch& b : t.batches) {
+      auto& batch = ids.emplace_back();
+      auto& local = locals.emplace_back();
+      for (int i : b.units) {
+        const Unit& u = plan.units[static_cast<size_t>(i)];
+        const PlanParam& pp = plan.params[u.param];
+        batch.push_back(
+            ctx_.moments->Add(pp.name, u.index, SplitMomentCount(pp.split, b.rows, b.cols)));
+        local.push_back(plan.params[u.param].local);
+      }
+      moment_ptrs_.resize(std::max(moment_ptrs_.size(), batch.size()));
+    }
+  }
 }
 
 absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {

@@ -70,6 +70,15 @@ class ExchangeStepper : public Stepper {
   // splits_ and the sums' buffers from the plan; InvalidArgument when a
   // round gives this rank parts of two split matrices.
   absl::Status PlanSplits(const Plan& plan);
+  // Create's phases, after the tables and splits_: the working buffers of
+  // owned matrices (one per round in flight, `lookahead` + 1), the exchange's
+  // send and receive buffers and (carry_) the verdicts'; each round's
+  // exchange bound to them; each shape batch's math reserved (and its
+  // split's lr ratios); NorMuon's moments of every owned matrix.
+  absl::Status MakeBuffers(int lookahead, bool carry_verdicts);
+  absl::Status BindRounds();
+  absl::Status ReserveBatches(const Plan& plan);
+  void AddMoments(const Plan& plan);
   // The round's split matrices (Unit::parts > 1): this rank's part with the
   // other members, or (`skip`: this rank failed, or has no part) only the
   // sums the members expect, so that every rank issues the same collectives.
