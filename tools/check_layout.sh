@@ -7,6 +7,9 @@
 #   - no non-test source file under muon/, capi/ or include/, and no Python
 #     file under python/, is over 600 lines, and the optimizer (a
 #     coordinator) is under 400;
+#   - no function of a non-test source under muon/ or capi/ is over 120
+#     lines, its comments and lambdas included (tools/check_functions.py;
+#     --report names the longest);
 #   - the README is at most 250 lines (reference lives in docs/), and every
 #     relative link of a Markdown file names a file and heading that exist;
 #   - no file cites a DESIGN.md (the design documents are not in the tree);
@@ -62,5 +65,6 @@ n=$(wc -l <README.md)
 [ "$n" -gt 250 ] && fail "README.md has $n lines (at most 250: move reference into docs/)"
 python3 tools/check_links.py || fail "broken links (above)"
 python3 tools/check_imports.py || fail "Python imports against the layers (above)"
+python3 tools/check_functions.py || fail "functions over 120 lines (above)"
 [ "$broken" -eq 0 ] && echo "house rules: PASSED"
 exit "$broken"
