@@ -184,6 +184,135 @@ absl::Status ParseMoments(Reader& r, const std::string& blob, std::vector<SavedM
   return absl::OkStatus();
 }
 
+// The header after the magic bytes: format, reserved word, step count, and
+// the number of parameter entries (*count).
+absl::Status ParseHeader(Reader& r, const std::string& blob, SavedState* out, uint64_t* count) {
+  uint32_t reserved = 0;
+  if (!r.Get(&out->format) || !r.Get(&reserved) || !r.Get(&out->step_count) || !r.Get(count)) {
+    return Truncated(absl::StrCat(blob, " header"));
+  }
+  if (out->format < 1 || out->format > kFormatMoments) {
+    return Bad(blob, absl::StrCat("format version ", out->format,
+                                  " is not supported (1, 2 and 3 are)"));
+  }
+  if (reserved != 0) {
+    return Bad(blob, absl::StrCat("header word 'reserved' is ", reserved,
+                                  " (a libmuon blob writes 0)"));
+  }
+  if (out->step_count < 0) {
+    return Bad(blob, absl::StrCat("step count ", out->step_count, " is negative"));
+  }
+  if (out->step_count > kMaxSavedStepCount) {
+    return Bad(blob, absl::StrCat("step count ", out->step_count,
+                                  " is out of range (the next step could not be counted)"));
+  }
+  return absl::OkStatus();
+}
+
+// An entry's kind and padding (format 2 on; format 1 has padding only and
+// no global coordinates).
+absl::Status ParseKind(Reader& r, const std::string& who, uint32_t format, SavedParam* sp) {
+  if (format >= 2) {
+    uint8_t pad8 = 0;
+    if (!r.Get(&sp->kind) || !r.Get(&pad8)) return Truncated(who);
+    if (sp->kind != kGlobalRuns && sp->kind != kLocalOnly) {
+      return Bad(who, absl::StrCat("unknown entry kind ", static_cast<int>(sp->kind)));
+    }
+    if (pad8 != 0) {
+      return Bad(who, absl::StrCat("padding word is ", static_cast<int>(pad8),
+                                   " (a libmuon blob writes 0)"));
+    }
+    return absl::OkStatus();
+  }
+  uint16_t pad = 0;
+  if (!r.Get(&pad)) return Truncated(who);
+  if (pad != 0) {
+    return Bad(who, absl::StrCat("padding word is ", pad, " (a libmuon blob writes 0)"));
+  }
+  sp->kind = kLocalOnly;  // format 1 carries no global coordinates
+  return absl::OkStatus();
+}
+
+// An entry's global runs (format 2 on), into sp->runs; *held: their
+// elements.
+absl::Status ParseRuns(Reader& r, const std::string& who, int64_t global_numel, SavedParam* sp,
+                       int64_t* held) {
+  uint64_t runs = 0;
+  if (!r.Get(&runs)) return Truncated(who);
+  if (runs > r.Remaining() / 16) return Truncated(who);
+  sp->runs.resize(static_cast<size_t>(runs));
+  // The runs are checked together, not one by one: the writer lists a
+  // piece's runs in increasing global order (the order every placement
+  // gives, layout.h), so each must start at or after the end of the one
+  // before. Overlapping runs would give one element two sets of bytes
+  // (and let a restore pick either); ordered, disjoint runs inside the
+  // tensor also bound their sum by `global_numel`, so it cannot overflow.
+  int64_t end = 0;
+  *held = 0;
+  for (size_t i = 0; i < sp->runs.size(); ++i) {
+    Run& run = sp->runs[i];
+    if (!r.Get(&run.offset) || !r.Get(&run.length)) return Truncated(who);
+    if (run.offset < 0 || run.length < 0 || run.offset > global_numel ||
+        run.length > global_numel - run.offset) {
+      return Bad(who, absl::StrCat("run [", run.offset, ", +", run.length,
+                                   ") is outside its ", global_numel, " global elements"));
+    }
+    if (run.offset < end) {
+      return Bad(who, absl::StrCat(
+          "run ", i, " [", run.offset, ", +", run.length, ") starts before the end ", end,
+          " of run ", i - 1, " (runs are in increasing global order, without overlap)"));
+    }
+    end = run.offset + run.length;  // <= global_numel, checked above
+    *held += run.length;            // <= end: the runs before lie below run.offset
+  }
+  if (sp->kind == kLocalOnly && !sp->runs.empty()) {
+    return Bad(who, "a local-only entry (custom path) lists global runs");
+  }
+  return absl::OkStatus();
+}
+
+// Parameter entry `k` of a blob of `format`, into *sp; its momentum bytes
+// stay in the blob (sp->bytes).
+absl::Status ParseParam(Reader& r, const std::string& blob, uint32_t format, uint64_t k,
+                        SavedParam* sp) {
+  std::string who = absl::StrCat(blob, ", parameter ", k);
+  uint32_t name_len = 0;
+  if (!r.Get(&name_len)) return Truncated(who);
+  const unsigned char* name = r.Skip(name_len);
+  if (name == nullptr) return Truncated(who);
+  sp->name.assign(reinterpret_cast<const char*>(name), name_len);
+  who = absl::StrCat(blob, ", param '", sp->name, "'");
+  uint8_t dtype = 0;
+  if (!r.Get(&dtype) || !r.Get(&sp->view)) return Truncated(who);
+  MUON_RETURN_IF_ERROR(ParseKind(r, who, format, sp));
+  if (dtype > 2) return Bad(who, absl::StrCat("unknown momentum dtype ", static_cast<int>(dtype)));
+  sp->state_dtype = static_cast<DType>(dtype);
+  int64_t local_numel = 0, global_numel = 0;
+  MUON_RETURN_IF_ERROR(GetDims(r, who, "local", &sp->local_shape, &local_numel));
+  if (format >= 2) {
+    MUON_RETURN_IF_ERROR(GetDims(r, who, "global", &sp->global_shape, &global_numel));
+    int64_t held = 0;
+    MUON_RETURN_IF_ERROR(ParseRuns(r, who, global_numel, sp, &held));
+    sp->held = sp->kind == kGlobalRuns ? held : local_numel;
+  } else {
+    sp->global_shape = sp->local_shape;
+    sp->held = local_numel;
+  }
+  if (!r.Get(&sp->nbytes)) return Truncated(who);
+  // Compared by division: held * element size can pass 2^64 for a made-up
+  // shape, and a wrapped product would match a few bytes for many elements.
+  const uint64_t elem = SizeOf(sp->state_dtype);
+  if (sp->nbytes != 0 &&
+      (sp->nbytes % elem != 0 || sp->nbytes / elem != static_cast<uint64_t>(sp->held))) {
+    return Bad(who, absl::StrCat("holds ", sp->nbytes, " momentum bytes for ", sp->held,
+                                 " elements of ", DTypeName(sp->state_dtype)));
+  }
+  if (sp->nbytes == 0) sp->held = 0;  // no state here (a ZeRO-2 param another rank owned)
+  sp->bytes = r.Skip(static_cast<size_t>(sp->nbytes));
+  if (sp->bytes == nullptr) return Truncated(who);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size,
@@ -194,107 +323,12 @@ absl::StatusOr<SavedState> ParseStateBlob(const unsigned char* data, size_t size
     return Bad(blob, "not a libmuon state (bad magic bytes)");
   }
   SavedState out;
-  uint32_t reserved = 0;
   uint64_t count = 0;
-  if (!r.Get(&out.format) || !r.Get(&reserved) || !r.Get(&out.step_count) || !r.Get(&count)) {
-    return Truncated(absl::StrCat(blob, " header"));
-  }
-  if (out.format < 1 || out.format > kFormatMoments) {
-    return Bad(blob, absl::StrCat("format version ", out.format,
-                                  " is not supported (1, 2 and 3 are)"));
-  }
-  if (reserved != 0) {
-    return Bad(blob, absl::StrCat("header word 'reserved' is ", reserved,
-                                  " (a libmuon blob writes 0)"));
-  }
-  if (out.step_count < 0) {
-    return Bad(blob, absl::StrCat("step count ", out.step_count, " is negative"));
-  }
-  if (out.step_count > kMaxSavedStepCount) {
-    return Bad(blob, absl::StrCat("step count ", out.step_count,
-                                  " is out of range (the next step could not be counted)"));
-  }
+  MUON_RETURN_IF_ERROR(ParseHeader(r, blob, &out, &count));
   // A corrupted count must not allocate: an entry takes at least 20 bytes.
   out.params.reserve(static_cast<size_t>(std::min<uint64_t>(count, r.Remaining() / 20)));
   for (uint64_t k = 0; k < count; ++k) {
-    SavedParam& sp = out.params.emplace_back();
-    std::string who = absl::StrCat(blob, ", parameter ", k);
-    uint32_t name_len = 0;
-    if (!r.Get(&name_len)) return Truncated(who);
-    const unsigned char* name = r.Skip(name_len);
-    if (name == nullptr) return Truncated(who);
-    sp.name.assign(reinterpret_cast<const char*>(name), name_len);
-    who = absl::StrCat(blob, ", param '", sp.name, "'");
-    uint8_t dtype = 0, pad8 = 0;
-    if (!r.Get(&dtype) || !r.Get(&sp.view)) return Truncated(who);
-    if (out.format >= 2) {
-      if (!r.Get(&sp.kind) || !r.Get(&pad8)) return Truncated(who);
-      if (sp.kind != kGlobalRuns && sp.kind != kLocalOnly) {
-        return Bad(who, absl::StrCat("unknown entry kind ", static_cast<int>(sp.kind)));
-      }
-      if (pad8 != 0) {
-        return Bad(who, absl::StrCat("padding word is ", static_cast<int>(pad8),
-                                     " (a libmuon blob writes 0)"));
-      }
-    } else {
-      uint16_t pad = 0;
-      if (!r.Get(&pad)) return Truncated(who);
-      if (pad != 0) return Bad(who, absl::StrCat("padding word is ", pad, " (a libmuon blob writes 0)"));
-      sp.kind = kLocalOnly;  // format 1 carries no global coordinates
-    }
-    if (dtype > 2) return Bad(who, absl::StrCat("unknown momentum dtype ", static_cast<int>(dtype)));
-    sp.state_dtype = static_cast<DType>(dtype);
-    int64_t local_numel = 0, global_numel = 0;
-    MUON_RETURN_IF_ERROR(GetDims(r, who, "local", &sp.local_shape, &local_numel));
-    if (out.format >= 2) {
-      MUON_RETURN_IF_ERROR(GetDims(r, who, "global", &sp.global_shape, &global_numel));
-      uint64_t runs = 0;
-      if (!r.Get(&runs)) return Truncated(who);
-      if (runs > r.Remaining() / 16) return Truncated(who);
-      sp.runs.resize(static_cast<size_t>(runs));
-      // The runs are checked together, not one by one: the writer lists a
-      // piece's runs in increasing global order (the order every placement
-      // gives, layout.h), so each must start at or after the end of the one
-      // before. Overlapping runs would give one element two sets of bytes
-      // (and let a restore pick either); ordered, disjoint runs inside the
-      // tensor also bound their sum by `global_numel`, so it cannot overflow.
-      int64_t held = 0, end = 0;
-      for (size_t i = 0; i < sp.runs.size(); ++i) {
-        Run& run = sp.runs[i];
-        if (!r.Get(&run.offset) || !r.Get(&run.length)) return Truncated(who);
-        if (run.offset < 0 || run.length < 0 || run.offset > global_numel ||
-            run.length > global_numel - run.offset) {
-          return Bad(who, absl::StrCat("run [", run.offset, ", +", run.length,
-                                       ") is outside its ", global_numel, " global elements"));
-        }
-        if (run.offset < end) {
-          return Bad(who, absl::StrCat(
-              "run ", i, " [", run.offset, ", +", run.length, ") starts before the end ", end,
-              " of run ", i - 1, " (runs are in increasing global order, without overlap)"));
-        }
-        end = run.offset + run.length;  // <= global_numel, checked above
-        held += run.length;             // <= end: the runs before lie below run.offset
-      }
-      if (sp.kind == kLocalOnly && !sp.runs.empty()) {
-        return Bad(who, "a local-only entry (custom path) lists global runs");
-      }
-      sp.held = sp.kind == kGlobalRuns ? held : local_numel;
-    } else {
-      sp.global_shape = sp.local_shape;
-      sp.held = local_numel;
-    }
-    if (!r.Get(&sp.nbytes)) return Truncated(who);
-    // Compared by division: held * element size can pass 2^64 for a made-up
-    // shape, and a wrapped product would match a few bytes for many elements.
-    const uint64_t elem = SizeOf(sp.state_dtype);
-    if (sp.nbytes != 0 &&
-        (sp.nbytes % elem != 0 || sp.nbytes / elem != static_cast<uint64_t>(sp.held))) {
-      return Bad(who, absl::StrCat("holds ", sp.nbytes, " momentum bytes for ", sp.held,
-                                   " elements of ", DTypeName(sp.state_dtype)));
-    }
-    if (sp.nbytes == 0) sp.held = 0;  // no state here (a ZeRO-2 param another rank owned)
-    sp.bytes = r.Skip(static_cast<size_t>(sp.nbytes));
-    if (sp.bytes == nullptr) return Truncated(who);
+    MUON_RETURN_IF_ERROR(ParseParam(r, blob, out.format, k, &out.params.emplace_back()));
   }
   if (out.format == kFormatMoments) MUON_RETURN_IF_ERROR(ParseMoments(r, blob, &out.moments));
   if (!r.AtEnd()) {
