@@ -18,9 +18,51 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
   std::unique_ptr<Zero2Stepper> s(new Zero2Stepper(groups, ctx));
   std::vector<Param>& params = *ctx.params;
   s->stats_.matrices_total = matrices_total;
+  int64_t largest = 0, widest = 0;
+  s->MakeBlocks(members, &largest, &widest);
+  // Before any param changes: a state restored before this setup from a blob
+  // that held none of an owned param's momentum is refused.
+  for (const Block& blk : s->blocks_) {
+    const int me = groups[blk.group]->rank();
+    const int mine = me < static_cast<int>(blk.params.size()) ? blk.params[me] : -1;
+    if (mine >= 0 && params[mine].momentum_elsewhere) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "param '", params[mine].name, "': the state blob loaded before the first step holds "
+          "none of its momentum, but this rank owns it (ZeRO-2): load every rank's blob with "
+          "muon_load_states"));
+    }
+  }
+  for (Param& p : params) p.momentum_elsewhere = false;
+  s->moment_first_.assign(params.size(), -1);
+  for (const Block& blk : s->blocks_) {
+    const int me = groups[blk.group]->rank();
+    for (size_t c = 0; c < blk.params.size(); ++c) {
+      if (blk.params[c] < 0) continue;
+      if (static_cast<int>(c) == me) {
+        MUON_RETURN_IF_ERROR(s->TakeOwned(blk.params[c]));
+      } else {
+        Param& p = params[blk.params[c]];
+        p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
+        p.momentum.Reset();
+      }
+    }
+  }
+  try {
+    s->send_.resize(static_cast<size_t>(widest) * 4);
+    s->recv_.resize(static_cast<size_t>(widest) * 4);
+    s->average_.resize(static_cast<size_t>(largest));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of host memory for the ZeRO-2 buffers");
+  }
+  return s;
+}
+
+void Zero2Stepper::MakeBlocks(const std::vector<std::vector<int>>& members, int64_t* largest,
+                              int64_t* widest) {
+  std::vector<Param>& params = *ctx_.params;
   // Group instances in one order every rank agrees on: by member list.
   // Each group's parameters, found in one pass.
-  std::vector<std::vector<int>> of_group(groups.size());
+  std::vector<std::vector<int>> of_group(groups_.size());
   std::vector<int> order;
   for (size_t i = 0; i < params.size(); ++i) {
     const int g = params[i].zero2_group;
@@ -30,9 +72,8 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
   }
   std::sort(order.begin(), order.end(),
             [&](int a, int b) { return members[a] < members[b]; });
-  int64_t largest = 0, widest = 0;
   for (int g : order) {
-    const int n = groups[g]->size();
+    const int n = groups_[g]->size();
     std::vector<int>& mine = of_group[g];
     std::sort(mine.begin(), mine.end(),
               [&](int a, int b) { return params[a].name < params[b].name; });
@@ -60,67 +101,36 @@ absl::StatusOr<std::unique_ptr<Zero2Stepper>> Zero2Stepper::Create(
         const std::string what = absl::StrCat("ZeRO-2 block of param '", params[first].name, "'");
         blk.averaging = absl::StrCat("averaging gradients of the ", what);
         blk.sharing = absl::StrCat("sharing the new values of the ", what);
-        largest = std::max(largest, blk.elems);
-        widest = std::max(widest, blk.elems * n);
-        s->blocks_.push_back(std::move(blk));
+        *largest = std::max(*largest, blk.elems);
+        *widest = std::max(*widest, blk.elems * n);
+        blocks_.push_back(std::move(blk));
       }
     }
   }
-  // Before any param changes: a state restored before this setup from a blob
-  // that held none of an owned param's momentum is refused.
-  for (const Block& blk : s->blocks_) {
-    const int me = groups[blk.group]->rank();
-    const int mine = me < static_cast<int>(blk.params.size()) ? blk.params[me] : -1;
-    if (mine >= 0 && params[mine].momentum_elsewhere) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "param '", params[mine].name, "': the state blob loaded before the first step holds "
-          "none of its momentum, but this rank owns it (ZeRO-2): load every rank's blob with "
-          "muon_load_states"));
-    }
+}
+
+absl::Status Zero2Stepper::TakeOwned(int param) {
+  Param& p = (*ctx_.params)[param];
+  if (p.split.none()) {
+    MUON_RETURN_IF_ERROR(ctx_.device->math().Reserve(ctx_.options->ns, p.batch, p.rows, p.cols));
+  } else if (!ctx_.device->is_host()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "param '", p.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
+        "backend only so far"));
+  } else {
+    factors_.resize(ctx_.params->size());
+    factors_[static_cast<size_t>(param)] =
+        BlockLrRatios(ctx_.options->adjust_lr, p.split, p.rows, p.cols);
+    MUON_RETURN_IF_ERROR(split_blocks_.Reserve(ctx_.device->math(), ctx_.options->ns, p.split,
+                                               p.rows, p.cols, DType::kF32));
   }
-  for (Param& p : params) p.momentum_elsewhere = false;
-  s->moment_first_.assign(params.size(), -1);
-  for (const Block& blk : s->blocks_) {
-    const int me = groups[blk.group]->rank();
-    for (size_t c = 0; c < blk.params.size(); ++c) {
-      if (blk.params[c] < 0) continue;
-      Param& p = params[blk.params[c]];
-      if (static_cast<int>(c) == me) {
-        if (p.split.none()) {
-          MUON_RETURN_IF_ERROR(
-              ctx.device->math().Reserve(ctx.options->ns, p.batch, p.rows, p.cols));
-        } else if (!ctx.device->is_host()) {
-          return absl::UnimplementedError(absl::StrCat(
-              "param '", p.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
-              "backend only so far"));
-        } else {
-          s->factors_.resize(params.size());
-          s->factors_[static_cast<size_t>(blk.params[c])] =
-              BlockLrRatios(ctx.options->adjust_lr, p.split, p.rows, p.cols);
-          MUON_RETURN_IF_ERROR(s->split_blocks_.Reserve(ctx.device->math(), ctx.options->ns,
-                                                        p.split, p.rows, p.cols, DType::kF32));
-        }
-        if (ctx.moments != nullptr) {  // NorMuon: ids of one param's matrices run on
-          s->moment_first_[static_cast<size_t>(blk.params[c])] =
-              ctx.moments->Add(p.name, 0, p.moment_count());
-          for (int64_t k = 1; k < p.batch; ++k) ctx.moments->Add(p.name, k, p.moment_count());
-          s->moment_ptrs_.resize(std::max<size_t>(s->moment_ptrs_.size(), p.batch));
-        }
-        s->stats_.matrices_owned += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
-      } else {
-        p.holds_state = false;  // its momentum lives on the owner: 1/N of the state here
-        p.momentum.Reset();
-      }
-    }
+  if (ctx_.moments != nullptr) {  // NorMuon: ids of one param's matrices run on
+    moment_first_[static_cast<size_t>(param)] = ctx_.moments->Add(p.name, 0, p.moment_count());
+    for (int64_t k = 1; k < p.batch; ++k) ctx_.moments->Add(p.name, k, p.moment_count());
+    moment_ptrs_.resize(std::max<size_t>(moment_ptrs_.size(), p.batch));
   }
-  try {
-    s->send_.resize(static_cast<size_t>(widest) * 4);
-    s->recv_.resize(static_cast<size_t>(widest) * 4);
-    s->average_.resize(static_cast<size_t>(largest));
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("out of host memory for the ZeRO-2 buffers");
-  }
-  return s;
+  stats_.matrices_owned += MatrixShape{p.batch, p.rows, p.cols}.with_elements();
+  return absl::OkStatus();
 }
 
 absl::Status Zero2Stepper::StepOwned(const Block& blk, int param) {

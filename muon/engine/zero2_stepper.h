@@ -49,6 +49,14 @@ class Zero2Stepper : public Stepper {
 
   Zero2Stepper(const std::vector<std::shared_ptr<Comm>>& groups, const StepContext& ctx)
       : groups_(groups), ctx_(ctx) {}
+  // Create's phases: the blocks of every group's parameters (groups in
+  // member-list order, each group's by name, same shape and dtype together,
+  // owners block-cyclic), with the largest block's elements and the widest
+  // block's over its group; then each parameter this rank owns made ready to
+  // step (its math reserved, NorMuon's moments added, counted).
+  void MakeBlocks(const std::vector<std::vector<int>>& members, int64_t* largest,
+                  int64_t* widest);
+  absl::Status TakeOwned(int param);
   absl::Status RunBlock(const Block& blk, void* stream, bool failed);
   absl::Status StepOwned(const Block& blk, int param);
 
