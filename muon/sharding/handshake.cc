@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/sharding/handshake_wire.h"
-#include "muon/sharding/host_gather.h"
+#include "muon/comm/host_collectives.h"
 
 namespace muon {
 namespace {
@@ -60,8 +60,8 @@ absl::Status GatherGroupMembers(Comm& world, const std::vector<std::shared_ptr<C
   for (const auto& g : groups) {
     std::vector<int32_t> m(g->size(), -1);
     const int32_t mine = world.rank();
-    const absl::Status st = HostAllGather(*g, device, &mine, m.data(), sizeof mine, stream,
-                                          "setup: group membership");
+    const absl::Status st = HostCollectives(*g, device, stream)
+                                .AllGather(&mine, m.data(), sizeof mine, "setup: group membership");
     if (first.ok()) first = st;
     members->emplace_back(m.begin(), m.end());
   }
@@ -361,9 +361,9 @@ struct HandshakeRun {
       total += sizes[j];
     }
     x->recv.resize(total);
-    Note(HostAllToAllV(world, device, x->send.data(), x->send_bytes, x->send_offsets,
-                       x->send.size(), &x->recv[0], x->recv_bytes, x->recv_offsets, total, stream,
-                       kHandshakeOp));
+    Note(HostCollectives(world, device, stream)
+             .AllToAllV({x->send.data(), &x->send_bytes, &x->send_offsets, x->send.size()},
+                        {&x->recv[0], &x->recv_bytes, &x->recv_offsets, total}, kHandshakeOp));
   }
 };
 
@@ -372,8 +372,8 @@ struct HandshakeRun {
 HandshakeDirectory ExchangeOwnParts(HandshakeRun& run, const HandshakeParts& mine) {
   const int n = run.world.size();
   std::vector<HandshakeHeader> headers(n);
-  run.Note(HostAllGather(run.world, run.device, &mine.header, headers.data(),
-                         sizeof(HandshakeHeader), run.stream, kHandshakeOp));
+  run.Note(HostCollectives(run.world, run.device, run.stream)
+               .AllGather(&mine.header, headers.data(), sizeof(HandshakeHeader), kHandshakeOp));
   AllToAllBytes x(n);
   std::vector<size_t> sizes(n);
   const size_t own_sent = mine.own.size() <= kMaxHandshakePart ? mine.own.size() : 0;
@@ -472,8 +472,8 @@ absl::StatusOr<Plan> CheckVerdicts(HandshakeRun& run, Plan plan, bool* own) {
     uint64_t state;
   } my_verdict{run.failed.ok() ? plan.digest : 0, run.failed.ok() ? kBuilt : kFailed};
   std::vector<Verdict> verdicts(n, Verdict{0, 0});
-  run.Note(HostAllGather(run.world, run.device, &my_verdict, verdicts.data(), sizeof my_verdict,
-                         run.stream, "setup: plan check"));
+  run.Note(HostCollectives(run.world, run.device, run.stream)
+               .AllGather(&my_verdict, verdicts.data(), sizeof my_verdict, "setup: plan check"));
   for (int r = 0; r < n && run.failed.ok(); ++r) {
     if (verdicts[r].state != kBuilt && verdicts[r].state != kFailed) {
       run.failed = absl::InternalError(absl::StrCat("setup: rank ", r,

@@ -26,7 +26,7 @@
 // SerializeRankDesc / ParseRankDesc would carry it; BuildPlan then runs on
 // the same data, with the same results and errors, as when every message is
 // gathered whole. Each all_gather and all_to_all_v moves host values through
-// host_gather.h: with a GPU `device` (NCCL moves device memory only) they
+// muon/comm/host_collectives.h: with a GPU `device` (NCCL moves device memory only) they
 // are staged through device buffers on `stream`.
 #ifndef MUON_SHARDING_HANDSHAKE_H_
 #define MUON_SHARDING_HANDSHAKE_H_
