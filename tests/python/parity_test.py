@@ -324,6 +324,28 @@ def test_fp32_matches_reference(adjust_lr):
     assert got <= 1e-5
 
 
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+@pytest.mark.parametrize("engine", ["openblas", "avx512"])
+def test_fp32_matches_reference_on_each_fp32_engine(engine, monkeypatch):
+    """Both engines of the fp32 products (MUON_CPU_FP32; the default follows
+    OpenBLAS's core, which the environment sets), on matrices of several of
+    the kernel's 256-wide blocks."""
+    if engine == "avx512" and "avx512f" not in _cpu_flags():
+        pytest.skip("this CPU has no avx512f for libmuon's fp32 kernel")
+    monkeypatch.setenv("MUON_CPU_FP32", engine)
+    shapes = [("wide", (300, 520), "2d"), ("tall", (520, 300), "2d"),
+              ("square", (257, 257), "2d"), ("thin", (16, 700), "2d")]
+    got = parity(dict(FP32), "fp32 products on %s" % engine, shapes=shapes, check_state=True)
+    assert got <= 1e-5
+
+
 def test_fp32_nesterov_off():
     assert parity(dict(FP32, nesterov=False), "fp32 nesterov off", check_state=True) <= 1e-5
 

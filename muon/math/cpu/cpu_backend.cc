@@ -286,6 +286,9 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
   MUON_RETURN_IF_ERROR(ReserveFloats(static_cast<size_t>(elems + 2 * gram_elems)));
   const int threads = cpu::ThreadsPerRankHere();
   cpu::UseThreads(threads, cpu::NativeThreadsHere());
+  // Every member chooses the fp32 products' engine here, as a whole matrix's
+  // Newton-Schulz does (not left to whatever this backend ran last).
+  MUON_RETURN_IF_ERROR(products_.Choose(threads));
   const bool bf16 = config.dtype == NsDtype::kBF16;
   float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
   float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/cpu/cpu_features.h"
 #include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
@@ -279,6 +280,33 @@ TEST(SplitNs, AFailedSumIsReturnedAndAnEmptyBlockRefused) {
   EXPECT_NE(s.message().find("members' sum"), std::string::npos) << s;
   const absl::Status empty = be.OrthogonalizeBlock(cfg, {block.data(), 8, 0, false}, sums);
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
+}
+
+// A member's block runs on the fp32 engine a whole matrix's Newton-Schulz
+// chooses, from its first call on (a fresh backend's included), so members
+// whose backends ran different work before still sum alike.
+TEST(SplitNs, ABlockChoosesTheFp32EngineAsAWholeMatrixDoes) {
+  if ((cpu::Features() & cpu::kFeatureAvx512) == 0) {
+    GTEST_SKIP() << "this CPU (features: " << cpu::FeatureNames(cpu::Features())
+                 << ") has no avx512 for the fp32 kernel: one engine only";
+  }
+  // The kernel asked for (OpenBLAS's own choice of core depends on the
+  // environment), so that a block left on the default engine would differ.
+  ::setenv("MUON_CPU_FP32", "avx512", 1);
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP32;
+  std::vector<float> whole = RandomNormal(8 * 12, 29);
+  CpuBackend reference;
+  ASSERT_TRUE(reference.Orthogonalize(cfg, {whole.data(), 1, 8, 12}).ok());
+  std::vector<float> block = RandomNormal(8 * 12, 29);
+  MemberSums sums;
+  sums.f64 = [](double*, int64_t) { return absl::OkStatus(); };
+  sums.f32 = [](float*, int64_t) { return absl::OkStatus(); };
+  CpuBackend fresh;
+  ASSERT_TRUE(fresh.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false}, sums).ok());
+  EXPECT_STREQ(fresh.Fp32EngineName(), reference.Fp32EngineName());
+  EXPECT_STREQ(fresh.Fp32EngineName(), "avx512");
+  ::unsetenv("MUON_CPU_FP32");
 }
 
 }  // namespace
