@@ -147,7 +147,7 @@ class LibraryGroups:
                 g.opt.set_split(name, split[1], split[0])
         self._hooks.attach(g.opt, named)
         if split is not None:
-            missed = [name for name, _ in named if name not in g.opt._splits_used]
+            missed = [name for name, _ in named if not g.opt.split_taken(name)]
             if missed:  # the same on every rank: the same groups, the same config
                 raise ValueError(
                     "muon.Muon: param group %d's split_sizes did not reach %s: this "
@@ -155,10 +155,11 @@ class LibraryGroups:
                     "whole matrices (no split_sizes) or through a muon config "
                     "(create_processgroup_config, create_megatron_config)"
                     % (gi, ", ".join(repr(n) for n in missed)))
-        records = g.opt._params
-        by_object = {id(r.param.obj): k for k, r in enumerate(records)}
-        by_name = {r.name: k for k, r in enumerate(records)}
-        by_pointer = {r.param.data_ptr: k for k, r in enumerate(records) if r.param.data_ptr}
+        opt = g.opt
+        ids = range(opt.num_params)
+        by_object = {id(opt.param_tensor(k)): k for k in ids}
+        by_name = {opt.param_name(k): k for k in ids}
+        by_pointer = {opt.param_address(k): k for k in ids if opt.param_address(k)}
         for name, p in named:
             k = by_object.get(id(p))
             if k is None:
@@ -167,8 +168,8 @@ class LibraryGroups:
                 local = _local(p)
                 k = by_pointer.get(local.data_ptr()) if local.numel() else None
             g.ids.append(k)
-            g.grads.append(records[k].grad.obj if k is not None else None)
-            g.param_ptrs.append(records[k].param.data_ptr if k is not None else 0)
+            g.grads.append(opt.grad_tensor(k) if k is not None else None)
+            g.param_ptrs.append(opt.param_address(k) if k is not None else 0)
 
     def _state_dtype(self, g, pid):
         return _DTYPES[g.opt.state_dtype(pid)]
@@ -191,7 +192,7 @@ class LibraryGroups:
                 continue
             value = self._pending.pop(id(p))
             dtype = self._state_dtype(g, pid)
-            shape = tuple(g.opt._params[pid].param.obj.shape)
+            shape = tuple(g.opt.param_tensor(pid).shape)
             restore = value is not None
             if value is None:
                 value = torch.zeros(shape, dtype=dtype)
@@ -278,8 +279,7 @@ class LibraryGroups:
             pid = g.ids[i]
             if pid is None:
                 continue
-            record = g.opt._params[pid]
-            registered = record.param.obj
+            registered = g.opt.param_tensor(pid)
             current = p if registered is p else _local(p)
             moved = current.data_ptr() != g.param_ptrs[i]
             grad = p.grad
@@ -290,7 +290,8 @@ class LibraryGroups:
                 if grad is None:
                     grad = g.zeros[i] = torch.zeros_like(
                         current, memory_format=torch.contiguous_format)
-            if moved or record.grad is None or grad.data_ptr() != record.grad.data_ptr:
+            if (moved or g.opt.grad_tensor(pid) is None
+                    or grad.data_ptr() != g.opt.grad_address(pid)):
                 g.opt.rebind(pid, current if moved else registered, grad)
                 g.param_ptrs[i] = current.data_ptr()
             g.grads[i] = grad

@@ -424,6 +424,32 @@ class Optimizer(OptimizerComms, OptimizerState):
         """The name a parameter was registered under."""
         return self._params[operator.index(param_id)].name
 
+    def param_tensor(self, param_id: int) -> Tensor:
+        """The tensor (or array) a parameter is registered or rebound with."""
+        return self._params[operator.index(param_id)].param.obj
+
+    def param_address(self, param_id: int) -> int:
+        """The address of that tensor's data, as registered or rebound."""
+        return self._params[operator.index(param_id)].param.data_ptr
+
+    def grad_tensor(self, param_id: int) -> Tensor | None:
+        """The gradient bound to a parameter; None while unbound (rebind)."""
+        grad = self._params[operator.index(param_id)].grad
+        return grad.obj if grad is not None else None
+
+    def grad_address(self, param_id: int) -> int:
+        """The address of that gradient's data; 0 while unbound."""
+        grad = self._params[operator.index(param_id)].grad
+        return grad.data_ptr if grad is not None else 0
+
+    def split_pending(self, name: str) -> bool:
+        """Whether set_split gave `name` split blocks for its registration."""
+        return name in self._splits
+
+    def split_taken(self, name: str) -> bool:
+        """Whether the registration of `name` took the split set_split gave it."""
+        return name in self._splits_used
+
     # -- stepping ---------------------------------------------------------------
 
     def _check_torch_storage(self):

@@ -270,8 +270,8 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                 placements.append(FlatRange(gid[role], arg[0], arg[1]))
         # The param group's split (muon.Muon set it under the default name),
         # else the config's own (Megatron's fused QKV).
-        split = None if e.default in getattr(optimizer, "_splits", {}) else \
-            self._split_of(e.param)
+        pending = getattr(optimizer, "split_pending", None)
+        split = None if pending is not None and pending(e.default) else self._split_of(e.param)
         optimizer.register(param, grad_buffer(param), name=e.name,
                            matrix_view=matrix_view_for(len(global_shape)),
                            global_shape=global_shape, placements=placements,
