@@ -115,6 +115,12 @@ extern "C" {
 #define MUON_API
 #endif
 
+/* This header's version (CHANGELOG.md). A MINOR adds functions, enum values
+ * and struct fields at their struct's end (read through struct_size), so a
+ * caller built against an older header of the same MAJOR keeps working; while
+ * MAJOR is 0 a MINOR may also remove what the previous one marked deprecated
+ * (named in CHANGELOG.md). A PATCH changes no declaration. A new MAJOR may
+ * break the ABI. */
 #define MUON_VERSION_MAJOR 0
 #define MUON_VERSION_MINOR 7
 #define MUON_VERSION_PATCH 0
