@@ -36,7 +36,7 @@ fi
 COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
   muon/math/ns_config.cc muon/math/ns_program.cc muon/math/normuon.cc muon/math/split_blocks.cc muon/math/cpu/cpu_backend.cc muon/math/cpu/gram_ns.cc muon/math/cpu/aol.cc
-  muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/f32_gemm.cc muon/math/cpu/f32_products.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc muon/math/cpu/onednn_library.cc
+  muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/f32_gemm.cc muon/math/cpu/f32_products.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/blas_tiles.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc muon/math/cpu/onednn_library.cc
   muon/device/device.cc muon/device/host_device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
 )
@@ -98,7 +98,7 @@ compile() {
   fi
   local extra=()
   case "$src" in
-    muon/math/cpu/cpu_threads.cc|muon/math/cpu/bf16_gemm.cc|muon/math/cpu/f32_gemm.cc|muon/math/cpu/bf16_kernels.cc|muon/math/cpu/native_bf16.cc|muon/math/cpu/parallel.cc) extra=(-fopenmp=libgomp) ;;
+    muon/math/cpu/cpu_threads.cc|muon/math/cpu/blas_tiles.cc|muon/math/cpu/bf16_gemm.cc|muon/math/cpu/f32_gemm.cc|muon/math/cpu/bf16_kernels.cc|muon/math/cpu/native_bf16.cc|muon/math/cpu/parallel.cc) extra=(-fopenmp=libgomp) ;;
     muon/math/cpu/cpu_kernels.cc) extra=(-ffp-contract=off) ;;
   esac
   "$CXX" "${CXXFLAGS[@]}" "${extra[@]}" -MMD -MF "$dep" -c "$src" -o "$obj"

@@ -204,17 +204,24 @@ TEST_P(WorldSize, GramAndFp16AreBitIdentical) {
   RunConfig cfg;
   cfg.steps = 4;
   cfg.ns_dtype = MUON_NS_DTYPE_FP16;
-  ExpectEquivalent(c, cfg);
+  {
+    SCOPED_TRACE("standard, fp16");
+    ExpectEquivalent(c, cfg);
+  }
   cfg.variant = [](muon_options_t* o) {
     o->ns_algorithm = MUON_NS_GRAM;
     o->ns_gram_restarts = 1u << 3;
   };
-  ExpectEquivalent(c, cfg);
+  {
+    SCOPED_TRACE("gram, fp16");
+    ExpectEquivalent(c, cfg);
+  }
   cfg.ns_dtype = MUON_NS_DTYPE_FP32;
   cfg.variant = [](muon_options_t* o) {
     o->ns_algorithm = MUON_NS_GRAM;
     o->normuon = 1;
   };
+  SCOPED_TRACE("gram, fp32, normuon");
   ExpectEquivalent(c, cfg);
 }
 

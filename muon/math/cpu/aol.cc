@@ -1,10 +1,9 @@
 #include "muon/math/cpu/aol.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 
+#include "muon/math/cpu/blas_tiles.h"
 #include "muon/math/cpu/cpu_kernels.h"
 
 namespace muon {
@@ -25,15 +24,13 @@ void AolPrescale(float* x, int64_t rows, int64_t cols, double eps, int round, fl
   if (round == ew::kBF16) RoundToBf16(x, rows * cols);
   float* gram = work;
   double* scale = reinterpret_cast<double*>(work + m * m + (m * m) % 2);  // 8-byte aligned
-  // The upper triangle of W W^T (row-major, m x m): x x^T for a wide x,
-  // x^T x for a tall one.
-  cblas_ssyrk(CblasRowMajor, CblasUpper, tall ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), 1.0f, x, static_cast<int>(cols), 0.0f, gram,
-              static_cast<int>(m));
+  // The upper triangle of W W^T (m x m, column-major): x x^T for a wide x,
+  // x^T x for a tall one (x read column-major is x^T).
+  TiledSsyrkUpper(!tall, m, n, 1.0f, x, cols, 0.0f, gram, m);
   for (int64_t i = 0; i < m; ++i) {
     double sum = 0.0;
     for (int64_t j = 0; j < m; ++j) {
-      sum += std::fabs(static_cast<double>(i <= j ? gram[i * m + j] : gram[j * m + i]));
+      sum += std::fabs(static_cast<double>(i <= j ? gram[i + j * m] : gram[j + i * m]));
     }
     scale[i] = 1.0 / std::sqrt(std::max(sum, eps));
   }

@@ -112,16 +112,20 @@ CoreSlots::~CoreSlots() {
   s.slots_freed.notify_all();
 }
 
+namespace {
+thread_local int tile_threads = 1;
+}  // namespace
+
 void UseThreads(int threads, int omp_threads) {
   omp_set_num_threads(omp_threads);
-  static std::mutex mu;
-  static int blas_threads = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  if (blas_threads != threads) {
-    openblas_set_num_threads(threads);
-    blas_threads = threads;
-  }
+  tile_threads = std::max(threads, 1);
+  // OpenBLAS runs one thread per call: blas_tiles.h runs its calls in
+  // parallel, in tiles that do not follow the thread count.
+  static std::once_flag single;
+  std::call_once(single, [] { openblas_set_num_threads(1); });
 }
+
+int TileThreads() { return tile_threads; }
 
 }  // namespace cpu
 }  // namespace muon

@@ -68,10 +68,13 @@ class CoreSlots {
   int held_ = 0;
 };
 
-// Makes the calling thread's CPU math use `blas_threads` for OpenBLAS (the
-// process's setting, changed only when it differs; every rank of a process
-// asks for the same number) and `omp_threads` for OpenMP on this thread (oneDNN).
+// Makes the calling thread's CPU math use `blas_threads` for the OpenBLAS
+// products (blas_tiles.h: tiles on an OpenMP team of that many; OpenBLAS
+// itself is set to one thread per call, once for the process) and
+// `omp_threads` for OpenMP on this thread (oneDNN).
 void UseThreads(int blas_threads, int omp_threads);
+// The calling thread's `blas_threads` from its last UseThreads (1 before).
+int TileThreads();
 
 }  // namespace cpu
 }  // namespace muon

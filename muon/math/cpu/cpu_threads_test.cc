@@ -85,12 +85,19 @@ TEST(CpuThreads, JoinedRanksAndTheEnvironmentDivide) {
   ::unsetenv("OMP_NUM_THREADS");
 }
 
-TEST(CpuThreads, UseThreadsSetsOpenMpAndOpenBlas) {
+// OpenBLAS stays at one thread per call (blas_tiles.h runs the tiles on
+// the thread count given, per calling thread).
+TEST(CpuThreads, UseThreadsSetsOpenMpAndTheTilesThreads) {
   UseThreads(3, 2);
   EXPECT_EQ(omp_get_max_threads(), 2);
-  EXPECT_EQ(openblas_get_num_threads(), 3);
+  EXPECT_EQ(TileThreads(), 3);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  int other = 0;
+  std::thread([&] { other = TileThreads(); }).join();
+  EXPECT_EQ(other, 1) << "another thread's count follows this one's";
   UseThreads(1, 1);
   EXPECT_EQ(omp_get_max_threads(), 1);
+  EXPECT_EQ(TileThreads(), 1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "muon/math/cpu/blas_tiles.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/cpu/gram_ns.h"
 
@@ -93,13 +94,10 @@ void Fp32Products::Run(const NsGemm& g, float alpha, float beta, const float* a,
   // CBLAS updates C in place: D starts as C.
   if (beta != 0.0f && c != d) std::copy(c, c + g.d.ld * g.n, d);
   if (g.symmetric) {
-    cblas_ssyrk(CblasColMajor, CblasUpper, g.trans_a ? CblasTrans : CblasNoTrans, m, k, alpha, a,
-                lda, beta, d, ldd);
+    cpu::TiledSsyrkUpper(g.trans_a, m, k, alpha, a, lda, beta, d, ldd);
     cpu::MirrorUpper(d, g.m, g.d.ld);
   } else {
-    cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, d,
-                ldd);
+    cpu::TiledSgemm(g.trans_a, g.trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd);
   }
 }
 
@@ -114,8 +112,7 @@ void Fp32Products::Gram(const NsProgram& program, const float* x, float* gram) {
     if (Kernel(p)) return;
   }
   const int m = static_cast<int>(program.m), n = static_cast<int>(program.n);
-  cblas_ssyrk(CblasColMajor, CblasUpper, program.tall ? CblasNoTrans : CblasTrans, m, n, 1.0f, x,
-              static_cast<int>(ld_x), 0.0f, gram, m);
+  cpu::TiledSsyrkUpper(!program.tall, m, n, 1.0f, x, ld_x, 0.0f, gram, m);
   cpu::MirrorUpper(gram, program.m, program.m);
 }
 
@@ -144,8 +141,7 @@ void Fp32Products::Polynomial(int64_t m, const float* gram, float a, float b, fl
   }
   // The upper triangle: SYMM reads no other.
   if (c != 0.0f) {
-    const int mi = static_cast<int>(m);
-    cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, mi, mi, c, gram, mi, 0.0f, poly, mi);
+    cpu::TiledSsyrkUpper(false, m, m, c, gram, m, 0.0f, poly, m);
   } else {
     std::fill(poly, poly + m * m, 0.0f);
   }

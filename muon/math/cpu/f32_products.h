@@ -6,7 +6,8 @@
 // result rounded by the caller). Buffers are column-major, as CBLAS reads
 // them.
 //
-// Either engine's results do not depend on the thread count. The engines
+// Either engine's results do not depend on the thread count (OpenBLAS's
+// calls run in fixed tiles: blas_tiles.h). The engines
 // differ in the order of the fp32 sums (and the kernel fuses beta C into
 // its epilogue), so their results differ by fp32 rounding, never more.
 //

@@ -1,10 +1,9 @@
 #include "muon/math/cpu/gram_ns.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <utility>
 
+#include "muon/math/cpu/blas_tiles.h"
 #include "muon/math/cpu/cpu_kernels.h"
 
 namespace muon {
@@ -21,20 +20,19 @@ void Finish(float* d, int64_t m, int round) {
 // triangle is, b and c whole): one symmetric product, rounded.
 void SymmetricTimes(const float* s, const float* b, float a, const float* c, float* d,
                     int64_t m, int round) {
-  const int mi = static_cast<int>(m);
   if (a != 0.0f) std::copy(c, c + m * m, d);
-  cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, mi, mi, 1.0f, s, mi, b, mi, a, d, mi);
+  TiledSsymmUpper(true, m, m, 1.0f, s, m, b, m, a, d, m);
   RoundToType(round, d, m * m);
 }
 
 }  // namespace
 
 void SymmetricTimesW(const NsProgram& program, const float* s, const float* x, float* out) {
-  const int m = static_cast<int>(program.m), n = static_cast<int>(program.n);
+  const int64_t m = program.m, n = program.n;
   if (program.tall) {
-    cblas_ssymm(CblasColMajor, CblasLeft, CblasUpper, m, n, 1.0f, s, m, x, m, 0.0f, out, m);
+    TiledSsymmUpper(true, m, n, 1.0f, s, m, x, m, 0.0f, out, m);
   } else {
-    cblas_ssymm(CblasColMajor, CblasRight, CblasUpper, n, m, 1.0f, s, m, x, n, 0.0f, out, n);
+    TiledSsymmUpper(false, n, m, 1.0f, s, m, x, n, 0.0f, out, n);
   }
 }
 
@@ -45,8 +43,7 @@ size_t GramWorkFloats(const NsProgram& program) {
 void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u, float* work,
                       int round) {
   const int64_t m = program.m, mm = program.gram_elems;
-  const int mi = static_cast<int>(m), ni = static_cast<int>(program.n);
-  const int ld_x = program.tall ? mi : ni;
+  const int64_t ld_x = program.tall ? m : program.n;
   float* x = u;
   float* x_next = work;
   float* r = work + program.x_elems;
@@ -55,8 +52,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
   float* t = q + mm;
   // R = W W^T (upper, mirrored).
   auto gram = [&] {
-    cblas_ssyrk(CblasColMajor, CblasUpper, program.tall ? CblasNoTrans : CblasTrans, mi, ni, 1.0f,
-                x, ld_x, 0.0f, r, mi);
+    TiledSsyrkUpper(!program.tall, m, program.n, 1.0f, x, ld_x, 0.0f, r, m);
     Finish(r, m, round);
   };
   // W <- Q W, Q read as symmetric.
@@ -77,7 +73,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
     }
     // Z = b R + c R^2 (R R^T = R^2: one symmetric product).
     if (c != 0.0f) {
-      cblas_ssyrk(CblasColMajor, CblasUpper, CblasNoTrans, mi, mi, c, r, mi, 0.0f, z, mi);
+      TiledSsyrkUpper(false, m, m, c, r, m, 0.0f, z, m);
     } else {
       std::fill(z, z + mm, 0.0f);
     }
