@@ -377,6 +377,22 @@ muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id, const DL
   });
 }
 
+muon_status_t muon_get_owned_moments(const muon_optimizer_t* opt, int64_t param_id,
+                                     const DLTensor* dst, uint8_t* owned, int64_t owned_count) {
+  return Guard("muon_get_owned_moments", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    return opt->impl->CopyMomentsOut(param_id, dst, /*owned_only=*/true, owned, owned_count);
+  });
+}
+
+muon_status_t muon_set_owned_moments(muon_optimizer_t* opt, int64_t param_id,
+                                     const DLTensor* src) {
+  return Guard("muon_set_owned_moments", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    return opt->impl->CopyMomentsIn(param_id, src, /*owned_only=*/true);
+  });
+}
+
 muon_status_t muon_save_state(const muon_optimizer_t* opt, void* buffer, size_t capacity,
                               size_t* size) {
   return Guard("muon_save_state", [&]() -> absl::Status {

@@ -119,6 +119,26 @@ MUON_API muon_status_t muon_get_moments(const muon_optimizer_t* opt, int64_t par
 MUON_API muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id,
                                         const DLTensor* src);
 
+/* The same, for checkpoints whose host puts the ranks' pieces together
+ * (muon.Muon's state_dict under a distributed config, for
+ * torch.distributed.checkpoint): after the first step neither call refuses
+ * a matrix another rank owns. muon_get_owned_moments writes zeros for it and
+ * sets owned[k] (`owned_count` = the parameter's number of matrices, its
+ * batch) to 0, and 1 for each matrix whose values this rank gives: after the
+ * first step exactly one rank of the job owns each matrix with elements
+ * (one without elements reads as zeros, flagged 1 everywhere), before it
+ * every rank gives what was loaded or set (all flagged 1). Taking matrix k
+ * from any rank that flags it gives the whole moments. `owned` may be NULL.
+ * muon_set_owned_moments takes the whole moments (as muon_set_moments) on
+ * every rank that holds the parameter and keeps the matrices this rank owns
+ * (before the first step: all of them, as muon_set_moments). Neither call
+ * is a collective. Since 0.7. */
+MUON_API muon_status_t muon_get_owned_moments(const muon_optimizer_t* opt, int64_t param_id,
+                                              const DLTensor* dst, uint8_t* owned,
+                                              int64_t owned_count);
+MUON_API muon_status_t muon_set_owned_moments(muon_optimizer_t* opt, int64_t param_id,
+                                              const DLTensor* src);
+
 /* Whole-optimizer state as one self-describing byte blob (host memory; on a
  * GPU the call waits for the last step's stream): a header, the step
  * count, and for every parameter its name, local and global shape, dtype, the

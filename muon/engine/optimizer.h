@@ -119,8 +119,12 @@ class Optimizer {
                       int32_t* clipped);
 
   // NorMuon's moments of one parameter (muon_get_moments, muon_set_moments).
-  absl::Status CopyMomentsOut(int64_t id, const DLTensor* dst) const;
-  absl::Status CopyMomentsIn(int64_t id, const DLTensor* src);
+  // With `owned_only` (muon_get_owned_moments, muon_set_owned_moments), the
+  // matrices another rank owns are skipped (read as zeros, flagged 0 in
+  // `owned` when not NULL: owned_count flags) instead of refused.
+  absl::Status CopyMomentsOut(int64_t id, const DLTensor* dst, bool owned_only = false,
+                              uint8_t* owned = nullptr, int64_t owned_count = 0) const;
+  absl::Status CopyMomentsIn(int64_t id, const DLTensor* src, bool owned_only = false);
   size_t StateBlobSize() const;
   absl::Status SaveState(unsigned char* out) const;
   absl::Status LoadState(const unsigned char* data, size_t size);
@@ -151,9 +155,10 @@ class Optimizer {
   absl::StatusOr<std::unique_ptr<std::vector<SavedMoments>>> MomentsToSave(bool values) const;
   // The parameter and the host fp32 tensor of its moments, checked; after the
   // first step also each matrix's moments id here (-1: a matrix without
-  // elements), refused unless this rank owns every one.
-  absl::Status CheckMoments(int64_t id, const DLTensor* t, const Param** param, float** values,
-                            std::vector<int>* ids) const;
+  // elements, or, when `owned_only`, one another rank owns: -2), refused
+  // unless this rank owns every one or `owned_only`.
+  absl::Status CheckMoments(int64_t id, const DLTensor* t, bool owned_only, const Param** param,
+                            float** values, std::vector<int>* ids) const;
 
   Options options_;
   Registry registry_;

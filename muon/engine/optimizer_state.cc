@@ -89,8 +89,9 @@ absl::StatusOr<std::unique_ptr<std::vector<SavedMoments>>> Optimizer::MomentsToS
   return out;
 }
 
-absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, const Param** param,
-                                     float** values, std::vector<int>* ids) const {
+absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, bool owned_only,
+                                     const Param** param, float** values,
+                                     std::vector<int>* ids) const {
   MUON_ASSIGN_OR_RETURN(const Param* p, registry_.Get(id));
   const std::string who = absl::StrCat("moments tensor for param '", p->name, "'");
   if (!options_.normuon) {
@@ -114,6 +115,10 @@ absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, const Param*
   const bool empty = MatrixShape{p->batch, p->rows, p->cols}.with_elements() == 0;
   for (int64_t k = 0; k < p->batch; ++k) {
     const int found = empty ? -1 : setup_->moments->Find(p->name, k);
+    if (found < 0 && !empty && owned_only) {
+      ids->push_back(-2);
+      continue;
+    }
     if (found < 0 && !empty) {
       return absl::FailedPreconditionError(absl::StrCat(
           "param '", p->name, "': the NorMuon moments of its matrix ", k,
@@ -125,14 +130,22 @@ absl::Status Optimizer::CheckMoments(int64_t id, const DLTensor* t, const Param*
   return absl::OkStatus();
 }
 
-absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst) const {
+absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst, bool owned_only,
+                                       uint8_t* owned, int64_t owned_count) const {
   const Param* p = nullptr;
   float* out = nullptr;
   std::vector<int> ids;
-  MUON_RETURN_IF_ERROR(CheckMoments(id, dst, &p, &out, &ids));
+  MUON_RETURN_IF_ERROR(CheckMoments(id, dst, owned_only, &p, &out, &ids));
+  if (owned != nullptr && owned_count != p->batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("owned_count for param '", p->name, "': must be its number of matrices, ",
+                     p->batch, "; got ", owned_count));
+  }
   std::fill(out, out + p->batch * p->moment_count(), 0.0f);
   for (int64_t k = 0; k < p->batch; ++k) {
     float* row = out + k * p->moment_count();
+    const bool here = setup_ == nullptr || ids[static_cast<size_t>(k)] != -2;
+    if (owned != nullptr) owned[k] = here ? 1 : 0;
     if (setup_ == nullptr) {
       auto it = moment_stash_.values.find({p->name, k});
       if (it != moment_stash_.values.end() &&
@@ -148,11 +161,11 @@ absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst) const {
   return absl::OkStatus();
 }
 
-absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src) {
+absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src, bool owned_only) {
   const Param* p = nullptr;
   float* in = nullptr;
   std::vector<int> ids;
-  MUON_RETURN_IF_ERROR(CheckMoments(id, src, &p, &in, &ids));
+  MUON_RETURN_IF_ERROR(CheckMoments(id, src, owned_only, &p, &in, &ids));
   for (int64_t i = 0; i < p->batch * p->moment_count(); ++i) {
     if (!(in[i] >= 0) || !std::isfinite(in[i])) {
       return absl::InvalidArgumentError(absl::StrCat(

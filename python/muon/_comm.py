@@ -360,6 +360,34 @@ class Communicator:
 _TABLE_LOCK = threading.Lock()
 
 
+def gather_objects(comm: Any, obj: Any) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, through a Python
+    communicator's all_gather (a collective: every rank of `comm` calls it).
+    The peers are the ranks of one job, trusted as torch's all_gather_object
+    trusts them. TypeError for a communicator that is not a muon.Communicator
+    (a muon_comm_t's collectives are not callable from Python)."""
+    import pickle
+
+    import numpy
+    if not isinstance(comm, Communicator):
+        raise TypeError("muon: gathering needs a muon.Communicator (TorchDistComm, or one "
+                        "written in Python); this world is %r" % (comm,))
+    payload = numpy.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
+                               dtype=numpy.uint8)
+    size = int(comm.size)
+    lengths = numpy.zeros(8 * size, dtype=numpy.uint8)
+    comm.all_gather(numpy.frombuffer(numpy.int64(payload.size).tobytes(), dtype=numpy.uint8)
+                    .copy(), lengths)
+    each = lengths.view(numpy.int64)
+    width = int(each.max()) if size else 0
+    send = numpy.zeros(width, dtype=numpy.uint8)
+    send[:payload.size] = payload
+    recv = numpy.zeros(width * size, dtype=numpy.uint8)
+    comm.all_gather(send, recv)
+    return [pickle.loads(recv[r * width:r * width + int(each[r])].tobytes())
+            for r in range(size)]
+
+
 class InProcessWorld:
     """`size` ranks as threads of one process, over the library's in-process
     adapter (muon_inprocess_world_create).

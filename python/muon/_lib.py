@@ -406,6 +406,9 @@ _SIGNATURES = {
     "muon_set_state": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_get_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_set_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
+    "muon_get_owned_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor),
+                                          ctypes.POINTER(ctypes.c_uint8), ctypes.c_int64]),
+    "muon_set_owned_moments": (status_t, [opt_p, ctypes.c_int64, ctypes.POINTER(DLTensor)]),
     "muon_save_state": (
         status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "muon_load_state": (status_t, [opt_p, ctypes.c_void_p, ctypes.c_size_t]),

@@ -207,8 +207,13 @@ class LibraryGroups:
         for p, pid in zip(g.params, g.ids):
             moments = self._pending_moments.pop(id(p), None)
             if pid is not None and moments is not None and g.normuon:
-                g.opt.set_moments(pid, moments.detach().to(device="cpu", dtype=torch.float32)
-                                  .contiguous())
+                value = moments.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                # Under a config every holder is given the whole moments and
+                # keeps the matrices it owns.
+                if self._config is None:
+                    g.opt.set_moments(pid, value)
+                else:
+                    g.opt.set_owned_moments(pid, value)
 
     def _group_for_step(self, gi, group, indexed):
         g = self._groups.get(gi)

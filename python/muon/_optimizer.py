@@ -140,6 +140,7 @@ class Optimizer(OptimizerComms, OptimizerState):
         self._splits = {}       # name -> (split_dim, split_sizes) for register() to apply
         self._splits_used = set()  # the names of _splits a registration took
         self._world = None      # (rank, size) of the world communicator
+        self._world_comm = None  # the communicator given to set_world
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
 
         o = _lib.muon_options_t()

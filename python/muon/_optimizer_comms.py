@@ -40,6 +40,7 @@ class OptimizerComms:
         check(_lib_handle.muon_set_world(h, ctypes.byref(table), ctypes.byref(gid)))
         self._adopt(comm, gid.value)
         self._world = (table.rank, table.size)
+        self._world_comm = comm
         return gid.value
 
     def add_group(self, comm: Any) -> int:
@@ -67,6 +68,11 @@ class OptimizerComms:
             raise TypeError("muon: a placement's group must be a group id or a communicator "
                             "given to this optimizer's set_world/add_group; got %r" % (group,))
         return gid
+
+    @property
+    def world_comm(self) -> Any:
+        """The communicator given to set_world (None before it)."""
+        return self._world_comm
 
     @property
     def world_rank(self) -> int | None:

@@ -62,23 +62,49 @@ class OptimizerState:
         view = TensorView(value)
         check(_lib_handle.muon_set_state(self._h(), int(param_id), view.ref))
 
+    def _moments_buffer(self, param_id):
+        rec = self._params[int(param_id)] if 0 <= int(param_id) < len(self._params) else None
+        shape = rec.moments_shape if rec is not None else (0,)
+        if rec is not None and is_torch(rec.param.obj):
+            import torch
+            return torch.empty(shape, dtype=torch.float32)
+        import numpy
+        return numpy.empty(shape, dtype="float32")
+
     def get_moments(self, param_id: int) -> Any:
         """A copy of a parameter's NorMuon second moments (float32, one per row:
         shape (rows,), or (batch, rows) for a batched view), a torch tensor for
         torch parameters, else a numpy array. Before the first step, what was
         set or loaded (zeros when nothing); after it, only on the rank that owns
         every matrix of the parameter (muon_get_moments)."""
-        rec = self._params[int(param_id)] if 0 <= int(param_id) < len(self._params) else None
-        shape = rec.moments_shape if rec is not None else (0,)
-        if rec is not None and is_torch(rec.param.obj):
-            import torch
-            out = torch.empty(shape, dtype=torch.float32)
-        else:
-            import numpy
-            out = numpy.empty(shape, dtype="float32")
+        out = self._moments_buffer(param_id)
         view = TensorView(out)
         check(_lib_handle.muon_get_moments(self._h(), int(param_id), view.ref))
         return out
+
+    def get_owned_moments(self, param_id: int) -> tuple[Any, list[bool]]:
+        """(moments, owned): the moments as get_moments gives them, of the
+        matrices whose values this rank gives (owned[k]; after the first step
+        exactly one rank owns each matrix), zeros for the others
+        (muon_get_owned_moments). Taking matrix k from a rank that owns it
+        gives the whole moments."""
+        import numpy
+        out = self._moments_buffer(param_id)
+        batch = self._params[int(param_id)].moments_shape
+        count = batch[0] if len(batch) == 2 else 1
+        flags = numpy.zeros(max(count, 1), dtype="uint8")
+        view = TensorView(out)
+        check(_lib_handle.muon_get_owned_moments(
+            self._h(), int(param_id), view.ref,
+            flags.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), count))
+        return out, [bool(f) for f in flags[:count]]
+
+    def set_owned_moments(self, param_id: int, value: Tensor) -> None:
+        """Given the whole moments on every rank that holds the parameter,
+        keeps the matrices this rank owns (before the first step: all, as
+        set_moments; muon_set_owned_moments)."""
+        view = TensorView(value)
+        check(_lib_handle.muon_set_owned_moments(self._h(), int(param_id), view.ref))
 
     def set_moments(self, param_id: int, value: Tensor) -> None:
         """Overwrites a parameter's NorMuon second moments (float32, one per row

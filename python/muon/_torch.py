@@ -80,10 +80,11 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     (decay normuon_beta2) and normalizes the rows by its root (+ normuon_eps),
     keeping the update's Frobenius norm; adjust_lr_fn and extra_scale_factor
     apply after it. The moments are in state_dict() as
-    "normuon_second_moment" (fp32, the matrices' rows) without a
-    distributed_config (with one, state_dict() refuses: the moments live on
-    each matrix's owner; checkpoint with the library's state blobs). CPU only
-    so far.
+    "normuon_second_moment" (fp32, the whole matrices' rows). With a
+    distributed_config they live on each matrix's owner, and state_dict()
+    gathers them over the world (a collective: call it on every rank, as
+    torch.distributed.checkpoint does); a DTensor param's are replicated
+    over its mesh. CPU only so far.
     ns_algorithm="gram" runs Gram Newton-Schulz (Dao-AILab's, restarting at
     the iterations in gram_restarts); ns_dtype="fp16" computes in fp16 after
     normalizing in fp32. CPU only so far.

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ._comm import gather_objects
 from ._group_options import GROUP_KEYS, check_group, variants_of
 
 # What __getstate__ returns carries this key; torch's load_state_dict calls
@@ -25,6 +26,17 @@ def _like_param(buf, p):
         return buf
     return type(p).from_local(buf.to(p.to_local().device), p.device_mesh, p.placements,
                               shape=p.shape, stride=p.stride())
+
+
+def _replicated_like(t, p):
+    """Moments of a whole matrix for a DTensor param: a DTensor replicated over
+    the param's mesh (torch.distributed.checkpoint saves it once and loads it
+    at any layout), else the tensor itself."""
+    if not hasattr(p, "device_mesh") or not callable(getattr(p, "to_local", None)):
+        return t
+    from torch.distributed.tensor import Replicate
+    return type(p).from_local(t.to(p.to_local().device), p.device_mesh,
+                              [Replicate()] * p.device_mesh.ndim, run_check=False)
 
 
 class TorchState:
@@ -52,12 +64,20 @@ class TorchState:
 
     def _moments(self):
         """{id(member): a copy of its NorMuon second moments} for each member
-        that has them (held by the library, or pending for a group not built)."""
+        that has them (held by the library, or pending for a group not built).
+        Under a distributed config each matrix's moments live on its owner
+        rank: every rank gives those it owns and gathers the others' (a
+        collective over the world, as torch's get_optimizer_state_dict is)."""
         out = {}
+        owned = {}   # (group number, registered name, matrix) -> this rank's values
+        wanted = []  # (member, group number, registered name, shape): assembled below
+        comm = None
         for gi, group in self._numbered():
             if not variants_of(group)["normuon"]:
                 continue
             g = self._groups.get(gi)
+            if g is not None and g.normuon and comm is None:
+                comm = g.opt.world_comm
             position = {id(q): k for k, q in enumerate(g.params)} if g is not None else {}
             for _, p in self._members(gi, group):
                 k = position.get(id(p))
@@ -65,14 +85,48 @@ class TorchState:
                     out[id(p)] = self._pending_moments[id(p)].clone()
                 elif (g is not None and g.normuon and self._has_state.get(id(p))
                       and k is not None and k < len(g.ids) and g.ids[k] is not None):
-                    if self._config is not None:
-                        raise NotImplementedError(
-                            "muon.Muon: with normuon=True and a distributed_config, NorMuon's "
-                            "second moments live on each matrix's owner rank, and state_dict() "
-                            "cannot carry them yet; checkpoint through the library's state "
-                            "blobs (muon.Optimizer.state_bytes / load_states_bytes) or train "
-                            "without normuon")
-                    out[id(p)] = g.opt.get_moments(g.ids[k])
+                    if self._config is None:
+                        out[id(p)] = g.opt.get_moments(g.ids[k])
+                        continue
+                    values, flags = g.opt.get_owned_moments(g.ids[k])
+                    name = g.opt.param_name(g.ids[k])
+                    rows = values.reshape(len(flags), -1)
+                    for m, mine in enumerate(flags):
+                        if mine:
+                            owned[(gi, name, m)] = rows[m].clone()
+                    wanted.append((p, gi, name, tuple(values.shape)))
+        if self._config is not None and comm is not None:
+            out.update(self._gather_moments(comm, owned, wanted))
+        return out
+
+    @staticmethod
+    def _gather_moments(comm, owned, wanted):
+        """The whole moments of each wanted member, each matrix from the rank
+        that owns it."""
+        try:
+            everyone = gather_objects(comm, owned)
+        except TypeError:
+            raise NotImplementedError(
+                "muon.Muon: with normuon=True, NorMuon's second moments live on each "
+                "matrix's owner rank, and state_dict() gathers them through the world "
+                "communicator, which must be a muon.Communicator (a torch.distributed group, "
+                "or one written in Python); this world's collectives are C functions. "
+                "Checkpoint through the library's state blobs (muon.Optimizer.state_bytes / "
+                "load_states_bytes) instead") from None
+        found = {}
+        for part in everyone:
+            found.update(part)
+        out = {}
+        for p, gi, name, shape in wanted:
+            whole = torch.zeros(shape, dtype=torch.float32)
+            rows = whole.view(shape[0] if len(shape) == 2 else 1, -1)  # a row per matrix
+            for m in range(rows.shape[0]):
+                values = found.get((gi, name, m))
+                if values is None:
+                    raise RuntimeError("muon.Muon: no rank gave the NorMuon moments of matrix "
+                                       "%d of '%s'" % (m, name))
+                rows[m].copy_(values)
+            out[id(p)] = whole
         return out
 
     def _take_momentum_from_state(self):
@@ -80,10 +134,12 @@ class TorchState:
         (just loaded or copied) to where the next build gives them to the
         library."""
         for gi, group in self._numbered():
-            normuon = variants_of(group)["normuon"] and self._config is None
+            normuon = variants_of(group)["normuon"]
             for _, p in self._members(gi, group):
                 entry = self.state.get(p)
                 moments = entry.pop("normuon_second_moment", None) if entry is not None else None
+                if moments is not None and callable(getattr(moments, "full_tensor", None)):
+                    moments = moments.full_tensor()  # replicated over the param's mesh
                 # A state without them (torch's, or saved without normuon) starts
                 # them at zero, as the library's state blobs do.
                 if normuon and moments is None and p.ndim >= 1:
@@ -113,7 +169,8 @@ class TorchState:
 
         moments = self._moments()
         for p, buf in self._momentum_buffers():
-            extra = {"normuon_second_moment": moments[id(p)]} if id(p) in moments else {}
+            extra = ({"normuon_second_moment": _replicated_like(moments[id(p)], p)}
+                     if id(p) in moments else {})
             put(p, dict(self.state.get(p) or {}, momentum_buffer=_like_param(buf, p), **extra))
         # A flat buffer's state is the buffer's: its segments' folded into
         # buffer-shaped tensors (torch's format for the param the host gave).

@@ -70,6 +70,8 @@ namespace {
   X(muon_register_qk_clip)       \
   X(muon_qk_clip)                \
   X(muon_set_moments)            \
+  X(muon_get_owned_moments)      \
+  X(muon_set_owned_moments)      \
   X(muon_save_state)             \
   X(muon_load_state)             \
   X(muon_load_states)

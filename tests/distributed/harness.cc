@@ -114,8 +114,6 @@ float GradValue(const std::string& name, int64_t i, int step) {
   return std::sin(x * 0.61f) + 0.3f * std::cos(x * 1.7f + static_cast<float>(step));
 }
 
-namespace {
-
 DLTensor Tensor1D(float* data, int64_t* n) {
   DLTensor t{};
   t.data = data;
@@ -125,6 +123,8 @@ DLTensor Tensor1D(float* data, int64_t* n) {
   t.shape = n;
   return t;
 }
+
+namespace {
 
 DLTensor TensorND(float* data, std::vector<int64_t>* shape) {
   DLTensor t{};

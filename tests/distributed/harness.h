@@ -182,6 +182,9 @@ struct RankResult {
   std::vector<int> calls_before_step;
 };
 
+// A 1-D float32 host tensor of *n elements over `data`.
+DLTensor Tensor1D(float* data, int64_t* n);
+
 // Runs the model on the mesh (one thread per rank) and returns each rank's result.
 std::vector<RankResult> RunDistributed(const std::vector<TParam>& model, const Mesh& mesh,
                                        const RunConfig& cfg);

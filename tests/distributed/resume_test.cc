@@ -6,8 +6,11 @@
 // TP x FSDP, flat ranges and ZeRO-2, each into other layouts and sizes; a
 // ZeRO-2 job resumed at the same size from each rank's own blob; and the
 // errors of a checkpoint that cannot restore the job.
+#include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -203,6 +206,149 @@ TEST(Resume, SplitBlocksMomentsFollowTheirMatricesToTheNewOwners) {
   Resume(Split(Fsdp4()), Split(Flat3()), false, NorMuon);
   Resume(Split(TpFsdp2x2()), Split(Zero2x2()), false, NorMuon);
   Resume(Split(Zero2x4()), Split(Ddp2()), false, NorMuon);
+}
+
+// muon_get_owned_moments / muon_set_owned_moments, what muon.Muon's
+// state_dict and load_state_dict use under a distributed config. The model:
+// FSDP rows, a flat range, replicas, column shards, and an expert stack
+// registered on rank 0 only (its owner is rank 0; a rank never owns what it
+// does not hold).
+struct OwnedMoments {
+  std::vector<float> values;
+  std::vector<uint8_t> owned;
+};
+using OwnedByRank = std::map<std::pair<int, std::string>, OwnedMoments>;
+
+std::vector<TParam> OwnedMomentsModel() {
+  return {
+      P("a", {10, 7}, {Shard(0, 0, MUON_SPLIT_CHUNK)}),
+      P("w", {4, 11}, {Flat(0)}),
+      P("r", {6, 6}, {Replicate(0)}),
+      P("t", {8, 12}, {Shard(0, 1, MUON_SPLIT_CHUNK)}),
+      {"experts", {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING, {},
+       [](int rank) { return rank == 0; }},
+  };
+}
+
+int64_t Batch(const TParam& p) {
+  return p.view == MUON_MATRIX_VIEW_BATCHED_LEADING ? p.shape[0] : 1;
+}
+int64_t MomentCount(const TParam& p) {
+  return Batch(p) * (p.view == MUON_MATRIX_VIEW_BATCHED_LEADING ? p.shape[1] : p.shape[0]);
+}
+
+// An after_steps hook: `set` (when not NULL) gives every held parameter its
+// whole moments through muon_set_owned_moments first; then each rank's
+// muon_get_owned_moments goes into *out.
+std::function<muon_status_t(int, muon_optimizer_t*)> ReadOwned(
+    const std::vector<TParam>& model, std::mutex* mu, OwnedByRank* out,
+    const std::map<std::string, std::vector<float>>* set = nullptr) {
+  return [&model, mu, out, set](int rank, muon_optimizer_t* opt) -> muon_status_t {
+    int64_t id = 0;
+    for (const TParam& p : model) {
+      if (p.registered_on && !p.registered_on(rank)) continue;
+      std::vector<float> whole = set ? set->at(p.name) : std::vector<float>();
+      int64_t n = MomentCount(p);
+      DLTensor in = Tensor1D(whole.data(), &n);
+      if (set != nullptr) {
+        const muon_status_t st = muon_set_owned_moments(opt, id, &in);
+        if (st != MUON_OK) return st;
+      }
+      OwnedMoments o{std::vector<float>(static_cast<size_t>(n), -1.0f),
+                     std::vector<uint8_t>(static_cast<size_t>(Batch(p)), 7)};
+      DLTensor t = Tensor1D(o.values.data(), &n);
+      const muon_status_t st = muon_get_owned_moments(opt, id, &t, o.owned.data(), Batch(p));
+      if (st != MUON_OK) return st;
+      std::lock_guard<std::mutex> lock(*mu);
+      (*out)[{rank, p.name}] = std::move(o);
+      ++id;
+    }
+    return MUON_OK;
+  };
+}
+
+// Every matrix flagged by exactly one rank (0 or 1 flags only, zeros where
+// not owned); the flagged matrices put together, by name.
+std::map<std::string, std::vector<float>> PutTogether(const std::vector<TParam>& model,
+                                                     const OwnedByRank& got, int ranks) {
+  std::map<std::string, std::vector<float>> whole;
+  for (const TParam& p : model) {
+    const int64_t rows = MomentCount(p) / Batch(p);
+    std::vector<float>& w = whole[p.name];
+    w.assign(static_cast<size_t>(MomentCount(p)), 0.0f);
+    for (int64_t m = 0; m < Batch(p); ++m) {
+      int owners = 0;
+      for (int r = 0; r < ranks; ++r) {
+        auto it = got.find({r, p.name});
+        if (it == got.end()) continue;
+        const OwnedMoments& o = it->second;
+        EXPECT_LE(o.owned[static_cast<size_t>(m)], 1) << p.name << " rank " << r;
+        for (int64_t i = m * rows; i < (m + 1) * rows; ++i) {
+          if (o.owned[static_cast<size_t>(m)] == 1) {
+            w[static_cast<size_t>(i)] = o.values[static_cast<size_t>(i)];
+          } else {
+            EXPECT_EQ(o.values[static_cast<size_t>(i)], 0.0f) << p.name << " rank " << r;
+          }
+        }
+        owners += o.owned[static_cast<size_t>(m)] == 1;
+      }
+      EXPECT_EQ(owners, 1) << p.name << " matrix " << m;
+    }
+  }
+  return whole;
+}
+
+TEST(Resume, OwnedMomentsPutTogetherAreTheSingleProcessMoments) {
+  const std::vector<TParam> model = OwnedMomentsModel();
+  RunConfig cfg;
+  cfg.variant = NorMuon;
+  cfg.steps = 3;
+  std::mutex mu;
+  OwnedByRank ref_got;
+  cfg.after_steps = ReadOwned(model, &mu, &ref_got);
+  ASSERT_FALSE(RunReference(model, cfg).empty());
+  const auto ref = PutTogether(model, ref_got, 1);  // one process owns every matrix
+  for (const auto& [name, v] : ref) {
+    bool nonzero = false;
+    for (float x : v) nonzero = nonzero || x != 0.0f;
+    EXPECT_TRUE(nonzero) << name << ": the reference's moments are zero, the test cannot tell";
+  }
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    OwnedByRank got;
+    cfg.after_steps = ReadOwned(model, &mu, &got);
+    for (const RankResult& r : RunDistributed(model, Mesh{{n}}, cfg)) {
+      ASSERT_TRUE(r.error.empty()) << r.error;
+    }
+    const auto whole = PutTogether(model, got, n);
+    for (const auto& [name, v] : ref) {
+      ASSERT_EQ(whole.at(name).size(), v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        ASSERT_EQ(whole.at(name)[i], v[i]) << name << " moment " << i << " at " << n << " ranks";
+      }
+    }
+  }
+}
+
+// Given the whole moments on every holder, each rank keeps the matrices it
+// owns: read back and put together, they are what was set.
+TEST(Resume, SetOwnedMomentsKeepsWhatEachRankOwns) {
+  const std::vector<TParam> model = OwnedMomentsModel();
+  std::map<std::string, std::vector<float>> set;
+  for (const TParam& p : model) {
+    std::vector<float>& v = set[p.name];
+    for (int64_t i = 0; i < MomentCount(p); ++i) v.push_back(0.25f + 0.125f * static_cast<float>(i));
+  }
+  RunConfig cfg;
+  cfg.variant = NorMuon;
+  cfg.steps = 2;
+  std::mutex mu;
+  OwnedByRank got;
+  cfg.after_steps = ReadOwned(model, &mu, &got, &set);
+  for (const RankResult& r : RunDistributed(model, Mesh{{3}}, cfg)) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+  }
+  EXPECT_EQ(PutTogether(model, got, 3), set);
 }
 
 // Without every blob of a NorMuon job, some matrix's moments are missing.
