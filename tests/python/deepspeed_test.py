@@ -9,7 +9,9 @@ moved by far more, every matrix orthogonalized once per step in the job,
 ZeRO-1, 2 and 3 alike (ZeRO-3 also under zero.Init and with accumulated
 micro-batches), with two param groups (weight decay on matrices only) and
 gradient clipping; and a DeepSpeed checkpoint (engine.save_checkpoint /
-load_checkpoint) resumed in a fresh engine continues bit for bit."""
+load_checkpoint) resumed in a fresh engine continues bit for bit. bf16 at
+ZeRO-1, 2 and 3: Newton-Schulz counted once per step, and the master weights
+single-process Muon's on the averaged bf16 gradients, to the bit."""
 
 import os
 import sys
@@ -340,3 +342,97 @@ def test_zero_stage0_in_half_precision_is_refused_before_deepspeed_steps(precisi
         assert error is not None, "rank %d accepted %s at stage 0" % (rank, precision)
         assert error.startswith("ValueError: ") and "zero gradients" in error, error
         assert "zero_optimization.stage 1" in error, error
+
+
+def _bf16_reference(optimizer):
+    """DeepSpeed's bf16 training done by hand in one process: each rank's batch
+    through a bf16 copy of the model, the bf16 gradients averaged in fp32,
+    clipped at 5.0, and `optimizer` ("muon": single-process muon.Muon; "adamw":
+    torch's AdamW on the matrices, what a matrix stepped by AdamW would get)
+    stepping the fp32 master weights (which start from the bf16 model's),
+    copied back into the bf16 model."""
+    torch.manual_seed(0)
+    master = Net()
+    model = Net().to(torch.bfloat16)
+    model.load_state_dict(master.state_dict())
+    # DeepSpeed's fp32 master weights start as the bf16 model's.
+    master.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    params = dict(master.named_parameters())
+    start = {n: p.detach().clone() for n, p in params.items()}
+    if optimizer == "muon":
+        opt = muon.Muon(_groups(master), lr=0.02, ns_dtype="fp32")
+    else:
+        opt = torch.optim.AdamW(_groups(master), lr=0.02)
+    for step in range(STEPS):
+        grads = {n: torch.zeros_like(p) for n, p in params.items()}
+        for r in range(WORLD):
+            model.zero_grad()
+            x, y = _batch(step, r)
+            torch.nn.functional.mse_loss(model(x.to(torch.bfloat16)).float(), y).backward()
+            for n, p in model.named_parameters():
+                grads[n] += p.grad.float()
+        for n, p in params.items():
+            # The engine averages the bf16 gradients into the bf16 .grad.
+            p.grad = (grads[n] / WORLD).to(torch.bfloat16).float()
+        torch.nn.utils.clip_grad_norm_(master.parameters(), 5.0)
+        opt.step()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+    return start, {n: p.detach().clone() for n, p in params.items()}
+
+
+def _bf16_worker(rank, world, stage):
+    """bf16 training at a ZeRO stage: per optimizer step the library's step
+    count and the matrices orthogonalized on this rank; then DeepSpeed's fp32
+    master weights, whole."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed  # noqa: F401
+    torch.manual_seed(0)
+    model = Net()
+    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    config = dict(_ds_config(stage), bf16={"enabled": True}, communication_data_type="fp32")
+    engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+    per_step = []
+    for step in range(STEPS):
+        x, y = _batch(step, rank)
+        out = engine(x.to(torch.bfloat16)).float()
+        engine.backward(torch.nn.functional.mse_loss(out, y))
+        engine.step()
+        stats = opt.stats()
+        per_step.append((stats["steps"], stats["matrices_orthogonalized"]))
+    return {"full": {n: _full(p).float() for n, p in model.named_parameters()},
+            "per_step": per_step}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_at_each_zero_stage_is_muon_once_per_step(stage):
+    """bf16 at ZeRO-1 (DeepSpeed's BF16_Optimizer), 2 and 3: Newton-Schulz runs
+    once per matrix per optimizer step in the job (counted), and the master
+    weights are single-process Muon's on the averaged bf16 gradients (the
+    average rounded to bf16, as the engine keeps it) after 4 steps, to the
+    bit in the runs so far (the bound leaves fp32 rounding). The gradients
+    are averaged in fp32 (communication_data_type), so that the reference
+    can sum them as the engine does; with bf16 sums in gloo's order no
+    one-process reference can. AdamW's weights lie far outside the bound,
+    so a matrix stepped by anything but Muon would fail it."""
+    runs = launch(_bf16_worker, WORLD, stage, timeout=400)
+    start, want = _bf16_reference("muon")
+    _, adamw = _bf16_reference("adamw")
+    worst = worst_adamw = 0.0
+    for rank, r in enumerate(runs):
+        assert [s for s, _ in r["per_step"]] == list(range(1, STEPS + 1)), r["per_step"]
+        for n, w in want.items():
+            moved = (w - start[n]).abs().max().item()
+            assert moved > 1e-2, (n, moved)
+            worst = max(worst, (r["full"][n] - w).abs().max().item() / moved)
+            worst_adamw = max(worst_adamw, (r["full"][n] - adamw[n]).abs().max().item() / moved)
+    for step in range(STEPS):
+        assert sum(r["per_step"][step][1] for r in runs) == MATRICES, step
+    print("\nbf16 ZeRO-%d: largest difference from single-process Muon %.2e of the weight "
+          "change; from AdamW %.2e" % (stage, worst, worst_adamw))
+    assert worst <= 1e-6, worst
+    assert worst_adamw > 0.2, "Muon and AdamW agree here: the test cannot tell them apart"
