@@ -37,10 +37,11 @@ config.bind(engine.optimizer) at stages 1-3) before the first step. Not
 mapped: MiCS, MoE expert groups (another data-parallel group) and
 DeepSpeed's own Muon (its `use_muon` param flag must stay unset: it would
 orthogonalize the gradients itself; muon.Muon refuses a parameter that
-carries it), and elastic checkpoints (they would save muon.Muon's state
-empty: refused at bind). muon.Muon handed to deepspeed.initialize without
-this config raises at step() rather than step ZeRO's flat partitions as
-AdamW.
+carries it), elastic checkpoints (they would save muon.Muon's state
+empty: refused at bind) and universal checkpoints (ds_to_universal keeps
+Adam's state only: checkpoint.load_universal is refused at bind).
+muon.Muon handed to deepspeed.initialize without this config raises at
+step() rather than step ZeRO's flat partitions as AdamW.
 """
 
 from __future__ import annotations
@@ -79,6 +80,31 @@ def _partitions(zero):
                      "1 or 2 optimizer (DeepSpeedZeroOptimizer, BF16_Optimizer: "
                      "engine.optimizer under zero_optimization.stage 1 or 2, "
                      "DeepSpeedZeroOptimizer_Stage3 under stage 3)" % type(zero).__name__)
+
+
+_UNIVERSAL = ("muon.deepspeed: DeepSpeed's universal checkpoints (checkpoint.load_universal) "
+              "cannot carry muon.Muon's state: ds_to_universal keeps Adam's exp_avg and "
+              "exp_avg_sq and the fp32 weights only (a param group without exp_avg stops it "
+              "with a KeyError; one with it loses the momentum), and its ZeRO-3 loader reads "
+              "those keys only. Resume at another size through muon's own state "
+              "(torch.distributed.checkpoint of opt.state_dict(), or muon_load_states), or "
+              "load the DeepSpeed checkpoint as saved, at the size it was saved at")
+
+
+def _refuse_universal_loading(engine, zero, stage3):
+    """Refused at bind when the engine's config asks for universal loading;
+    for a ZeRO optimizer bound without its engine, its universal loader refuses
+    when called (before it writes the optimizer's state)."""
+    if engine is not None and getattr(getattr(engine, "_config", None),
+                                      "load_universal_checkpoint", False):
+        raise ValueError(_UNIVERSAL)
+
+    def refuse(*args, **kwargs):
+        raise ValueError(_UNIVERSAL)
+    name = ("load_hp_checkpoint_state_from_checkpoint_dir_stage3" if stage3
+            else "load_hp_checkpoint_state_from_checkpoint_dir")
+    if hasattr(zero, name):
+        setattr(zero, name, refuse)
 
 
 def zero_partition_segments(zero: Any, group_index: int, rank: int,
@@ -196,6 +222,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         if hasattr(zero, "module") and hasattr(zero, "optimizer"):
             engine, zero = zero, zero.optimizer
         stage3 = _stage3(zero)
+        _refuse_universal_loading(engine, zero, stage3)
         if not (stage3 or hasattr(zero, "real_dp_process_group")):
             return self._bind_stage0(engine, zero)
         partitions = _partitions(zero)

@@ -284,11 +284,11 @@ def test_muon_without_its_config_under_zero_is_refused_not_adamw(stage):
         assert r["unchanged"], rank
 
 
-def _refusal_worker(rank, world, stage, bf16, zero_settings):
+def _refusal_worker(rank, world, stage, bf16, zero_settings, extra=None):
     """muon.deepspeed.initialize and one step under a config it should refuse
     (`bf16`: True or the precision's config key; `zero_settings`: added to
-    zero_optimization): the exception as "Type: message", or None when
-    nothing was refused."""
+    zero_optimization; `extra`: added to the config): the exception as
+    "Type: message", or None when nothing was refused."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
@@ -301,6 +301,7 @@ def _refusal_worker(rank, world, stage, bf16, zero_settings):
     if bf16:
         config[bf16 if isinstance(bf16, str) else "bf16"] = {"enabled": True}
     config["zero_optimization"].update(zero_settings)
+    config.update(extra or {})
     try:
         engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
         _train(engine, rank, range(1))
@@ -436,3 +437,42 @@ def test_bf16_at_each_zero_stage_is_muon_once_per_step(stage):
           "change; from AdamW %.2e" % (stage, worst, worst_adamw))
     assert worst <= 1e-6, worst
     assert worst_adamw > 0.2, "Muon and AdamW agree here: the test cannot tell them apart"
+
+
+def _universal_save_worker(rank, world, ckpt_dir):
+    """ZeRO-2 at 4 ranks: a checkpoint after RESUME_AT steps."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    _no_shm_build()
+    import deepspeed  # noqa: F401
+    _, _, engine, _ = _engine(2)
+    _train(engine, rank, range(RESUME_AT))
+    engine.save_checkpoint(ckpt_dir, tag="mid")
+    return True
+
+
+def test_universal_checkpoints_are_refused_before_they_drop_the_state(tmp_path):
+    """DeepSpeed's universal checkpoints cannot carry muon.Muon's state: its
+    converter (ds_to_universal) keeps Adam's exp_avg and exp_avg_sq only, and
+    stops with a KeyError on a param group without them (here the matrices'
+    group, whose state is momentum). So checkpoint.load_universal is refused
+    at bind, on every rank (ZeRO-1 and ZeRO-3 here: the check precedes the
+    stage's own binding), naming the way to resume."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+    saved = str(tmp_path / "saved")
+    launch(_universal_save_worker, WORLD, saved, timeout=400)
+    with pytest.raises(KeyError, match="exp_avg"):
+        ds_to_universal.main(argparse.Namespace(
+            input_folder=os.path.join(saved, "mid"),
+            output_folder=str(tmp_path / "universal" / "mid"), num_extract_workers=1,
+            num_merge_workers=1, keep_temp_folder=False, strict=True,
+            inject_missing_state=True))
+    universal = {"checkpoint": {"load_universal": True}}
+    for stage in (1, 3):
+        for rank, error in enumerate(launch(_refusal_worker, 2, stage, False, {}, universal,
+                                            timeout=300)):
+            assert error is not None, "stage %d rank %d accepted load_universal" % (stage, rank)
+            assert error.startswith("ValueError: "), error
+            assert "universal checkpoints" in error and "opt.state_dict()" in error, error
