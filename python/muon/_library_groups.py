@@ -86,6 +86,11 @@ class LibraryGroups:
     """muon.Muon's methods over its LibraryGroups (self._groups: param group
     number -> LibraryGroup)."""
 
+    # Pending NorMuon moments (self._pending_moments) of a member whose loaded
+    # state had none, under a distributed config, where the member is this
+    # rank's piece: zeros of the whole matrices' shape, made at the build.
+    ZERO_MOMENTS = object()
+
     @staticmethod
     def _rebuild_key(group):
         return (bool(group["nesterov"]), coefficients_key(group["ns_coefficients"]),
@@ -207,7 +212,10 @@ class LibraryGroups:
         for p, pid in zip(g.params, g.ids):
             moments = self._pending_moments.pop(id(p), None)
             if pid is not None and moments is not None and g.normuon:
-                value = moments.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                if moments is self.ZERO_MOMENTS:
+                    value = g.opt.get_owned_moments(pid)[0].zero_()
+                else:
+                    value = moments.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 # Under a config every holder is given the whole moments and
                 # keeps the matrices it owns.
                 if self._config is None:

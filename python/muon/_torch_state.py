@@ -82,7 +82,9 @@ class TorchState:
             for _, p in self._members(gi, group):
                 k = position.get(id(p))
                 if id(p) in self._pending_moments:
-                    out[id(p)] = self._pending_moments[id(p)].clone()
+                    pending = self._pending_moments[id(p)]
+                    if pending is not self.ZERO_MOMENTS:
+                        out[id(p)] = pending.clone()
                 elif (g is not None and g.normuon and self._has_state.get(id(p))
                       and k is not None and k < len(g.ids) and g.ids[k] is not None):
                     if self._config is None:
@@ -141,9 +143,12 @@ class TorchState:
                 if moments is not None and callable(getattr(moments, "full_tensor", None)):
                     moments = moments.full_tensor()  # replicated over the param's mesh
                 # A state without them (torch's, or saved without normuon) starts
-                # them at zero, as the library's state blobs do.
+                # them at zero, as the library's state blobs do (under a config
+                # p is this rank's piece: zeros of the whole matrices' shape
+                # when the group is built, self.ZERO_MOMENTS until then).
                 if normuon and moments is None and p.ndim >= 1:
-                    moments = torch.zeros((p.shape[0],), dtype=torch.float32)
+                    moments = (self.ZERO_MOMENTS if self._config is not None
+                               else torch.zeros((p.shape[0],), dtype=torch.float32))
                 if normuon:
                     self._pending_moments[id(p)] = moments
                 else:
