@@ -18,6 +18,8 @@ def muon_cc_library(**kwargs):
     native.cc_library(**_with_copts(kwargs))
 
 def muon_cc_test(**kwargs):
+    # LeakSanitizer's suppressions of what is not libmuon's (under --config=asan).
+    kwargs["deps"] = kwargs.get("deps", []) + [Label("//muon/common/testing:lsan_suppressions")]
     native.cc_test(**_with_copts(kwargs))
 
 def muon_cc_binary(**kwargs):
