@@ -52,8 +52,12 @@ std::vector<float> SameAtEveryThreadCount(const std::vector<float>& start,
   return first;
 }
 
-TEST(BlasTiles, SgemmMatchesTheLoopAndTheThreads) {
-  const int64_t m = 300, n = 530, k = 270, pad = 3;
+// Two shapes: 256-wide tiles, and 512-wide ones (a side over 1024).
+class BlasTilesShapes : public testing::TestWithParam<int> {};
+
+TEST_P(BlasTilesShapes, SgemmMatchesTheLoopAndTheThreads) {
+  const bool wide = GetParam() == 1;
+  const int64_t m = wide ? 1100 : 300, n = wide ? 90 : 530, k = wide ? 70 : 270, pad = 3;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       SCOPED_TRACE(testing::Message() << "trans_a " << ta << " trans_b " << tb);
@@ -74,8 +78,9 @@ TEST(BlasTiles, SgemmMatchesTheLoopAndTheThreads) {
   }
 }
 
-TEST(BlasTiles, SsyrkWritesTheUpperTriangleOnly) {
-  const int64_t n = 600, k = 150, pad = 2;
+TEST_P(BlasTilesShapes, SsyrkWritesTheUpperTriangleOnly) {
+  const bool wide = GetParam() == 1;
+  const int64_t n = wide ? 1100 : 600, k = wide ? 40 : 150, pad = 2;
   for (bool trans : {false, true}) {
     SCOPED_TRACE(trans);
     const int64_t lda = (trans ? k : n) + pad, ldc = n + pad;
@@ -99,8 +104,9 @@ TEST(BlasTiles, SsyrkWritesTheUpperTriangleOnly) {
   }
 }
 
-TEST(BlasTiles, SsymmReadsTheUpperTriangleOnly) {
-  const int64_t m = 520, n = 290, pad = 1;
+TEST_P(BlasTilesShapes, SsymmReadsTheUpperTriangleOnly) {
+  const bool wide = GetParam() == 1;
+  const int64_t m = wide ? 1100 : 520, n = wide ? 60 : 290, pad = 1;
   for (bool left : {true, false}) {
     SCOPED_TRACE(left);
     const int64_t order = left ? m : n, lds = order + pad, ldb = m + pad, ldc = m + pad;
@@ -129,6 +135,8 @@ TEST(BlasTiles, SsymmReadsTheUpperTriangleOnly) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TileSides, BlasTilesShapes, testing::Values(0, 1));
 
 }  // namespace
 }  // namespace cpu
