@@ -351,6 +351,41 @@ TEST(Resume, SetOwnedMomentsKeepsWhatEachRankOwns) {
   EXPECT_EQ(PutTogether(model, got, 3), set);
 }
 
+// Misuse: owned flags of another count than the parameter's matrices, and
+// the calls without NorMuon, are refused naming the cause; dst is untouched.
+TEST(Resume, OwnedMomentsMisuseIsRefusedNamingTheCause) {
+  const std::vector<TParam> model = OwnedMomentsModel();
+  std::string wrong_count, without_normuon;
+  RunConfig cfg;
+  cfg.variant = NorMuon;
+  cfg.steps = 1;
+  cfg.after_steps = [&](int, muon_optimizer_t* opt) -> muon_status_t {
+    std::vector<float> values(10, -1.0f);
+    int64_t n = 10;
+    DLTensor t = Tensor1D(values.data(), &n);
+    uint8_t owned[2] = {7, 7};
+    if (muon_get_owned_moments(opt, 0, &t, owned, 2) != MUON_INVALID_ARGUMENT) return MUON_INTERNAL;
+    wrong_count = muon_last_error_message();
+    if (values[0] != -1.0f || owned[0] != 7) return MUON_INTERNAL;  // nothing written
+    return muon_get_owned_moments(opt, 0, &t, nullptr, 0);  // the flags are optional
+  };
+  ASSERT_FALSE(RunReference(model, cfg).empty());
+  EXPECT_NE(wrong_count.find("owned_count for param 'a'"), std::string::npos) << wrong_count;
+  EXPECT_NE(wrong_count.find("must be its number of matrices, 1; got 2"), std::string::npos)
+      << wrong_count;
+  cfg.variant = nullptr;
+  cfg.after_steps = [&](int, muon_optimizer_t* opt) -> muon_status_t {
+    std::vector<float> values(10);
+    int64_t n = 10;
+    DLTensor t = Tensor1D(values.data(), &n);
+    if (muon_set_owned_moments(opt, 0, &t) != MUON_FAILED_PRECONDITION) return MUON_INTERNAL;
+    without_normuon = muon_last_error_message();
+    return MUON_OK;
+  };
+  ASSERT_FALSE(RunReference(model, cfg).empty());
+  EXPECT_NE(without_normuon.find("NorMuon is off"), std::string::npos) << without_normuon;
+}
+
 // Without every blob of a NorMuon job, some matrix's moments are missing.
 // DDP replicas: either rank's blob holds all the momentum, but each holds
 // the moments of the matrices its rank owned only. The first step after
