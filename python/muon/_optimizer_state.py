@@ -90,8 +90,7 @@ class OptimizerState:
         gives the whole moments."""
         import numpy
         out = self._moments_buffer(param_id)
-        batch = self._params[int(param_id)].moments_shape
-        count = batch[0] if len(batch) == 2 else 1
+        count = int(out.shape[0]) if len(out.shape) == 2 else 1  # the matrices
         flags = numpy.zeros(max(count, 1), dtype="uint8")
         view = TensorView(out)
         check(_lib_handle.muon_get_owned_moments(
