@@ -47,16 +47,6 @@ def _local(t):
     return to_local() if callable(to_local) else t
 
 
-def _like_param(buf, p):
-    """A local momentum buffer as the param is: a DTensor with the param's mesh and
-    placements for a DTensor param (so torch.distributed.checkpoint can reshard
-    it), else the tensor itself."""
-    if not hasattr(p, "device_mesh") or not callable(getattr(p, "to_local", None)):
-        return buf
-    return type(p).from_local(buf.to(p.to_local().device), p.device_mesh, p.placements,
-                              shape=p.shape, stride=p.stride())
-
-
 class LibraryGroup:
     """The library optimizer of one param group and what it is bound to."""
 

@@ -18,11 +18,16 @@ from ._group_options import GROUP_KEYS, check_group, variants_of
 _COPY_MARK = "_muon_copy"
 
 
+def _on_mesh(p):
+    """Whether p is a DTensor (a device mesh and a local tensor)."""
+    return hasattr(p, "device_mesh") and callable(getattr(p, "to_local", None))
+
+
 def _like_param(buf, p):
     """A local momentum buffer as the param is: a DTensor with the param's mesh and
     placements for a DTensor param (so torch.distributed.checkpoint can reshard
     it), else the tensor itself."""
-    if not hasattr(p, "device_mesh") or not callable(getattr(p, "to_local", None)):
+    if not _on_mesh(p):
         return buf
     return type(p).from_local(buf.to(p.to_local().device), p.device_mesh, p.placements,
                               shape=p.shape, stride=p.stride())
@@ -32,7 +37,7 @@ def _replicated_like(t, p):
     """Moments of a whole matrix for a DTensor param: a DTensor replicated over
     the param's mesh (torch.distributed.checkpoint saves it once and loads it
     at any layout), else the tensor itself."""
-    if not hasattr(p, "device_mesh") or not callable(getattr(p, "to_local", None)):
+    if not _on_mesh(p):
         return t
     from torch.distributed.tensor import Replicate
     return type(p).from_local(t.to(p.to_local().device), p.device_mesh,

@@ -63,11 +63,16 @@ def _ds_config(stage):
             "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6}
 
 
+def _muon(model):
+    """muon.Muon over the model's two param groups, wired to DeepSpeed."""
+    return muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
+                     distributed_config=muon.deepspeed.create_deepspeed_config())
+
+
 def _engine(stage):
     torch.manual_seed(0)
     model = Net()
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    opt = _muon(model)
     engine, zero, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt,
                                                    config=_ds_config(stage))
     return model, opt, engine, zero
@@ -114,10 +119,15 @@ def _no_shm_build():
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
 
-def _worker(rank, world, stage, ckpt_dir):
+def _join(rank, world):
+    """This process as rank `rank` of `world` for DeepSpeed on the CPU."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     _no_shm_build()
+
+
+def _worker(rank, world, stage, ckpt_dir):
+    _join(rank, world)
     import deepspeed  # noqa: F401
     model, opt, engine, zero = _engine(stage)
     _train(engine, rank, range(RESUME_AT))
@@ -178,9 +188,7 @@ def _stage3_worker(rank, world, variant):
     micro-batches of 2 accumulated into each step (gradient_accumulation_steps
     2, the same samples as the reference's batch of 4). Per optimizer step:
     the library's step count and the matrices orthogonalized on this rank."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
+    _join(rank, world)
     import deepspeed
     config = _ds_config(3)
     torch.manual_seed(0)
@@ -192,8 +200,7 @@ def _stage3_worker(rank, world, variant):
     else:
         model = Net()
         config.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2)
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    opt = _muon(model)
     engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
     per_step = []
     for step in range(STEPS):
@@ -248,9 +255,7 @@ def _plain_worker(rank, world, stage):
     """muon.Muon without a distributed_config handed to deepspeed.initialize
     itself (ZeRO-2 or 3): DeepSpeed gives it flat 1-D partitions in place of the
     matrices, which would be stepped as AdamW. step() refuses, naming the fix."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
+    _join(rank, world)
     import deepspeed
     torch.manual_seed(0)
     model = Net()
@@ -289,14 +294,11 @@ def _refusal_worker(rank, world, stage, bf16, zero_settings, extra=None):
     (`bf16`: True or the precision's config key; `zero_settings`: added to
     zero_optimization; `extra`: added to the config): the exception as
     "Type: message", or None when nothing was refused."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
+    _join(rank, world)
     import deepspeed  # noqa: F401
     torch.manual_seed(0)
     model = Net()
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    opt = _muon(model)
     config = _ds_config(stage)
     if bf16:
         config[bf16 if isinstance(bf16, str) else "bf16"] = {"enabled": True}
@@ -387,14 +389,11 @@ def _bf16_worker(rank, world, stage):
     """bf16 training at a ZeRO stage: per optimizer step the library's step
     count and the matrices orthogonalized on this rank; then DeepSpeed's fp32
     master weights, whole."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
+    _join(rank, world)
     import deepspeed  # noqa: F401
     torch.manual_seed(0)
     model = Net()
-    opt = muon.Muon(_groups(model), lr=0.02, ns_dtype="fp32",
-                    distributed_config=muon.deepspeed.create_deepspeed_config())
+    opt = _muon(model)
     config = dict(_ds_config(stage), bf16={"enabled": True}, communication_data_type="fp32")
     engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
     per_step = []
@@ -441,9 +440,7 @@ def test_bf16_at_each_zero_stage_is_muon_once_per_step(stage):
 
 def _universal_save_worker(rank, world, ckpt_dir):
     """ZeRO-2 at 4 ranks: a checkpoint after RESUME_AT steps."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _no_shm_build()
+    _join(rank, world)
     import deepspeed  # noqa: F401
     _, _, engine, _ = _engine(2)
     _train(engine, rank, range(RESUME_AT))
