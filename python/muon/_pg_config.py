@@ -21,7 +21,8 @@ three functions are _pg_functions.py's.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, lookup_any,
@@ -52,6 +53,21 @@ def _megatron_tp_dim(param):
     return int(param.partition_dim) if param.tensor_model_parallel else None
 
 
+@dataclass(frozen=True)
+class IndexTables:
+    """create_auto_config's tables, keyed by a param's index over the params
+    given to muon.Muon (param groups in order), as the design keys them.
+
+    tp_dims: an int (every param TP-sharded on that dim) or {index: dim or
+    None}; a matrix the dict does not list is on dim 0, the design's default
+    (a DefaultDim, which the ranks' values must bear out). None: TP dims
+    come from the config's name-keyed tp_dims. experts: {index: expert id}:
+    those params are named "expert{id}." + their name.
+    """
+    tp_dims: int | dict[int, int | None] | None = None
+    experts: dict[int, Any] | None = None
+
+
 class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     """A layout made of torch.distributed process groups: what
     create_processgroup_config returns (its arguments are this class's; see
@@ -77,8 +93,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                  global_shapes: ParamTable | None = None, verify_replicas: bool = True,
                  async_gpu_parallelism: bool = True, prefetch_count: int = 1,
                  gather_order: Sequence[str] | None = None,
-                 index_tables: dict[str, Any] | None = None,
-                 name_fn: Callable[..., str] | None = None) -> None:
+                 index_tables: IndexTables | None = None) -> None:
         state = {"world_pg": world_pg,
                  "groups": {role: pg for role, pg in groups.items() if pg is not None}}
         DistributedConfig.__init__(self, processgroup_assign_fn, processgroup_gather_fn,
@@ -95,12 +110,8 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         # ("tp", "fsdp"): FSDP splits the whole matrix
         self.gather_order = _gather_order(gather_order, fsdp_mode)
         self.param_splits = {}  # id(param) -> (split_dim, split_sizes): an adapter's
-        # create_auto_config: tables keyed by the param's index over all param
-        # groups, in the order muon.Muon attaches them.
-        self._index_tables = index_tables or {}
-        self._name_fn = name_fn
+        self.index_tables = index_tables or IndexTables()  # create_auto_config's
         self._order = {}   # id(param) -> its index among muon.Muon's params
-        self._tp_default = None  # create_auto_config: 0, the design's default TP dim
 
     # -- per-param lookups ----------------------------------------------------------
 
@@ -113,19 +124,21 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         self._order = {id(p): k for k, p in enumerate(params)}
 
     def _name(self, default_name, param):
-        if self._name_fn is not None:
-            return self._name_fn(self, default_name, param)
         if self.names is not None:
             found, name = lookup(self.names, default_name, param)
             if not found:
                 raise ParamError("param '%s' (shape %s) has no entry in `names`"
                                  % (default_name, tuple(param.shape)))
             return str(name)
+        name = default_name
         pp = self.groups.get("pp")
         if pp is not None:
             _, dist = torch_and_dist()
-            return "stage%d.%s" % (dist.get_rank(pp), default_name)
-        return default_name
+            name = "stage%d.%s" % (dist.get_rank(pp), name)
+        experts = self.index_tables.experts
+        if experts is not None and self._param_index(param) in experts:
+            name = "expert%s.%s" % (experts[self._param_index(param)], name)
+        return name
 
     def _tp_dim(self, name, default_name, param):
         """The param's TP shard dim, None when replicated over TP; (dim, True) marks
@@ -133,7 +146,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         must then bear out. What the caller's table gives wins; a param it does
         not list that carries Megatron's TP attributes (tensor_model_parallel,
         partition_dim) is read from them."""
-        table = self._index_tables.get("tp_dims")
+        table = self.index_tables.tp_dims
         if table is not None:
             if isinstance(table, int):
                 return table
@@ -142,7 +155,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
                 return None if table[idx] is None else int(table[idx])
             if _has_megatron_tp(param):
                 return _megatron_tp_dim(param)
-            return DefaultDim(self._tp_default) if self._tp_default is not None else None
+            return DefaultDim(0)
         found, value = lookup_named(self.tp_dims, name, default_name, param)
         if found:
             return None if value is None else int(value)
@@ -499,25 +512,10 @@ def create_auto_config(fsdp_process_group: ProcessGroup | None = None,
         replicated_mode=replicated_mode, global_shapes=global_shapes,
         verify_replicas=verify_replicas, async_gpu_parallelism=async_gpu_parallelism,
         prefetch_count=prefetch_count, gather_order=gather_order)
-    if tp_dim_per_param is not None:
-        cfg._index_tables["tp_dims"] = tp_dim_per_param
-    elif tp_process_group is not None:
-        cfg._index_tables["tp_dims"] = {}  # every matrix on dim 0, the design's default
-    cfg._tp_default = 0
-    if expert_assignments is not None:
-        experts = dict(expert_assignments)
-
-        def name_fn(config, default_name, param):
-            idx = config._param_index(param)
-            name = default_name
-            if config.groups.get("pp") is not None:
-                _, dist = torch_and_dist()
-                name = "stage%d.%s" % (dist.get_rank(config.groups["pp"]), name)
-            if idx in experts:
-                name = "expert%s.%s" % (experts[idx], name)
-            return name
-
-        cfg._name_fn = name_fn
+    if tp_dim_per_param is None and tp_process_group is not None:
+        tp_dim_per_param = {}  # every matrix on dim 0, the design's default
+    cfg.index_tables = IndexTables(
+        tp_dim_per_param, None if expert_assignments is None else dict(expert_assignments))
     return cfg
 
 

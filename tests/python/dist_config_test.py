@@ -122,12 +122,14 @@ def test_dtensor_config_builds_on_torch_2():
 def test_auto_config_takes_both_names_of_the_tp_dim():
     group = object()  # stored, not used before attaching
     by_int = muon.create_auto_config(tp_process_group=group, tp_shard_dim=1)
-    assert by_int._index_tables["tp_dims"] == 1
+    assert by_int.index_tables.tp_dims == 1
     assert muon.create_auto_config(tp_process_group=group,
-                                   tp_dim_per_param={0: 1})._index_tables["tp_dims"] == {0: 1}
+                                   tp_dim_per_param={0: 1}).index_tables.tp_dims == {0: 1}
     # Nothing given: every matrix on dim 0, as the design's default.
-    assert muon.create_auto_config(tp_process_group=group)._index_tables["tp_dims"] == {}
-    assert muon.create_auto_config(tp_process_group=group)._tp_default == 0
+    # (dist_errors_test: a replicated matrix read so is refused, naming the fix.)
+    assert muon.create_auto_config(tp_process_group=group).index_tables.tp_dims == {}
+    experts = muon.create_auto_config(expert_assignments={3: 1})
+    assert experts.index_tables.experts == {3: 1}
     with pytest.raises(ValueError, match="not both"):
         muon.create_auto_config(tp_process_group=group, tp_shard_dim=1, tp_dim_per_param=0)
 
