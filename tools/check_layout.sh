@@ -16,7 +16,9 @@
 #   - muon/sharding/ prices matrices from muon/math/ns_config.h, without the
 #     backend interface (muon/math/backend.h);
 #   - the Python package's modules import only lower layers
-#     (tools/check_imports.py).
+#     (tools/check_imports.py);
+#   - the Python package type-checks (mypy from .venv, which tools/deps.sh
+#     makes): its hints, public and internal, agree with the code.
 # Prints "house rules: PASSED", or each broken rule and exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,5 +68,11 @@ n=$(wc -l <README.md)
 python3 tools/check_links.py || fail "broken links (above)"
 python3 tools/check_imports.py || fail "Python imports against the layers (above)"
 python3 tools/check_functions.py || fail "functions over 120 lines (above)"
+if [ -x .venv/bin/mypy ]; then
+  .venv/bin/mypy --ignore-missing-imports --no-error-summary python/muon ||
+    fail "the Python package's type hints (mypy, above)"
+else
+  fail "no .venv/bin/mypy to check the Python package's types: run tools/deps.sh"
+fi
 [ "$broken" -eq 0 ] && echo "house rules: PASSED"
 exit "$broken"

@@ -65,6 +65,7 @@ __all__ += ["Muon", "zeropower_via_newtonschulz"]
 def __getattr__(name: str) -> Any:
     # The torch layer imports torch: loaded on first use, so that the low level
     # stays usable (and quick to import) with numpy alone.
+    value: Any
     if name == "Muon":
         from ._torch import Muon as value
     elif name in ("megatron", "deepspeed"):

@@ -63,6 +63,7 @@ class Shard(_Placement):
     """
 
     __slots__ = ("dim", "split")
+    split: str | tuple[int, ...]  # "even", "chunk" or the per-rank sizes
 
     def __init__(self, group: Any, dim: int, split: str | Sequence[int] = "even") -> None:
         self.group = group
@@ -369,9 +370,9 @@ def gather_objects(comm: Any, obj: Any) -> list[Any]:
     import pickle
 
     import numpy
-    if not isinstance(comm, Communicator):
+    if not isinstance(comm, Communicator) or comm.size is None:
         raise TypeError("muon: gathering needs a muon.Communicator (TorchDistComm, or one "
-                        "written in Python); this world is %r" % (comm,))
+                        "written in Python) that set its size; this world is %r" % (comm,))
     payload = numpy.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL),
                                dtype=numpy.uint8)
     size = int(comm.size)

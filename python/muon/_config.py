@@ -196,9 +196,9 @@ class DistributedConfig(DistributedConfigBase):
         # The tensors over the library's buffers handed to the callables, held a
         # little longer: if the callables pass them to torch.distributed, gloo's
         # worker thread must not drop the last reference (see _dist.py).
-        self._recent = collections.deque(maxlen=4)
+        self._recent: collections.deque[Any] = collections.deque(maxlen=4)
         self._owners = None  # design form: param_idx -> rank, once assign_fn ran
-        self._index = {}     # id(param) -> param_idx
+        self._index: dict[int, int] = {}  # id(param) -> param_idx
 
     def _design_form(self, fn, per_param_arity):
         return _positional_arity(fn) != per_param_arity

@@ -73,6 +73,9 @@ class TorchDistComm(Communicator):
     CPU memory, so use a backend that takes CPU tensors (gloo).
     """
 
+    rank: int
+    size: int
+
     def __init__(self, group: Any = None) -> None:
         torch, dist = _torch()
         if not dist.is_available() or not dist.is_initialized():
@@ -86,7 +89,8 @@ class TorchDistComm(Communicator):
         self.rank = int(rank)
         self.size = int(dist.get_world_size(group))
         self.ranks = _group_ranks(group, self.size)  # world rank of each group rank
-        self._recent = collections.deque(maxlen=2)  # tensors of the last collectives
+        # The tensors of the last collectives.
+        self._recent: collections.deque[Any] = collections.deque(maxlen=2)
         super().__init__()
 
     def _hold(self, *tensors):

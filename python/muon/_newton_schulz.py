@@ -12,7 +12,7 @@ torch.optim.Muon applies to each update (muon_orthogonalize).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,14 +70,13 @@ def _zeropower_via_newtonschulz(grad: torch.Tensor,
     ((3.4445, -4.775, 2.0315), 5 iterations, eps 1e-7)."""
     if isinstance(ns_coefficients, int) and ns_steps is None:  # (grad, ns_steps)
         ns_coefficients, ns_steps = None, ns_coefficients
-    if ns_coefficients is None:
-        ns_coefficients = _DEFAULT_COEFFICIENTS
+    coefficients: Any = _DEFAULT_COEFFICIENTS if ns_coefficients is None else ns_coefficients
     if ns_steps is None:
         ns_steps = _DEFAULT_STEPS
     if ns_steps >= 100:
         raise ValueError("Number of steps must be less than 100 for computational efficiency")
     if len(grad.shape) != 2:
         raise ValueError("Input tensor gradient must be a 2D matrix")
-    if len(ns_coefficients) != 3:
+    if len(coefficients) != 3:
         raise ValueError("Coefficients must be a tuple of exactly 3 values")
-    return zeropower_via_newtonschulz(grad, tuple(ns_coefficients), ns_steps, eps)
+    return zeropower_via_newtonschulz(grad, tuple(coefficients), ns_steps, eps)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar, cast
 
 from . import _lib
 from ._callbacks import assignment_callback, custom_layout
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ._tensor import Tensor
 
 _lib_handle = _lib.lib
-_T = TypeVar("_T")  # orthogonalize's array: numpy in, numpy out; torch in, torch out
+_T = TypeVar("_T", bound=Any)  # orthogonalize's array: numpy in, numpy out; torch in, torch out
 
 
 def version() -> tuple[int, int, int]:
@@ -37,7 +37,8 @@ def version() -> tuple[int, int, int]:
     return (parts[0].value, parts[1].value, parts[2].value)
 
 
-_STAT_FIELDS = tuple(name for name, _ in _lib.muon_stats_t._fields_ if name != "struct_size")
+_STAT_FIELDS = tuple(field[0] for field in _lib.muon_stats_t._fields_
+                     if field[0] != "struct_size")
 
 
 class _Registered:
@@ -135,10 +136,10 @@ class Optimizer(OptimizerComms, OptimizerState):
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
         self._group_ids = {}    # id(communicator object) -> group id
-        self._keep = []         # ctypes callbacks and arrays the library calls or reads
+        self._keep: list[Any] = []  # ctypes callbacks and arrays the library calls or reads
         self._callback_errors = []  # (where, exception) raised by Python callbacks
-        self._splits = {}       # name -> (split_dim, split_sizes) for register() to apply
-        self._splits_used = set()  # the names of _splits a registration took
+        self._splits: dict[str, Any] = {}  # name -> (split_dim, split_sizes) for register() to apply
+        self._splits_used: set[str] = set()  # the names of _splits a registration took
         self._world = None      # (rank, size) of the world communicator
         self._world_comm = None  # the communicator given to set_world
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
@@ -209,8 +210,8 @@ class Optimizer(OptimizerComms, OptimizerState):
         o = _lib.muon_options_t()
         check(_lib_handle.muon_options_init(ctypes.byref(o), ctypes.sizeof(o)))
         check(_lib_handle.muon_get_options(self._h(), ctypes.byref(o)))
-        return {name: getattr(o, name) for name, _ in o._fields_
-                if name not in ("struct_size", "ns_table", "reserved0", "reserved1",
+        return {field[0]: getattr(o, field[0]) for field in o._fields_
+                if field[0] not in ("struct_size", "ns_table", "reserved0", "reserved1",
                                 "assign_fn", "assign_state")}
 
     @property
@@ -294,17 +295,17 @@ class Optimizer(OptimizerComms, OptimizerState):
             po.lr_scale = float(lr_scale)
         if weight_decay_scale is not None:
             po.weight_decay_scale = float(weight_decay_scale)
-        keep = []
+        keep: list[Any] = []
         split = split_spec(split_sizes, split_dim, "param %r" % (name,)) \
             if split_sizes is not None else self._take_split(name if _split_name is None
                                                              else _split_name)
         fill_split(po, split, keep)
         if global_shape is not None:
             shape = [operator.index(d) for d in global_shape]
-            array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-            keep.append(array)
+            dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+            keep.append(dims)
             po.global_ndim = len(shape)
-            po.global_shape = ctypes.cast(array, ctypes.POINTER(ctypes.c_int64))
+            po.global_shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
         if placements:
             placements = list(placements)
             array = (_lib.muon_placement_t * len(placements))()
@@ -320,10 +321,10 @@ class Optimizer(OptimizerComms, OptimizerState):
         check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
                                                ctypes.byref(pid)))
         del keep  # copied by the library
-        shape = global_shape if global_shape is not None else tuple(param.shape)
+        whole = global_shape if global_shape is not None else tuple(param.shape)
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
                                         pv, gv, _tracks(param, grad),
-                                        moments_shape(tuple(shape), po.matrix_view, split)))
+                                        moments_shape(tuple(whole), po.matrix_view, split)))
         return pid.value
 
     def register_custom(self, param: Tensor, grad: Tensor, name: str, rows: int, cols: int,
@@ -490,9 +491,9 @@ class Optimizer(OptimizerComms, OptimizerState):
         `matrix_view`) orthogonalized into `out` (default: a new array like x;
         `out` may be x itself). For CUDA tensors the work runs on `stream`
         (default: torch's current stream). Returns out."""
-        if out is None:
-            out = x.clone() if is_torch(x) else x.copy()
-        xv, ov = TensorView(x), TensorView(out)
+        result: _T = out if out is not None else \
+            cast(_T, x.clone() if is_torch(x) else x.copy())
+        xv, ov = TensorView(x), TensorView(result)
         view = choice("matrix_view", matrix_view, MATRIX_VIEW) \
             if not isinstance(matrix_view, int) else matrix_view
         if stream is None and is_torch(x) and x.is_cuda:
@@ -501,7 +502,7 @@ class Optimizer(OptimizerComms, OptimizerState):
         else:
             stream = getattr(stream, "cuda_stream", stream) or None
         check(_lib_handle.muon_orthogonalize(self._h(), xv.ref, ov.ref, view, stream))
-        return out
+        return result
 
     def step(self, stream: Any = None) -> None:
         """One Muon step over every registered parameter (collective with a world).

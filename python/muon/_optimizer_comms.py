@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _comm, _lib
 from ._errors import check
@@ -19,6 +19,15 @@ _lib_handle = _lib.lib
 class OptimizerComms:
     """muon.Optimizer's methods over its communicators (self._comms, in the
     order given; self._group_ids: id(communicator) -> group id)."""
+
+    if TYPE_CHECKING:  # muon.Optimizer's
+        _comms: list[Any]
+        _group_ids: dict[int, int]
+        _world: tuple[int, int] | None
+        _world_comm: Any
+        _callback_errors: list[tuple[str, BaseException]]
+
+        def _h(self) -> ctypes.c_void_p: ...
 
     @staticmethod
     def _table_of(comm):

@@ -24,6 +24,11 @@ class OptimizerState:
     """muon.Optimizer's methods over the library's state (self._h(): the handle;
     self._params: the registered parameters)."""
 
+    if TYPE_CHECKING:  # muon.Optimizer's
+        _params: list[Any]
+
+        def _h(self) -> ctypes.c_void_p: ...
+
     def state_dtype(self, param_id: int) -> str:
         """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
         dt = _lib.DLDataType()
@@ -174,9 +179,9 @@ class OptimizerState:
         coordinates in whichever blob holds them. Refused while a custom-path
         parameter is registered (load this rank's own blob with
         load_state_bytes)."""
-        blobs = [bytes(b) for b in blobs]
-        n = len(blobs)
+        held = [bytes(b) for b in blobs]
+        n = len(held)
         buffers = (ctypes.c_void_p * max(n, 1))(
-            *[ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p) for b in blobs])
-        sizes = (ctypes.c_size_t * max(n, 1))(*[len(b) for b in blobs])
-        check(_lib_handle.muon_load_states(self._h(), buffers, sizes, n))  # blobs: alive
+            *[ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p) for b in held])
+        sizes = (ctypes.c_size_t * max(n, 1))(*[len(b) for b in held])
+        check(_lib_handle.muon_load_states(self._h(), buffers, sizes, n))  # held: alive

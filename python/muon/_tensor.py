@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Union
 from . import _lib
 
 if TYPE_CHECKING:
+    from typing import Any, TypeGuard
+
     import numpy
     import torch
 
@@ -22,12 +24,12 @@ if TYPE_CHECKING:
     Tensor = Union[numpy.ndarray, torch.Tensor]
 
 
-def is_torch(x):
+def is_torch(x: Any) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")  # not loaded: x cannot be a tensor
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def is_numpy(x):
+def is_numpy(x: Any) -> TypeGuard[numpy.ndarray]:
     numpy = sys.modules.get("numpy")
     return numpy is not None and isinstance(x, numpy.ndarray)
 

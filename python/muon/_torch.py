@@ -17,7 +17,7 @@ group's options.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, overload
 
 import torch
 
@@ -380,6 +380,12 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         if self._config is None:
             self._unbind_missing_grads()
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One Muon step for every param group; returns closure()'s loss if given."""
@@ -490,7 +496,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     def stats(self) -> dict[str, int | float]:
         """What moved and what was computed in the last step on this rank, summed
         over the param groups (the library's muon_get_stats)."""
-        total = {}
+        total: dict[str, int | float] = {}
         for g in getattr(self, "_groups", {}).values():
             if getattr(g, "opt", None) is None:
                 continue

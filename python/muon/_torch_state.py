@@ -6,7 +6,7 @@ back, flat buffers' state folded buffer-shaped), and copy.deepcopy / pickle
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,8 +44,24 @@ def _replicated_like(t, p):
                               [Replicate()] * p.device_mesh.ndim, run_check=False)
 
 
-class TorchState:
+# What TorchState's methods find on muon.Muon, for the type checker.
+if TYPE_CHECKING:
+    _MuonBase = torch.optim.Optimizer
+else:
+    _MuonBase = object
+
+
+class TorchState(_MuonBase):
     """muon.Muon's state_dict, load_state_dict, __getstate__ and __setstate__."""
+
+    if TYPE_CHECKING:  # muon.Muon's
+        _numbers: dict[int, tuple[dict[str, Any], int]]
+        _by_number: dict[int, dict[str, Any]]
+        _groups: dict[int, Any]
+
+        def _numbered(self) -> list[tuple[int, dict[str, Any]]]: ...
+        def _flat_buffers(self) -> list[Any]: ...
+        def _apply_pending(self, group: Any) -> None: ...
 
     def _momentum_buffers(self):
         """(member, a copy of its momentum buffer) for each member that has one

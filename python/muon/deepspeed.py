@@ -329,8 +329,9 @@ def initialize(*, optimizer: Muon, config: dict[str, Any] | str, **kwargs: Any) 
                         "distributed_config=muon.deepspeed.create_deepspeed_config()")
     if isinstance(config, str):
         with open(config) as f:
-            config = json.load(f)
-    config = dict(config)
+            config = dict(json.load(f))
+    else:
+        config = dict(config)
     zero_config = dict(config.get("zero_optimization") or {})
     stage = zero_config.get("stage", 0)
     if stage not in (0, 1, 2, 3):

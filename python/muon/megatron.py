@@ -74,9 +74,11 @@ def megatron_qkv_splits(model: Any) -> dict[torch.Tensor, tuple[int, list[int]]]
     from each layer's TransformerConfig. Dict keys are the param objects."""
     out = {}
     for chunk in model if isinstance(model, (list, tuple)) else [model]:
-        module = getattr(chunk, "module", chunk)
+        module: Any = getattr(chunk, "module", chunk)
         for m in module.modules():
             qkv, cfg = getattr(m, "linear_qkv", None), getattr(m, "config", None)
+            if cfg is None:
+                continue
             w = getattr(qkv, "weight", None)
             heads = getattr(cfg, "num_attention_heads", None)
             if w is None or heads is None or w.dim() != 2:
@@ -95,7 +97,7 @@ def megatron_tp_dim(param: torch.Tensor) -> int | None:
                          "muon.megatron does not map yet; give experts to "
                          "muon.create_processgroup_config(ep_pg=..., names=...)")
     if getattr(param, "tensor_model_parallel", False):
-        return int(param.partition_dim)
+        return int(getattr(param, "partition_dim"))
     return None
 
 
