@@ -231,9 +231,9 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         """The world, the groups and the registrations; False (the error noted)
         when one of them fails."""
         try:
-            optimizer.set_world(TorchDistComm(self.world_pg))
-            gid = {role: optimizer.add_group(TorchDistComm(job.groups[role]))
-                   for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups}
+            gid = {"world": optimizer.set_world(TorchDistComm(self.world_pg))}
+            gid.update({role: optimizer.add_group(TorchDistComm(job.groups[role]))
+                        for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups})
             for e in entries:
                 self._register(optimizer, gid, e)
             return True

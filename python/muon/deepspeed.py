@@ -30,11 +30,21 @@ averages the gradients and hands the client the whole params (or whole fp32
 copies of them under bf16 and fp16), which the config registers replicated
 over the engine's data-parallel group: each matrix orthogonalized by one rank.
 
+MoE (deepspeed.moe.layer.MoE, its params split into param groups by
+split_params_into_different_moe_groups_for_optimizer; stages 0-2, DeepSpeed
+has no MoE at stage 3): each expert lives on one rank of its expert-parallel
+group and is averaged and partitioned over its expert-data-parallel group.
+The config names each expert by its global id (DeepSpeed's local index i on
+expert-parallel rank r is expert r * num_local_experts + i) and registers it
+on the ranks that hold it, its ranges over the expert-data-parallel group;
+the dense params' ranges over the whole data-parallel group (stage 0: whole
+params, replicated).
+
 muon.deepspeed.initialize is deepspeed.initialize with
 "zero_allow_untested_optimizer" set and the config bound to the engine it
 builds; with deepspeed.initialize itself, call config.bind(engine) (or
 config.bind(engine.optimizer) at stages 1-3) before the first step. Not
-mapped: MiCS, MoE expert groups (another data-parallel group) and
+mapped: MiCS, MoE with experts of two expert-parallel sizes, and
 DeepSpeed's own Muon (its `use_muon` param flag must stay unset: it would
 orthogonalize the gradients itself; muon.Muon refuses a parameter that
 carries it), elastic checkpoints (they would save muon.Muon's state
@@ -48,10 +58,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
-from ._pg_config import ProcessGroupConfig
 from ._flat import Segment
+from ._pg_config import ProcessGroupConfig
 
 if TYPE_CHECKING:
     import torch
@@ -200,6 +211,49 @@ def _check_stage3(zero):
                          "muon.deepspeed.initialize" % (len(groups), max(per_group.values())))
 
 
+_LOCAL_EXPERT = re.compile(r"^(.*\.deepspeed_experts\.)(\d+)(\..*)$")
+
+
+def _is_expert(param):
+    """DeepSpeed's MoE marks expert params: allreduce False, group_name its
+    expert-parallel group's name ("ep_size_2")."""
+    return getattr(param, "allreduce", True) is False and hasattr(param, "group_name")
+
+
+class _Experts:
+    """The MoE layout of this rank: the expert-parallel and
+    expert-data-parallel groups of the experts' one group name, and each
+    expert param's global name (DeepSpeed's name with the local expert index
+    made global)."""
+
+    def __init__(self, named_experts, dist):
+        from deepspeed.utils import groups
+        kinds = sorted({p.group_name for _, p in named_experts})
+        if len(kinds) != 1:
+            raise ValueError("muon.deepspeed: the model's experts use %d expert-parallel sizes "
+                             "(%s); muon.deepspeed maps MoE with one (give every MoE layer the "
+                             "same ep_size)" % (len(kinds), ", ".join(kinds)))
+        self.ep_group = groups._get_expert_parallel_group(kinds[0])
+        self.edp_group = groups._get_expert_data_parallel_group(kinds[0])
+        ep_rank = dist.get_rank(self.ep_group)
+        local = {}  # the name around the local index -> local experts seen
+        for name, _ in named_experts:
+            m = _LOCAL_EXPERT.match(name)
+            if m is None:
+                raise ValueError("muon.deepspeed: expert param '%s' is not named as DeepSpeed's "
+                                 "MoE names its experts (...deepspeed_experts.<i>....), so its "
+                                 "global expert id is unknown" % name)
+            key = (m.group(1), m.group(3))
+            local[key] = max(local.get(key, 0), int(m.group(2)) + 1)
+        self.names = {}  # id(param) -> global name
+        for name, p in named_experts:
+            m = _LOCAL_EXPERT.match(name)
+            count = local[(m.group(1), m.group(3))]
+            self.names[id(p)] = "%s%d%s" % (m.group(1), ep_rank * count + int(m.group(2)),
+                                            m.group(3))
+        self.by_local_name = {name: self.names[id(p)] for name, p in named_experts}
+
+
 class DeepSpeedConfig(ProcessGroupConfig):
     """What create_deepspeed_config returns: a muon.DistributedConfig whose FSDP
     group is ZeRO's data-parallel group, known once bound to the ZeRO optimizer."""
@@ -212,6 +266,8 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self._zero = None      # the ZeRO optimizer (stages 1-3)
         self._bound = False
         self._segments = {}  # group index -> Segments of this rank's partition
+        self._experts = None   # MoE: _Experts
+        self._expert_segments = set()  # MoE at ZeRO-1/2: the experts' global names
 
     def bind(self, zero_optimizer: Any) -> DeepSpeedConfig:
         """Binds the config to the engine deepspeed.initialize built (or, at
@@ -237,16 +293,22 @@ class DeepSpeedConfig(ProcessGroupConfig):
                              "moments): set \"elastic_checkpoint\": false (the default) and "
                              "resume at another size through muon's own state "
                              "(opt.state_dict() / muon_load_states)")
-        groups = [zero.dp_process_group] if stage3 else list(zero.real_dp_process_group)
-        if any(g is not groups[0] for g in groups):
-            raise ValueError("muon.deepspeed: the param groups are partitioned over different "
-                             "data-parallel groups (MoE expert groups), which muon.deepspeed "
-                             "does not map")
+        # The group each partition is split over (ZeRO-3: one per sub-group).
+        groups = [zero.dp_process_group] * len(partitions) if stage3 else \
+            list(zero.real_dp_process_group)
         _, dist = torch_and_dist()
-        rank, size = dist.get_rank(groups[0]), dist.get_world_size(groups[0])
-        self._segments = {g: zero_partition_segments(zero, g, rank, size)
+        moe = [] if stage3 else [g for g, group in enumerate(zero.optimizer.param_groups)
+                                 if group.get("moe")]
+        dense = [g for g in range(len(groups)) if g not in moe]
+        if any(groups[g] is not groups[dense[0]] for g in dense):
+            raise ValueError("muon.deepspeed: the dense param groups are partitioned over "
+                             "different data-parallel groups, which muon.deepspeed does not map")
+        self._segments = {g: zero_partition_segments(zero, g, dist.get_rank(groups[g]),
+                                                     dist.get_world_size(groups[g]))
                           for g in range(len(partitions))}
         self._zero = zero
+        if moe:
+            return self._bind_moe(zero, groups, moe, dense, dist)
         if stage3:
             # ZeRO-3 puts a sub-group's partition into its param group for the
             # one step() that steps it and empties the group after; until the
@@ -256,6 +318,31 @@ class DeepSpeedConfig(ProcessGroupConfig):
             for group in zero.optimizer.param_groups:
                 group["params"] = []
         self._set_group("fsdp", groups[0])
+        return self
+
+    def _bind_moe(self, zero, groups, moe, dense, dist):
+        """ZeRO-1/2 with MoE param groups: the dense groups' ranges over the whole
+        data-parallel group (the world here), each expert's over its
+        expert-data-parallel group, on the ranks that hold it."""
+        held = getattr(zero, "round_robin_bit16_groups", None) or zero.bf16_groups
+        names = getattr(zero, "param_names", None) or {}
+        named = [(names.get(p, ""), p) for g in moe for p in held[g] if _is_expert(p)]
+        self._experts = _Experts(named, dist)
+        for g in moe:
+            if groups[g] is not self._experts.edp_group:
+                raise ValueError("muon.deepspeed: MoE param group %d is partitioned over a "
+                                 "group that is not its experts' expert-data-parallel group; "
+                                 "this DeepSpeed lays MoE out in a way muon.deepspeed does not "
+                                 "know" % g)
+            for seg in self._segments[g]:
+                seg.name = self._experts.by_local_name.get(seg.name, seg.name)
+                self._expert_segments.add(seg.name)
+        self._bound = True
+        world = groups[dense[0]] if dense else dist.group.WORLD
+        self.groups = {"ep": self._experts.ep_group, "fsdp": self._experts.edp_group}
+        self.state["groups"] = dict(self.groups)
+        self.world_pg = world
+        self.state["world_pg"] = world
         return self
 
     def _bind_stage0(self, engine, wrapper):
@@ -273,7 +360,19 @@ class DeepSpeedConfig(ProcessGroupConfig):
             raise ValueError("muon.deepspeed: DeepSpeed's fused fp16 optimizer hands the client "
                              "one flat buffer of every param, which muon.deepspeed does not map "
                              "at stage 0; use bf16, or zero_optimization.stage 1, 2 or 3")
-        self._set_group("dp", engine.seq_data_parallel_group)
+        from ._config import torch_and_dist
+        named = [(n, p) for n, p in engine.module.named_parameters() if _is_expert(p)]
+        if not named:
+            self._set_group("dp", engine.seq_data_parallel_group)
+            return self
+        # MoE: dense params replicated over the expert-parallel and the
+        # expert-data-parallel groups, an expert over the latter only.
+        self._experts = _Experts(named, torch_and_dist()[1])
+        self._bound = True
+        self.groups = {"ep": self._experts.ep_group, "dp": self._experts.edp_group}
+        self.state["groups"] = dict(self.groups)
+        self.world_pg = engine.seq_data_parallel_group
+        self.state["world_pg"] = self.world_pg
         return self
 
     def _set_group(self, role, group):
@@ -282,6 +381,31 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self.state["groups"] = {role: group}
         self.world_pg = group
         self.state["world_pg"] = group
+
+    def _name(self, default_name, param):
+        """Stage 0 with MoE: an expert (the model's own param) is named by its
+        global expert id, the same on its replicas, distinct across experts."""
+        experts = self._experts
+        if experts is not None and id(param) in experts.names:
+            return "%s.%s" % (default_name, experts.names[id(param)])
+        return ProcessGroupConfig._name(self, default_name, param)
+
+    def _ep_experts(self, job, good):
+        """MoE at ZeRO-1/2: DeepSpeed says which params are experts (their
+        ranges' values differ across ranks, so replicas are not compared)."""
+        if not self._expert_segments:
+            return ProcessGroupConfig._ep_experts(self, job, good)
+        for e in good:
+            e.expert = e.segment is not None and e.segment.name in self._expert_segments
+        return good
+
+    def _steps(self, roles, e):
+        """MoE at ZeRO-1/2: an expert's ranges over its expert-data-parallel
+        group ("fsdp"), a dense param's over the whole data-parallel group (the
+        world)."""
+        if not self._expert_segments:
+            return ProcessGroupConfig._steps(self, roles, e)
+        return [("flat", "fsdp" if e.expert else "world", e.fsdp[1:])]
 
     def flat_segments(self, name: str, param: torch.Tensor) -> list[Segment] | None:
         if self._zero is None:
