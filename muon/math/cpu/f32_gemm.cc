@@ -64,10 +64,19 @@ Geometry GeometryOf(const F32Product& p) {
   return g;
 }
 
-// One operand into panels: panel q (extent [16 q, 16 q + 16)) at
-// out + q * k * 16, its element (e, kk) at kk * 16 + e. Element (e, kk) of
-// the source is data[kk * ld + e] when the extent is contiguous, else
-// data[e * ld + kk]. Units: one panel's 16 k.
+// The packed layout of an operand of `panels` panels (extent [16 q, 16 q +
+// 16) for panel q) over k, chunk by chunk of kDepth k: chunk c (k0 = c
+// kDepth) holds every panel's k0 .. k0 + depth - 1 (depth = min(kDepth,
+// k - k0)), panel after panel, each k of a panel 16 floats: element (e, kk)
+// of panel q is at Chunk(k0) + q * depth * 16 + (kk - k0) * 16 + e. A
+// block's part of a chunk is one contiguous run, which the products
+// prefetch while they compute the chunk before.
+inline int64_t ChunkDepth(int64_t k, int64_t k0) { return std::min(kDepth, k - k0); }
+inline int64_t ChunkStart(int64_t panels, int64_t k0) { return k0 * panels * kPanel; }
+
+// One operand into panels (the layout above). Element (e, kk) of the source
+// is data[kk * ld + e] when the extent is contiguous, else data[e * ld + kk].
+// Units: one panel's 16 k.
 struct Packing {
   const float* data;
   int64_t ld;
@@ -116,7 +125,9 @@ MUON_AVX512F void PackUnit(const Packing& pk, int64_t u) {
   const int64_t unit = pk.extent_contiguous ? u / pk.panels : u % pk.depth_units;
   const int64_t e0 = panel * kPanel, k0 = unit * kPanel;
   const int64_t depth = std::min(kPanel, pk.k - k0);
-  float* out = pk.out + panel * pk.k * kPanel + k0 * kPanel;
+  const int64_t chunk = k0 / kDepth * kDepth;
+  float* out = pk.out + ChunkStart(pk.panels, chunk) + panel * ChunkDepth(pk.k, chunk) * kPanel +
+               (k0 - chunk) * kPanel;
   if (pk.extent_contiguous) {
     const __mmask16 mask = Mask16(pk.extent - e0);
     for (int64_t kk = 0; kk < depth; ++kk) {
@@ -139,14 +150,25 @@ MUON_AVX512F void PackUnit(const Packing& pk, int64_t u) {
   }
 }
 
+// Cache lines to bring into L2 while a micro tile computes: `count` lines
+// from `lines`, then `more_count` from `more`.
+struct Prefetch {
+  const char* lines = nullptr;
+  int64_t count = 0;
+  const char* more = nullptr;
+  int64_t more_count = 0;
+};
+
 // acc's kRows x (16 NG) sums (row-major, leading dimension kBlock) +=, or =
 // when `first`, the sums over `depth` k: per k, NG vectors of right times
 // each row's broadcast left element. `left` is the k0 row of a left panel,
 // offset to the micro tile's first row; `right` the k0 row of its first
-// right panel, the next panels `stride` floats on.
+// right panel, the next panels `stride` floats on. Every other k it
+// prefetches one line of `pf` (the data of the steps after it: from L3 the
+// hardware's prefetchers do not run far enough ahead of the FMAs).
 template <int NG, int kRows>
 MUON_AVX512F inline void Kernel(const float* left, const float* right, int64_t stride,
-                                int64_t depth, bool first, float* acc) {
+                                int64_t depth, bool first, float* acc, const Prefetch& pf) {
   __m512 sums[kRows][NG];
 #pragma GCC unroll 16
   for (int r = 0; r < kRows; ++r) {
@@ -154,6 +176,14 @@ MUON_AVX512F inline void Kernel(const float* left, const float* right, int64_t s
     for (int g = 0; g < NG; ++g) sums[r][g] = _mm512_setzero_ps();
   }
   for (int64_t kk = 0; kk < depth; ++kk) {
+    if ((kk & 1) == 0) {
+      const int64_t q = kk >> 1;
+      if (q < pf.count) {
+        _mm_prefetch(pf.lines + q * 64, _MM_HINT_T1);
+      } else if (q - pf.count < pf.more_count) {
+        _mm_prefetch(pf.more + (q - pf.count) * 64, _MM_HINT_T1);
+      }
+    }
     __m512 b[NG];
 #pragma GCC unroll 3
     for (int g = 0; g < NG; ++g) b[g] = _mm512_load_ps(right + g * stride + kk * kPanel);
@@ -174,27 +204,82 @@ MUON_AVX512F inline void Kernel(const float* left, const float* right, int64_t s
   }
 }
 
+// A packed operand: its panels and k.
+struct PackedOperand {
+  const float* data;
+  int64_t panels, k;
+
+  // The first float of panel q in the chunk that starts at k0.
+  const float* At(int64_t q, int64_t k0) const {
+    return data + ChunkStart(panels, k0) + q * ChunkDepth(k, k0) * kPanel;
+  }
+};
+
+// `count` lines from `from`, a share of `total` lines handed out `per` at
+// a time: share `index`.
+inline void Share(const float* from, int64_t total, int64_t per, int64_t index, const char** lines,
+                  int64_t* count) {
+  const int64_t first = std::min(total, index * per);
+  *lines = reinterpret_cast<const char*>(from) + first * 64;
+  *count = std::min(per, total - first);
+}
+
 // The sums of block (i0, j0) (rb x cb, multiples of 16) into acc: k chunk
 // by chunk, 48 columns (a micro panel of right) at a time, 8 rows at a time
 // (16 when the panel is 16 wide: 16 sums in flight, not 8, to cover the
 // FMA's latency). On the diagonal, micro tiles wholly below it are skipped.
-MUON_AVX512F void BlockSums(const float* left, const float* right, int64_t k, int64_t i0,
+// While a micro panel computes, its tiles prefetch the next micro panel and
+// a share of the block's left part of the next chunk.
+MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& right, int64_t i0,
                             int64_t j0, int64_t rb, int64_t cb, bool diagonal, float* acc) {
-  const int64_t stride = k * kPanel;
+  const int64_t k = left.k;
+  const int64_t steps = (cb + 47) / 48;  // micro panels per chunk
   for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
-    const int64_t depth = std::min(kDepth, k - k0);
+    const int64_t depth = ChunkDepth(k, k0), stride = depth * kPanel;
     const bool first = k0 == 0;
+    const int64_t next = k0 + kDepth;  // the next chunk, when < k
+    const int64_t next_depth = next < k ? ChunkDepth(k, next) : 0;
+    const int64_t left_lines = rb / kPanel * next_depth;  // the block's part of it
+    const int64_t left_per = (left_lines + steps - 1) / steps;
     for (int64_t j = 0; j < cb; j += 48) {
       const int64_t groups = std::min<int64_t>(3, (cb - j) / kPanel);
-      const float* r = right + (j0 + j) / kPanel * stride + k0 * kPanel;
-      for (int64_t i = 0; i < rb; i += groups == 1 ? 16 : 8) {
+      const int64_t rows = groups == 1 ? 16 : 8;
+      const float* r = right.At((j0 + j) / kPanel, k0);
+      // What this micro panel's tiles prefetch: the next micro panel (this
+      // chunk's, or the next chunk's first) and a share of the next left.
+      const float* right_next = nullptr;
+      int64_t right_lines = 0;
+      if (j + 48 < cb) {
+        right_next = right.At((j0 + j + 48) / kPanel, k0);
+        right_lines = std::min<int64_t>(3, (cb - j - 48) / kPanel) * depth;
+      } else if (next < k) {
+        right_next = right.At(j0 / kPanel, next);
+        right_lines = std::min<int64_t>(3, cb / kPanel) * next_depth;
+      }
+      const int64_t tiles = (diagonal ? std::min(rb, j + groups * kPanel) : rb) / rows;
+      const int64_t right_per = (right_lines + tiles - 1) / std::max<int64_t>(tiles, 1);
+      const char* left_share = nullptr;
+      int64_t left_count = 0;
+      if (next < k) {
+        Share(left.At(i0 / kPanel, next), left_lines, left_per, j / 48, &left_share, &left_count);
+      }
+      const int64_t left_tile_per = (left_count + tiles - 1) / std::max<int64_t>(tiles, 1);
+      int64_t tile = 0;
+      for (int64_t i = 0; i < rb; i += rows) {
         if (diagonal && j + groups * kPanel <= i) continue;
-        const float* l = left + (i0 + i) / kPanel * stride + k0 * kPanel + (i0 + i) % kPanel;
+        Prefetch pf;
+        if (right_next != nullptr) Share(right_next, right_lines, right_per, tile, &pf.lines, &pf.count);
+        if (left_share != nullptr) {
+          pf.more = left_share + std::min(left_count, tile * left_tile_per) * 64;
+          pf.more_count = std::max<int64_t>(0, std::min(left_tile_per, left_count - tile * left_tile_per));
+        }
+        ++tile;
+        const float* l = left.At((i0 + i) / kPanel, k0) + (i0 + i) % kPanel;
         float* a = acc + i * kBlock + j;
         switch (groups) {
-          case 3: Kernel<3, 8>(l, r, stride, depth, first, a); break;
-          case 2: Kernel<2, 8>(l, r, stride, depth, first, a); break;
-          default: Kernel<1, 16>(l, r, stride, depth, first, a); break;
+          case 3: Kernel<3, 8>(l, r, stride, depth, first, a, pf); break;
+          case 2: Kernel<2, 8>(l, r, stride, depth, first, a, pf); break;
+          default: Kernel<1, 16>(l, r, stride, depth, first, a, pf); break;
         }
       }
     }
@@ -313,7 +398,8 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
       const int64_t i0 = bi * kBlock, j0 = bj * kBlock;
       const int64_t rb = std::min(kBlock, g.rows_p - i0), cb = std::min(kBlock, g.cols_p - j0);
       const bool diagonal = p.symmetric && i0 == j0;
-      BlockSums(left_panels, right_panels, p.k, i0, j0, rb, cb, diagonal, acc);
+      BlockSums({left_panels, left.panels, p.k}, {right_panels, right.panels, p.k}, i0, j0, rb,
+                cb, diagonal, acc);
       Store(p, i0, j0, rb, cb, diagonal, acc);
       if (p.symmetric) Mirror(p, i0, j0);
     }
