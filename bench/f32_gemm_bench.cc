@@ -35,7 +35,8 @@ double Seconds(const std::function<void()>& f, int reps) {
   for (int r = 0; r < reps; ++r) {
     const auto t = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+    const auto elapsed = std::chrono::steady_clock::now() - t;
+    best = std::min(best, std::chrono::duration<double>(elapsed).count());
   }
   return best;
 }
@@ -112,7 +113,9 @@ int main(int argc, char** argv) {
                         100 * kernel[i].gflops / (peak * threads));
         }
       }
-      if (!blas.empty()) std::snprintf(b, sizeof b, "%.2f ms, %.0f GFLOP/s", blas[i].ms, blas[i].gflops);
+      if (!blas.empty()) {
+        std::snprintf(b, sizeof b, "%.2f ms, %.0f GFLOP/s", blas[i].ms, blas[i].gflops);
+      }
       if (!kernel.empty() && !blas.empty()) {
         std::snprintf(ratio, sizeof ratio, "%.2fx", blas[i].ms / kernel[i].ms);
       }

@@ -268,10 +268,13 @@ MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& righ
       for (int64_t i = 0; i < rb; i += rows) {
         if (diagonal && j + groups * kPanel <= i) continue;
         Prefetch pf;
-        if (right_next != nullptr) Share(right_next, right_lines, right_per, tile, &pf.lines, &pf.count);
+        if (right_next != nullptr) {
+          Share(right_next, right_lines, right_per, tile, &pf.lines, &pf.count);
+        }
         if (left_share != nullptr) {
-          pf.more = left_share + std::min(left_count, tile * left_tile_per) * 64;
-          pf.more_count = std::max<int64_t>(0, std::min(left_tile_per, left_count - tile * left_tile_per));
+          const int64_t first = std::min(left_count, tile * left_tile_per);
+          pf.more = left_share + first * 64;
+          pf.more_count = std::min(left_tile_per, left_count - first);
         }
         ++tile;
         const float* l = left.At((i0 + i) / kPanel, k0) + (i0 + i) % kPanel;
