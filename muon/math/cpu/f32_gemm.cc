@@ -29,7 +29,11 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kPanel = 16;   // panel width: one zmm of fp32
-constexpr int64_t kBlock = 256;  // output block edge
+// Output block edge (and the leading dimension of a thread's sums); an
+// output of at most 256 x 256 runs in blocks of 128, so that a second thread
+// has blocks to take. An element's sums run the same whatever the block.
+constexpr int64_t kBlock = 256;
+constexpr int64_t kSmallBlock = 128;
 // k per pass over a block: a micro panel of right (48 columns x 256 k,
 // 48 KiB) stays in L1/L2 while the block's rows stream past it.
 constexpr int64_t kDepth = 256;
@@ -50,6 +54,7 @@ bool SharesPanels(const F32Product& p) {
 struct Geometry {
   int64_t rows_p, cols_p;
   size_t left_floats, right_floats;
+  int64_t block;  // kBlock, or kSmallBlock for an output within one kBlock
   int64_t blocks_down, blocks_across;
 };
 
@@ -59,8 +64,9 @@ Geometry GeometryOf(const F32Product& p) {
   g.cols_p = RoundUp(p.cols, kPanel);
   g.left_floats = static_cast<size_t>(g.rows_p * p.k);
   g.right_floats = SharesPanels(p) ? 0 : static_cast<size_t>(g.cols_p * p.k);
-  g.blocks_down = (g.rows_p + kBlock - 1) / kBlock;
-  g.blocks_across = (g.cols_p + kBlock - 1) / kBlock;
+  g.block = g.rows_p <= kBlock && g.cols_p <= kBlock ? kSmallBlock : kBlock;
+  g.blocks_down = (g.rows_p + g.block - 1) / g.block;
+  g.blocks_across = (g.cols_p + g.block - 1) / g.block;
   return g;
 }
 
@@ -319,8 +325,8 @@ MUON_AVX512F void Store(const F32Product& p, int64_t i0, int64_t j0, int64_t rb,
 // product, once its part on and above the diagonal is stored: 16 x 16
 // pieces above the diagonal through a register transpose, pieces on it
 // element by element.
-MUON_AVX512F void Mirror(const F32Product& p, int64_t i0, int64_t j0) {
-  const int64_t rows = std::min(kBlock, p.rows - i0), cols = std::min(kBlock, p.cols - j0);
+MUON_AVX512F void Mirror(const F32Product& p, int64_t i0, int64_t j0, int64_t block) {
+  const int64_t rows = std::min(block, p.rows - i0), cols = std::min(block, p.cols - j0);
   const int64_t ld = p.ld_out;
   for (int64_t i = 0; i < rows; i += kPanel) {
     const int64_t row0 = i0 + i, row_count = std::min(kPanel, rows - i);
@@ -398,13 +404,13 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
     for (int64_t b = 0; b < blocks_total; ++b) {
       const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
       if (p.symmetric && bj < bi) continue;
-      const int64_t i0 = bi * kBlock, j0 = bj * kBlock;
-      const int64_t rb = std::min(kBlock, g.rows_p - i0), cb = std::min(kBlock, g.cols_p - j0);
+      const int64_t i0 = bi * g.block, j0 = bj * g.block;
+      const int64_t rb = std::min(g.block, g.rows_p - i0), cb = std::min(g.block, g.cols_p - j0);
       const bool diagonal = p.symmetric && i0 == j0;
       BlockSums({left_panels, left.panels, p.k}, {right_panels, right.panels, p.k}, i0, j0, rb,
                 cb, diagonal, acc);
       Store(p, i0, j0, rb, cb, diagonal, acc);
-      if (p.symmetric) Mirror(p, i0, j0);
+      if (p.symmetric) Mirror(p, i0, j0, g.block);
     }
   }
 }
