@@ -7,8 +7,9 @@ batches together, so the same averaged gradient up to the order of
 DeepSpeed's sums): every weight within 1e-5 after the run while the weights
 moved by far more, every matrix orthogonalized once per step in the job,
 ZeRO-1, 2 and 3 alike (ZeRO-3 also under zero.Init and with accumulated
-micro-batches), with two param groups (weight decay on matrices only) and
-gradient clipping; and a DeepSpeed checkpoint (engine.save_checkpoint /
+micro-batches; ZeRO-2 and 3 also with the optimizer offloaded to the CPU),
+with two param groups (weight decay on matrices only) and gradient
+clipping; and a DeepSpeed checkpoint (engine.save_checkpoint /
 load_checkpoint) resumed in a fresh engine continues bit for bit. bf16 at
 ZeRO-1, 2 and 3: Newton-Schulz counted once per step, and the master weights
 single-process Muon's on the averaged bf16 gradients, to the bit."""
@@ -58,9 +59,13 @@ def _groups(model):
     return [{"params": matrices}, {"params": others, "weight_decay": 0.0}]
 
 
-def _ds_config(stage):
-    return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 5.0,
-            "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6}
+def _ds_config(stage, offload=False):
+    config = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 5.0,
+              "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6}
+    if offload:  # the optimizer's partitions on the host (any optimizer but DeepSpeed's CPU Adam)
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
+    return config
 
 
 def _muon(model):
@@ -69,12 +74,12 @@ def _muon(model):
                      distributed_config=muon.deepspeed.create_deepspeed_config())
 
 
-def _engine(stage):
+def _engine(stage, offload=False):
     torch.manual_seed(0)
     model = Net()
     opt = _muon(model)
     engine, zero, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt,
-                                                   config=_ds_config(stage))
+                                                   config=_ds_config(stage, offload))
     return model, opt, engine, zero
 
 
@@ -126,10 +131,10 @@ def _join(rank, world):
     _no_shm_build()
 
 
-def _worker(rank, world, stage, ckpt_dir):
+def _worker(rank, world, stage, ckpt_dir, offload=False):
     _join(rank, world)
     import deepspeed  # noqa: F401
-    model, opt, engine, zero = _engine(stage)
+    model, opt, engine, zero = _engine(stage, offload)
     _train(engine, rank, range(RESUME_AT))
     engine.save_checkpoint(ckpt_dir, tag="mid")
     _train(engine, rank, range(RESUME_AT, STEPS))
@@ -143,7 +148,7 @@ def _worker(rank, world, stage, ckpt_dir):
         partitions = [[tuple(p.shape) for p in g["params"]] for g in opt.param_groups]
 
     # A fresh engine from the checkpoint, the rest of the run again.
-    model2, opt2, engine2, _ = _engine(stage)
+    model2, opt2, engine2, _ = _engine(stage, offload)
     engine2.load_checkpoint(ckpt_dir, tag="mid")
     _train(engine2, rank, range(RESUME_AT, STEPS))
     resumed = {n: _full(p)
@@ -158,9 +163,10 @@ def reference():
     return _reference()
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_zero_stage_equals_single_process_muon(stage, reference, tmp_path):
-    runs = launch(_worker, WORLD, stage, str(tmp_path), timeout=400)
+@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (2, False), (3, False),
+                                           (2, True), (3, True)])
+def test_zero_stage_equals_single_process_muon(stage, offload, reference, tmp_path):
+    runs = launch(_worker, WORLD, stage, str(tmp_path), offload, timeout=400)
     start, want = reference
     for rank, r in enumerate(runs):
         assert r["zero"] == {0: "Muon", 3: "DeepSpeedZeroOptimizer_Stage3"}.get(
@@ -177,9 +183,9 @@ def test_zero_stage_equals_single_process_muon(stage, reference, tmp_path):
             assert err <= 1e-5, "stage %d rank %d %s: %g off" % (stage, rank, n, err)
         assert r["resumed_equal"], rank
     assert sum(r["orthogonalized"] for r in runs) == MATRICES
-    print("\nZeRO-%d, %d ranks: largest difference from single-process Muon %g" % (
-        stage, WORLD, max((r["full"][n] - w).abs().max().item()
-                          for r in runs for n, w in want.items())))
+    print("\nZeRO-%d%s, %d ranks: largest difference from single-process Muon %g" % (
+        stage, " with the optimizer offloaded to the CPU" if offload else "", WORLD,
+        max((r["full"][n] - w).abs().max().item() for r in runs for n, w in want.items())))
 
 
 def _stage3_worker(rank, world, variant):
