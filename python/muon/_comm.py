@@ -39,6 +39,13 @@ class _Placement:
     def _resolve_group(self, resolve):
         return resolve(self.group) if resolve is not None else _group_id(self.group)
 
+    def _fill(self, c, resolve):
+        """Writes the muon_placement_t `c`; returns what must stay alive (or None)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def _key(self):
+        raise NotImplementedError(type(self).__name__)
+
     def __eq__(self, other):
         return type(self) is type(other) and self._key() == other._key()
 
@@ -149,6 +156,16 @@ class Replicate(_Placement):
 # A placement: how a global tensor is cut down to this rank's piece. Each one's
 # group is a group id (an int) or the communicator given to set_world/add_group.
 Placement = Union[Shard, FlatRange, Replicate]
+
+
+def fill_placement(placement: Any, c: Any, resolve: Any, index: int) -> Any:
+    """Writes placement number `index` (a muon.Shard, FlatRange or Replicate)
+    into the muon_placement_t `c`, its group through resolve(group); returns
+    what must stay alive while the library reads it (or None)."""
+    if not isinstance(placement, _Placement):
+        raise TypeError("muon: placement %d is %r; use muon.Shard, muon.FlatRange or "
+                        "muon.Replicate" % (index, placement))
+    return placement._fill(c, resolve)
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, Ty
 
 from . import _lib
 from ._callbacks import assignment_callback, custom_layout
+from ._comm import fill_placement
 from ._errors import MuonError, check, describe, error
 from ._optimizer_comms import OptimizerComms
 from ._optimizer_state import OptimizerState
@@ -310,10 +311,7 @@ class Optimizer(OptimizerComms, OptimizerState):
             placements = list(placements)
             array = (_lib.muon_placement_t * len(placements))()
             for i, pl in enumerate(placements):
-                if not hasattr(pl, "_fill"):
-                    raise TypeError("muon: placement %d is %r; use muon.Shard, muon.FlatRange or "
-                                    "muon.Replicate" % (i, pl))
-                keep.append(pl._fill(array[i], self._resolve_group))
+                keep.append(fill_placement(pl, array[i], self._resolve_group, i))
             keep.append(array)
             po.num_placements = len(placements)
             po.placements = ctypes.cast(array, ctypes.POINTER(_lib.muon_placement_t))

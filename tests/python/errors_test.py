@@ -250,6 +250,11 @@ def test_other_types_are_type_errors():
         with pytest.raises(TypeError):
             opt.register(torch.zeros(2, 2, dtype=torch.complex64),
                          torch.zeros(2, 2, dtype=torch.complex64))
+        # A placement that is not one of the three, named by its position.
+        with pytest.raises(TypeError, match=r"placement 0 is \(0, 1\); use muon.Shard"):
+            opt.register(torch.zeros(2, 2), torch.zeros(2, 2), global_shape=(2, 2),
+                         placements=[(0, 1)])
+        assert len(opt) == 0  # nothing registered
 
 
 # ---------------------------------------------------------------------------
