@@ -233,6 +233,7 @@ class _Experts:
             raise ValueError("muon.deepspeed: the model's experts use %d expert-parallel sizes "
                              "(%s); muon.deepspeed maps MoE with one (give every MoE layer the "
                              "same ep_size)" % (len(kinds), ", ".join(kinds)))
+        # (DeepSpeed's only accessors of these groups, which its engine uses.)
         self.ep_group = groups._get_expert_parallel_group(kinds[0])
         self.edp_group = groups._get_expert_data_parallel_group(kinds[0])
         ep_rank = dist.get_rank(self.ep_group)
