@@ -139,7 +139,8 @@ class Optimizer(OptimizerComms, OptimizerState):
         self._group_ids = {}    # id(communicator object) -> group id
         self._keep: list[Any] = []  # ctypes callbacks and arrays the library calls or reads
         self._callback_errors = []  # (where, exception) raised by Python callbacks
-        self._splits: dict[str, Any] = {}  # name -> (split_dim, split_sizes) for register() to apply
+        # name -> (split_dim, split_sizes) for register() to apply
+        self._splits: dict[str, Any] = {}
         self._splits_used: set[str] = set()  # the names of _splits a registration took
         self._world = None      # (rank, size) of the world communicator
         self._world_comm = None  # the communicator given to set_world
@@ -213,7 +214,7 @@ class Optimizer(OptimizerComms, OptimizerState):
         check(_lib_handle.muon_get_options(self._h(), ctypes.byref(o)))
         return {field[0]: getattr(o, field[0]) for field in o._fields_
                 if field[0] not in ("struct_size", "ns_table", "reserved0", "reserved1",
-                                "assign_fn", "assign_state")}
+                                    "assign_fn", "assign_state")}
 
     @property
     def lr(self) -> float:

@@ -109,7 +109,8 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         self.verify_replicas = verify_replicas
         # ("tp", "fsdp"): FSDP splits the whole matrix
         self.gather_order = _gather_order(gather_order, fsdp_mode)
-        self.param_splits: dict[int, tuple[int, list[int]]] = {}  # id(param) -> (split_dim, split_sizes): an adapter's
+        # id(param) -> (split_dim, split_sizes): the split blocks an adapter gives
+        self.param_splits: dict[int, tuple[int, list[int]]] = {}
         self.index_tables = index_tables or IndexTables()  # create_auto_config's
         self._order: dict[int, int] = {}  # id(param) -> its index among muon.Muon's params
 
