@@ -291,7 +291,8 @@ class Communicator:
         return built
 
     def _muon_take_errors(self):
-        """The exceptions raised by this communicator's methods since the last call."""
+        """The exceptions raised by this communicator's methods since the last call
+        (take_errors)."""
         errors = self.__dict__.get("_muon_errors")
         if not errors:
             return []
@@ -376,6 +377,12 @@ class Communicator:
 
 
 _TABLE_LOCK = threading.Lock()
+
+
+def take_errors(comm: Any) -> list[Any]:
+    """The exceptions a muon.Communicator's methods raised since the last call
+    ([] for any other communicator: the library reports its own)."""
+    return comm._muon_take_errors() if isinstance(comm, Communicator) else []
 
 
 def gather_objects(comm: Any, obj: Any) -> list[Any]:

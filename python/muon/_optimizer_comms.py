@@ -97,9 +97,7 @@ class OptimizerComms:
         taken = list(self._callback_errors)
         del self._callback_errors[:len(taken)]
         for comm in self._comms:
-            take = getattr(comm, "_muon_take_errors", None)
-            if take is not None:
-                taken.extend(take())
+            taken.extend(_comm.take_errors(comm))
         return taken
 
     def _check_comms_take(self, param, name):

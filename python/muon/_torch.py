@@ -23,7 +23,7 @@ import torch
 
 from . import _optimizer
 from ._base_config import ConfigHooks
-from ._flat import FlatBuffer, fsdp1_segments
+from ._flat import FlatBuffer, fsdp1_segments, segment_of
 from ._group_options import DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param
 from ._library_groups import LibraryGroups
 from ._torch_state import TorchState
@@ -250,6 +250,11 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
 
     # -- param groups ----------------------------------------------------------
 
+    @property
+    def distributed_config(self) -> DistributedConfigBase | None:
+        """The distributed_config this optimizer was built with (None: one process)."""
+        return self._config
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         count = len(self.param_groups)
         super().add_param_group(param_group)
@@ -285,7 +290,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         group = self._by_number.get(gi)
         if group is not None and group.get("adamw", False):
             return False
-        segment = getattr(p, "_muon_segment", None)
+        segment = segment_of(p)
         if segment is not None:
             return len(segment.shape) >= 2
         if self._hooks is not None:

@@ -448,7 +448,7 @@ def initialize(*, optimizer: Muon, config: dict[str, Any] | str, **kwargs: Any) 
     not know otherwise) and binds the config to the ZeRO optimizer. Returns
     what deepspeed.initialize returns."""
     import deepspeed
-    cfg = getattr(optimizer, "_config", None)
+    cfg = getattr(optimizer, "distributed_config", None)
     if not isinstance(cfg, DeepSpeedConfig):
         raise TypeError("muon.deepspeed.initialize: optimizer must be a muon.Muon built with "
                         "distributed_config=muon.deepspeed.create_deepspeed_config()")
