@@ -156,13 +156,24 @@ MUON_AVX512F void PackUnit(const Packing& pk, int64_t u) {
   }
 }
 
-// Cache lines to bring into L2 while a micro tile computes: `count` lines
-// from `lines`, then `more_count` from `more`.
-struct Prefetch {
-  const char* lines = nullptr;
+// A run of `count` cache lines from `from`.
+struct Lines {
+  const char* from = nullptr;
   int64_t count = 0;
-  const char* more = nullptr;
-  int64_t more_count = 0;
+
+  // Part `index` of the run cut into `parts` parts of equal length (the
+  // last ones shorter or empty).
+  Lines Share(int64_t parts, int64_t index) const {
+    const int64_t per = (count + parts - 1) / std::max<int64_t>(parts, 1);
+    const int64_t first = std::min(count, index * per);
+    return {from + first * 64, std::min(per, count - first)};
+  }
+};
+
+// Cache lines to bring into L2 while a micro tile computes: `lines`, then
+// `more`.
+struct Prefetch {
+  Lines lines, more;
 };
 
 // acc's kRows x (16 NG) sums (row-major, leading dimension kBlock) +=, or =
@@ -184,10 +195,10 @@ MUON_AVX512F inline void Kernel(const float* left, const float* right, int64_t s
   for (int64_t kk = 0; kk < depth; ++kk) {
     if ((kk & 1) == 0) {
       const int64_t q = kk >> 1;
-      if (q < pf.count) {
-        _mm_prefetch(pf.lines + q * 64, _MM_HINT_T1);
-      } else if (q - pf.count < pf.more_count) {
-        _mm_prefetch(pf.more + (q - pf.count) * 64, _MM_HINT_T1);
+      if (q < pf.lines.count) {
+        _mm_prefetch(pf.lines.from + q * 64, _MM_HINT_T1);
+      } else if (q - pf.lines.count < pf.more.count) {
+        _mm_prefetch(pf.more.from + (q - pf.lines.count) * 64, _MM_HINT_T1);
       }
     }
     __m512 b[NG];
@@ -219,16 +230,12 @@ struct PackedOperand {
   const float* At(int64_t q, int64_t k0) const {
     return data + ChunkStart(panels, k0) + q * ChunkDepth(k, k0) * kPanel;
   }
+  // `panels` panels from panel q of the chunk at k0, as cache lines (one
+  // line per k of a panel; a chunk's panels lie one after another).
+  Lines Run(int64_t q, int64_t k0, int64_t panels_in_run) const {
+    return {reinterpret_cast<const char*>(At(q, k0)), panels_in_run * ChunkDepth(k, k0)};
+  }
 };
-
-// `count` lines from `from`, a share of `total` lines handed out `per` at
-// a time: share `index`.
-inline void Share(const float* from, int64_t total, int64_t per, int64_t index, const char** lines,
-                  int64_t* count) {
-  const int64_t first = std::min(total, index * per);
-  *lines = reinterpret_cast<const char*>(from) + first * 64;
-  *count = std::min(per, total - first);
-}
 
 // The sums of block (i0, j0) (rb x cb, multiples of 16) into acc: k chunk
 // by chunk, 48 columns (a micro panel of right) at a time, 8 rows at a time
@@ -244,44 +251,27 @@ MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& righ
     const int64_t depth = ChunkDepth(k, k0), stride = depth * kPanel;
     const bool first = k0 == 0;
     const int64_t next = k0 + kDepth;  // the next chunk, when < k
-    const int64_t next_depth = next < k ? ChunkDepth(k, next) : 0;
-    const int64_t left_lines = rb / kPanel * next_depth;  // the block's part of it
-    const int64_t left_per = (left_lines + steps - 1) / steps;
+    // The block's part of the next chunk's left operand.
+    const Lines left_next = next < k ? left.Run(i0 / kPanel, next, rb / kPanel) : Lines{};
     for (int64_t j = 0; j < cb; j += 48) {
       const int64_t groups = std::min<int64_t>(3, (cb - j) / kPanel);
       const int64_t rows = groups == 1 ? 16 : 8;
       const float* r = right.At((j0 + j) / kPanel, k0);
       // What this micro panel's tiles prefetch: the next micro panel (this
       // chunk's, or the next chunk's first) and a share of the next left.
-      const float* right_next = nullptr;
-      int64_t right_lines = 0;
+      Lines right_next;
       if (j + 48 < cb) {
-        right_next = right.At((j0 + j + 48) / kPanel, k0);
-        right_lines = std::min<int64_t>(3, (cb - j - 48) / kPanel) * depth;
+        right_next =
+            right.Run((j0 + j + 48) / kPanel, k0, std::min<int64_t>(3, (cb - j - 48) / kPanel));
       } else if (next < k) {
-        right_next = right.At(j0 / kPanel, next);
-        right_lines = std::min<int64_t>(3, cb / kPanel) * next_depth;
+        right_next = right.Run(j0 / kPanel, next, std::min<int64_t>(3, cb / kPanel));
       }
+      const Lines left_share = left_next.Share(steps, j / 48);
       const int64_t tiles = (diagonal ? std::min(rb, j + groups * kPanel) : rb) / rows;
-      const int64_t right_per = (right_lines + tiles - 1) / std::max<int64_t>(tiles, 1);
-      const char* left_share = nullptr;
-      int64_t left_count = 0;
-      if (next < k) {
-        Share(left.At(i0 / kPanel, next), left_lines, left_per, j / 48, &left_share, &left_count);
-      }
-      const int64_t left_tile_per = (left_count + tiles - 1) / std::max<int64_t>(tiles, 1);
       int64_t tile = 0;
       for (int64_t i = 0; i < rb; i += rows) {
         if (diagonal && j + groups * kPanel <= i) continue;
-        Prefetch pf;
-        if (right_next != nullptr) {
-          Share(right_next, right_lines, right_per, tile, &pf.lines, &pf.count);
-        }
-        if (left_share != nullptr) {
-          const int64_t first = std::min(left_count, tile * left_tile_per);
-          pf.more = left_share + first * 64;
-          pf.more_count = std::min(left_tile_per, left_count - first);
-        }
+        const Prefetch pf{right_next.Share(tiles, tile), left_share.Share(tiles, tile)};
         ++tile;
         const float* l = left.At((i0 + i) / kPanel, k0) + (i0 + i) % kPanel;
         float* a = acc + i * kBlock + j;
