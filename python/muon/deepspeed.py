@@ -318,7 +318,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
             self.skip_empty_groups = True
             for group in zero.optimizer.param_groups:
                 group["params"] = []
-        self._set_group("fsdp", groups[0])
+        self._set_groups({"fsdp": groups[0]}, groups[0])
         return self
 
     def _bind_moe(self, zero, groups, moe, dense, dist):
@@ -338,12 +338,8 @@ class DeepSpeedConfig(ProcessGroupConfig):
             for seg in self._segments[g]:
                 seg.name = self._experts.by_local_name.get(seg.name, seg.name)
                 self._expert_segments.add(seg.name)
-        self._bound = True
-        world = groups[dense[0]] if dense else dist.group.WORLD
-        self.groups = {"ep": self._experts.ep_group, "fsdp": self._experts.edp_group}
-        self.state["groups"] = dict(self.groups)
-        self.world_pg = world
-        self.state["world_pg"] = world
+        self._set_groups({"ep": self._experts.ep_group, "fsdp": self._experts.edp_group},
+                         groups[dense[0]] if dense else dist.group.WORLD)
         return self
 
     def _bind_stage0(self, engine, wrapper):
@@ -364,24 +360,23 @@ class DeepSpeedConfig(ProcessGroupConfig):
         from ._config import torch_and_dist
         named = [(n, p) for n, p in engine.module.named_parameters() if _is_expert(p)]
         if not named:
-            self._set_group("dp", engine.seq_data_parallel_group)
+            self._set_groups({"dp": engine.seq_data_parallel_group},
+                             engine.seq_data_parallel_group)
             return self
         # MoE: dense params replicated over the expert-parallel and the
         # expert-data-parallel groups, an expert over the latter only.
         self._experts = _Experts(named, torch_and_dist()[1])
-        self._bound = True
-        self.groups = {"ep": self._experts.ep_group, "dp": self._experts.edp_group}
-        self.state["groups"] = dict(self.groups)
-        self.world_pg = engine.seq_data_parallel_group
-        self.state["world_pg"] = self.world_pg
+        self._set_groups({"ep": self._experts.ep_group, "dp": self._experts.edp_group},
+                         engine.seq_data_parallel_group)
         return self
 
-    def _set_group(self, role, group):
+    def _set_groups(self, groups, world):
+        """Bound: the groups by role and the world the library steps over."""
         self._bound = True
-        self.groups = {role: group}
-        self.state["groups"] = {role: group}
-        self.world_pg = group
-        self.state["world_pg"] = group
+        self.groups = dict(groups)
+        self.state["groups"] = dict(groups)
+        self.world_pg = world
+        self.state["world_pg"] = world
 
     def _name(self, default_name, param):
         """Stage 0 with MoE: an expert (the model's own param) is named by its
