@@ -15,6 +15,8 @@ DeepSpeed checkpoint (engine.save_checkpoint, with its MoE expert files)
 resumed in a fresh engine continues bit for bit. Experts of two
 expert-parallel sizes are refused, naming them."""
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,7 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 pytest.importorskip("deepspeed")
 
 import muon  # noqa: E402
-from deepspeed_test import _batch, _join  # noqa: E402
+from deepspeed_test import _batch, _ds_config, _join  # noqa: E402
 from dist_harness import launch  # noqa: E402
 
 WORLD = 4
@@ -48,13 +50,24 @@ class MoENet(torch.nn.Module):
         return self.out(h)
 
 
+def _names(model, config):
+    """{id(param): its global name} (experts by global id)."""
+    experts = config._experts.names if config._experts else {}
+    return {id(p): experts.get(id(p), n) for n, p in model.named_parameters()}
+
+
 def _named_tensors(model, config):
-    """{global name: fp32 value} of this rank's params (experts by global id)."""
-    experts = config._experts
-    out = {}
-    for n, p in model.named_parameters():
-        out[experts.names.get(id(p), n) if experts else n] = p.detach().float().clone()
-    return out
+    """{global name: fp32 value} of this rank's params."""
+    names = _names(model, config)
+    return {names[id(p)]: p.detach().float().clone() for p in model.parameters()}
+
+
+def _pieces(flat, segments):
+    """{global name: [(start, values)]}: the ranges `flat` (a partition, or
+    its gradient) holds of each param."""
+    flat = flat.detach().reshape(-1)
+    return {seg.name: [(seg.start, flat[seg.offset:seg.offset + seg.length].clone())]
+            for seg in segments if seg.length}
 
 
 def _build(stage, bf16):
@@ -66,8 +79,7 @@ def _build(stage, bf16):
         [{"params": list(model.parameters()), "name": "model"}])
     config = muon.deepspeed.create_deepspeed_config()
     opt = muon.Muon(groups, lr=0.02, ns_dtype="fp32", distributed_config=config)
-    ds_config = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 5.0,
-                 "zero_optimization": {"stage": stage}, "steps_per_print": 10 ** 6}
+    ds_config = _ds_config(stage)
     if bf16:  # the client steps fp32 master partitions of the bf16 model
         ds_config["bf16"] = {"enabled": True}
     engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
@@ -84,18 +96,13 @@ def _train(engine, rank, steps, bf16, before_step=lambda: None):
 
 
 def _final(model, opt, config, stage):
-    """This rank's fp32 values the client stepped, {global name: (shape,
-    start, flat values)}: its ranges (ZeRO-1/2) or its whole params."""
+    """This rank's fp32 values the client stepped, {global name: [(start,
+    flat values)]}: its ranges (ZeRO-1/2) or its whole params."""
     if not stage:
-        return {n: (tuple(t.shape), 0, t.reshape(-1))
-                for n, t in _named_tensors(model, config).items()}
+        return {n: [(0, t.reshape(-1))] for n, t in _named_tensors(model, config).items()}
     final = {}
     for g, group in enumerate(opt.param_groups):
-        flat = group["params"][0].detach().reshape(-1)
-        for seg in config._segments[g]:
-            if seg.length:
-                final[seg.name] = (seg.shape, seg.start,
-                                   flat[seg.offset:seg.offset + seg.length].clone())
+        final.update(_pieces(group["params"][0], config._segments[g]))
     return final
 
 
@@ -103,6 +110,7 @@ def _moe_worker(rank, world, stage, bf16, ckpt_dir):
     _join(rank, world)
     model, opt, config, engine = _build(stage, bf16)
     start = _named_tensors(model, config)
+    names = _names(model, config)
 
     # The gradients DeepSpeed hands the client, by global name and range: one
     # dict per engine step (ZeRO-1/2 call step() once per param group, with
@@ -111,19 +119,11 @@ def _moe_worker(rank, world, stage, bf16, ckpt_dir):
     real_step = opt.step
 
     def recording_step(*args, **kwargs):
-        seen = grads[-1]
         for group in opt.param_groups:
             for p in group["params"]:
                 segments = config.flat_segments("", p) if stage else None
-                if segments is None:
-                    name = _named_tensors_name(model, config, p)
-                    seen[name] = [(0, p.grad.detach().reshape(-1).clone())]
-                    continue
-                flat = p.grad.detach().reshape(-1)
-                for seg in segments:
-                    if seg.length:
-                        seen.setdefault(seg.name, []).append(
-                            (seg.start, flat[seg.offset:seg.offset + seg.length].clone()))
+                grads[-1].update(_pieces(p.grad, segments) if segments is not None else
+                                 {names[id(p)]: [(0, p.grad.detach().reshape(-1).clone())]})
         return real_step(*args, **kwargs)
 
     opt.step = recording_step
@@ -141,24 +141,13 @@ def _moe_worker(rank, world, stage, bf16, ckpt_dir):
     resumed = _final(model2, opt2, config2, stage)
     return {"start": start, "grads": grads, "final": final, "orthogonalized": orthogonalized,
             "resumed_equal": sorted(resumed) == sorted(final) and all(
-                torch.equal(resumed[n][2], final[n][2]) for n in final)}
-
-
-def _named_tensors_name(model, config, p):
-    experts = config._experts
-    for n, q in model.named_parameters():
-        if q is p:
-            return experts.names.get(id(p), n) if experts else n
-    raise AssertionError("a stepped param that is not the model's")
+                torch.equal(resumed[n][0][1], final[n][0][1]) for n in final)}
 
 
 def _assemble(pieces, shape):
     """A whole tensor of `shape` from (start, flat values) pieces covering it;
     pieces of the same range (replicas) must agree bit for bit."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    whole = torch.full((numel,), float("nan"))
+    whole = torch.full((math.prod(shape),), float("nan"))
     for start, values in pieces:
         at = whole[start:start + values.numel()]
         assert torch.isnan(at).all() or torch.equal(at, values), "replicas differ"
@@ -187,16 +176,12 @@ def test_moe_experts_and_dense_params_are_single_process_muon(stage, bf16, tmp_p
     reference = muon.Muon(list(params.values()), lr=0.02, ns_dtype="fp32")
     for step in range(STEPS):
         for n, p in params.items():
-            pieces = []
-            for r in runs:
-                pieces.extend(r["grads"][step].get(n, []))
-            p.grad = _assemble(pieces, shapes[n])
+            p.grad = _assemble([q for r in runs for q in r["grads"][step].get(n, [])], shapes[n])
         reference.step()
 
     worst = 0.0
     for n, want in params.items():
-        pieces = [(r["final"][n][1], r["final"][n][2]) for r in runs if n in r["final"]]
-        got = _assemble(pieces, shapes[n])
+        got = _assemble([p for r in runs for p in r["final"].get(n, [])], shapes[n])
         moved = (want - start[n]).abs().max().item()
         err = (got - want).abs().max().item()
         assert moved > 1e-3, (n, moved)
