@@ -88,8 +88,9 @@ typedef enum muon_ns_coefficients_t {
    * matrix's wide orientation W (m x n, m <= n; a tall matrix's columns) is
    * scaled by 1 / sqrt(max(sum_j |(W W^T)_ij|, eps)) (AOL's bound: spectral
    * norm <= 1, and closer to orthogonal), computed in fp32 products and
-   * double sums, then rounded to ns_dtype. One m x m x n product more than
-   * the division. CPU backend only so far; ns_algorithm STANDARD only; not
+   * double sums, then rounded to ns_dtype. That product W W^T, scaled on
+   * both sides, is the first iteration's gram (as flash-newton-schulz reuses
+   * it): no product more than 4 plain iterations. CPU backend only so far; ns_algorithm STANDARD only; not
    * with MUON_ASSIGNMENT_SPLIT. */
   MUON_NS_COEFFICIENTS_AOL = 6
 } muon_ns_coefficients_t;

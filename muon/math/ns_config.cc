@@ -119,10 +119,9 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps, int cubic_steps)
 double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols) {
   const int cubic = CubicIterations(config);
   if (config.algorithm != NsAlgorithm::kGram || rows == cols || config.steps == 0) {
-    // AOL's pre-scaling forms W W^T once more (2 m^2 n).
-    const double m = static_cast<double>(std::min(rows, cols));
-    const double aol = config.aol ? 2 * m * m * static_cast<double>(std::max(rows, cols)) : 0;
-    return NewtonSchulzFlops(rows, cols, config.steps, cubic) + aol;
+    // AOL's pre-scaling forms W W^T, which its first iteration takes as its
+    // gram (cpu/aol.h): no product more.
+    return NewtonSchulzFlops(rows, cols, config.steps, cubic);
   }
   const double m = static_cast<double>(std::min(rows, cols));
   const double n = static_cast<double>(std::max(rows, cols));

@@ -82,7 +82,7 @@ double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps, int cubic_ste
 // restart and at the end), and per iteration 2 m^3 for Z (none when cubic),
 // 2 m^3 for Q (not at the first or a restart) and 4 m^3 for R (not before
 // a restart or after the last). A square matrix runs the standard one. AOL's
-// pre-scaling adds 2 m^2 n (its W W^T).
+// pre-scaling adds nothing: its W W^T is the first iteration's gram.
 double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols);
 
 // Checks steps in [0, 100), eps > 0 and finite, a non-empty finite table.

@@ -7,6 +7,13 @@
 // orthogonal than the Frobenius division does, so that four iterations of
 // the "aol" schedule do the work of five. For a tall matrix (rows > cols) W
 // is its transpose: its columns are scaled.
+//
+// The product W W^T that the scales need is also, scaled on both sides,
+// the first iteration's gram: diag(s) (W W^T) diag(s) = X X^T for X =
+// diag(s) W. As flash-newton-schulz does, the first iteration takes it from
+// here instead of multiplying again, so AOL costs no product beyond its four
+// iterations' (the gram of X as rounded would differ from it by that
+// rounding only).
 #ifndef MUON_MATH_CPU_AOL_H_
 #define MUON_MATH_CPU_AOL_H_
 
@@ -15,15 +22,15 @@
 namespace muon {
 namespace cpu {
 
-// x (rows x cols, row-major fp32) <- x pre-scaled as above, each value then
-// rounded to `round` (an ew:: type: the Newton-Schulz dtype's precision);
-// with bf16 the input is rounded to bf16 first.
-// `work`: room for AolWorkFloats(rows, cols) floats. The product runs on
-// CBLAS (SYRK) on the caller's threads; the sums of |W W^T| and the scales
-// in double, in a fixed order.
-void AolPrescale(float* x, int64_t rows, int64_t cols, double eps, int round, float* work);
-// m x m floats for W W^T and m doubles for the scales.
-int64_t AolWorkFloats(int64_t rows, int64_t cols);
+// `gram` (m x m, both triangles) holds W W^T of x (rows x cols, row-major
+// fp32) as given: for bf16, of x already rounded to bf16. Then
+//   x    <- diag(s) W (its columns scaled when tall), and
+//   gram <- diag(s) (W W^T) diag(s), the first iteration's gram,
+// each value rounded to `round` (an ew:: type: the Newton-Schulz dtype's
+// precision). The sums of |W W^T|, the scales and the scaled products in
+// double, in a fixed order. `scales`: room for m doubles.
+void AolScale(float* x, int64_t rows, int64_t cols, double eps, int round, float* gram,
+              double* scales);
 
 }  // namespace cpu
 }  // namespace muon

@@ -143,9 +143,13 @@ absl::Status CpuBackend::ReserveFloats(size_t want) {
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
-  if (config.aol) {  // W W^T and the scales, then an fp32 copy of a bf16 matrix
-    MUON_RETURN_IF_ERROR(
-        ReserveFloats(static_cast<size_t>(cpu::AolWorkFloats(rows, cols) + rows * cols)));
+  if (config.aol) {  // W W^T (AolPrescale's), then an fp32 copy of a bf16 matrix
+    const size_t m = static_cast<size_t>(std::min(rows, cols));
+    const size_t elems = static_cast<size_t>(rows * cols);
+    MUON_RETURN_IF_ERROR(ReserveFloats(2 * elems + 2 * m * m));
+    MUON_RETURN_IF_ERROR(Guarded("AOL's scales", [&] {
+      if (aol_scales_.size() < m) aol_scales_.resize(m);
+    }));
   }
   if (UsesGram(config, rows, cols)) {
     MUON_RETURN_IF_ERROR(ReserveFloats(cpu::GramWorkFloats(PlanNewtonSchulz(1, rows, cols))));
@@ -172,7 +176,9 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
   // The fp32 products' engine (their results do not follow the threads).
   MUON_RETURN_IF_ERROR(products_.Choose(threads));
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  if (!native) return products_.Reserve(PlanNewtonSchulz(1, rows, cols));
+  // AOL's pre-scaling runs its W W^T on the fp32 products whatever the dtype.
+  if (!native || config.aol) MUON_RETURN_IF_ERROR(products_.Reserve(PlanNewtonSchulz(1, rows, cols)));
+  if (!native) return absl::OkStatus();
   // The program that runs (a tall matrix transposed to the wide program where
   // the engine prefers it) and every iteration's scalars.
   const bool transpose = rows > cols && native_bf16_->PrefersWide();
@@ -201,8 +207,9 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     for (int64_t k = 0; k < batch.count; ++k) {
       const cpu::CoreSlots slots(threads);
       uint16_t* x = static_cast<uint16_t*>(batch.data) + k * program.x_elems;
-      if (config.aol) AolPrescaleBf16(config, batch.rows, batch.cols, x);
-      MUON_RETURN_IF_ERROR(OrthogonalizeBf16(config, program, x));
+      const float* first_gram =
+          config.aol ? AolPrescaleBf16(config, program, batch.rows, batch.cols, x) : nullptr;
+      MUON_RETURN_IF_ERROR(OrthogonalizeBf16(config, program, x, first_gram));
     }
     return absl::OkStatus();
   }
@@ -211,18 +218,18 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
   for (int64_t k = 0; k < batch.count; ++k) {
     const cpu::CoreSlots slots(threads);
     float* u = static_cast<float*>(batch.data) + k * program.x_elems;
-    if (config.aol) {
-      cpu::AolPrescale(u, batch.rows, batch.cols, config.eps, RoundType(config), work_);
-    }
+    // AOL (not with Gram: ns_config.cc refuses it) hands the first gram on.
+    const float* first_gram =
+        config.aol ? AolPrescale(config, program, batch.rows, batch.cols, u) : nullptr;
     if (gram) {
       Normalize(config, u, program.x_elems);
       cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config));
     } else if (native) {
-      MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u));
+      MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u, first_gram));
     } else if (config.dtype != NsDtype::kFP32) {
-      OrthogonalizeOne(config, program, u);
+      OrthogonalizeOne(config, program, u, first_gram);
     } else {
-      OrthogonalizeFp32(config, program, u);
+      OrthogonalizeFp32(config, program, u, first_gram);
     }
   }
   return absl::OkStatus();
@@ -385,13 +392,28 @@ float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t e
   return DivisorOfSum(config, cpu::SumSquares(x, elems));
 }
 
-void CpuBackend::AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t cols,
-                                 uint16_t* x) {
-  float* copy = work_ + cpu::AolWorkFloats(rows, cols);
-  const int64_t elems = rows * cols;
+float* CpuBackend::AolPrescale(const NsConfig& config, const NsProgram& program, int64_t rows,
+                               int64_t cols, float* x) {
+  // After the program's X' (m x n) and gram (m x m): what every path copies
+  // its first gram from before it writes anything there.
+  float* gram = work_ + program.x_elems + program.gram_elems;
+  // bf16 starts from the bf16 input (as torch's bf16 Newton-Schulz, and as a
+  // bf16 slot holds it); fp16 from the fp32 values (whose range fp16 may
+  // not hold), as its Frobenius division does.
+  if (config.dtype == NsDtype::kBF16) cpu::RoundToBf16(x, program.x_elems);
+  products_.Gram(program, x, gram);
+  cpu::AolScale(x, rows, cols, config.eps, RoundType(config), gram, aol_scales_.data());
+  return gram;
+}
+
+float* CpuBackend::AolPrescaleBf16(const NsConfig& config, const NsProgram& program,
+                                   int64_t rows, int64_t cols, uint16_t* x) {
+  const int64_t elems = program.x_elems;
+  float* copy = work_ + elems + 2 * program.gram_elems;  // after AolPrescale's gram
   cpu::FromBf16(x, elems, copy);
-  cpu::AolPrescale(copy, rows, cols, config.eps, ew::kBF16, work_);
+  float* gram = AolPrescale(config, program, rows, cols, copy);
   cpu::ToBf16(copy, elems, x);  // exact: AolPrescale rounded to bf16
+  return gram;
 }
 
 float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
@@ -405,11 +427,13 @@ float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
 }
 
 absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
-                                                 const NsProgram& program, float* u) {
+                                                 const NsProgram& program, float* u,
+                                                 const float* first_gram) {
   const int64_t elems = program.x_elems, gram = program.gram_elems;
   // bf16 x, x_next, gram, poly: half the floats of the workspace's layout.
   auto* ws = reinterpret_cast<uint16_t*>(work_);
   uint16_t* buffers[4] = {ws, ws + elems, ws + 2 * elems, ws + 2 * elems + gram};
+  if (first_gram != nullptr) cpu::ToBf16(first_gram, gram, buffers[2]);  // exact: bf16 values
   // x = u / norm in bf16: exact in bf16 from here on (u itself is not
   // divided: its memory takes the result at the end).
   // With oneDNN a tall matrix runs as its transpose, the wide program: oneDNN
@@ -436,7 +460,7 @@ absl::Status CpuBackend::OrthogonalizeNativeBf16(const NsConfig& config,
       cpu::DivideToBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
     });
   }
-  MUON_RETURN_IF_ERROR(RunNativeIterations(config, runs, buffers));
+  MUON_RETURN_IF_ERROR(RunNativeIterations(config, runs, buffers, first_gram != nullptr));
   const uint16_t* x = buffers[static_cast<int>(NsBuffer::kX)];
   if (transpose) {
     cpu::TransposeFromBf16(x, m, n, u);
@@ -460,12 +484,15 @@ double CpuBackend::ChunkedSumOfSquares(int threads,
 }
 
 absl::Status CpuBackend::RunNativeIterations(const NsConfig& config, const NsProgram& program,
-                                             uint16_t** buffers) {
+                                             uint16_t** buffers, bool gram_ready) {
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm* g : ProductsFor(program, abc)) {
-      MUON_RETURN_IF_ERROR(native_bf16_->Run(*g, NsScalarValue(g->alpha, abc),
-                                             NsScalarValue(g->beta, abc), buffers));
+    const NsIterationProducts products = ProductsFor(program, abc);
+    // The gram comes first; AOL's first one is in place already.
+    for (auto g = products.begin() + (it == 0 && gram_ready ? 1 : 0); g != products.end(); ++g) {
+      MUON_RETURN_IF_ERROR(native_bf16_->Run(**g, NsScalarValue((*g)->alpha, abc),
+                                             NsScalarValue((*g)->beta, abc), buffers));
+      ++native_products_;
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
@@ -480,13 +507,14 @@ DType CpuBackend::SlotDtype(const NsConfig& config) {
 }
 
 absl::Status CpuBackend::OrthogonalizeBf16(const NsConfig& config, const NsProgram& program,
-                                           uint16_t* u) {
+                                           uint16_t* u, const float* first_gram) {
   const int64_t elems = program.x_elems, gram = program.gram_elems;
   auto* ws = reinterpret_cast<uint16_t*>(work_);
   // X alternates between u and the workspace; starting in the workspace when
   // the iterations are odd leaves the result in u (no copy either way).
   const bool odd = config.steps % 2 == 1;
   uint16_t* buffers[4] = {odd ? ws : u, odd ? u : ws, ws + 2 * elems, ws + 2 * elems + gram};
+  if (first_gram != nullptr) cpu::ToBf16(first_gram, gram, buffers[2]);  // exact: bf16 values
   // u holds bf16 values: what the fp32 path rounds to first.
   const int threads = cpu::ThreadsPerRankHere();
   cpu::SplitIntoChunks(1, [&](size_t) { return elems; }, &ns_chunks_);
@@ -497,13 +525,15 @@ absl::Status CpuBackend::OrthogonalizeBf16(const NsConfig& config, const NsProgr
   cpu::RunChunks(ns_chunks_, threads, [&](const cpu::Chunk& c) {
     cpu::DivideBf16(u + c.begin, c.end - c.begin, norm, x0 + c.begin);
   });
-  return RunNativeIterations(config, program, buffers);
+  return RunNativeIterations(config, program, buffers, first_gram != nullptr);
 }
 
-void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u) {
+void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u,
+                                   const float* first_gram) {
   const int64_t elems = program.x_elems;
   float* gram = work_ + elems;
   float* poly = gram + program.gram_elems;
+  if (first_gram != nullptr) std::copy(first_gram, first_gram + program.gram_elems, gram);
   // X alternates between u and the workspace; starting in the workspace when
   // the iterations are odd leaves the result in u.
   float* x = u;
@@ -522,26 +552,32 @@ void CpuBackend::OrthogonalizeFp32(const NsConfig& config, const NsProgram& prog
     // gram = W W^T; poly = c gram gram + b gram + a I (a cubic iteration,
     // c == 0, skips the product): b gram and a X folded into the one
     // product of the update, W' = poly W.
-    products_.Gram(program, x, gram);
+    if (it > 0 || first_gram == nullptr) products_.Gram(program, x, gram);
     products_.Polynomial(program.m, gram, a, b, c, poly);
     products_.TimesW(program, poly, x, x_next);
     std::swap(x, x_next);
   }
 }
 
-void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u) {
+void CpuBackend::OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u,
+                                  const float* first_gram) {
   const int round = RoundType(config);
   const int64_t elems = program.x_elems;
   // X is the matrix itself (it is the caller's working copy), X' the
   // workspace: one m x n buffer less than a copy would take.
   float* buffers[4] = {u, work_, work_ + elems, work_ + elems + program.gram_elems};
+  if (first_gram != nullptr) std::copy(first_gram, first_gram + program.gram_elems, buffers[2]);
   float* x = u;
   Normalize(config, x, elems);
 
   // No transpose: the program reads either orientation as stored.
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    for (const NsGemm* g : ProductsFor(program, abc)) RunGemm(*g, abc, buffers, round);
+    const NsIterationProducts products = ProductsFor(program, abc);
+    for (auto g = products.begin() + (it == 0 && first_gram != nullptr ? 1 : 0);
+         g != products.end(); ++g) {
+      RunGemm(**g, abc, buffers, round);
+    }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
   x = buffers[static_cast<int>(NsBuffer::kX)];

@@ -70,6 +70,9 @@ class CpuBackend final : public MathBackend {
   // The engine of the fp32 products (f32_products.h) as the last
   // Orthogonalize or Reserve chose it: "avx512" or "openblas".
   const char* Fp32EngineName() const { return cpu::Fp32EngineName(products_.engine()); }
+  // The matrix products Newton-Schulz has run so far, fp32 and native bf16
+  // (a cubic iteration's polynomial, c = 0, runs none). A test counts them.
+  int64_t ProductsRun() const { return products_.products_run() + native_products_; }
 
  private:
   static void Normalize(const NsConfig& config, float* x, int64_t elems);
@@ -78,29 +81,42 @@ class CpuBackend final : public MathBackend {
   static float NormalizingDivisor(const NsConfig& config, float* x, int64_t elems);
   // The same from the sum of x's squares (of x rounded to bf16 when bf16).
   static float DivisorOfSum(const NsConfig& config, double sum_of_squares);
+  // Each path below takes `first_gram`, AOL's (AolPrescale), or nullptr: it
+  // copies it into its gram buffer before writing anything, and its first
+  // iteration runs no gram product.
   absl::Status OrthogonalizeNativeBf16(const NsConfig& config, const NsProgram& program,
-                                       float* u);
+                                       float* u, const float* first_gram);
   // The same on a bf16 matrix, in place (the SlotDtype kBF16 path).
-  absl::Status OrthogonalizeBf16(const NsConfig& config, const NsProgram& program, uint16_t* u);
+  absl::Status OrthogonalizeBf16(const NsConfig& config, const NsProgram& program, uint16_t* u,
+                                 const float* first_gram);
   // The sum of squares of the matrix ns_chunks_ splits (one range): each
   // chunk's `sum` on the rank's threads, the chunks' sums added in order, so
   // the result does not depend on the threads (a matrix of one chunk, 64 Ki
   // elements or fewer, is cpu::SumSquares's order exactly).
   double ChunkedSumOfSquares(int threads, absl::FunctionRef<double(const cpu::Chunk&)> sum);
-  // The program's iterations on the native products, X and X' swapping.
+  // The program's iterations on the native products, X and X' swapping;
+  // with `gram_ready` the first iteration's gram is in its buffer already.
   absl::Status RunNativeIterations(const NsConfig& config, const NsProgram& program,
-                                   uint16_t** buffers);
+                                   uint16_t** buffers, bool gram_ready);
   // One matrix through the program (muon/math/ns_program.h) in place: fp32
   // products rounded to bf16 after each (the emulated bf16).
-  void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u);
+  void OrthogonalizeOne(const NsConfig& config, const NsProgram& program, float* u,
+                        const float* first_gram);
   // The same in fp32 (Fp32Products' Gram, Polynomial, TimesW): one triangle
   // of the symmetric products computed, the polynomial with b * gram and
   // a * I folded in so that the update is one product without copies, and
   // the last iteration's result written into u itself.
-  void OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u);
-  // AOL's pre-scaling (cpu/aol.h) of a bf16 matrix, through an fp32 copy in
-  // the workspace.
-  void AolPrescaleBf16(const NsConfig& config, int64_t rows, int64_t cols, uint16_t* x);
+  void OrthogonalizeFp32(const NsConfig& config, const NsProgram& program, float* u,
+                         const float* first_gram);
+  // AOL's pre-scaling (cpu/aol.h) of x in place: W W^T on the fp32 products,
+  // then the scales. Returns the first iteration's gram, in the workspace
+  // after the program's X' and gram (where the poly goes: no path writes
+  // there before it copies the gram out).
+  float* AolPrescale(const NsConfig& config, const NsProgram& program, int64_t rows,
+                     int64_t cols, float* x);
+  // The same on a bf16 matrix, through an fp32 copy in the workspace.
+  float* AolPrescaleBf16(const NsConfig& config, const NsProgram& program, int64_t rows,
+                         int64_t cols, uint16_t* x);
   void ReleaseWork();
   // One product of the program on the fp32 products' engine; D is then
   // rounded to `round` (an ew:: type).
@@ -125,6 +141,8 @@ class CpuBackend final : public MathBackend {
   Fp32Products products_{&source_};  // the fp32 ones (f32_products.h)
   float* work_ = nullptr;
   size_t work_floats_ = 0;
+  int64_t native_products_ = 0;    // ProductsRun's native bf16 share
+  std::vector<double> aol_scales_;  // AolPrescale's, sized by Reserve
   // Element-wise work split for the rank's threads (kept: no allocation per
   // step): Momentum's and Apply's, and Orthogonalize's.
   std::vector<cpu::Chunk> chunks_, ns_chunks_;

@@ -158,6 +158,41 @@ TEST_P(NsShapes, AolMatchesItsDefinitionInDouble) {
   EXPECT_LT(MaxRelErr(got, want), 0.1);
 }
 
+// AOL's pre-scaling forms W W^T, which is also, scaled on both sides, the
+// first iteration's gram: it is reused (as flash-newton-schulz does), so
+// AOL's 4 iterations run as many products as 4 plain ones (an extra gram
+// product otherwise), in every dtype, on every engine this CPU runs, wide
+// and tall.
+TEST(CpuBackend, AolRunsNoProductBeyondItsIterations) {
+  for (const Shape s : {Shape{40, 96}, Shape{96, 40}, Shape{48, 48}}) {
+    for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
+      for (bool native : {false, true}) {
+        NsConfig aol;
+        aol.coefficients = ScheduleCoefficients(NsSchedule::kAol);
+        aol.steps = 4;
+        aol.aol = true;
+        aol.dtype = dtype;
+        NsConfig plain = aol;
+        plain.aol = false;
+        CpuBackend be;
+        be.AllowNativeBf16(native);
+        const auto u = RandomNormal(s.rows * s.cols, 12);
+        int64_t products[2] = {0, 0};
+        for (int k = 0; k < 2; ++k) {
+          std::vector<float> x = u;
+          const int64_t before = be.ProductsRun();
+          ASSERT_TRUE(be.Orthogonalize(k == 0 ? plain : aol, {x.data(), 1, s.rows, s.cols}).ok());
+          products[k] = be.ProductsRun() - before;
+        }
+        EXPECT_EQ(products[0], 12) << s.rows << "x" << s.cols;  // 3 products x 4
+        EXPECT_EQ(products[1], products[0])
+            << s.rows << "x" << s.cols << " dtype " << static_cast<int>(dtype) << " native "
+            << native << " (" << be.Bf16EngineName() << ")";
+      }
+    }
+  }
+}
+
 TEST_P(NsShapes, Bf16StaysBf16AndNearReference) {
   const Shape s = GetParam();
   NsConfig cfg;  // bf16 by default

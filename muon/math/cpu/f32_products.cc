@@ -79,6 +79,7 @@ void Fp32Products::Run(const NsGemm& g, float alpha, float beta, const float* a,
   const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
   const int lda = static_cast<int>(g.a.ld), ldb = static_cast<int>(g.b.ld),
             ldd = static_cast<int>(g.d.ld);
+  ++products_run_;
   if (engine_ == cpu::Fp32Engine::kAvx512) {
     cpu::F32Product p = g.symmetric
                             ? SymmetricProduct(g.trans_a, g.m, g.k, a, g.a.ld)
@@ -105,6 +106,7 @@ void Fp32Products::Gram(const NsProgram& program, const float* x, float* gram) {
   // As stored, X is W^T (n x m, leading dimension n) when wide, W (m x n,
   // leading dimension m) when tall.
   const int64_t ld_x = program.tall ? program.m : program.n;
+  ++products_run_;
   if (engine_ == cpu::Fp32Engine::kAvx512) {
     cpu::F32Product p = SymmetricProduct(!program.tall, program.m, program.n, x, ld_x);
     p.out = gram;
@@ -118,6 +120,7 @@ void Fp32Products::Gram(const NsProgram& program, const float* x, float* gram) {
 
 void Fp32Products::Polynomial(int64_t m, const float* gram, float a, float b, float c,
                               float* poly) {
+  if (c != 0.0f) ++products_run_;
   if (engine_ == cpu::Fp32Engine::kAvx512) {
     // Both triangles (TimesW reads them): c gram gram + b gram in one pass.
     bool done = false;
@@ -152,6 +155,7 @@ void Fp32Products::Polynomial(int64_t m, const float* gram, float a, float b, fl
 
 void Fp32Products::TimesW(const NsProgram& program, const float* poly, const float* x,
                           float* out) {
+  ++products_run_;
   if (engine_ == cpu::Fp32Engine::kAvx512) {
     cpu::F32Product p = UpdateProduct(program, poly, x);
     p.out = out;

@@ -38,6 +38,9 @@ class Fp32Products {
   // names no engine this CPU runs; the engine is then OpenBLAS.
   absl::Status Choose(int threads);
   cpu::Fp32Engine engine() const { return engine_; }
+  // The products run so far, on either engine (Polynomial with c = 0 runs
+  // none).
+  int64_t products_run() const { return products_run_; }
 
   // Sizes the kernel's working memory for the products of `program` so that
   // they allocate nothing; nothing on OpenBLAS. Fails with ResourceExhausted
@@ -66,6 +69,7 @@ class Fp32Products {
   GrowingBlock workspace_;
   cpu::Fp32Engine engine_ = cpu::Fp32Engine::kOpenBlas;
   int threads_ = 1;
+  int64_t products_run_ = 0;
 };
 
 }  // namespace muon

@@ -261,8 +261,8 @@ TEST(NativeBf16, NewtonSchulzMatchesReferenceAndEmulation) {
 
 // Where the backend takes bf16 matrices (SlotDtype: libmuon's kernels), a bf16
 // batch gives bit for bit the fp32 batch's result: odd and even iteration
-// counts (the result lands in the matrix's own memory either way), wide and
-// tall, several matrices in one batch.
+// counts (the result lands in the matrix's own memory either way), cubic5
+// and AOL, wide and tall, several matrices in one batch.
 TEST(NativeBf16, Bf16BatchesEqualFp32Batches) {
   if (Engines(false).empty()) {
     GTEST_SKIP() << "this CPU (features: " << cpu::FeatureNames(cpu::Features())
@@ -278,10 +278,15 @@ TEST(NativeBf16, Bf16BatchesEqualFp32Batches) {
   EXPECT_EQ(probe.SlotDtype(fp32_config), DType::kF32);
   const Shape shapes[] = {{96, 160}, {160, 96}, {33, 65}, {300, 7}};
   for (const Shape& s : shapes) {
-    for (int steps : {5, 4, 1, 0, -5}) {  // -5: the cubic5 schedule
+    // -5: the cubic5 schedule; -4: AOL's (its first gram from the pre-scaling)
+    for (int steps : {5, 4, 1, 0, -5, -4}) {
       NsConfig cfg;
       cfg.steps = steps < 0 ? -steps : steps;
-      if (steps < 0) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+      if (steps == -5) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+      if (steps == -4) {
+        cfg.coefficients = ScheduleCoefficients(NsSchedule::kAol);
+        cfg.aol = true;
+      }
       std::vector<float> u = RandomNormal(2 * s.rows * s.cols, 13);
       std::vector<uint16_t> bits(u.size());
       for (size_t i = 0; i < u.size(); ++i) bits[i] = FloatToBf16Bits(u[i]);
