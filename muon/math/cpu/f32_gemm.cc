@@ -40,6 +40,8 @@ constexpr int64_t kDepth = 256;
 // Products of at most this many multiply-adds run on one thread (a team's
 // wake-up costs about what a second thread saves there).
 constexpr int64_t kSmallProduct = int64_t{1} << 23;
+// Rows ahead that a block's stores prefetch their lines.
+constexpr int64_t kStoreAhead = 8;
 
 int64_t RoundUp(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 size_t Align64(size_t v) { return (v + 63) / 64 * 64; }
@@ -237,22 +239,38 @@ struct PackedOperand {
   }
 };
 
+// An output block: its first row and column and its extent (multiples of
+// 16).
+struct BlockSpan {
+  int64_t i0, j0, rb, cb;
+};
+
 // The sums of block (i0, j0) (rb x cb, multiples of 16) into acc: k chunk
 // by chunk, 48 columns (a micro panel of right) at a time, 8 rows at a time
 // (16 when the panel is 16 wide: 16 sums in flight, not 8, to cover the
 // FMA's latency). On the diagonal, micro tiles wholly below it are skipped.
 // While a micro panel computes, its tiles prefetch the next micro panel and
-// a share of the block's left part of the next chunk.
-MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& right, int64_t i0,
-                            int64_t j0, int64_t rb, int64_t cb, bool diagonal, float* acc) {
+// a share of the block's left part of the next chunk; in the last chunk,
+// those of the first chunk of `following` (the block this thread computes
+// next, when known).
+MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& right,
+                            const BlockSpan& block, bool diagonal, const BlockSpan* following,
+                            float* acc) {
+  const int64_t i0 = block.i0, j0 = block.j0, rb = block.rb, cb = block.cb;
   const int64_t k = left.k;
   const int64_t steps = (cb + 47) / 48;  // micro panels per chunk
   for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
     const int64_t depth = ChunkDepth(k, k0), stride = depth * kPanel;
     const bool first = k0 == 0;
     const int64_t next = k0 + kDepth;  // the next chunk, when < k
-    // The block's part of the next chunk's left operand.
-    const Lines left_next = next < k ? left.Run(i0 / kPanel, next, rb / kPanel) : Lines{};
+    // The block's part of the next chunk's left operand (or the following
+    // block's part of the first).
+    Lines left_next;
+    if (next < k) {
+      left_next = left.Run(i0 / kPanel, next, rb / kPanel);
+    } else if (following != nullptr) {
+      left_next = left.Run(following->i0 / kPanel, 0, following->rb / kPanel);
+    }
     for (int64_t j = 0; j < cb; j += 48) {
       const int64_t groups = std::min<int64_t>(3, (cb - j) / kPanel);
       const int64_t rows = groups == 1 ? 16 : 8;
@@ -265,6 +283,9 @@ MUON_AVX512F void BlockSums(const PackedOperand& left, const PackedOperand& righ
             right.Run((j0 + j + 48) / kPanel, k0, std::min<int64_t>(3, (cb - j - 48) / kPanel));
       } else if (next < k) {
         right_next = right.Run(j0 / kPanel, next, std::min<int64_t>(3, cb / kPanel));
+      } else if (following != nullptr) {
+        right_next =
+            right.Run(following->j0 / kPanel, 0, std::min<int64_t>(3, following->cb / kPanel));
       }
       const Lines left_share = left_next.Share(steps, j / 48);
       const int64_t tiles = (diagonal ? std::min(rb, j + groups * kPanel) : rb) / rows;
@@ -293,10 +314,18 @@ MUON_AVX512F void Store(const F32Product& p, int64_t i0, int64_t j0, int64_t rb,
   const __m512 beta = _mm512_set1_ps(p.beta);
   const bool with_c = p.beta != 0.0f;
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (int64_t i = 0; i < std::min(rb, p.rows - i0); ++i) {
+  const int64_t rows_here = std::min(rb, p.rows - i0), cols_here = std::min(cb, p.cols - j0);
+  for (int64_t i = 0; i < rows_here; ++i) {
     const int64_t row = i0 + i;
-    for (int64_t j = diagonal ? i / kPanel * kPanel : 0; j < std::min(cb, p.cols - j0);
-         j += kPanel) {
+    // The lines of the row kStoreAhead on into L1 (from L3 a store waits for
+    // its line; a few rows of them in flight keep the stores going).
+    if (i + kStoreAhead < rows_here) {
+      const char* line = reinterpret_cast<const char*>(p.out + (row + kStoreAhead) * p.ld_out + j0);
+      for (int64_t q = 0; q < (cols_here + kPanel - 1) / kPanel; ++q) {
+        _mm_prefetch(line + 64 * q, _MM_HINT_T0);
+      }
+    }
+    for (int64_t j = diagonal ? i / kPanel * kPanel : 0; j < cols_here; j += kPanel) {
       const int64_t col = j0 + j;
       __mmask16 mask = Mask16(p.cols - col);
       if (diagonal && col < row + 1) {
@@ -379,6 +408,18 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
   const bool small = p.rows * p.cols * p.k <= kSmallProduct;
   const int team =
       small ? 1 : static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, computed)));
+  auto span_of = [&](int64_t b) {
+    const int64_t i0 = b / g.blocks_across * g.block, j0 = b % g.blocks_across * g.block;
+    return BlockSpan{i0, j0, std::min(g.block, g.rows_p - i0), std::min(g.block, g.cols_p - j0)};
+  };
+  // The block after b that is computed (a symmetric product skips those
+  // below the diagonal), or blocks_total.
+  auto computed_after = [&](int64_t b) {
+    for (++b; b < blocks_total; ++b) {
+      if (!p.symmetric || b % g.blocks_across >= b / g.blocks_across) break;
+    }
+    return b;
+  };
 #pragma omp parallel num_threads(team)
   {
     float* acc = blocks + static_cast<size_t>(omp_get_thread_num()) * (kBlock * kBlock);
@@ -394,11 +435,14 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
     for (int64_t b = 0; b < blocks_total; ++b) {
       const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
       if (p.symmetric && bj < bi) continue;
-      const int64_t i0 = bi * g.block, j0 = bj * g.block;
-      const int64_t rb = std::min(g.block, g.rows_p - i0), cb = std::min(g.block, g.cols_p - j0);
+      const BlockSpan span = span_of(b);
+      const int64_t i0 = span.i0, j0 = span.j0, rb = span.rb, cb = span.cb;
       const bool diagonal = p.symmetric && i0 == j0;
-      BlockSums({left_panels, left.panels, p.k}, {right_panels, right.panels, p.k}, i0, j0, rb,
-                cb, diagonal, acc);
+      // One thread takes the blocks in order: the next one is known.
+      const int64_t after = team == 1 ? computed_after(b) : blocks_total;
+      const BlockSpan following = after < blocks_total ? span_of(after) : BlockSpan{};
+      BlockSums({left_panels, left.panels, p.k}, {right_panels, right.panels, p.k}, span,
+                diagonal, after < blocks_total ? &following : nullptr, acc);
       Store(p, i0, j0, rb, cb, diagonal, acc);
       if (p.symmetric) Mirror(p, i0, j0, g.block);
     }

@@ -19,8 +19,10 @@
 // columns of sums in 24 registers per step (VFMADD231PS with a broadcast
 // left element), each step prefetching into L2 the data of the steps after
 // it (from L3 the hardware prefetchers fell behind: 77% of the FMA peak at
-// k = 4096 against 90% at 1024, measured on an Intel Xeon core); each block
-// is then scaled, added to beta C and stored. A
+// k = 4096 against 90% at 1024, measured on an Intel Xeon core; on one
+// thread, whose next block is known, the last chunk of a block prefetches
+// the next block's first); each block is then scaled, added to beta C and
+// stored, each row's stores prefetching the lines of a row further on. A
 // symmetric product computes only the blocks on and above the diagonal and
 // mirrors them, so its result is exactly symmetric; its two operands (Y and
 // Y^T, one matrix read two ways) are packed once.
