@@ -211,7 +211,7 @@ def bf16_table(shapes, reps, engines):
 def schedules_table(shapes, reps, dtype):
     """Newton-Schulz schedules against torch's 5-step quintic, both libmuon's,
     in one run: cubic5 runs two products an iteration instead of three; aol
-    four iterations after its pre-scaling (one W W^T product)."""
+    four iterations after its pre-scaling (whose W W^T is the first gram)."""
     print("\n## Newton-Schulz schedules, %s (median ms; libmuon on its %s engine)\n"
           % (dtype, "bf16" if dtype == "bf16" else "fp32"))
     runs = [("quintic x5", (A, B, C), 5), ("cubic5", "cubic5", 5), ("cans", "cans", 5),
