@@ -123,7 +123,7 @@ def interleaved(fns, reps):
 def ns_table(shapes, reps):
     print("\n## Newton-Schulz, fp32 (5 iterations; median ms; GFLOP/s counting 4m^2n + 2m^3)\n")
     print("libmuon on the fp32 engine it chooses (MUON_CPU_FP32 unset: its AVX-512 kernel where "
-          "the CPU has AVX-512 and OpenBLAS's core does not use it) and on OpenBLAS "
+          "the CPU has AVX-512) and on OpenBLAS "
           "(MUON_CPU_FP32=openblas).\n")
     print("| shape | libmuon ms | libmuon on OpenBLAS ms | numpy ms | torch fp32 ms | "
           "libmuon GFLOP/s | vs numpy | vs torch |")

@@ -1,6 +1,5 @@
 #include "muon/math/cpu/cpu_features.h"
 
-#include <strings.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -213,20 +212,12 @@ const char* Fp32EngineName(Fp32Engine engine) {
   return engine == Fp32Engine::kAvx512 ? "avx512" : "openblas";
 }
 
-bool OpenBlasCoreHasAvx512(const char* core) {
-  if (core == nullptr) return false;
-  for (const char* name : {"skylakex", "cooperlake", "sapphirerapids"}) {
-    if (strcasecmp(core, name) == 0) return true;
-  }
-  return false;
-}
-
-absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request,
-                                            const char* openblas_core) {
+absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request) {
   const bool avx512 = (features & kFeatureAvx512) != 0;
   if (request == nullptr || request[0] == '\0' || std::strcmp(request, "auto") == 0) {
-    return avx512 && !OpenBlasCoreHasAvx512(openblas_core) ? Fp32Engine::kAvx512
-                                                           : Fp32Engine::kOpenBlas;
+    // The kernel also where OpenBLAS runs its own AVX-512 kernels: 1.05-1.2x
+    // their rate in tiles, and symmetric products (BENCHMARKS.md).
+    return avx512 ? Fp32Engine::kAvx512 : Fp32Engine::kOpenBlas;
   }
   if (std::strcmp(request, "openblas") == 0) return Fp32Engine::kOpenBlas;
   if (std::strcmp(request, "avx512") == 0) {

@@ -16,8 +16,7 @@
 //     Intel's CPUs without AMX, Cooper Lake or Sapphire Rapids with AMX off).
 //     oneDNN's matmul only on request.
 //   - fp32 products (ChooseFp32Engine): libmuon's AVX-512 kernel
-//     (f32_gemm.h) where the CPU has AVX-512 and OpenBLAS runs kernels
-//     without it (OPENBLAS_CORETYPE=Haswell, or a core it does not know);
+//     (f32_gemm.h) where the CPU has AVX-512, whatever OpenBLAS's core;
 //     else OpenBLAS.
 //   - the element-wise loops (cpu_kernels.h): the AVX-512, AVX2 or baseline
 //     build of each loop (x86-64-v4, -v3, default); all compute the same bits.
@@ -117,16 +116,13 @@ enum class Fp32Engine {
 };
 const char* Fp32EngineName(Fp32Engine engine);  // "openblas", "avx512"
 
-// Whether OpenBLAS's core (openblas_get_corename(): "Haswell", "SkylakeX",
-// ...) runs AVX-512 kernels: SkylakeX, Cooperlake, SapphireRapids.
-bool OpenBlasCoreHasAvx512(const char* core);
-
-// The choice for a CPU with `features` whose OpenBLAS runs `openblas_core`.
+// The choice for a CPU with `features`.
 // `request` is MUON_CPU_FP32's value: "auto" or unset, libmuon's kernel where
-// the CPU has AVX-512 and OpenBLAS's core does not use it, else OpenBLAS;
+// the CPU has AVX-512 (also where OpenBLAS's core runs its own AVX-512
+// kernels: one thread per call in tiles, they run at 0.85-0.98x their own
+// rate, and the kernel beats them by 1.05-1.2x), else OpenBLAS;
 // "avx512" or "openblas", that one, or an error naming the missing feature.
-absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request,
-                                            const char* openblas_core);
+absl::StatusOr<Fp32Engine> ChooseFp32Engine(uint32_t features, const char* request);
 
 }  // namespace cpu
 }  // namespace muon

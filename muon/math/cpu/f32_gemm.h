@@ -7,9 +7,12 @@
 // OpenBLAS builds miscompute on some processors, or an OpenBLAS that does not
 // know the CPU), its products run at half the CPU's fp32 rate: measured on an
 // AMD Zen 5 core, OpenBLAS 0.3.21 (Haswell kernels) 120 GFLOP/s, this kernel
-// 230 (BENCHMARKS.md). oneDNN's sgemm is as fast but splits a product's sums
-// by its thread count (its results change with the threads; libmuon's must
-// not) and has no symmetric product.
+// 230 (BENCHMARKS.md). Where OpenBLAS runs its own AVX-512 kernels, they run
+// one thread per call in tiles (for the same bits at any thread count) and
+// fp32 Newton-Schulz on them took 1.05-1.2x the kernel's time (an Intel
+// Xeon, 1 and 2 threads). oneDNN's sgemm is as fast but splits a product's
+// sums by its thread count (its results change with the threads; libmuon's
+// must not) and has no symmetric product.
 //
 // How: both operands are packed into panels of 16 (rows of the left, columns
 // of the right), each panel k rows of 16 floats, zero-padded to a multiple

@@ -1,6 +1,5 @@
 #include "muon/math/cpu/f32_products.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -50,8 +49,8 @@ cpu::F32Product UpdateProduct(const NsProgram& program, const float* s, const fl
 
 absl::Status Fp32Products::Choose(int threads) {
   threads_ = std::max(threads, 1);
-  absl::StatusOr<cpu::Fp32Engine> engine = cpu::ChooseFp32Engine(
-      cpu::Features(), std::getenv("MUON_CPU_FP32"), openblas_get_corename());
+  absl::StatusOr<cpu::Fp32Engine> engine =
+      cpu::ChooseFp32Engine(cpu::Features(), std::getenv("MUON_CPU_FP32"));
   engine_ = engine.ok() ? *engine : cpu::Fp32Engine::kOpenBlas;
   return engine.status();
 }

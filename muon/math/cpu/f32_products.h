@@ -33,7 +33,7 @@ class Fp32Products {
   explicit Fp32Products(const MemorySource* source)
       : workspace_(source, "the fp32 products' packed operands") {}
 
-  // Picks the engine (Features(), MUON_CPU_FP32, OpenBLAS's core) and the
+  // Picks the engine (Features(), MUON_CPU_FP32) and the
   // threads products run on. Fails, naming the setting, when MUON_CPU_FP32
   // names no engine this CPU runs; the engine is then OpenBLAS.
   absl::Status Choose(int threads);
