@@ -90,8 +90,9 @@ typedef enum muon_ns_coefficients_t {
    * norm <= 1, and closer to orthogonal), computed in fp32 products and
    * double sums, then rounded to ns_dtype. That product W W^T, scaled on
    * both sides, is the first iteration's gram (as flash-newton-schulz reuses
-   * it): no product more than 4 plain iterations. CPU backend only so far; ns_algorithm STANDARD only; not
-   * with MUON_ASSIGNMENT_SPLIT. */
+   * it): no product more than 4 plain iterations. CPU backend only so far;
+   * ns_algorithm STANDARD only. Under MUON_ASSIGNMENT_SPLIT the members sum
+   * their blocks' shares of W W^T (one sum, in place of the norm's). */
   MUON_NS_COEFFICIENTS_AOL = 6
 } muon_ns_coefficients_t;
 

@@ -56,12 +56,6 @@ absl::Status ValidateOptions(const Options& o) {
         "in bf16 or fp32 only; use MUON_ASSIGNMENT_BALANCED with ns_dtype FP16 or "
         "ns_algorithm GRAM");
   }
-  if (o.ns.aol && o.dist.assignment == Assignment::kSplit) {
-    return absl::InvalidArgumentError(
-        "assignment: MUON_ASSIGNMENT_SPLIT's split Newton-Schulz divides by the Frobenius norm; "
-        "the AOL schedule's pre-scaling needs the whole matrix at one owner: use "
-        "MUON_ASSIGNMENT_BALANCED with ns_coefficients AOL");
-  }
   if (o.normuon && o.dist.assignment == Assignment::kSplit) {
     return absl::InvalidArgumentError(
         "normuon: MUON_ASSIGNMENT_SPLIT orthogonalizes a matrix over several ranks, and "

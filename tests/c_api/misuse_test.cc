@@ -693,12 +693,6 @@ std::vector<Case> Cases() {
         o.ns_steps = 4;
         o.ns_algorithm = MUON_NS_GRAM;
       }));
-  add("create_aol_split", E, IA, {"MUON_ASSIGNMENT_SPLIT", "AOL", "MUON_ASSIGNMENT_BALANCED"},
-      CreateWith([](muon_options_t& o) {
-        o.ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
-        o.ns_steps = 4;
-        o.assignment = MUON_ASSIGNMENT_SPLIT;
-      }));
   add("create_deepseek_v4_with_5_steps", E, IA,
       {"options->ns_steps is 5", "DEEPSEEK_V4 is a 10-iteration schedule", "ns_steps = 10"},
       CreateWith([](muon_options_t& o) { o.ns_coefficients = MUON_NS_COEFFICIENTS_DEEPSEEK_V4; }));

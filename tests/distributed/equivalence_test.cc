@@ -548,6 +548,24 @@ TEST(Split, AMatrixOrthogonalizedByFourRanksMatchesOneProcess) {
   ExpectSplitClose(tall, cfg, 1e-5, 4);
 }
 
+// AOL over the members: the whole's W W^T summed from the blocks' shares
+// gives the scales and the first gram, as one process's whole matrix.
+TEST(Split, AolOverFourRanksMatchesOneProcess) {
+  const Case c = SplitCase();
+  RunConfig cfg;
+  cfg.steps = 4;
+  cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+  cfg.variant = [](muon_options_t* o) {
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+    o->ns_steps = 4;
+  };
+  ExpectSplitClose(c, cfg, 1e-5, 4);
+  Case tall = c;
+  tall.name = "split_tall_aol";
+  tall.model[0].shape = {96, 16};
+  ExpectSplitClose(tall, cfg, 1e-5, 4);
+}
+
 TEST(Split, Bf16RoundsAsOneProcessOnTheEmulatedProducts) {
   // One process on the emulated bf16 products, the split's rounding.
   setenv("MUON_CPU_NATIVE_BF16", "0", 1);

@@ -8,9 +8,8 @@
 namespace muon {
 namespace cpu {
 
-void AolScale(float* x, int64_t rows, int64_t cols, double eps, int round, float* gram,
-              double* scales) {
-  const bool tall = rows > cols;
+void AolScale(float* x, int64_t rows, int64_t cols, bool tall, double eps, int round,
+              float* gram, double* scales) {
   const int64_t m = tall ? cols : rows;
   if (rows == 0 || cols == 0) return;
   // Row i of the symmetric gram read as its column i (contiguous).

@@ -23,14 +23,17 @@ namespace muon {
 namespace cpu {
 
 // `gram` (m x m, both triangles) holds W W^T of x (rows x cols, row-major
-// fp32) as given: for bf16, of x already rounded to bf16. Then
+// fp32) as given: for bf16, of x already rounded to bf16. x is W (m = rows)
+// or, when `tall`, W^T (m = cols); a split Newton-Schulz block (rows x cols
+// may then be either way round) is part of W's columns, and `gram` the
+// whole's W W^T. Then
 //   x    <- diag(s) W (its columns scaled when tall), and
 //   gram <- diag(s) (W W^T) diag(s), the first iteration's gram,
 // each value rounded to `round` (an ew:: type: the Newton-Schulz dtype's
 // precision). The sums of |W W^T|, the scales and the scaled products in
 // double, in a fixed order. `scales`: room for m doubles.
-void AolScale(float* x, int64_t rows, int64_t cols, double eps, int round, float* gram,
-              double* scales);
+void AolScale(float* x, int64_t rows, int64_t cols, bool tall, double eps, int round,
+              float* gram, double* scales);
 
 }  // namespace cpu
 }  // namespace muon

@@ -299,29 +299,53 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
   const bool bf16 = config.dtype == NsDtype::kBF16;
   float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
   float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
-  // The whole's norm: this block's squares (of its bf16 values when bf16),
-  // summed over the members.
-  double squares = 0.0;
+  const NsGemm& gram_product = program.iteration[0];
   {
     const cpu::CoreSlots slots(threads);
     if (bf16) cpu::RoundToBf16(block.data, elems);
-    squares = cpu::SumSquares(block.data, elems);
   }
-  MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
-  {
-    const cpu::CoreSlots slots(threads);
-    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
-  }
-  const NsGemm& gram_product = program.iteration[0];
-  for (int it = 0; it < config.steps; ++it) {
-    const NsCoefficients& abc = config.ForIteration(it);
+  if (config.aol) {
+    // AOL (cpu/aol.h): the whole's W W^T, this block's share summed over the
+    // members, gives the scales; scaled, it is the first iteration's gram.
+    if (aol_scales_.size() < static_cast<size_t>(block.m)) {
+      MUON_RETURN_IF_ERROR(Guarded("AOL's scales", [&] {
+        aol_scales_.resize(static_cast<size_t>(block.m));
+      }));
+    }
     {
       const cpu::CoreSlots slots(threads);
-      RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
+      RunGemm(gram_product, config.ForIteration(0), buffers, ew::kF32);
     }
     MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
     const cpu::CoreSlots slots(threads);
-    if (bf16) cpu::RoundToBf16(gram, gram_elems);
+    // Row-major, the block is m x width (W's rows) or, tall, width x m.
+    cpu::AolScale(block.data, block.tall ? block.width : block.m,
+                  block.tall ? block.m : block.width, block.tall, config.eps,
+                  bf16 ? ew::kBF16 : ew::kF32, gram, aol_scales_.data());
+  } else {
+    // The whole's norm: this block's squares (of its bf16 values when bf16),
+    // summed over the members.
+    double squares = 0.0;
+    {
+      const cpu::CoreSlots slots(threads);
+      squares = cpu::SumSquares(block.data, elems);
+    }
+    MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
+    const cpu::CoreSlots slots(threads);
+    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
+  }
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    if (it > 0 || !config.aol) {  // AOL's first gram is in place already
+      {
+        const cpu::CoreSlots slots(threads);
+        RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
+      }
+      MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
+      const cpu::CoreSlots slots(threads);
+      if (bf16) cpu::RoundToBf16(gram, gram_elems);
+    }
+    const cpu::CoreSlots slots(threads);
     const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
     for (auto g = products.begin() + 1; g != products.end(); ++g) {
       RunGemm(**g, abc, buffers, bf16 ? ew::kBF16 : ew::kF32);
@@ -402,7 +426,8 @@ float* CpuBackend::AolPrescale(const NsConfig& config, const NsProgram& program,
   // not hold), as its Frobenius division does.
   if (config.dtype == NsDtype::kBF16) cpu::RoundToBf16(x, program.x_elems);
   products_.Gram(program, x, gram);
-  cpu::AolScale(x, rows, cols, config.eps, RoundType(config), gram, aol_scales_.data());
+  cpu::AolScale(x, rows, cols, rows > cols, config.eps, RoundType(config), gram,
+                aol_scales_.data());
   return gram;
 }
 

@@ -218,6 +218,35 @@ TEST_P(SplitNs, Bf16RoundsAsTheEmulatedWholeMatrix) {
   EXPECT_LE(MaxRelErr(split, ref), 1.5 * MaxRelErr(whole, ref) + 1e-3);
 }
 
+// AOL's pre-scaling over the members: the whole's W W^T summed from the
+// blocks' shares gives every member the same scales, and, scaled, the first
+// iteration's gram (one sum fewer than the norm's and four grams').
+TEST_P(SplitNs, AolMatchesTheWholeMatrix) {
+  const Case c = GetParam();
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16}) {
+    NsConfig cfg;
+    cfg.dtype = dtype;
+    cfg.coefficients = ScheduleCoefficients(NsSchedule::kAol);
+    cfg.steps = 4;
+    cfg.aol = true;
+    const std::vector<float> u = RandomNormal(c.rows * c.cols, 19);
+    int sums = 0;
+    const std::vector<float> split = SplitRun(cfg, u, c.rows, c.cols, c.members, false, &sums);
+    EXPECT_EQ(sums, 4) << "W W^T's sum and one per later iteration";
+    const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
+    NsConfig plain = cfg;
+    plain.aol = false;  // the same rows after the Frobenius division
+    const double apart = MaxRelErr(split, Whole(plain, u, c.rows, c.cols));
+    if (dtype == NsDtype::kFP32) {
+      EXPECT_LT(MaxRelErr(split, whole), 1e-5);
+      EXPECT_GT(apart, 1e-3) << "not the pre-scaled start";
+    } else {
+      for (float v : split) ASSERT_EQ(Bits(v) & 0xffffu, 0u) << "not a bf16 value: " << v;
+      EXPECT_LT(MaxRelErr(split, whole), 0.02);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, SplitNs,
     ::testing::Values(Case{24, 40, 2},   // wide, blocks of 20 columns
