@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
-#include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
@@ -305,23 +304,7 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     if (bf16) cpu::RoundToBf16(block.data, elems);
   }
   if (config.aol) {
-    // AOL (cpu/aol.h): the whole's W W^T, this block's share summed over the
-    // members, gives the scales; scaled, it is the first iteration's gram.
-    if (aol_scales_.size() < static_cast<size_t>(block.m)) {
-      MUON_RETURN_IF_ERROR(Guarded("AOL's scales", [&] {
-        aol_scales_.resize(static_cast<size_t>(block.m));
-      }));
-    }
-    {
-      const cpu::CoreSlots slots(threads);
-      RunGemm(gram_product, config.ForIteration(0), buffers, ew::kF32);
-    }
-    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
-    const cpu::CoreSlots slots(threads);
-    // Row-major, the block is m x width (W's rows) or, tall, width x m.
-    cpu::AolScale(block.data, block.tall ? block.width : block.m,
-                  block.tall ? block.m : block.width, block.tall, config.eps,
-                  bf16 ? ew::kBF16 : ew::kF32, gram, aol_scales_.data());
+    MUON_RETURN_IF_ERROR(AolPrescaleBlock(config, block, program, buffers, sums, threads));
   } else {
     // The whole's norm: this block's squares (of its bf16 values when bf16),
     // summed over the members.
@@ -414,31 +397,6 @@ float CpuBackend::NormalizingDivisor(const NsConfig& config, float* x, int64_t e
   const bool bf16 = config.dtype == NsDtype::kBF16;
   if (bf16) cpu::RoundToBf16(x, elems);
   return DivisorOfSum(config, cpu::SumSquares(x, elems));
-}
-
-float* CpuBackend::AolPrescale(const NsConfig& config, const NsProgram& program, int64_t rows,
-                               int64_t cols, float* x) {
-  // After the program's X' (m x n) and gram (m x m): what every path copies
-  // its first gram from before it writes anything there.
-  float* gram = work_ + program.x_elems + program.gram_elems;
-  // bf16 starts from the bf16 input (as torch's bf16 Newton-Schulz, and as a
-  // bf16 slot holds it); fp16 from the fp32 values (whose range fp16 may
-  // not hold), as its Frobenius division does.
-  if (config.dtype == NsDtype::kBF16) cpu::RoundToBf16(x, program.x_elems);
-  products_.Gram(program, x, gram);
-  cpu::AolScale(x, rows, cols, rows > cols, config.eps, RoundType(config), gram,
-                aol_scales_.data());
-  return gram;
-}
-
-float* CpuBackend::AolPrescaleBf16(const NsConfig& config, const NsProgram& program,
-                                   int64_t rows, int64_t cols, uint16_t* x) {
-  const int64_t elems = program.x_elems;
-  float* copy = work_ + elems + 2 * program.gram_elems;  // after AolPrescale's gram
-  cpu::FromBf16(x, elems, copy);
-  float* gram = AolPrescale(config, program, rows, cols, copy);
-  cpu::ToBf16(copy, elems, x);  // exact: AolPrescale rounded to bf16
-  return gram;
 }
 
 float CpuBackend::DivisorOfSum(const NsConfig& config, double sum_of_squares) {
