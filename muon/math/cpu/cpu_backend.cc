@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
@@ -139,6 +140,12 @@ absl::Status CpuBackend::ReserveFloats(size_t want) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::ReserveAolScales(size_t m) {
+  return Guarded("AOL's scales", [&] {
+    if (aol_scales_.size() < m) aol_scales_.resize(m);
+  });
+}
+
 absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int64_t rows,
                                  int64_t cols) {
   MUON_RETURN_IF_ERROR(Reserve(rows, cols));
@@ -146,9 +153,7 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
     const size_t m = static_cast<size_t>(std::min(rows, cols));
     const size_t elems = static_cast<size_t>(rows * cols);
     MUON_RETURN_IF_ERROR(ReserveFloats(2 * elems + 2 * m * m));
-    MUON_RETURN_IF_ERROR(Guarded("AOL's scales", [&] {
-      if (aol_scales_.size() < m) aol_scales_.resize(m);
-    }));
+    MUON_RETURN_IF_ERROR(ReserveAolScales(m));
   }
   if (UsesGram(config, rows, cols)) {
     MUON_RETURN_IF_ERROR(ReserveFloats(cpu::GramWorkFloats(PlanNewtonSchulz(1, rows, cols))));
@@ -303,8 +308,8 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     const cpu::CoreSlots slots(threads);
     if (bf16) cpu::RoundToBf16(block.data, elems);
   }
-  if (config.aol) {
-    MUON_RETURN_IF_ERROR(AolPrescaleBlock(config, block, program, buffers, sums, threads));
+  if (config.aol) {  // scaled at the first gram instead of divided by the norm
+    MUON_RETURN_IF_ERROR(ReserveAolScales(static_cast<size_t>(block.m)));
   } else {
     // The whole's norm: this block's squares (of its bf16 values when bf16),
     // summed over the members.
@@ -319,16 +324,21 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
   }
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
-    if (it > 0 || !config.aol) {  // AOL's first gram is in place already
-      {
-        const cpu::CoreSlots slots(threads);
-        RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
-      }
-      MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
+    {
       const cpu::CoreSlots slots(threads);
-      if (bf16) cpu::RoundToBf16(gram, gram_elems);
+      RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
     }
+    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
     const cpu::CoreSlots slots(threads);
+    if (it == 0 && config.aol) {
+      // AOL (cpu/aol.h): the whole's W W^T gives the scales, and scaled it is
+      // this first gram. Row-major, the block is m x width or, tall, width x m.
+      cpu::AolScale(block.data, block.tall ? block.width : block.m,
+                    block.tall ? block.m : block.width, block.tall, config.eps, RoundType(config),
+                    gram, aol_scales_.data());
+    } else if (bf16) {
+      cpu::RoundToBf16(gram, gram_elems);
+    }
     const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
     for (auto g = products.begin() + 1; g != products.end(); ++g) {
       RunGemm(**g, abc, buffers, bf16 ? ew::kBF16 : ew::kF32);

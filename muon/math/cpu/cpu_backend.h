@@ -117,12 +117,9 @@ class CpuBackend final : public MathBackend {
   // The same on a bf16 matrix, through an fp32 copy in the workspace.
   float* AolPrescaleBf16(const NsConfig& config, const NsProgram& program, int64_t rows,
                          int64_t cols, uint16_t* x);
-  // The same for one member's block of a split matrix (OrthogonalizeBlock's
-  // program and buffers): the whole's W W^T summed over the members; the
-  // first gram left in the gram buffer. (cpu_backend_aol.cc has the three.)
-  absl::Status AolPrescaleBlock(const NsConfig& config, const MatrixBlock& block,
-                                const NsProgram& program, float* const* buffers,
-                                const MemberSums& sums, int threads);
+  // (cpu_backend_aol.cc has both.)
+  // aol_scales_ for m rows, kept from call to call.
+  absl::Status ReserveAolScales(size_t m);
   void ReleaseWork();
   // One product of the program on the fp32 products' engine; D is then
   // rounded to `round` (an ew:: type).

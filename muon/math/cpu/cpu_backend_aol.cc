@@ -1,9 +1,6 @@
-// CpuBackend's AOL pre-scaling (cpu/aol.h) in its workspace: of a whole
-// matrix in fp32 or bf16, and of one member's block of a split matrix.
-#include <algorithm>
-#include <new>
-
-#include "muon/common/status.h"
+// CpuBackend's AOL pre-scaling (cpu/aol.h) of a whole matrix in its
+// workspace, in fp32 or bf16 (a split matrix's block scales at its first
+// gram: OrthogonalizeBlock).
 #include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/cpu_backend.h"
 #include "muon/math/cpu/cpu_kernels.h"
@@ -33,31 +30,6 @@ float* CpuBackend::AolPrescaleBf16(const NsConfig& config, const NsProgram& prog
   float* gram = AolPrescale(config, program, rows, cols, copy);
   cpu::ToBf16(copy, elems, x);  // exact: AolPrescale rounded to bf16
   return gram;
-}
-
-absl::Status CpuBackend::AolPrescaleBlock(const NsConfig& config, const MatrixBlock& block,
-                                          const NsProgram& program, float* const* buffers,
-                                          const MemberSums& sums, int threads) {
-  // The whole's W W^T, this block's share summed over the members, gives the
-  // scales; scaled, it is the first iteration's gram.
-  if (aol_scales_.size() < static_cast<size_t>(block.m)) {
-    try {
-      aol_scales_.resize(static_cast<size_t>(block.m));
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError("AOL's scales: out of host memory");
-    }
-  }
-  float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
-  {
-    const cpu::CoreSlots slots(threads);
-    RunGemm(program.iteration[0], config.ForIteration(0), buffers, ew::kF32);
-  }
-  MUON_RETURN_IF_ERROR(sums.f32(gram, program.gram_elems));
-  const cpu::CoreSlots slots(threads);
-  // Row-major, the block is m x width (W's rows) or, tall, width x m.
-  cpu::AolScale(block.data, block.tall ? block.width : block.m, block.tall ? block.m : block.width,
-                block.tall, config.eps, RoundType(config), gram, aol_scales_.data());
-  return absl::OkStatus();
 }
 
 }  // namespace muon
