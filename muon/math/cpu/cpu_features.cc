@@ -1,6 +1,5 @@
 #include "muon/math/cpu/cpu_features.h"
 
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>

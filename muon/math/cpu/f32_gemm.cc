@@ -412,12 +412,16 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
     const int64_t i0 = b / g.blocks_across * g.block, j0 = b % g.blocks_across * g.block;
     return BlockSpan{i0, j0, std::min(g.block, g.rows_p - i0), std::min(g.block, g.cols_p - j0)};
   };
-  // The block after b that is computed (a symmetric product skips those
-  // below the diagonal), or blocks_total.
+  // Whether block b is computed: a symmetric product skips those below the
+  // diagonal.
+  auto computed_block = [&](int64_t b) {
+    return !p.symmetric || b % g.blocks_across >= b / g.blocks_across;
+  };
+  // The block after b that is computed, or blocks_total.
   auto computed_after = [&](int64_t b) {
-    for (++b; b < blocks_total; ++b) {
-      if (!p.symmetric || b % g.blocks_across >= b / g.blocks_across) break;
-    }
+    do {
+      ++b;
+    } while (b < blocks_total && !computed_block(b));
     return b;
   };
 #pragma omp parallel num_threads(team)
@@ -433,8 +437,7 @@ void F32Multiply(const F32Product& p, void* workspace, int threads) {
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks_total; ++b) {
-      const int64_t bi = b / g.blocks_across, bj = b % g.blocks_across;
-      if (p.symmetric && bj < bi) continue;
+      if (!computed_block(b)) continue;
       const BlockSpan span = span_of(b);
       const int64_t i0 = span.i0, j0 = span.j0, rb = span.rb, cb = span.cb;
       const bool diagonal = p.symmetric && i0 == j0;

@@ -1,6 +1,5 @@
 #include "muon/math/cpu/f32_products.h"
 
-
 #include <algorithm>
 #include <cstdlib>
 
