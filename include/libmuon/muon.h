@@ -87,8 +87,8 @@
  * picks the engine of bf16 Newton-Schulz (auto: libmuon's AMX kernel on AMX
  * CPUs, its AVX512-BF16 kernel on AMD's AVX512-BF16 CPUs, else fp32 products
  * rounded to bf16); MUON_CPU_FP32 = auto | avx512 | openblas picks the engine of
- * the fp32 products (auto: libmuon's AVX-512 kernel where the CPU has AVX-512
- * and OpenBLAS's core does not use it, else OpenBLAS); MUON_CPU_ISA = amx |
+ * the fp32 products (auto: libmuon's AVX-512 kernel where the CPU has AVX-512,
+ * whatever OpenBLAS's core, else OpenBLAS); MUON_CPU_ISA = amx |
  * avx512_bf16 | avx512 | avx2 | baseline caps the CPU features libmuon uses.
  * A value not listed, or an engine this CPU cannot run, fails the first
  * Newton-Schulz that needs it (muon_step or
