@@ -47,7 +47,9 @@ typedef enum muon_ns_dtype_t {
  * round-off the chain of m x m products gathers. The same polynomial as
  * STANDARD, with m x m products in place of two m x n ones per iteration:
  * fewer FLOPs where n / m is large. A square matrix runs STANDARD. CPU
- * backend only so far; not with MUON_ASSIGNMENT_SPLIT. */
+ * backend only so far. Under MUON_ASSIGNMENT_SPLIT the members sum their
+ * blocks' shares of R where it is formed (the start, each restart), and
+ * each runs the m x m iterations and multiplies its block by Q. */
 typedef enum muon_ns_algorithm_t {
   MUON_NS_STANDARD = 0,
   MUON_NS_GRAM = 1
@@ -128,10 +130,12 @@ typedef enum muon_assignment_t {
    * squares for its norm and, each iteration, their m x m Gram products
    * (2 all_to_all_v calls over the world per sum, every rank taking part;
    * each Gram sum moves about 2 m^2 fp32 values per member) before each
-   * computes the polynomial. The split matrices run in a last round of
-   * their own, a rank taking at most one part. Results equal the whole
-   * matrix's up to the order of fp32 sums (bf16: rounded as the emulated
-   * path rounds). Pays where one matrix bounds a stage's Newton-Schulz time
+   * computes the polynomial (GRAM: its R where formed; AOL: the first
+   * gram in place of the norm; NorMuon: one more sum, the rows' squares,
+   * every member keeping the matrix's moments). The split matrices run in
+   * a last round of their own, a rank taking at most one part. Results
+   * equal the whole matrix's up to the order of fp32 sums (bf16, fp16:
+   * rounded as the emulated path rounds). Pays where one matrix bounds a stage's Newton-Schulz time
    * and the members share fast links (docs/SETUP_AT_SCALE.md); CPU backend
    * only so far (on a GPU the first step fails with MUON_UNIMPLEMENTED
    * when a matrix is split). */
@@ -272,9 +276,9 @@ typedef struct muon_options_t {
    * AdaptiveMuon("normuon") normalizes the longer side and keeps no norm.
    * The lr adjustment, update_scale and weight decay apply after it as for
    * Muon. The moments are part of the state blob (format 3) on the rank
-   * that owns each matrix. CPU backend only so far (on a GPU the first step
-   * fails with MUON_UNIMPLEMENTED); not with MUON_ASSIGNMENT_SPLIT (refused
-   * by muon_create). Zero (default): Muon. Must be the same on every rank,
+   * that owns each matrix (under MUON_ASSIGNMENT_SPLIT on each member of a
+   * split matrix, alike). CPU backend only so far (on a GPU the first step
+   * fails with MUON_UNIMPLEMENTED). Zero (default): Muon. Must be the same on every rank,
    * as must the two below (checked). */
   int32_t normuon;
   int32_t reserved3;       /* must be 0 */

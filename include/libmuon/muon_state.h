@@ -126,12 +126,14 @@ MUON_API muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id,
  * sets owned[k] (`owned_count` = the parameter's number of matrices, its
  * batch) to 0, and 1 for each matrix whose values this rank gives: after the
  * first step exactly one rank of the job owns each matrix with elements
- * (one without elements reads as zeros, flagged 1 everywhere), before it
+ * (a matrix split over ranks, MUON_ASSIGNMENT_SPLIT: its first member; one
+ * without elements reads as zeros, flagged 1 everywhere), before it
  * every rank gives what was loaded or set (all flagged 1). Taking matrix k
  * from any rank that flags it gives the whole moments. `owned` may be NULL.
  * muon_set_owned_moments takes the whole moments (as muon_set_moments) on
  * every rank that holds the parameter and keeps the matrices this rank owns
- * (before the first step: all of them, as muon_set_moments). Neither call
+ * (every member of a split matrix keeps its; before the first step: all of
+ * them, as muon_set_moments). Neither call
  * is a collective. Since 0.7. */
 MUON_API muon_status_t muon_get_owned_moments(const muon_optimizer_t* opt, int64_t param_id,
                                               const DLTensor* dst, uint8_t* owned,

@@ -169,9 +169,14 @@ absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
     const Unit& u = plan.units[i];
     if (u.parts <= 1) continue;
     SplitRound& r = splits_[static_cast<size_t>(u.round)];
+    const PlanParam& pp = plan.params[u.param];
+    const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
+    std::vector<MemberSum> sums = BlockSums(ctx_.options->ns, m, n);
+    if (ctx_.moments != nullptr) sums.push_back({true, pp.rows});  // NorMuonBlock's
     if (u.part == 0) {
       r.members.emplace_back();
-      r.names.push_back(plan.params[u.param].name);
+      r.names.push_back(pp.name);
+      r.calls = std::max(r.calls, static_cast<int>(sums.size()));
     }
     r.members.back().push_back(u.owner);
     if (u.owner != me) continue;
@@ -186,9 +191,21 @@ absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
     for (const BlockSlot& b : tables_[static_cast<size_t>(u.round)].blocks) {
       if (b.unit == static_cast<int>(i)) r.block = b;
     }
-    // A sum's chunks: at most the m x m gram products, or a double per member.
-    sum_bytes = std::max({sum_bytes, static_cast<size_t>(r.block.m * r.block.m) * sizeof(float),
-                          static_cast<size_t>(u.parts) * sizeof(double)});
+    r.first = u.first;
+    r.n = n;
+    // NorMuon's moments of the whole's rows: every member keeps them all
+    // (NorMuonBlock updates them alike), saved and restored as an owner's;
+    // the first member gives them to a host putting the owners' together.
+    if (ctx_.moments != nullptr) {
+      r.moments = ctx_.moments->Add(pp.name, u.index, pp.rows, /*primary=*/u.part == 0);
+    }
+    // A sum's chunks: at most its whole count, or a value per member.
+    for (const MemberSum& sum : sums) {
+      sum_bytes = std::max({sum_bytes,
+                            static_cast<size_t>(sum.count) * (sum.f64 ? sizeof(double) : sizeof(float)),
+                            static_cast<size_t>(u.parts) * sizeof(double)});
+    }
+    r.sums = std::move(sums);
   }
   sum_send_.assign(sum_bytes, 0);
   sum_recv_.assign(sum_bytes, 0);
@@ -219,7 +236,7 @@ absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
   const std::vector<int>& members = s.members[static_cast<size_t>(s.mine)];
   const int64_t g = static_cast<int64_t>(members.size()), j = s.place;
   if (values == nullptr) {  // a member that failed: zeros (made on this path only)
-    sum_zeros_.assign(static_cast<size_t>(count) * sizeof(T), 0);
+    sum_zeros_.assign(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T), 0);
     values = reinterpret_cast<T*>(sum_zeros_.data());
   }
   auto begin = [&](int64_t i) { return i * (count / g) + std::min(i, count % g); };
@@ -285,34 +302,61 @@ absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
 
 absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
   const SplitRound& s = splits_[static_cast<size_t>(round)];
-  const int sums = 1 + ctx_.options->ns.steps;  // the norm, then one per iteration
   const bool part = s.mine >= 0;
-  const int64_t gram = part ? s.block.m * s.block.m : 0;
-  int issued = 0;
+  size_t issued = 0;
   absl::Status st;
   if (part && !skip) {
     void* slots = slots_[static_cast<size_t>(round) % slots_.size()].data();
     const MatrixBlock block{static_cast<float*>(slots) + s.block.offset, s.block.m,
-                           s.block.width, s.block.tall};
+                            s.block.width, s.block.tall, s.first, s.n};
+    // Each sum the backend asks for must be the schedule's next: one that is
+    // not is refused before it reaches the wire, and the schedule's own are
+    // made below, so that the members' collectives still pair up.
+    auto scheduled = [&](bool f64, int64_t count) -> absl::Status {
+      if (issued >= s.sums.size() || !(s.sums[issued] == MemberSum{f64, count})) {
+        return absl::InternalError(absl::StrCat(
+            "the backend asked for sum ", issued + 1, " (", count, f64 ? " doubles" : " floats",
+            ") where the members' schedule has ",
+            issued < s.sums.size() ? absl::StrCat(s.sums[issued].count,
+                                                  s.sums[issued].f64 ? " doubles" : " floats")
+                                   : std::string("no more")));
+      }
+      ++issued;
+      return absl::OkStatus();
+    };
     MemberSums hook;
     hook.f64 = [&](double* v, int64_t n) {
-      ++issued;
+      MUON_RETURN_IF_ERROR(scheduled(true, n));
       return Sum(round, v, n);
     };
     hook.f32 = [&](float* v, int64_t n) {
-      ++issued;
+      MUON_RETURN_IF_ERROR(scheduled(false, n));
       return Sum(round, v, n);
     };
-    st = ctx_.device->math().OrthogonalizeBlock(ctx_.options->ns, block, hook);
+    const Options& o = *ctx_.options;
+    st = ctx_.device->math().OrthogonalizeBlock(o.ns, block, hook);
+    if (st.ok() && s.moments >= 0) {
+      st = ctx_.device->math().NorMuonBlock({o.normuon_beta2, o.normuon_eps, o.ns.dtype}, block,
+                                            ctx_.moments->data(s.moments), hook);
+    }
+    if (st.ok() && issued != s.sums.size()) {
+      st = absl::InternalError(absl::StrCat("the backend made ", issued, " of the ",
+                                            s.sums.size(), " sums its members' schedule has"));
+    }
     if (!st.ok()) {
       st = absl::Status(st.code(), absl::StrCat("split matrix '", s.names[static_cast<size_t>(s.mine)],
                                                 "': ", st.message()));
     }
   }
-  // The sums the members expect from a rank that did not compute (or stopped).
-  for (; issued < sums; ++issued) {
-    const absl::Status sum = issued == 0 ? Sum<double>(round, nullptr, part ? 1 : 0)
-                                         : Sum<float>(round, nullptr, gram);
+  // The sums the members expect from a rank that did not compute (or
+  // stopped), then those of the round's other split matrices (no bytes).
+  for (size_t k = issued; k < static_cast<size_t>(s.calls); ++k) {
+    absl::Status sum;
+    if (k < s.sums.size() && s.sums[k].f64) {
+      sum = Sum<double>(round, nullptr, s.sums[k].count);
+    } else {
+      sum = Sum<float>(round, nullptr, k < s.sums.size() ? s.sums[k].count : 0);
+    }
     if (st.ok()) st = sum;
   }
   return st;

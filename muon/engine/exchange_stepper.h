@@ -20,6 +20,7 @@
 #include "muon/engine/outcome.h"
 #include "muon/engine/pipeline.h"
 #include "muon/engine/stepper.h"
+#include "muon/math/ns_program.h"
 #include "muon/math/split_blocks.h"
 #include "muon/sharding/exchange.h"
 #include "muon/sharding/plan.h"
@@ -99,6 +100,13 @@ class ExchangeStepper : public Stepper {
     int mine = -1;                          // the matrix this rank has a part of, or -1
     int place = -1;                         // this rank among its members
     BlockSlot block;                        // that part in the round's slots
+    int64_t first = 0, n = 0;               // its columns of the whole's n (wide orientation)
+    int moments = -1;                       // its NorMuon moments (ctx_.moments), or -1
+    // The sums its members make (BlockSums, then NorMuon's), and how many
+    // every rank makes in this round: the most of any of its split matrices
+    // (members of one with fewer make the rest without bytes).
+    std::vector<MemberSum> sums;
+    int calls = 0;
   };
 
   StepContext ctx_;

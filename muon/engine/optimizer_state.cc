@@ -144,7 +144,12 @@ absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst, bool own
   std::fill(out, out + p->batch * p->moment_count(), 0.0f);
   for (int64_t k = 0; k < p->batch; ++k) {
     float* row = out + k * p->moment_count();
-    const bool here = setup_ == nullptr || ids[static_cast<size_t>(k)] != -2;
+    const int found = setup_ == nullptr ? -1 : ids[static_cast<size_t>(k)];
+    // Owned: one rank of the job gives each matrix's (a split matrix's
+    // first member; its others keep the same).
+    const bool here = setup_ == nullptr ||
+                      (found != -2 && (!owned_only || found < 0 ||
+                                       setup_->moments->entries()[static_cast<size_t>(found)].primary));
     if (owned != nullptr) owned[k] = here ? 1 : 0;
     if (setup_ == nullptr) {
       auto it = moment_stash_.values.find({p->name, k});
@@ -152,10 +157,9 @@ absl::Status Optimizer::CopyMomentsOut(int64_t id, const DLTensor* dst, bool own
           static_cast<int64_t>(it->second.size()) == p->moment_count()) {
         std::copy(it->second.begin(), it->second.end(), row);
       }
-    } else if (ids[static_cast<size_t>(k)] >= 0) {
+    } else if (found >= 0 && here) {
       MUON_RETURN_IF_ERROR(registry_.device()->ToHost(
-          row, setup_->moments->data(ids[static_cast<size_t>(k)]),
-          p->moment_count() * sizeof(float)));
+          row, setup_->moments->data(found), p->moment_count() * sizeof(float)));
     }
   }
   return absl::OkStatus();

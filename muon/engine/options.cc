@@ -49,18 +49,6 @@ absl::Status ValidateOptions(const Options& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "normuon_eps: ", o.normuon_eps, " is invalid; it must be a finite number > 0"));
   }
-  if (o.dist.assignment == Assignment::kSplit &&
-      (o.ns.dtype == NsDtype::kFP16 || o.ns.algorithm == NsAlgorithm::kGram)) {
-    return absl::InvalidArgumentError(
-        "assignment: MUON_ASSIGNMENT_SPLIT's split Newton-Schulz runs the standard iteration "
-        "in bf16 or fp32 only; use MUON_ASSIGNMENT_BALANCED with ns_dtype FP16 or "
-        "ns_algorithm GRAM");
-  }
-  if (o.normuon && o.dist.assignment == Assignment::kSplit) {
-    return absl::InvalidArgumentError(
-        "normuon: MUON_ASSIGNMENT_SPLIT orthogonalizes a matrix over several ranks, and "
-        "NorMuon's rows need the whole matrix at one owner; use MUON_ASSIGNMENT_BALANCED");
-  }
   switch (o.adjust_lr) {
     case AdjustLr::kOriginal:
     case AdjustLr::kMatchRmsAdamW:

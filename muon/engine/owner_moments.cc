@@ -7,8 +7,8 @@
 
 namespace muon {
 
-int OwnerMoments::Add(const std::string& name, int64_t index, int64_t rows) {
-  entries_.push_back({name, index, rows, floats_});
+int OwnerMoments::Add(const std::string& name, int64_t index, int64_t rows, bool primary) {
+  entries_.push_back({name, index, rows, floats_, primary});
   floats_ += rows;
   const int id = static_cast<int>(entries_.size()) - 1;
   ids_.emplace(MomentKey{name, index}, id);

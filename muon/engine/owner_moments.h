@@ -37,10 +37,14 @@ class OwnerMoments {
     int64_t index = 0;
     int64_t rows = 0;
     int64_t offset = 0;  // in the buffer, floats
+    // The rank that gives them to a host putting the ranks' moments together
+    // (muon_get_owned_moments): the owner, or the first member of a matrix
+    // split over ranks, each of whose members keeps them all alike.
+    bool primary = true;
   };
 
   // Adds matrix `index` of `name`, `rows` moments; returns its id.
-  int Add(const std::string& name, int64_t index, int64_t rows);
+  int Add(const std::string& name, int64_t index, int64_t rows, bool primary = true);
   // The id of matrix `index` of `name`, or -1 when this rank does not own it.
   int Find(const std::string& name, int64_t index) const;
   // Allocates every added matrix's moments on `device` and fills them from

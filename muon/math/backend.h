@@ -30,18 +30,22 @@ struct MatrixBatch {
 // (split Newton-Schulz), fp32: columns of the whole's wide orientation W (m x
 // n), stored as PlanNewtonSchulzBlock (ns_program.h) says: `width` rows of a
 // tall matrix (rows > cols, m = cols) or `width` columns of a wide one (m =
-// rows), packed row-major.
+// rows), packed row-major: the whole's columns [first, first + width) of its
+// n.
 struct MatrixBlock {
   float* data = nullptr;
   int64_t m = 0;
   int64_t width = 0;
   bool tall = false;
+  int64_t first = 0;
+  int64_t n = 0;
 };
 
 // The sums a split Newton-Schulz takes over its members: each call replaces
 // values[0, count) with the element-wise sum of every member's values. Every
-// member makes the same calls in the same order (a collective among them),
-// and every member must get the same sums, bit for bit.
+// member makes the same calls in the same order (a collective among them:
+// BlockSums in ns_program.h lists OrthogonalizeBlock's, NorMuonBlock adds
+// one), and every member must get the same sums, bit for bit.
 struct MemberSums {
   std::function<absl::Status(double* values, int64_t count)> f64;
   std::function<absl::Status(float* values, int64_t count)> f32;
@@ -157,8 +161,11 @@ class MathBackend {
   // norm is the root of the members' summed squares; each iteration sums the
   // members' unrounded gram products before the polynomial (which every
   // member computes, m x m), so the result is the whole matrix's up to the
-  // order of fp32 sums. bf16 rounds as the emulated path does (fp32 products
-  // rounded to bf16). Unimplemented on backends that lack it.
+  // order of fp32 sums. Gram Newton-Schulz sums R = W W^T where it forms it
+  // (at the start and at each restart); every member then runs the m x m
+  // iterations and multiplies its own block by Q. bf16 and fp16 round as the
+  // emulated path does (fp32 products rounded). The sums are BlockSums'.
+  // Unimplemented on backends that lack it.
   virtual absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                           const MemberSums& sums) {
     (void)config;
@@ -166,6 +173,20 @@ class MathBackend {
     (void)sums;
     return absl::UnimplementedError("split Newton-Schulz (one matrix over several ranks) is not "
                                     "available on this backend");
+  }
+  // NorMuon on one member's block of a split matrix, after OrthogonalizeBlock:
+  // the parameter's rows' sums of squares are summed over the members (one
+  // f64 sum of `rows` values: the whole's n when tall, m when wide), so that
+  // every member updates all of `moments` (backend memory) alike, as NorMuon
+  // on the whole would, and divides its block's part of each row.
+  // Unimplemented on backends that lack it.
+  virtual absl::Status NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block,
+                                    float* moments, const MemberSums& sums) {
+    (void)step;
+    (void)block;
+    (void)moments;
+    (void)sums;
+    return absl::UnimplementedError("NorMuon on a split matrix is not available on this backend");
   }
   // NorMuon on every matrix of `batch` (orthogonalized updates, in place),
   // matrix k with its rows' second moments at moments[k] (fp32, `rows`

@@ -117,21 +117,25 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int steps, int cubic_steps)
 }
 
 double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols) {
+  return NewtonSchulzBlockFlops(config, std::min(rows, cols), std::max(rows, cols),
+                                std::max(rows, cols));
+}
+
+double NewtonSchulzBlockFlops(const NsConfig& config, int64_t m, int64_t width, int64_t n) {
   const int cubic = CubicIterations(config);
-  if (config.algorithm != NsAlgorithm::kGram || rows == cols || config.steps == 0) {
+  if (config.algorithm != NsAlgorithm::kGram || m == n || config.steps == 0) {
     // AOL's pre-scaling forms W W^T, which its first iteration takes as its
     // gram (cpu/aol.h): no product more.
-    return NewtonSchulzFlops(rows, cols, config.steps, cubic);
+    return NewtonSchulzBlockFlops(m, width, config.steps, cubic);
   }
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  double flops = 2 * m * m * n + 2 * m * m * n;  // the first R, the last X = Q W
+  const double s = static_cast<double>(m), w = static_cast<double>(width);
+  double flops = 2 * s * s * w + 2 * s * s * w;  // the first R, the last X = Q W
   for (int i = 0; i < config.steps; ++i) {
     const bool fresh = i == 0 || config.RestartsAt(i);
-    if (i > 0 && config.RestartsAt(i)) flops += 4 * m * m * n;  // W = Q W, R again
-    if (config.ForIteration(i)[2] != 0.0) flops += 2 * m * m * m;
-    if (!fresh) flops += 2 * m * m * m;
-    if (i + 1 < config.steps && !config.RestartsAt(i + 1)) flops += 4 * m * m * m;
+    if (i > 0 && config.RestartsAt(i)) flops += 4 * s * s * w;  // W = Q W, R again
+    if (config.ForIteration(i)[2] != 0.0) flops += 2 * s * s * s;
+    if (!fresh) flops += 2 * s * s * s;
+    if (i + 1 < config.steps && !config.RestartsAt(i + 1)) flops += 4 * s * s * s;
   }
   return flops;
 }

@@ -100,5 +100,33 @@ TEST(NsConfig, Validation) {
   EXPECT_TRUE(ValidateNsConfig(c).ok());
 }
 
+// A split member's cost: the m^2 n terms at its block's width, the m x m
+// ones whole. Over the parts: the whole's, plus the m x m work every other
+// member repeats.
+TEST(NsConfig, BlockFlopsCountAPartOfTheWhole) {
+  const int64_t m = 64, n = 224;
+  for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+    NsConfig c;
+    c.algorithm = algorithm;
+    const double whole = NewtonSchulzFlops(c, m, n);
+    const double mm = NewtonSchulzBlockFlops(c, m, 0, n);  // what every member computes
+    EXPECT_EQ(NewtonSchulzBlockFlops(c, m, n, n), whole);
+    EXPECT_DOUBLE_EQ(NewtonSchulzBlockFlops(c, m, 100, n) + NewtonSchulzBlockFlops(c, m, 124, n),
+                     whole + mm);
+  }
+  NsConfig gram;
+  gram.algorithm = NsAlgorithm::kGram;
+  NsConfig standard;
+  // Gram's: 2 R formed (the start, the restart at 2) and 2 X = Q W of m^2 n
+  // each, against the standard iteration's 5 x 4 m^2 n.
+  EXPECT_DOUBLE_EQ(NewtonSchulzBlockFlops(gram, m, n, n) - NewtonSchulzBlockFlops(gram, m, 0, n),
+                   4 * 2.0 * m * m * n);
+  EXPECT_DOUBLE_EQ(
+      NewtonSchulzBlockFlops(standard, m, n, n) - NewtonSchulzBlockFlops(standard, m, 0, n),
+      5 * 4.0 * m * m * n);
+  // A square matrix runs the standard iteration.
+  EXPECT_EQ(NewtonSchulzBlockFlops(gram, m, 32, m), NewtonSchulzBlockFlops(standard, m, 32, m));
+}
+
 }  // namespace
 }  // namespace muon

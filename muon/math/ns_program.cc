@@ -96,6 +96,21 @@ NsIterationProducts ProductsFor(const NsProgram& program, const NsCoefficients& 
   return out;
 }
 
+std::vector<MemberSum> BlockSums(const NsConfig& config, int64_t m, int64_t n) {
+  std::vector<MemberSum> out;
+  const MemberSum norm{true, 1}, gram{false, m * m};
+  if (config.algorithm == NsAlgorithm::kGram && m != n) {
+    out.push_back(norm);
+    for (int i = 0; i < config.steps; ++i) {
+      if (i == 0 || config.RestartsAt(i)) out.push_back(gram);
+    }
+    return out;
+  }
+  if (!config.aol) out.push_back(norm);
+  out.insert(out.end(), static_cast<size_t>(std::max(config.steps, 0)), gram);
+  return out;
+}
+
 float NsScalarValue(NsScalar s, const NsCoefficients& abc) {
   switch (s) {
     case NsScalar::kZero:

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "muon/math/ns_config.h"
 
@@ -85,6 +86,24 @@ NsProgram PlanNewtonSchulz(int64_t count, int64_t rows, int64_t cols);
 // block's share of W W^T (the whole's is the sum over the blocks); given the
 // whole's polynomial, its update is the block of W'.
 NsProgram PlanNewtonSchulzBlock(int64_t m, int64_t width, bool tall);
+
+// One sum a split Newton-Schulz takes over its members: `count` doubles
+// (f64) or floats, element-wise.
+struct MemberSum {
+  bool f64 = false;
+  int64_t count = 0;
+  bool operator==(const MemberSum& o) const { return f64 == o.f64 && count == o.count; }
+};
+
+// The sums one member's block of an m x n wide orientation takes under
+// `config`, in order (MathBackend::OrthogonalizeBlock makes exactly these;
+// a member that stops early, or never starts, makes the rest with zeros, so
+// that the members' collectives pair up):
+//   standard: the norm's squares (f64, 1), then each iteration's gram (f32,
+//     m^2); with AOL no norm: the first gram gives the scales;
+//   Gram (m < n; a square matrix runs the standard one): the norm's, then R
+//     (f32, m^2) before the first iteration and at each restart.
+std::vector<MemberSum> BlockSums(const NsConfig& config, int64_t m, int64_t n);
 
 // The value of `s` in an iteration with coefficients (a, b, c), as the fp32
 // every GEMM of the program takes.

@@ -136,6 +136,14 @@ absl::Status AssignUnits(Plan* plan, int world, const PlanOptions& options) {
     MUON_RETURN_IF_ERROR(SplitUnits(plan, splits, world, options.ns.steps, plan->rounds,
                                     CubicIterations(options.ns)));
     ++plan->rounds;
+    // Each part's cost under the whole config (Gram Newton-Schulz's where it
+    // runs), as muon_stats_t.ns_flops counts it.
+    for (Unit& u : plan->units) {
+      if (u.parts <= 1) continue;
+      const PlanParam& pp = plan->params[static_cast<size_t>(u.param)];
+      u.flops = NewtonSchulzBlockFlops(options.ns, std::min(pp.rows, pp.cols), u.width,
+                                       std::max(pp.rows, pp.cols));
+    }
   }
   return absl::OkStatus();
 }

@@ -673,9 +673,6 @@ std::vector<Case> Cases() {
       CreateWith([](muon_options_t& o) { o.normuon = 1; o.normuon_beta2 = 1; }));
   add("create_normuon_eps_zero", E, IA, {"options->normuon_eps: 0 is invalid", "> 0"},
       CreateWith([](muon_options_t& o) { o.normuon = 1; o.normuon_eps = 0; }));
-  add("create_normuon_split", E, IA, {"options->normuon", "MUON_ASSIGNMENT_SPLIT",
-                                      "MUON_ASSIGNMENT_BALANCED"},
-      CreateWith([](muon_options_t& o) { o.normuon = 1; o.assignment = MUON_ASSIGNMENT_SPLIT; }));
   add("create_reserved3", E, IA, {"options->reserved3 is 1; it must be 0"},
       CreateWith([](muon_options_t& o) { o.reserved3 = 1; }));
   add("create_cubic5_with_4_steps", E, IA,
@@ -737,12 +734,6 @@ std::vector<Case> Cases() {
   add("create_ns_algorithm_unknown", E, IA, {"options->ns_algorithm", "unknown value 2",
                                              "MUON_NS_GRAM (1)"},
       CreateWith([](muon_options_t& o) { o.ns_algorithm = 2; }));
-  add("create_gram_split", E, IA, {"options->assignment", "MUON_ASSIGNMENT_SPLIT",
-                                   "ns_algorithm GRAM"},
-      CreateWith([](muon_options_t& o) {
-        o.ns_algorithm = MUON_NS_GRAM;
-        o.assignment = MUON_ASSIGNMENT_SPLIT;
-      }));
   add("create_assignment_unknown", E, IA, {"options->assignment", "unknown value 5"},
       CreateWith([](muon_options_t& o) { o.assignment = 5; }));
   add("create_assignment_negative", E, IA, {"options->assignment", "unknown value -1"},

@@ -3,6 +3,7 @@
 // every matrix is orthogonalized exactly once in the whole job.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -564,6 +565,47 @@ TEST(Split, AolOverFourRanksMatchesOneProcess) {
   tall.name = "split_tall_aol";
   tall.model[0].shape = {96, 16};
   ExpectSplitClose(tall, cfg, 1e-5, 4);
+}
+
+// NorMuon over the members: the rows' squares summed, every member's
+// moments the whole's; Gram Newton-Schulz: R summed where it is formed, the
+// m x m iterations on every member; fp16: the emulated whole's rounding.
+TEST(Split, NorMuonGramAndFp16OverFourRanksMatchOneProcess) {
+  const Case c = SplitCase();
+  Case tall = c;
+  tall.name = "split_tall";
+  tall.model[0].shape = {96, 16};
+  struct Variant {
+    const char* name;
+    std::function<void(muon_options_t*)> set;
+    int ns_dtype;
+    double tolerance;
+  };
+  const std::vector<Variant> variants = {
+      {"normuon", [](muon_options_t* o) { o->normuon = 1; }, MUON_NS_DTYPE_FP32, 1e-5},
+      // In fp32 one process's own Gram and standard iterations differ by
+      // 7.2e-6 (wide) and 1.5e-5 (tall) of the largest value on this model:
+      // Gram's fp32 roundings, which the split's sums reorder, move it as far.
+      {"gram", [](muon_options_t* o) { o->ns_algorithm = MUON_NS_GRAM; }, MUON_NS_DTYPE_FP32,
+       3e-5},
+      {"gram_fp16_normuon",
+       [](muon_options_t* o) {
+         o->ns_algorithm = MUON_NS_GRAM;
+         o->normuon = 1;
+       },
+       MUON_NS_DTYPE_FP16, 1e-3},
+      {"fp16", nullptr, MUON_NS_DTYPE_FP16, 1e-3},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    RunConfig cfg;
+    cfg.steps = 5;
+    cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+    cfg.ns_dtype = v.ns_dtype;
+    cfg.variant = v.set;
+    ExpectSplitClose(c, cfg, v.tolerance, 4);
+    ExpectSplitClose(tall, cfg, v.tolerance, 4);
+  }
 }
 
 TEST(Split, Bf16RoundsAsOneProcessOnTheEmulatedProducts) {

@@ -9,7 +9,9 @@
 // and restoring the checkpoint taken before the step resumes bit for bit
 // like an uninterrupted run.
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,6 +67,7 @@ struct Case {
   Mesh mesh;
   size_t round_bytes = 0;  // small: several exchange rounds per step
   int assignment = MUON_ASSIGNMENT_BALANCED;
+  std::function<void(muon_options_t* o)> variant;  // the options' variant, if any
 };
 
 // A run of the case's model with its options: `steps` steps at `prefetch`.
@@ -74,6 +77,7 @@ RunConfig ConfigOf(const Case& c, int prefetch, int steps) {
   cfg.prefetch_count = prefetch;
   cfg.round_bytes = c.round_bytes;
   cfg.assignment = c.assignment;
+  cfg.variant = c.variant;
   return cfg;
 }
 
@@ -132,6 +136,10 @@ void InjectEverywhere(const Case& c, int prefetch) {
         EXPECT_EQ(res[r].failed_step, kFaultStep) << res[r].error;
         // Every rank names the injected failure, and (agreed) the rank it hit.
         EXPECT_TRUE(Has(res[r].error, "injected link failure")) << res[r].error;
+        // The ranks went on issuing the same collectives, of the same sizes
+        // (NCCL would hang on sizes that do not pair up).
+        EXPECT_FALSE(Has(res[r].error, "do not pair up")) << res[r].error;
+        EXPECT_FALSE(Has(res[r].error, "differ:")) << res[r].error;
         if (!verdict) {
           EXPECT_TRUE(Has(res[r].error, fail_rank < 0 ? "rank 0:" : "rank 1:")) << res[r].error;
         }
@@ -266,6 +274,30 @@ TEST(Faults, SplitMatrixSumsAtEveryCollective) {
   // without a part issue the sums' collectives with no bytes.
   for (size_t i = 1; i < model.size(); ++i) model[i].shape = {12, 12};
   InjectEverywhere({"split_two", model, Mesh{{4}}, 4 * 12 * 12, MUON_ASSIGNMENT_SPLIT}, 1);
+}
+
+// The variants' sums (BlockSums): AOL takes no norm (its first sum is the
+// first gram's), Gram Newton-Schulz sums R where it forms it, NorMuon adds
+// one of the rows' squares. A rank that stops before its part, or in it,
+// makes the rest of the same sizes, so that every collective pairs up.
+TEST(Faults, SplitVariantsSumAtEveryCollective) {
+  const std::vector<std::pair<const char*, std::function<void(muon_options_t*)>>> variants = {
+      {"split_aol",
+       [](muon_options_t* o) {
+         o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+         o->ns_steps = 4;
+       }},
+      {"split_gram", [](muon_options_t* o) { o->ns_algorithm = MUON_NS_GRAM; }},
+      {"split_normuon_fp16",
+       [](muon_options_t* o) {
+         o->normuon = 1;
+         o->ns_dtype = MUON_NS_DTYPE_FP16;
+       }},
+  };
+  for (const auto& [name, variant] : variants) {
+    InjectEverywhere({name, SplitModel(), Mesh{{4}}, 4 * 8 * 8, MUON_ASSIGNMENT_SPLIT, variant},
+                     1);
+  }
 }
 
 TEST(Faults, Zero2StepperAtEveryCollective) {

@@ -351,6 +351,70 @@ TEST(Resume, SetOwnedMomentsKeepsWhatEachRankOwns) {
   EXPECT_EQ(PutTogether(model, got, 3), set);
 }
 
+// MUON_ASSIGNMENT_SPLIT: "big" costs more than the other ranks' matrices
+// together and is orthogonalized by all 4 ranks, each keeping its whole
+// NorMuon moments (NorMuonBlock updates them alike). Its first member gives
+// them (one owner per matrix, as put together), within 1e-5 of one
+// process's: the split's updates agree within fp32 rounding of its sums'
+// order, and the moments average their squares; what is set reaches every
+// member.
+std::vector<TParam> SplitMomentsModel() {
+  std::vector<TParam> model = {P("big", {16, 96}, {Shard(0, 0)})};
+  for (int i = 0; i < 15; ++i) model.push_back(P("", {8, 8}, {Replicate(0)}));
+  for (int i = 0; i < 15; ++i) model[static_cast<size_t>(i) + 1].name = "small" + std::to_string(i);
+  return model;
+}
+
+TEST(Resume, ASplitMatrixsMomentsAreGivenOnceAndKeptByEveryMember) {
+  const std::vector<TParam> model = SplitMomentsModel();
+  RunConfig cfg;
+  cfg.variant = NorMuon;
+  cfg.steps = 3;
+  std::mutex mu;
+  OwnedByRank ref_got;
+  cfg.after_steps = ReadOwned(model, &mu, &ref_got);
+  ASSERT_FALSE(RunReference(model, cfg).empty());
+  const auto ref = PutTogether(model, ref_got, 1);
+  cfg.assignment = MUON_ASSIGNMENT_SPLIT;
+  OwnedByRank got;
+  cfg.after_steps = ReadOwned(model, &mu, &got);
+  int64_t orthogonalized = 0;
+  for (const RankResult& r : RunDistributed(model, Mesh{{4}}, cfg)) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    orthogonalized += r.stats.matrices_orthogonalized;
+  }
+  ASSERT_EQ(orthogonalized, 15 + 4) << "big is not split over the 4 ranks";
+  const auto whole = PutTogether(model, got, 4);  // one rank flags each matrix
+  for (const auto& [name, v] : ref) {
+    const std::vector<float>& w = whole.at(name);
+    ASSERT_EQ(w.size(), v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      EXPECT_GT(v[i], 0.0f) << name << " moment " << i;
+      EXPECT_NEAR(w[i], v[i], 1e-5 * v[i]) << name << " moment " << i;
+    }
+  }
+  // The whole moments set on every rank: each member of big keeps them all.
+  std::vector<float> set(16);
+  for (size_t i = 0; i < set.size(); ++i) set[i] = 0.5f + 0.25f * static_cast<float>(i);
+  int kept = 0;
+  cfg.after_steps = [&](int, muon_optimizer_t* opt) -> muon_status_t {
+    int64_t n = 16;
+    DLTensor in = Tensor1D(set.data(), &n);
+    const muon_status_t st = muon_set_owned_moments(opt, 0, &in);
+    if (st != MUON_OK) return st;
+    std::vector<float> back(16, -1.0f);
+    DLTensor out = Tensor1D(back.data(), &n);
+    if (muon_get_moments(opt, 0, &out) != MUON_OK) return MUON_INTERNAL;  // a member's
+    std::lock_guard<std::mutex> lock(mu);
+    kept += back == set;
+    return MUON_OK;
+  };
+  for (const RankResult& r : RunDistributed(model, Mesh{{4}}, cfg)) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+  }
+  EXPECT_EQ(kept, 4);
+}
+
 // Misuse: owned flags of another count than the parameter's matrices, and
 // the calls without NorMuon, are refused naming the cause; dst is untouched.
 TEST(Resume, OwnedMomentsMisuseIsRefusedNamingTheCause) {

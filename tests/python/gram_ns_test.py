@@ -76,7 +76,5 @@ def test_gram_options_are_checked():
         muon.Optimizer(ns_algorithm="fast")
     with pytest.raises(ValueError, match="gram_restarts holds iteration 64"):
         muon.Optimizer(ns_algorithm="gram", gram_restarts=[64])
-    with pytest.raises(muon.MuonError, match="SPLIT"):
-        muon.Optimizer(ns_algorithm="gram", assignment="split")
     with pytest.raises(ValueError, match="ns_algorithm 'fast' is not supported"):
         muon.Muon([torch.nn.Parameter(torch.zeros(4, 4))], ns_algorithm="fast")

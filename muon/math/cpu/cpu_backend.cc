@@ -227,7 +227,7 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
         config.aol ? AolPrescale(config, program, batch.rows, batch.cols, u) : nullptr;
     if (gram) {
       Normalize(config, u, program.x_elems);
-      cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config));
+      MUON_RETURN_IF_ERROR(cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config)));
     } else if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u, first_gram));
     } else if (config.dtype != NsDtype::kFP32) {
@@ -283,70 +283,6 @@ absl::Status CpuBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& bat
       }
     });
   }
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
-                                            const MemberSums& sums) {
-  if (block.m <= 0 || block.width <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a split Newton-Schulz block of ", block.m, " x ", block.width));
-  }
-  const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
-  const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
-  MUON_RETURN_IF_ERROR(ReserveFloats(static_cast<size_t>(elems + 2 * gram_elems)));
-  const int threads = cpu::ThreadsPerRankHere();
-  cpu::UseThreads(threads, cpu::NativeThreadsHere());
-  // Every member chooses the fp32 products' engine here, as a whole matrix's
-  // Newton-Schulz does (not left to whatever this backend ran last).
-  MUON_RETURN_IF_ERROR(products_.Choose(threads));
-  const bool bf16 = config.dtype == NsDtype::kBF16;
-  float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
-  float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
-  const NsGemm& gram_product = program.iteration[0];
-  {
-    const cpu::CoreSlots slots(threads);
-    if (bf16) cpu::RoundToBf16(block.data, elems);
-  }
-  if (config.aol) {  // scaled at the first gram instead of divided by the norm
-    MUON_RETURN_IF_ERROR(ReserveAolScales(static_cast<size_t>(block.m)));
-  } else {
-    // The whole's norm: this block's squares (of its bf16 values when bf16),
-    // summed over the members.
-    double squares = 0.0;
-    {
-      const cpu::CoreSlots slots(threads);
-      squares = cpu::SumSquares(block.data, elems);
-    }
-    MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
-    const cpu::CoreSlots slots(threads);
-    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
-  }
-  for (int it = 0; it < config.steps; ++it) {
-    const NsCoefficients& abc = config.ForIteration(it);
-    {
-      const cpu::CoreSlots slots(threads);
-      RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
-    }
-    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
-    const cpu::CoreSlots slots(threads);
-    if (it == 0 && config.aol) {
-      // AOL (cpu/aol.h): the whole's W W^T gives the scales, and scaled it is
-      // this first gram. Row-major, the block is m x width or, tall, width x m.
-      cpu::AolScale(block.data, block.tall ? block.width : block.m,
-                    block.tall ? block.m : block.width, block.tall, config.eps, RoundType(config),
-                    gram, aol_scales_.data());
-    } else if (bf16) {
-      cpu::RoundToBf16(gram, gram_elems);
-    }
-    const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
-    for (auto g = products.begin() + 1; g != products.end(); ++g) {
-      RunGemm(**g, abc, buffers, bf16 ? ew::kBF16 : ew::kF32);
-    }
-    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
-  }
-  const float* x = buffers[static_cast<int>(NsBuffer::kX)];
-  if (x != block.data) std::copy(x, x + elems, block.data);
   return absl::OkStatus();
 }
 

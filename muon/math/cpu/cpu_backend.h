@@ -33,12 +33,16 @@ class CpuBackend final : public MathBackend {
   void JoinWorld(int world_rank) override { share_.Join(world_rank); }
   ~CpuBackend() override;
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
-  // The block's program through RunGemm (each product on this rank's core
-  // slots, released while the members sum: a sum waits on other ranks).
   absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
                        float* const* moments) override;
+  // The block's program through RunGemm, or Gram Newton-Schulz's on the
+  // block (each product on this rank's core slots, released while the
+  // members sum: a sum waits on other ranks).
   absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                   const MemberSums& sums) override;
+  absl::Status NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block, float* moments,
+                            const MemberSums& sums) override;
+  // (cpu_backend_split.cc has both.)
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,

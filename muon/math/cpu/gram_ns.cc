@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "muon/common/status.h"
 #include "muon/math/cpu/blas_tiles.h"
 #include "muon/math/cpu/cpu_kernels.h"
 
@@ -40,8 +41,9 @@ size_t GramWorkFloats(const NsProgram& program) {
   return static_cast<size_t>(program.x_elems + 4 * program.gram_elems);
 }
 
-void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u, float* work,
-                      int round) {
+absl::Status GramNewtonSchulz(
+    const NsConfig& config, const NsProgram& program, float* u, float* work, int round,
+    const std::function<absl::Status(float* values, int64_t count)>& sum_gram) {
   const int64_t m = program.m, mm = program.gram_elems;
   const int64_t ld_x = program.tall ? m : program.n;
   float* x = u;
@@ -50,10 +52,17 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
   float* z = r + mm;
   float* q = z + mm;
   float* t = q + mm;
-  // R = W W^T (upper, mirrored).
-  auto gram = [&] {
+  // R = W W^T (upper, mirrored; summed over a split's members, then rounded).
+  auto gram = [&]() -> absl::Status {
     TiledSsyrkUpper(!program.tall, m, program.n, 1.0f, x, ld_x, 0.0f, r, m);
-    Finish(r, m, round);
+    if (!sum_gram) {
+      Finish(r, m, round);
+      return absl::OkStatus();
+    }
+    MirrorUpper(r, m, m);
+    absl::Status summed = sum_gram(r, mm);
+    RoundToType(round, r, mm);
+    return summed;
   };
   // W <- Q W, Q read as symmetric.
   auto apply_q = [&] {
@@ -61,7 +70,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
     RoundToType(round, x_next, program.x_elems);
     std::swap(x, x_next);
   };
-  gram();
+  if (config.steps > 0) MUON_RETURN_IF_ERROR(gram());
   for (int i = 0; i < config.steps; ++i) {
     const NsCoefficients& abc = config.ForIteration(i);
     const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
@@ -69,7 +78,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
     const bool restart = config.RestartsAt(i);
     if (restart) {
       apply_q();
-      gram();
+      MUON_RETURN_IF_ERROR(gram());
     }
     // Z = b R + c R^2 (R R^T = R^2: one symmetric product).
     if (c != 0.0f) {
@@ -95,6 +104,7 @@ void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u
   }
   if (config.steps > 0) apply_q();
   if (x != u) std::copy(x, x + program.x_elems, u);
+  return absl::OkStatus();
 }
 
 }  // namespace cpu

@@ -19,6 +19,10 @@
 #define MUON_MATH_CPU_GRAM_NS_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
 
 #include "muon/math/ns_config.h"
 #include "muon/math/ns_program.h"
@@ -38,8 +42,14 @@ size_t GramWorkFloats(const NsProgram& program);
 // `round`, an ew:: type), stored as `program` says (W^T when wide, W when
 // tall, column-major: the standard program's layout); the result replaces
 // it. `work`: GramWorkFloats(program) floats.
-void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u, float* work,
-                      int round);
+//
+// A split member's block (PlanNewtonSchulzBlock's program) passes
+// `sum_gram`: each R it forms (its share of the whole's, both triangles) is
+// replaced by the members' sum before it is rounded; its first failure is
+// returned, with `u` left partly computed.
+absl::Status GramNewtonSchulz(
+    const NsConfig& config, const NsProgram& program, float* u, float* work, int round,
+    const std::function<absl::Status(float* values, int64_t count)>& sum_gram = nullptr);
 
 }  // namespace cpu
 }  // namespace muon

@@ -11,8 +11,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -61,6 +63,7 @@ class Summer {
     }
     Wait();
     ++calls_[static_cast<size_t>(member)];  // each member its own
+    if (member == 0) log_.push_back({std::is_same<T, double>::value, count});
     return absl::OkStatus();
   }
 
@@ -72,6 +75,8 @@ class Summer {
   }
 
   int Calls(int member) const { return calls_[static_cast<size_t>(member)]; }
+  // Member 0's sums, in order.
+  const std::vector<MemberSum>& Log() const { return log_; }
 
  private:
   void Wait() {
@@ -89,6 +94,7 @@ class Summer {
   const int members_;
   std::vector<std::vector<double>> slots_;
   std::vector<int> calls_;
+  std::vector<MemberSum> log_;
   std::mutex mu_;
   std::condition_variable cv_;
   int waiting_ = 0;
@@ -108,12 +114,18 @@ std::vector<int64_t> Widths(int64_t n, int members) {
   return w;
 }
 
+// What a member runs on its block: OrthogonalizeBlock unless a test says.
+using MemberRun = std::function<absl::Status(CpuBackend& be, int member, const MatrixBlock& block,
+                                             const MemberSums& sums)>;
+
 // Runs the split on `matrix` (row-major rows x cols) with `members` threads
 // (each a backend joined as that world rank when `join`), and returns the
 // matrix put back together from the members' blocks; *sums gets member 0's
 // number of sums.
 std::vector<float> SplitRun(const NsConfig& cfg, const std::vector<float>& matrix, int64_t rows,
-                            int64_t cols, int members, bool join, int* sums = nullptr) {
+                            int64_t cols, int members, bool join, int* sums = nullptr,
+                            const MemberRun& run = nullptr,
+                            std::vector<MemberSum>* log = nullptr) {
   const bool tall = rows > cols;
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   const std::vector<int64_t> widths = Widths(n, members);
@@ -143,14 +155,17 @@ std::vector<float> SplitRun(const NsConfig& cfg, const std::vector<float>& matri
     threads.emplace_back([&, b] {
       CpuBackend be;
       if (join) be.JoinWorld(b);
-      MatrixBlock block{blocks[static_cast<size_t>(b)].data(), m, widths[static_cast<size_t>(b)],
-                        tall};
-      status[static_cast<size_t>(b)] = be.OrthogonalizeBlock(cfg, block, summer.For(b));
+      const MatrixBlock block{blocks[static_cast<size_t>(b)].data(), m,
+                              widths[static_cast<size_t>(b)], tall, starts[static_cast<size_t>(b)],
+                              n};
+      status[static_cast<size_t>(b)] = run ? run(be, b, block, summer.For(b))
+                                           : be.OrthogonalizeBlock(cfg, block, summer.For(b));
     });
   }
   for (std::thread& t : threads) t.join();
   for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
   if (sums != nullptr) *sums = summer.Calls(0);
+  if (log != nullptr) *log = summer.Log();
   std::vector<float> out(matrix.size());
   for (int b = 0; b < members; ++b) {
     const int64_t w = widths[static_cast<size_t>(b)], s0 = starts[static_cast<size_t>(b)];
@@ -247,6 +262,127 @@ TEST_P(SplitNs, AolMatchesTheWholeMatrix) {
   }
 }
 
+bool IsF16Value(float v) {
+  return Bits(RoundToF16(v)) == Bits(v);
+}
+
+// fp16 Newton-Schulz (the iteration state in fp16) over the members, as the
+// emulated whole: fp32 products rounded to fp16.
+TEST_P(SplitNs, Fp16RoundsAsTheEmulatedWholeMatrix) {
+  const Case c = GetParam();
+  NsConfig cfg;
+  cfg.dtype = NsDtype::kFP16;
+  const std::vector<float> u = RandomNormal(c.rows * c.cols, 37);
+  std::vector<MemberSum> log;
+  const std::vector<float> split =
+      SplitRun(cfg, u, c.rows, c.cols, c.members, false, nullptr, nullptr, &log);
+  EXPECT_EQ(log, BlockSums(cfg, std::min(c.rows, c.cols), std::max(c.rows, c.cols)));
+  for (float v : split) ASSERT_TRUE(IsF16Value(v)) << "not an fp16 value: " << v;
+  const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
+  // fp16 keeps 3 more bits than bf16, so the gram's sums in another order
+  // move more of its roundings (1 fp16 ulp, ~5e-4, each): held by the
+  // distance, and by the float64 reference.
+  const std::vector<double> ref =
+      ReferenceNewtonSchulz(std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
+  EXPECT_LT(MaxRelErr(split, whole), 0.005);
+  EXPECT_LE(MaxRelErr(split, ref), 1.5 * MaxRelErr(whole, ref) + 1e-3);
+  NsConfig bf16 = cfg;
+  bf16.dtype = NsDtype::kBF16;
+  EXPECT_GT(MaxRelErr(split, Whole(bf16, u, c.rows, c.cols)), 1e-3) << "not fp16's rounding";
+}
+
+// Gram Newton-Schulz over the members: R summed where it is formed (the
+// start and each restart), the m x m iterations on every member, and each
+// member's block multiplied by Q. A square matrix runs the standard one.
+TEST_P(SplitNs, GramMatchesTheWholeMatrix) {
+  const Case c = GetParam();
+  const int64_t m = std::min(c.rows, c.cols), n = std::max(c.rows, c.cols);
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kFP16, NsDtype::kBF16}) {
+    for (uint64_t restarts : {uint64_t{1} << 2, uint64_t{0}, uint64_t{0b11010}}) {
+      NsConfig cfg;
+      cfg.dtype = dtype;
+      cfg.algorithm = NsAlgorithm::kGram;
+      cfg.gram_restarts = restarts;
+      const std::vector<float> u = RandomNormal(c.rows * c.cols, 41);
+      std::vector<MemberSum> log;
+      const std::vector<float> split =
+          SplitRun(cfg, u, c.rows, c.cols, c.members, false, nullptr, nullptr, &log);
+      const std::vector<MemberSum> want = BlockSums(cfg, m, n);
+      EXPECT_EQ(log, want);
+      const size_t grams = m == n ? 5 : 1 + static_cast<size_t>(__builtin_popcountll(restarts & 0b11110));
+      EXPECT_EQ(want.size(), 1 + grams) << "the norm's sum and one per R formed";
+      const std::vector<float> whole = Whole(cfg, u, c.rows, c.cols);
+      if (dtype == NsDtype::kFP32) {
+        const std::vector<double> ref = ReferenceNewtonSchulz(
+            std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
+        // Without restarts Q carries every iteration's fp32 rounding (the
+        // whole's own distance from the float64 standard iteration reaches
+        // 1.9e-5): the split is held within 1e-5 plus that, and as near the
+        // reference as the whole.
+        const double whole_err = MaxRelErr(whole, ref);
+        EXPECT_LT(MaxRelErr(split, whole), 1e-5 + whole_err) << "restarts " << restarts;
+        EXPECT_LT(MaxRelErr(split, ref), 2 * whole_err + 1e-6) << "restarts " << restarts;
+      } else {
+        for (float v : split) {
+          ASSERT_TRUE(dtype == NsDtype::kFP16 ? IsF16Value(v) : (Bits(v) & 0xffffu) == 0)
+              << "not a value of the dtype: " << v;
+        }
+        EXPECT_LT(MaxRelErr(split, whole), dtype == NsDtype::kFP16 ? 0.01 : 0.03)
+            << "restarts " << restarts;
+      }
+    }
+  }
+}
+
+// NorMuon on the members' blocks: the rows' squares summed, every member's
+// moments alike and the whole's (bit for bit where a tall matrix's blocks
+// hold whole rows), each block's rows divided as the whole's are.
+TEST_P(SplitNs, NorMuonBlockMatchesNorMuonOnTheWhole) {
+  const Case c = GetParam();
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
+    const NorMuonStep step{0.9, 1e-8, dtype};
+    std::vector<float> whole_moments(static_cast<size_t>(c.rows), 0.0f);
+    std::vector<std::vector<float>> member_moments(static_cast<size_t>(c.members),
+                                                   whole_moments);
+    CpuBackend whole_be;
+    for (int t = 0; t < 3; ++t) {
+      SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) + ", step " +
+                   std::to_string(t));
+      std::vector<float> o = RandomNormal(c.rows * c.cols, 43 + t);
+      for (float& v : o) v = dtype == NsDtype::kBF16   ? RoundToBf16(v)
+                             : dtype == NsDtype::kFP16 ? RoundToF16(v)
+                                                       : v;
+      std::vector<float> whole = o;
+      float* moments = whole_moments.data();
+      ASSERT_TRUE(whole_be.NorMuon(step, {whole.data(), 1, c.rows, c.cols}, &moments).ok());
+      int sums = 0;
+      const std::vector<float> split = SplitRun(
+          NsConfig(), o, c.rows, c.cols, c.members, false, &sums,
+          [&](CpuBackend& be, int b, const MatrixBlock& block, const MemberSums& s) {
+            return be.NorMuonBlock(step, block, member_moments[static_cast<size_t>(b)].data(), s);
+          });
+      EXPECT_EQ(sums, 1) << "one sum of the rows' squares";
+      for (int b = 1; b < c.members; ++b) {
+        for (int64_t i = 0; i < c.rows; ++i) {
+          ASSERT_EQ(Bits(member_moments[static_cast<size_t>(b)][static_cast<size_t>(i)]),
+                    Bits(member_moments[0][static_cast<size_t>(i)]))
+              << "member " << b << " row " << i;
+        }
+      }
+      if (c.rows > c.cols) {
+        for (size_t i = 0; i < o.size(); ++i) ASSERT_EQ(Bits(split[i]), Bits(whole[i])) << i;
+        for (size_t i = 0; i < whole_moments.size(); ++i) {
+          ASSERT_EQ(Bits(member_moments[0][i]), Bits(whole_moments[i])) << "row " << i;
+        }
+      } else {
+        EXPECT_LT(MaxRelErr(split, whole), dtype == NsDtype::kFP32 ? 1e-6 : 1e-2);
+        EXPECT_LT(MaxRelErr(member_moments[0], whole_moments), 1e-6);
+      }
+      EXPECT_GT(MaxRelErr(split, o), 0.01) << "the rows were not divided";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, SplitNs,
     ::testing::Values(Case{24, 40, 2},   // wide, blocks of 20 columns
@@ -304,10 +440,10 @@ TEST(SplitNs, AFailedSumIsReturnedAndAnEmptyBlockRefused) {
   sums.f64 = [](double*, int64_t) { return absl::OkStatus(); };
   sums.f32 = [](float*, int64_t) { return absl::UnavailableError("the members' sum failed"); };
   CpuBackend be;
-  const absl::Status s = be.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false}, sums);
+  const absl::Status s = be.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false, 0, 12}, sums);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("members' sum"), std::string::npos) << s;
-  const absl::Status empty = be.OrthogonalizeBlock(cfg, {block.data(), 8, 0, false}, sums);
+  const absl::Status empty = be.OrthogonalizeBlock(cfg, {block.data(), 8, 0, false, 0, 12}, sums);
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument) << empty;
 }
 
@@ -332,7 +468,7 @@ TEST(SplitNs, ABlockChoosesTheFp32EngineAsAWholeMatrixDoes) {
   sums.f64 = [](double*, int64_t) { return absl::OkStatus(); };
   sums.f32 = [](float*, int64_t) { return absl::OkStatus(); };
   CpuBackend fresh;
-  ASSERT_TRUE(fresh.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false}, sums).ok());
+  ASSERT_TRUE(fresh.OrthogonalizeBlock(cfg, {block.data(), 8, 12, false, 0, 12}, sums).ok());
   EXPECT_STREQ(fresh.Fp32EngineName(), reference.Fp32EngineName());
   EXPECT_STREQ(fresh.Fp32EngineName(), "avx512");
   ::unsetenv("MUON_CPU_FP32");

@@ -1,0 +1,135 @@
+// CpuBackend's part of a split matrix (MathBackend::OrthogonalizeBlock and
+// NorMuonBlock): one member's block through the block program, summing with
+// the other members where the whole matrix is needed. Each member computes
+// on this rank's core slots and holds none while it waits in a sum (a sum
+// waits on other ranks, which may need those cores).
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
+#include "muon/math/cpu/aol.h"
+#include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/cpu/cpu_kernels.h"
+#include "muon/math/cpu/gram_ns.h"
+#include "muon/math/normuon.h"
+
+namespace muon {
+
+namespace {
+
+absl::Status CheckBlock(const MatrixBlock& block) {
+  if (block.m <= 0 || block.width <= 0 || block.first < 0 || block.first > block.n - block.width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a split Newton-Schulz block of ", block.m, " x ", block.width,
+                     " at column ", block.first, " of ", block.n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
+                                            const MemberSums& sums) {
+  MUON_RETURN_IF_ERROR(CheckBlock(block));
+  const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
+  const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
+  const bool gram_ns = config.algorithm == NsAlgorithm::kGram && block.m != block.n;
+  MUON_RETURN_IF_ERROR(ReserveFloats(gram_ns ? cpu::GramWorkFloats(program)
+                                             : static_cast<size_t>(elems + 2 * gram_elems)));
+  const int threads = cpu::ThreadsPerRankHere();
+  cpu::UseThreads(threads, cpu::NativeThreadsHere());
+  // Every member chooses the fp32 products' engine here, as a whole matrix's
+  // Newton-Schulz does (not left to whatever this backend ran last).
+  MUON_RETURN_IF_ERROR(products_.Choose(threads));
+  const bool bf16 = config.dtype == NsDtype::kBF16;
+  const int round = RoundType(config);
+  std::optional<cpu::CoreSlots> slots(std::in_place, threads);
+  if (bf16) cpu::RoundToBf16(block.data, elems);
+  if (config.aol) {  // scaled at the first gram instead of divided by the norm
+    MUON_RETURN_IF_ERROR(ReserveAolScales(static_cast<size_t>(block.m)));
+  } else {
+    // The whole's norm: this block's squares (of its bf16 values when bf16),
+    // summed over the members; then divided and rounded as Normalize does.
+    double squares = cpu::SumSquares(block.data, elems);
+    slots.reset();
+    MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
+    slots.emplace(threads);
+    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
+    if (config.dtype == NsDtype::kFP16) cpu::RoundToF16(block.data, elems);
+  }
+  if (gram_ns) {
+    return cpu::GramNewtonSchulz(config, program, block.data, work_, round,
+                                 [&](float* r, int64_t n) {
+                                   slots.reset();
+                                   absl::Status summed = sums.f32(r, n);
+                                   slots.emplace(threads);
+                                   return summed;
+                                 });
+  }
+  float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
+  float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
+  const NsGemm& gram_product = program.iteration[0];
+  for (int it = 0; it < config.steps; ++it) {
+    const NsCoefficients& abc = config.ForIteration(it);
+    RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
+    slots.reset();
+    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
+    slots.emplace(threads);
+    if (it == 0 && config.aol) {
+      // AOL (cpu/aol.h): the whole's W W^T gives the scales, and scaled it is
+      // this first gram. Row-major, the block is m x width or, tall, width x m.
+      cpu::AolScale(block.data, block.tall ? block.width : block.m,
+                    block.tall ? block.m : block.width, block.tall, config.eps, round, gram,
+                    aol_scales_.data());
+    } else {
+      cpu::RoundToType(round, gram, gram_elems);
+    }
+    const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
+    for (auto g = products.begin() + 1; g != products.end(); ++g) {
+      RunGemm(**g, abc, buffers, round);
+    }
+    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
+  }
+  const float* x = buffers[static_cast<int>(NsBuffer::kX)];
+  if (x != block.data) std::copy(x, x + elems, block.data);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block,
+                                      float* moments, const MemberSums& sums) {
+  MUON_RETURN_IF_ERROR(CheckBlock(block));
+  // Row-major, the block is `width` whole rows of a tall matrix (rows
+  // [first, first + width) of n), or every one of a wide matrix's m rows,
+  // `width` long.
+  const int64_t rows = block.tall ? block.n : block.m;
+  const int64_t cols = block.tall ? block.m : block.n;
+  const int64_t local_rows = block.tall ? block.width : block.m;
+  const int64_t local_cols = block.tall ? block.m : block.width;
+  const int64_t row0 = block.tall ? block.first : 0;
+  normuon_sums_.assign(static_cast<size_t>(rows), 0.0);
+  normuon_divisors_.resize(static_cast<size_t>(rows));
+  const int threads = cpu::ThreadsPerRankHere();
+  {
+    const cpu::CoreSlots slots(threads);
+    for (int64_t i = 0; i < local_rows; ++i) {
+      normuon_sums_[static_cast<size_t>(row0 + i)] =
+          cpu::SumSquares(block.data + i * local_cols, local_cols);
+    }
+  }
+  // A row's squares over the members (a tall block's rows are whole: the
+  // others add zeros to them, exactly).
+  MUON_RETURN_IF_ERROR(sums.f64(normuon_sums_.data(), rows));
+  const cpu::CoreSlots slots(threads);
+  NorMuonRowDivisors(normuon_sums_.data(), rows, cols, step.beta2, step.eps, moments,
+                     normuon_divisors_.data());
+  for (int64_t i = 0; i < local_rows; ++i) {
+    float* row = block.data + i * local_cols;
+    cpu::Divide(row, local_cols, normuon_divisors_[static_cast<size_t>(row0 + i)],
+                step.ns_dtype == NsDtype::kBF16);
+    if (step.ns_dtype == NsDtype::kFP16) cpu::RoundToF16(row, local_cols);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muon
