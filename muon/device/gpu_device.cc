@@ -98,6 +98,10 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");
     return math_->CountNonFinite(dtype, data, n, counter);
   }
+  absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");
+    return math_->CountNonFiniteAll(tensors, counter);
+  }
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "the step's go-ahead");

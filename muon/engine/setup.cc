@@ -164,6 +164,7 @@ absl::Status Build(Registry& registry, const Options& options,
     MUON_RETURN_IF_ERROR(s->moments->Allocate(registry.device(), stash));
   }
   if (!registry.device()->is_host()) {
+    s->nonfinite_args.reserve(registry.params().size());
     MUON_ASSIGN_OR_RETURN(s->nonfinite, DeviceBuffer::Make(registry.device(), sizeof(int64_t),
                                                            "the non-finite gradient count"));
   }

@@ -49,6 +49,7 @@ struct StepSetup {
   std::vector<ApplyArgs> apply_args;
   AgreeScratch agree;
   std::vector<int64_t> nonfinite_counts;  // one per world rank
+  std::vector<CountArgs> nonfinite_args;  // on a GPU: the gradients counted
 
   // In the order they run (an array: a step allocates nothing).
   std::array<Stepper*, 3> steppers() const { return {exchange.get(), custom.get(), zero2.get()}; }

@@ -185,11 +185,13 @@ absl::StatusOr<bool> StepOutcome::AgreeToSkip(const StepCall& step, bool local_o
                         "skip_nonfinite waits for the GPU's count, which a step being captured "
                         "into a CUDA graph cannot do; capture steps without it")
                   : device.ZeroAsync(counter, sizeof(int64_t));
+    // Every gradient in one call (one launch, however many parameters).
+    std::vector<CountArgs>& args = setup.nonfinite_args;
+    args.clear();  // its capacity kept: no allocation after the first step
     for (const Param& p : step.registry->params()) {
-      if (counted.ok() && p.active) {
-        counted = device.math().CountNonFinite(p.grad.dtype, p.grad.data, p.numel(), counter);
-      }
+      if (p.active) args.push_back({p.grad.dtype, p.grad.data, p.numel()});
     }
+    if (counted.ok()) counted = device.math().CountNonFiniteAll(args, counter);
     if (counted.ok()) counted = device.ToHost(&mine, counter, sizeof mine);
     if (!counted.ok()) mine = -1;
   }

@@ -106,6 +106,14 @@ struct ApplyArgs {
   double weight_decay_scale = 1.0;
 };
 
+// One tensor of a CountNonFiniteAll call: n elements of `dtype` at `data`
+// (backend memory).
+struct CountArgs {
+  DType dtype = DType::kF32;
+  const void* data = nullptr;
+  int64_t n = 0;
+};
+
 // What every tensor of one Apply call shares.
 struct ApplyStep {
   const StepScalars* scalars = nullptr;  // backend memory: lr and weight_decay read from it
@@ -219,6 +227,15 @@ class MathBackend {
   // before a step changes anything.
   virtual absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                                       int64_t* counter) = 0;
+  // The same over every tensor of `tensors` into one counter: one launch on
+  // a GPU, however many (skip_nonfinite's count of a step's gradients).
+  virtual absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) {
+    for (const CountArgs& t : tensors) {
+      absl::Status st = CountNonFinite(t.dtype, t.data, t.n, counter);
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
 
   // The step's go-ahead, computed where the verdicts are (no host wait on a
   // GPU): *flag = 0 when every one of the `n` 16-byte records at `verdicts`

@@ -425,6 +425,27 @@ TEST(StrictGpu, EachStepLaunchesOneMomentumAndOneUpdateKernel) {
   Rt()->StreamDestroy(stream);
 }
 
+// skip_nonfinite counts every gradient in one launch per step (a
+// multi-tensor kernel), however many parameters.
+TEST(StrictGpu, SkipNonfiniteCountsEveryGradientInOneLaunch) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* h = dlopen(std::getenv("MUON_CUDA_PLUGIN"), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr);
+  auto count_launches =
+      reinterpret_cast<int64_t (*)(int)>(dlsym(h, "muon_strict_gpu_count_launches"));
+  ASSERT_NE(count_launches, nullptr);
+  void* stream = *Rt()->StreamCreate();
+  Model gpu(0, 0, stream, /*skip_nonfinite=*/1);
+  ASSERT_EQ(gpu.params.size(), 2u);
+  ASSERT_EQ(gpu.Step(1), MUON_OK);
+  const int64_t before = count_launches(0);
+  for (int s = 2; s <= 4; ++s) ASSERT_EQ(gpu.Step(s), MUON_OK);
+  EXPECT_EQ(count_launches(0) - before, 3);
+  EXPECT_EQ(Stats(gpu.opt).nonfinite_grads, 0);
+  Rt()->StreamDestroy(stream);
+}
+
 // A host allocator (muon_options_t.allocate) serves every byte of device
 // memory the optimizer holds (the Newton-Schulz workspace included), on the
 // GPU it asked for, and gets all of it back; the steps equal the host's.

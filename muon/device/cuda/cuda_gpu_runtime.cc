@@ -72,6 +72,8 @@ class CudaRuntime final : public GpuRuntime {
   absl::Status LaunchCopyChunks(const GpuCopyChunk* chunks, int64_t count, GpuStream stream,
                                 const std::string& what) override {
     if (count == 0) return absl::OkStatus();
+    const absl::Status pending = CudaPendingBefore(what);  // not ours to read or blame
+    if (!pending.ok()) return pending;
     return CudaStatus(cuda::LaunchCopyChunks(chunks, count, S(stream)), what);
   }
 

@@ -51,9 +51,12 @@ int Copy(void* dst, const void* src, size_t bytes, void* stream) {
 }
 
 int HostReadable(const void* ptr) {
+  const cudaError_t pending = cudaPeekAtLastError();  // an earlier call's: left for its caller
   cudaPointerAttributes a;
   if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
-    cudaGetLastError();  // clear it: an unknown pointer is plain host memory
+    // Clear this call's error (an unknown pointer is plain host memory),
+    // never one that was pending before it.
+    if (pending == cudaSuccess) cudaGetLastError();
     return 1;
   }
   return a.type == cudaMemoryTypeDevice ? 0 : 1;

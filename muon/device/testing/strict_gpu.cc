@@ -22,6 +22,7 @@ std::atomic<int> g_fail_momentum{-1};
 constexpr int kMaxOrdinals = 64;
 std::atomic<int64_t> g_momentum_launches[kMaxOrdinals];
 std::atomic<int64_t> g_apply_launches[kMaxOrdinals];
+std::atomic<int64_t> g_count_launches[kMaxOrdinals];
 
 void CountLaunch(std::atomic<int64_t>* counters, int ordinal) {
   if (ordinal >= 0 && ordinal < kMaxOrdinals) counters[ordinal].fetch_add(1);
@@ -123,7 +124,22 @@ class StrictMath final : public MathBackend {
                                              "counting non-finite gradients: data");
     if (st.ok()) st = rt_->CheckDeviceMemory(counter, 8, "counting non-finite gradients: counter");
     if (!st.ok()) return st;
+    CountLaunch(g_count_launches, ordinal_);
     return Run([this, dtype, data, n, counter] { return cpu_.CountNonFinite(dtype, data, n, counter); });
+  }
+  // One launch for every tensor (as the CUDA backend's multi-tensor kernel).
+  absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) override {
+    absl::Status st = rt_->CheckDeviceMemory(counter, 8, "counting non-finite gradients: counter");
+    for (const CountArgs& t : tensors) {
+      if (st.ok() && t.n > 0) {
+        st = rt_->CheckDeviceMemory(t.data, static_cast<size_t>(t.n) * SizeOf(t.dtype),
+                                    "counting non-finite gradients: data");
+      }
+    }
+    if (!st.ok()) return st;
+    CountLaunch(g_count_launches, ordinal_);
+    std::vector<CountArgs> copy(tensors.begin(), tensors.end());
+    return Run([this, copy, counter] { return cpu_.CountNonFiniteAll(copy, counter); });
   }
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override {
@@ -173,6 +189,7 @@ StrictLaunches LaunchesOn(int ordinal) {
   if (ordinal >= 0 && ordinal < kMaxOrdinals) {
     l.momentum = g_momentum_launches[ordinal].load();
     l.apply = g_apply_launches[ordinal].load();
+    l.count = g_count_launches[ordinal].load();
   }
   return l;
 }

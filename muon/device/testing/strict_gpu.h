@@ -24,10 +24,12 @@ std::unique_ptr<Device> MakeStrictGpuDevice(std::shared_ptr<StrictCpuRuntime> ru
 // fails (as a kernel launch can), on whichever optimizer issues it.
 void FailNextMomentum(int ordinal);
 
-// The momentum and update launches issued on device `ordinal` so far.
+// The momentum, update and non-finite count launches issued on device
+// `ordinal` so far.
 struct StrictLaunches {
   int64_t momentum = 0;
   int64_t apply = 0;
+  int64_t count = 0;
 };
 StrictLaunches LaunchesOn(int ordinal);
 

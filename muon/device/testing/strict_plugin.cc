@@ -91,3 +91,9 @@ extern "C" __attribute__((visibility("default"))) void muon_strict_gpu_launches(
   *momentum = l.momentum;
   *apply = l.apply;
 }
+
+// The non-finite count launches issued on a device so far (strict_gpu.h).
+extern "C" __attribute__((visibility("default"))) int64_t muon_strict_gpu_count_launches(
+    int ordinal) {
+  return muon::LaunchesOn(ordinal).count;
+}

@@ -32,6 +32,15 @@ absl::Status CublasStatus(cublasStatus_t s, const char* what) {
     if (!_s.ok()) return _s;  \
   } while (0)
 
+// A kernel launch (cuda::Launch*, which read their error with
+// cudaGetLastError): refused while another call's error is pending.
+#define MUON_CUDA_LAUNCH(expr, what)                   \
+  do {                                                 \
+    auto _p = CudaPendingBefore(what);                 \
+    if (!_p.ok()) return _p;                           \
+    MUON_CUDA(expr, what);                             \
+  } while (0)
+
 #define MUON_CUBLAS(expr, what) \
   do {                          \
     auto _s = CublasStatus((expr), what); \
@@ -155,6 +164,7 @@ struct CudaBackend::Impl {
   // The multi-tensor launches' host-side lists, kept across calls.
   std::vector<cuda::MomentumTensor> momentum_tensors;
   std::vector<cuda::ApplyTensor> apply_tensors;
+  std::vector<cuda::CountTensor> count_tensors;
   // cuBLASLt's workspace, handed to every matmul (32 MiB as cuBLAS advises
   // for Hopper; the heuristics are asked for algorithms within it).
   WorkBuffer lt_workspace;
@@ -199,7 +209,7 @@ absl::Status CudaBackend::StoreBytes(void* dst, const void* src, size_t bytes) {
     return absl::InternalError(absl::StrCat("StoreBytes of ", bytes, " bytes (at most ",
                                             kMaxStoreBytes, ")"));
   }
-  MUON_CUDA(cuda::LaunchStoreBytes(dst, src, bytes, impl_->stream), "storing bytes on the GPU");
+  MUON_CUDA_LAUNCH(cuda::LaunchStoreBytes(dst, src, bytes, impl_->stream), "storing bytes on the GPU");
   return absl::OkStatus();
 }
 
@@ -212,7 +222,7 @@ absl::Status CudaBackend::Momentum(const MomentumStep& step,
     t[i] = {static_cast<int>(a.grad_dtype), a.grad, static_cast<int>(a.buf_dtype), a.buf, a.n,
             a.out, static_cast<int>(a.out_dtype)};
   }
-  MUON_CUDA(cuda::LaunchMomentum(t.data(), static_cast<int64_t>(t.size()), step.scalars,
+  MUON_CUDA_LAUNCH(cuda::LaunchMomentum(t.data(), static_cast<int64_t>(t.size()), step.scalars,
                                  step.nesterov, step.nonfinite, impl_->stream),
             "momentum kernel");
   return absl::OkStatus();
@@ -230,7 +240,7 @@ absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArg
     t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio,
             static_cast<int>(a.update_dtype), a.cautious ? 1 : 0};
   }
-  MUON_CUDA(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
+  MUON_CUDA_LAUNCH(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
                               impl_->stream),
             "update kernel");
   return absl::OkStatus();
@@ -238,14 +248,27 @@ absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArg
 
 absl::Status CudaBackend::CountNonFinite(DType dtype, const void* data, int64_t n,
                                          int64_t* counter) {
-  MUON_CUDA(cuda::LaunchCountNonFinite(static_cast<int>(dtype), data, n, counter, impl_->stream),
+  MUON_CUDA_LAUNCH(cuda::LaunchCountNonFinite(static_cast<int>(dtype), data, n, counter, impl_->stream),
+            "counting non-finite gradients");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CountNonFiniteAll(absl::Span<const CountArgs> tensors,
+                                            int64_t* counter) {
+  std::vector<cuda::CountTensor>& t = impl_->count_tensors;
+  t.resize(tensors.size());  // grows to the largest call once, then reused
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    t[i] = {static_cast<int>(tensors[i].dtype), tensors[i].data, tensors[i].n};
+  }
+  MUON_CUDA_LAUNCH(cuda::LaunchCountNonFiniteAll(t.data(), static_cast<int64_t>(t.size()), counter,
+                                          impl_->stream),
             "counting non-finite gradients");
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                                       int32_t* flag) {
-  MUON_CUDA(cuda::LaunchVerdictGate(verdicts, n, magic, flag, impl_->stream), "verdict kernel");
+  MUON_CUDA_LAUNCH(cuda::LaunchVerdictGate(verdicts, n, magic, flag, impl_->stream), "verdict kernel");
   return absl::OkStatus();
 }
 
@@ -335,7 +358,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
 
   // X <- U / max(||U||, eps), no transpose: the program reads either
   // orientation as stored.
-  MUON_CUDA(cuda::LaunchPrepare(data, u_type, batch.count, p.x_elems, x_type,
+  MUON_CUDA_LAUNCH(cuda::LaunchPrepare(data, u_type, batch.count, p.x_elems, x_type,
                                 static_cast<float>(config.eps),
                                 static_cast<float*>(impl_->partials.ptr), buffers[0], s),
             "Newton-Schulz input kernels");
@@ -357,7 +380,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }
-  MUON_CUDA(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, u_type, s),
+  MUON_CUDA_LAUNCH(cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, u_type, s),
             "Newton-Schulz output kernel");
   return absl::OkStatus();
 }

@@ -41,6 +41,7 @@ class CudaBackend final : public MathBackend {
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override;
+  absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) override;
 
   // Unimplemented for what only the CPU backend runs (fp16, Gram).
   static absl::Status Supported(const NsConfig& config);

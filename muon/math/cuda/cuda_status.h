@@ -22,6 +22,21 @@ inline absl::Status CudaStatus(cudaError_t e, const std::string& what) {
   return absl::InternalError(msg);
 }
 
+// Before a kernel launch: a launch's error is read with cudaGetLastError,
+// which returns (and clears) the last error of any runtime call on this
+// thread. An error already pending there is an earlier call's (the host's,
+// left unread) or the context's (a sticky fault): libmuon does not launch,
+// names it as pending rather than as its own, and leaves it unread for its
+// caller (cudaPeekAtLastError does not clear it).
+inline absl::Status CudaPendingBefore(const std::string& what) {
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (pending == cudaSuccess) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": not launched: a CUDA error was pending before it, from an earlier call on this "
+      "thread (not libmuon's): ", cudaGetErrorName(pending), " (", cudaGetErrorString(pending),
+      "); it is left for its caller to read (cudaGetLastError)"));
+}
+
 }  // namespace muon
 
 #endif  // MUON_MATH_CUDA_CUDA_STATUS_H_

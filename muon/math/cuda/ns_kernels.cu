@@ -67,6 +67,17 @@ struct ApplyLaunchArgs {
   int count;
 };
 
+struct CountEntry {
+  const void* x;
+  int64_t n;
+  int64_t first_block;
+  int type;
+};
+struct CountLaunchArgs {
+  CountEntry t[kTensorsPerLaunch];
+  int count;
+};
+
 template <typename Args>
 __device__ __forceinline__ int TensorOfBlock(const Args& a, int64_t block) {
   int i = 0;
@@ -340,6 +351,35 @@ cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* co
   CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(
       type, x, n, reinterpret_cast<unsigned long long*>(counter));
   return cudaGetLastError();
+}
+
+// Block b counts chunk b - first_block of its tensor: one atomic per
+// thread that saw a non-finite element.
+__global__ void CountNonFiniteAllKernel(CountLaunchArgs a, unsigned long long* counter) {
+  const int64_t block = blockIdx.x;
+  const CountEntry& t = a.t[TensorOfBlock(a, block)];
+  const int64_t begin = (block - t.first_block) * kChunk;
+  const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
+  unsigned long long bad = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    bad += ew::IsFinite(Load(t.type, t.x, i)) ? 0 : 1;
+  }
+  if (bad != 0) atomicAdd(counter, bad);
+}
+
+cudaError_t LaunchCountNonFiniteAll(const CountTensor* tensors, int64_t count, int64_t* counter,
+                                    cudaStream_t stream) {
+  auto fill = [](CountEntry& e, const CountTensor& t) {
+    e.x = t.x;
+    e.n = t.n;
+    e.type = t.type;
+  };
+  auto launch = [&](const CountLaunchArgs& args, int64_t blocks) {
+    CountNonFiniteAllKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        args, reinterpret_cast<unsigned long long*>(counter));
+    return cudaGetLastError();
+  };
+  return PackAndLaunch<CountLaunchArgs>(tensors, count, fill, launch);
 }
 
 __global__ void VerdictGateKernel(const unsigned char* verdicts, int64_t n, uint32_t magic,

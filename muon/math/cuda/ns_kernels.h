@@ -63,6 +63,18 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
 cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* counter,
                                  cudaStream_t stream);
 
+// One tensor of a multi-tensor count launch.
+struct CountTensor {
+  int type = kF32;
+  const void* x = nullptr;
+  int64_t n = 0;
+};
+
+// The same over every tensor, in as few launches as the kernel argument
+// space allows (one for up to 40 tensors), each block a chunk of one tensor.
+cudaError_t LaunchCountNonFiniteAll(const CountTensor* tensors, int64_t count, int64_t* counter,
+                                    cudaStream_t stream);
+
 // *flag = 0 when each of the n 16-byte verdicts (u32 magic, i32 code, u64
 // digest) has `magic`, code 0 and verdict 0's digest, else 1 (one block).
 cudaError_t LaunchVerdictGate(const void* verdicts, int64_t n, uint32_t magic, int32_t* flag,
