@@ -32,6 +32,7 @@ from typing import Any
 from ._lib import path as library_path
 from ._errors import MuonError
 from ._optimizer import Optimizer, version
+from ._allocator import TorchAllocator
 from ._comm import Communicator, FlatRange, InProcessComm, InProcessWorld, Replicate, Shard
 from ._dist import TorchDistComm
 from ._base_config import DistributedConfigBase
@@ -51,6 +52,7 @@ __all__ = [
     "Optimizer",
     "Replicate",
     "Shard",
+    "TorchAllocator",
     "__version__",
     "library_path",
     "version",

@@ -122,3 +122,27 @@ def custom_layout(name, shape, rows, cols, assign_fn, gather_fn, redistribute_fn
                  _lib.CUSTOM_REDISTRIBUTE_FN(c_redistribute))
     layout.assign_fn, layout.gather_fn, layout.redistribute_fn = callbacks
     return layout, callbacks
+
+
+def allocator_callbacks(allocator, sink):
+    """muon_options_t.allocate and .release calling allocator.allocate(nbytes,
+    device_type, device_id, stream) (an address; 0 or None: short) and
+    allocator.release(address, nbytes, device_type, device_id, stream), the
+    stream a cudaStream_t as an int (0: none). What they raise goes to `sink`;
+    allocate then returns NULL, which the library reports naming the buffer."""
+
+    def c_allocate(ctx, nbytes, device_type, device_id, stream):
+        try:
+            address = allocator.allocate(nbytes, device_type, device_id, stream or 0)
+            return operator.index(address) if address else None
+        except BaseException as e:  # noqa: B902 - nothing may escape into the library
+            callback_failed(e, "the allocator's allocate", sink)
+            return None
+
+    def c_release(ctx, address, nbytes, device_type, device_id, stream):
+        try:
+            allocator.release(address, nbytes, device_type, device_id, stream or 0)
+        except BaseException as e:  # noqa: B902 - nothing may escape into the library
+            callback_failed(e, "the allocator's release", sink)
+
+    return _lib.ALLOCATE_FN(c_allocate), _lib.RELEASE_FN(c_release)

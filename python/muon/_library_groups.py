@@ -9,6 +9,7 @@ import operator
 import torch
 
 from . import _optimizer
+from ._allocator import TorchAllocator
 from ._group_options import (check_step_param, coefficients_key, group_split, lowlevel_kwargs,
                              ns_dtype_of, real_value, variants_of)
 
@@ -92,6 +93,10 @@ class LibraryGroups:
         kwargs = lowlevel_kwargs(group)
         if self._config is not None:
             kwargs.update(self._hooks.options())
+        if any(getattr(p, "is_cuda", False) for _, p in indexed):
+            # The optimizer's GPU memory from torch's caching allocator: counted
+            # by torch.cuda.memory_allocated, reused from its cache.
+            kwargs.setdefault("allocator", TorchAllocator())
         opt = _optimizer.Optimizer(**kwargs)
         try:
             g = LibraryGroup(opt, indexed, self._rebuild_key(group), kwargs["normuon"])

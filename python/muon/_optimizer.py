@@ -10,7 +10,7 @@ import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence, TypeVar, cast
 
 from . import _lib
-from ._callbacks import assignment_callback, custom_layout
+from ._callbacks import allocator_callbacks, assignment_callback, custom_layout
 from ._comm import fill_placement
 from ._errors import MuonError, check, describe, error
 from ._optimizer_comms import OptimizerComms
@@ -115,6 +115,14 @@ class Optimizer(OptimizerComms, OptimizerState):
     normuon, normuon_beta2, normuon_eps: NorMuon (arXiv 2510.05491): each
     matrix's owner normalizes the rows of its orthogonalized update by a
     second moment it keeps (see muon_options_t).
+    allocator: the optimizer's own memory (momentum, update and exchange
+    buffers, the Newton-Schulz workspace) from an object with
+    allocate(nbytes, device_type, device_id, stream) -> address and
+    release(address, nbytes, device_type, device_id, stream), called at
+    registration, the first step and close (muon_options_t.allocate; blocks
+    aligned to 64 bytes). muon.TorchAllocator serves it from torch's caching
+    allocator on GPUs (what muon.Muon does for CUDA parameters) and torch's
+    CPU allocator on the host. None (default): the library's own.
 
     Not thread-safe: use one optimizer from one thread at a time (ranks run as
     threads each use their own).
@@ -132,7 +140,7 @@ class Optimizer(OptimizerComms, OptimizerState):
                  cautious_wd: bool | None = None, normuon: bool | None = None,
                  normuon_beta2: float | None = None, normuon_eps: float | None = None,
                  ns_algorithm: str | None = None, gram_restarts: Iterable[int] | None = None,
-                 skip_nonfinite_updates: bool | None = None) -> None:
+                 skip_nonfinite_updates: bool | None = None, allocator: Any = None) -> None:
         self._handle = None
         self._params = []
         self._comms = []        # communicator objects given to set_world / add_group
@@ -164,6 +172,14 @@ class Optimizer(OptimizerComms, OptimizerState):
             update_scale=update_scale, cautious_wd=cautious_wd, normuon=normuon,
             normuon_beta2=normuon_beta2, normuon_eps=normuon_eps, ns_algorithm=ns_algorithm,
             gram_restarts=gram_restarts, skip_nonfinite_updates=skip_nonfinite_updates)
+        if allocator is not None:
+            if not (callable(getattr(allocator, "allocate", None))
+                    and callable(getattr(allocator, "release", None))):
+                raise TypeError("muon.Optimizer: allocator must have allocate(nbytes, "
+                                "device_type, device_id, stream) and release(address, nbytes, "
+                                "device_type, device_id, stream) (muon.TorchAllocator has)")
+            o.allocate, o.release = allocator_callbacks(allocator, self._callback_errors)
+            self._keep += [o.allocate, o.release, allocator]
         handle = _lib.opt_p()
         check(_lib_handle.muon_create(ctypes.byref(o), ctypes.byref(handle)))
         del table  # copied by muon_create
@@ -317,8 +333,8 @@ class Optimizer(OptimizerComms, OptimizerState):
             po.num_placements = len(placements)
             po.placements = ctypes.cast(array, ctypes.POINTER(_lib.muon_placement_t))
         pid = ctypes.c_int64()
-        check(_lib_handle.muon_register_param(h, pv.ref, gv.ref, ctypes.byref(po),
-                                               ctypes.byref(pid)))
+        self._check_with_callbacks(_lib_handle.muon_register_param(
+            h, pv.ref, gv.ref, ctypes.byref(po), ctypes.byref(pid)))
         del keep  # copied by the library
         whole = global_shape if global_shape is not None else tuple(param.shape)
         self._params.append(_Registered(name if name is not None else "param%d" % pid.value,
@@ -513,7 +529,11 @@ class Optimizer(OptimizerComms, OptimizerState):
         exception as its __cause__."""
         h = self._h()
         self._check_torch_storage()
-        status = _lib_handle.muon_step(h, self._stream_of(stream))
+        self._check_with_callbacks(_lib_handle.muon_step(h, self._stream_of(stream)))
+
+    def _check_with_callbacks(self, status):
+        """Raises MuonError for a failed call, naming (and chaining) what its
+        Python callbacks raised."""
         raised = self._take_callback_errors()
         if status != 0:
             err = error(status)

@@ -351,6 +351,32 @@ def test_the_steady_state_allocates_no_device_memory():
     assert len(set(free[2:])) == 1, "free device memory changed across steps: %s" % free
 
 
+def test_muon_muon_allocates_through_torchs_caching_allocator():
+    # The optimizer's device memory (momentum, updates, the Newton-Schulz
+    # workspace) counts in torch.cuda.memory_allocated and goes back at close.
+    import gc
+
+    init, grads = make_problem(8, steps=2)
+    params = [torch.nn.Parameter(p.clone().to(DEV)) for p in init]
+    dev_grads = [[g.to(DEV) for g in step] for step in grads]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(DEV)
+    opt = muon.Muon(params, lr=LR, weight_decay=WD)
+    for step in dev_grads:
+        for p, g in zip(params, step):
+            p.grad = g
+        opt.step()
+    torch.cuda.synchronize()
+    momentum = sum(p.numel() * p.element_size() for p in params)
+    held = torch.cuda.memory_allocated(DEV) - before
+    assert held >= momentum, "%d bytes through torch's allocator, momentum alone is %d" % (
+        held, momentum)
+    del opt
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(DEV) == before
+
+
 def test_state_round_trips_through_the_host():
     init, grads = make_problem(7, steps=3)
     params = [torch.nn.Parameter(p.clone().to(DEV)) for p in init]
