@@ -133,7 +133,11 @@ MUON_API muon_status_t muon_set_moments(muon_optimizer_t* opt, int64_t param_id,
  * muon_set_owned_moments takes the whole moments (as muon_set_moments) on
  * every rank that holds the parameter and keeps the matrices this rank owns
  * (every member of a split matrix keeps its; before the first step: all of
- * them, as muon_set_moments). Neither call
+ * them, as muon_set_moments). Set before the first step, moments reach only
+ * the ranks that hold their parameter: when SPREAD or SPLIT gives a matrix
+ * to a rank that does not, and the host set moments other than zero, the
+ * first step fails on every rank with MUON_FAILED_PRECONDITION naming the
+ * parameter (resume through the state blobs, which carry every owner's). Neither call
  * is a collective. Since 0.7. */
 MUON_API muon_status_t muon_get_owned_moments(const muon_optimizer_t* opt, int64_t param_id,
                                               const DLTensor* dst, uint8_t* owned,

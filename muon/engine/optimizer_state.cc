@@ -180,6 +180,11 @@ absl::Status Optimizer::CopyMomentsIn(int64_t id, const DLTensor* src, bool owne
   for (int64_t k = 0; k < p->batch; ++k) {
     const float* row = in + k * p->moment_count();
     if (setup_ == nullptr) {
+      // Zeros are what a matrix without moments starts with: only values
+      // that are not need to reach every owner.
+      for (int64_t i = 0; i < p->moment_count() && !moment_stash_.set_by_host; ++i) {
+        moment_stash_.set_by_host = row[i] != 0.0f;
+      }
       moment_stash_.values[{p->name, k}].assign(row, row + p->moment_count());
     } else if (ids[static_cast<size_t>(k)] >= 0) {
       MUON_RETURN_IF_ERROR(registry_.device()->FromHost(

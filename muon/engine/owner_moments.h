@@ -27,6 +27,10 @@ struct MomentStash {
   // A blob listed moments (format 3, saved with normuon): every owned matrix
   // must then be among them. Unset: those not among them start at zero.
   bool present = false;
+  // The host set moments other than zero before the first step
+  // (muon_set_moments, muon_set_owned_moments: a resume through its own
+  // checkpoint), which reach only the ranks that hold each parameter.
+  bool set_by_host = false;
   std::map<MomentKey, std::vector<float>> values;
 };
 

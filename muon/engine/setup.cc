@@ -1,5 +1,6 @@
 #include "muon/engine/setup.h"
 
+#include <set>
 #include <string>
 #include <utility>
 
@@ -97,6 +98,27 @@ bool StepSetup::empty() const {
 
 namespace {
 
+// Moments the host set before the first step reach only the ranks that
+// hold each parameter. A rank that orthogonalizes a matrix of a parameter it
+// does not hold (SPREAD and SPLIT give matrices to such ranks) would start
+// that matrix's moments at zero, a silent change of the resumed run:
+// refused, naming the fix (a failure of the setup: every rank fails alike).
+absl::Status CheckHostSetMoments(const Registry& registry, const MomentStash& stash,
+                                 const OwnerMoments& moments, int rank) {
+  if (!stash.set_by_host || stash.present) return absl::OkStatus();
+  std::set<std::string> held;
+  for (const Param& p : registry.params()) held.insert(p.name);
+  for (const OwnerMoments::Entry& e : moments.entries()) {
+    if (held.count(e.name) != 0 || stash.values.count({e.name, e.index}) != 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "param '", e.name, "': rank ", rank, " orthogonalizes its matrix ", e.index,
+        " without holding the parameter (SPREAD, SPLIT): resume NorMuon through the state "
+        "blobs (muon_load_states) or with MUON_ASSIGNMENT_BALANCED; the moments the host "
+        "set (muon_set_owned_moments) cannot reach this rank"));
+  }
+  return absl::OkStatus();
+}
+
 // Everything the steps need, allocated once (local: may fail on one rank).
 absl::Status Build(Registry& registry, const Options& options,
                    const std::vector<std::vector<int>>& members, Plan& plan, Comm& world,
@@ -161,6 +183,7 @@ absl::Status Build(Registry& registry, const Options& options,
   MUON_ASSIGN_OR_RETURN(s->zero2, Zero2Stepper::Create(registry.groups(), members,
                                                        plan.zero2_matrices, ctx));
   if (s->moments != nullptr) {
+    MUON_RETURN_IF_ERROR(CheckHostSetMoments(registry, stash, *s->moments, world.rank()));
     MUON_RETURN_IF_ERROR(s->moments->Allocate(registry.device(), stash));
   }
   if (!registry.device()->is_host()) {

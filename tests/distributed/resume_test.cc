@@ -415,6 +415,63 @@ TEST(Resume, ASplitMatrixsMomentsAreGivenOnceAndKeptByEveryMember) {
   EXPECT_EQ(kept, 4);
 }
 
+// Moments the host sets reach only the ranks that hold each parameter. Under
+// SPREAD a rank orthogonalizes experts it does not hold: rather than start
+// their moments at zero (a silent change of the resumed run), every rank's
+// first step fails naming the parameter and the fix. BALANCED owners hold
+// what they own: the same calls step. Zeros (a state saved without
+// moments) are what every matrix starts with: SPREAD steps with them.
+TEST(Resume, HostSetMomentsThatCannotReachANonHoldingOwnerAreRefused) {
+  std::vector<TParam> model;
+  for (int r = 0; r < 4; ++r) {
+    model.push_back({"expert" + std::to_string(r), {3, 5, 4}, MUON_MATRIX_VIEW_BATCHED_LEADING,
+                     {}, [r](int rank) { return rank == r; }});
+  }
+  model.push_back(P("dense", {24, 24}, {Replicate(-1)}));
+  for (const std::pair<int, float>& run : {std::pair<int, float>{MUON_ASSIGNMENT_SPREAD, 0.5f},
+                                           {MUON_ASSIGNMENT_BALANCED, 0.5f},
+                                           {MUON_ASSIGNMENT_SPREAD, 0.0f}}) {
+    const int assignment = run.first;
+    const float value = run.second;
+    SCOPED_TRACE(std::to_string(assignment) + " " + std::to_string(value));
+    const bool refused = assignment == MUON_ASSIGNMENT_SPREAD && value != 0.0f;
+    RunConfig cfg;
+    cfg.variant = NorMuon;
+    cfg.assignment = assignment;
+    cfg.steps = 0;
+    std::mutex mu;
+    std::vector<std::string> errors;
+    cfg.after_steps = [&](int rank, muon_optimizer_t* opt) -> muon_status_t {
+      int64_t id = 0;
+      for (const TParam& p : model) {
+        if (p.registered_on && !p.registered_on(rank)) continue;
+        std::vector<float> whole(static_cast<size_t>(MomentCount(p)), value);
+        int64_t n = MomentCount(p);
+        DLTensor in = Tensor1D(whole.data(), &n);
+        const muon_status_t st = muon_set_owned_moments(opt, id++, &in);
+        if (st != MUON_OK) return st;
+      }
+      const muon_status_t st = muon_step(opt, nullptr);
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(st == MUON_OK ? "" : muon_last_error_message());
+      return MUON_OK;
+    };
+    for (const RankResult& r : RunDistributed(model, Mesh{{4}}, cfg)) {
+      ASSERT_TRUE(r.error.empty()) << r.error;
+    }
+    ASSERT_EQ(errors.size(), 4u);
+    for (const std::string& e : errors) {
+      if (!refused) {
+        EXPECT_EQ(e, "");
+        continue;
+      }
+      EXPECT_NE(e.find("FAILED_PRECONDITION"), std::string::npos) << e;
+      EXPECT_NE(e.find("without holding the parameter"), std::string::npos) << e;
+      EXPECT_NE(e.find("muon_load_states"), std::string::npos) << e;
+    }
+  }
+}
+
 // Misuse: owned flags of another count than the parameter's matrices, and
 // the calls without NorMuon, are refused naming the cause; dst is untouched.
 TEST(Resume, OwnedMomentsMisuseIsRefusedNamingTheCause) {
