@@ -164,6 +164,9 @@ void ExchangeStepper::AddMoments(const Plan& plan) {
 absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
   const int me = world_.rank();
   splits_.assign(tables_.size(), SplitRound());
+  for (size_t r = 0; r < splits_.size(); ++r) {
+    splits_[r].op = absl::StrCat("summing the split matrices of round ", r);
+  }
   size_t sum_bytes = 0;
   for (size_t i = 0; i < plan.units.size(); ++i) {
     const Unit& u = plan.units[i];
@@ -223,7 +226,7 @@ absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
   std::fill(sum_recv_bytes_.begin(), sum_recv_bytes_.end(), 0);
   std::fill(sum_send_offsets_.begin(), sum_send_offsets_.end(), 0);
   std::fill(sum_recv_offsets_.begin(), sum_recv_offsets_.end(), 0);
-  const std::string op = absl::StrCat("summing the split matrices of round ", round);
+  const std::string& op = s.op;
   if (s.mine < 0) {  // no part: two collectives without bytes, both issued whatever happens
     absl::Status st = world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
                                        sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
@@ -324,15 +327,15 @@ absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
       ++issued;
       return absl::OkStatus();
     };
+    auto sum = [&](auto* v, int64_t n) -> absl::Status {
+      MUON_RETURN_IF_ERROR(scheduled(sizeof(*v) == sizeof(double), n));
+      return Sum(round, v, n);
+    };
+    // Each captures one reference: held inside the std::function, no
+    // allocation per step.
     MemberSums hook;
-    hook.f64 = [&](double* v, int64_t n) {
-      MUON_RETURN_IF_ERROR(scheduled(true, n));
-      return Sum(round, v, n);
-    };
-    hook.f32 = [&](float* v, int64_t n) {
-      MUON_RETURN_IF_ERROR(scheduled(false, n));
-      return Sum(round, v, n);
-    };
+    hook.f64 = [&sum](double* v, int64_t n) { return sum(v, n); };
+    hook.f32 = [&sum](float* v, int64_t n) { return sum(v, n); };
     const Options& o = *ctx_.options;
     st = ctx_.device->math().OrthogonalizeBlock(o.ns, block, hook);
     if (st.ok() && s.moments >= 0) {

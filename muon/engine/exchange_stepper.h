@@ -107,6 +107,7 @@ class ExchangeStepper : public Stepper {
     // (members of one with fewer make the rest without bytes).
     std::vector<MemberSum> sums;
     int calls = 0;
+    std::string op;  // the sums' label, for errors (made once: no allocation per step)
   };
 
   StepContext ctx_;

@@ -632,6 +632,22 @@ TEST(InProcessRanks, TwoRanksSplitBlocksWithNorMuonAllocateNothing) {
            "a custom-path parameter with split blocks and NorMuon");
 }
 
+// MUON_ASSIGNMENT_SPLIT: "big" is orthogonalized by the 4 ranks together
+// (the model of equivalence_test's Split cases), its members summing its
+// norm, grams and NorMuon's row squares at every step.
+TEST(InProcessRanks, FourRanksSplittingAMatrixWithNorMuonAllocateNothing) {
+  static const char* const kSmall[] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7",
+                                       "s8", "s9", "s10", "s11", "s12", "s13", "s14"};
+  std::vector<RankParam> model = {Layout("big", {16, 96}, MUON_PLACEMENT_SHARD, 0)};
+  for (const char* name : kSmall) model.push_back(Layout(name, {8, 8}, MUON_PLACEMENT_REPLICATE));
+  RunRanks(4, model,
+           [](muon_options_t* o) {
+             o->assignment = MUON_ASSIGNMENT_SPLIT;
+             o->normuon = 1;
+           },
+           "four ranks splitting a matrix, with NorMuon");
+}
+
 TEST(InProcessRanks, TwoRanksZero2AllocateNothing) {
   RunRanks(2, {Zero2("a", {16, 8}), Zero2("b", {16, 8}), Zero2("c", {16, 8}), Zero2("d", {8, 30})},
            [](muon_options_t*) {}, "two in-process ZeRO-2 ranks");
