@@ -22,7 +22,15 @@ class TorchAllocator:
     calls them. CUDA memory comes from torch.cuda.caching_allocator_alloc on
     the stream the library names (stream-ordered reuse, as torch's own
     tensors); host memory from a torch uint8 tensor kept until release,
-    aligned to 64 bytes. `live` maps each address handed out to its block."""
+    aligned to 64 bytes. `live` maps each address handed out to its block
+    (a CUDA block: the stream it was allocated on).
+
+    torch may hand a freed CUDA block out again at once to work on the stream
+    it was allocated on. The library's work on it is ordered on the stream
+    it releases it with; when that is another stream (a block allocated at
+    registration, before the optimizer had its stream), release waits for
+    the device first, so that no later tensor of torch's shares the block
+    with work of the optimizer still running."""
 
     def __init__(self) -> None:
         self.live: dict[int, Any] = {}
@@ -32,13 +40,15 @@ class TorchAllocator:
         import torch
 
         if device_type == K_DL_CUDA:
+            # No stream yet (registration): torch's current one of the device.
+            on = int(stream) if stream else torch.cuda.current_stream(device_id).cuda_stream
             address = int(torch.cuda.caching_allocator_alloc(
-                max(int(nbytes), 1), device=device_id, stream=stream or None))
+                max(int(nbytes), 1), device=device_id, stream=on))
             if address % ALIGNMENT:  # torch's blocks are 512-byte aligned
                 torch.cuda.caching_allocator_delete(address)
                 raise MemoryError("torch's caching allocator returned a block at %#x, not "
                                   "%d-byte aligned" % (address, ALIGNMENT))
-            self.live[address] = None
+            self.live[address] = ("cuda", on)
         elif device_type in (K_DL_CPU, K_DL_CUDA_HOST):
             block = torch.empty(int(nbytes) + ALIGNMENT, dtype=torch.uint8,
                                 pin_memory=device_type == K_DL_CUDA_HOST)
@@ -53,7 +63,9 @@ class TorchAllocator:
     def release(self, address: int, nbytes: int, device_type: int, device_id: int,
                 stream: int) -> None:
         block = self.live.pop(address)
-        if block is None:
+        if isinstance(block, tuple):
             import torch
 
+            if stream and block[1] != int(stream):
+                torch.cuda.synchronize(device_id)
             torch.cuda.caching_allocator_delete(address)
