@@ -38,7 +38,7 @@ class DistributedConfigBase:
 
       options() -> dict               extra muon.Optimizer arguments (default: the
                                       pipeline options, prefetch_count and
-                                      async_parallelism)
+                                      async_parallelism, and assignment when set)
       attach(optimizer, named_params) sets the world, adds the groups and registers
                                       every (name, param), collectively
       prepare(named_matrices)         every matrix muon.Muon steps, from its
@@ -49,6 +49,10 @@ class DistributedConfigBase:
       after_step()                    at the end of each step()
       flat_grad_attr                  where a flat buffer's gradient is ("grad")
       skip_empty_groups               step no param group without params (False)
+      assignment                      who orthogonalizes each matrix, as
+                                      muon.Optimizer's: "balanced", "round_robin",
+                                      "spread", "split" (None: the library's
+                                      default, balanced); the same on every rank
 
     muon.DistributedConfig and the configs the create_*_config helpers and the
     framework adapters return derive from this class; any object with
@@ -62,6 +66,7 @@ class DistributedConfigBase:
     prefetch_count: int = 1
     flat_grad_attr: str = "grad"
     skip_empty_groups: bool = False
+    assignment: Any = None
 
     def __init__(self, async_gpu_parallelism: bool = True, prefetch_count: int = 1) -> None:
         self.async_gpu_parallelism, self.prefetch_count = check_pipeline_options(
@@ -70,8 +75,11 @@ class DistributedConfigBase:
     def options(self) -> dict[str, Any]:
         """Extra keyword arguments of the low-level muon.Optimizer of each param
         group: the pipeline options (prefetch_count, async_parallelism)."""
-        return {"prefetch_count": self.prefetch_count,
-                "async_parallelism": self.async_gpu_parallelism}
+        out = {"prefetch_count": self.prefetch_count,
+               "async_parallelism": self.async_gpu_parallelism}
+        if self.assignment is not None:
+            out["assignment"] = self.assignment
+        return out
 
     def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
         """Sets the world of `optimizer` (one param group's muon.Optimizer), adds
