@@ -634,8 +634,9 @@ TEST(InProcessRanks, TwoRanksSplitBlocksWithNorMuonAllocateNothing) {
 
 // MUON_ASSIGNMENT_SPLIT: "big" is orthogonalized by the 4 ranks together
 // (the model of equivalence_test's Split cases), its members summing its
-// norm, grams and NorMuon's row squares at every step.
-TEST(InProcessRanks, FourRanksSplittingAMatrixWithNorMuonAllocateNothing) {
+// norm, grams and NorMuon's row squares at every step; then Gram
+// Newton-Schulz's R.
+TEST(InProcessRanks, FourRanksSplittingAMatrixAllocateNothing) {
   static const char* const kSmall[] = {"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7",
                                        "s8", "s9", "s10", "s11", "s12", "s13", "s14"};
   std::vector<RankParam> model = {Layout("big", {16, 96}, MUON_PLACEMENT_SHARD, 0)};
@@ -646,6 +647,12 @@ TEST(InProcessRanks, FourRanksSplittingAMatrixWithNorMuonAllocateNothing) {
              o->normuon = 1;
            },
            "four ranks splitting a matrix, with NorMuon");
+  RunRanks(4, model,
+           [](muon_options_t* o) {
+             o->assignment = MUON_ASSIGNMENT_SPLIT;
+             o->ns_algorithm = MUON_NS_GRAM;
+           },
+           "four ranks splitting a matrix, Gram Newton-Schulz");
 }
 
 TEST(InProcessRanks, TwoRanksZero2AllocateNothing) {

@@ -59,13 +59,14 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     if (config.dtype == NsDtype::kFP16) cpu::RoundToF16(block.data, elems);
   }
   if (gram_ns) {
-    return cpu::GramNewtonSchulz(config, program, block.data, work_, round,
-                                 [&](float* r, int64_t n) {
-                                   slots.reset();
-                                   absl::Status summed = sums.f32(r, n);
-                                   slots.emplace(threads);
-                                   return summed;
-                                 });
+    auto sum_gram = [&](float* r, int64_t n) {
+      slots.reset();
+      absl::Status summed = sums.f32(r, n);
+      slots.emplace(threads);
+      return summed;
+    };
+    const cpu::GramSum sum(sum_gram);  // refers to it: no allocation per step
+    return cpu::GramNewtonSchulz(config, program, block.data, work_, round, &sum);
   }
   float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
   float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];

@@ -41,9 +41,8 @@ size_t GramWorkFloats(const NsProgram& program) {
   return static_cast<size_t>(program.x_elems + 4 * program.gram_elems);
 }
 
-absl::Status GramNewtonSchulz(
-    const NsConfig& config, const NsProgram& program, float* u, float* work, int round,
-    const std::function<absl::Status(float* values, int64_t count)>& sum_gram) {
+absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u,
+                              float* work, int round, const GramSum* sum_gram) {
   const int64_t m = program.m, mm = program.gram_elems;
   const int64_t ld_x = program.tall ? m : program.n;
   float* x = u;
@@ -55,12 +54,12 @@ absl::Status GramNewtonSchulz(
   // R = W W^T (upper, mirrored; summed over a split's members, then rounded).
   auto gram = [&]() -> absl::Status {
     TiledSsyrkUpper(!program.tall, m, program.n, 1.0f, x, ld_x, 0.0f, r, m);
-    if (!sum_gram) {
+    if (sum_gram == nullptr) {
       Finish(r, m, round);
       return absl::OkStatus();
     }
     MirrorUpper(r, m, m);
-    absl::Status summed = sum_gram(r, mm);
+    absl::Status summed = (*sum_gram)(r, mm);
     RoundToType(round, r, mm);
     return summed;
   };

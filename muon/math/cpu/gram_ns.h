@@ -20,8 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 
 #include "muon/math/ns_config.h"
@@ -47,9 +47,9 @@ size_t GramWorkFloats(const NsProgram& program);
 // `sum_gram`: each R it forms (its share of the whole's, both triangles) is
 // replaced by the members' sum before it is rounded; its first failure is
 // returned, with `u` left partly computed.
-absl::Status GramNewtonSchulz(
-    const NsConfig& config, const NsProgram& program, float* u, float* work, int round,
-    const std::function<absl::Status(float* values, int64_t count)>& sum_gram = nullptr);
+using GramSum = absl::FunctionRef<absl::Status(float* values, int64_t count)>;
+absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u,
+                              float* work, int round, const GramSum* sum_gram = nullptr);
 
 }  // namespace cpu
 }  // namespace muon
