@@ -298,16 +298,26 @@ std::map<std::string, std::vector<float>> PutTogether(const std::vector<TParam>&
   return whole;
 }
 
+// *out: one process's moments of every matrix after `cfg` (it owns them
+// all). False when the reference run failed.
+bool ReferenceMoments(const std::vector<TParam>& model, RunConfig cfg,
+                      std::map<std::string, std::vector<float>>* out) {
+  std::mutex mu;
+  OwnedByRank got;
+  cfg.after_steps = ReadOwned(model, &mu, &got);
+  if (RunReference(model, cfg).empty()) return false;
+  *out = PutTogether(model, got, 1);
+  return true;
+}
+
 TEST(Resume, OwnedMomentsPutTogetherAreTheSingleProcessMoments) {
   const std::vector<TParam> model = OwnedMomentsModel();
   RunConfig cfg;
   cfg.variant = NorMuon;
   cfg.steps = 3;
+  std::map<std::string, std::vector<float>> ref;
+  ASSERT_TRUE(ReferenceMoments(model, cfg, &ref)) << "reference run failed";
   std::mutex mu;
-  OwnedByRank ref_got;
-  cfg.after_steps = ReadOwned(model, &mu, &ref_got);
-  ASSERT_FALSE(RunReference(model, cfg).empty());
-  const auto ref = PutTogether(model, ref_got, 1);  // one process owns every matrix
   for (const auto& [name, v] : ref) {
     bool nonzero = false;
     for (float x : v) nonzero = nonzero || x != 0.0f;
@@ -360,8 +370,9 @@ TEST(Resume, SetOwnedMomentsKeepsWhatEachRankOwns) {
 // member.
 std::vector<TParam> SplitMomentsModel() {
   std::vector<TParam> model = {P("big", {16, 96}, {Shard(0, 0)})};
-  for (int i = 0; i < 15; ++i) model.push_back(P("", {8, 8}, {Replicate(0)}));
-  for (int i = 0; i < 15; ++i) model[static_cast<size_t>(i) + 1].name = "small" + std::to_string(i);
+  for (int i = 0; i < 15; ++i) {
+    model.push_back(P(("small" + std::to_string(i)).c_str(), {8, 8}, {Replicate(0)}));
+  }
   return model;
 }
 
@@ -370,11 +381,9 @@ TEST(Resume, ASplitMatrixsMomentsAreGivenOnceAndKeptByEveryMember) {
   RunConfig cfg;
   cfg.variant = NorMuon;
   cfg.steps = 3;
+  std::map<std::string, std::vector<float>> ref;
+  ASSERT_TRUE(ReferenceMoments(model, cfg, &ref)) << "reference run failed";
   std::mutex mu;
-  OwnedByRank ref_got;
-  cfg.after_steps = ReadOwned(model, &mu, &ref_got);
-  ASSERT_FALSE(RunReference(model, cfg).empty());
-  const auto ref = PutTogether(model, ref_got, 1);
   cfg.assignment = MUON_ASSIGNMENT_SPLIT;
   OwnedByRank got;
   cfg.after_steps = ReadOwned(model, &mu, &got);

@@ -278,8 +278,7 @@ absl::Status CpuBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& bat
       if (bf16) {
         cpu::DivideBf16(b16 + i * cols, cols, d, b16 + i * cols);
       } else {
-        cpu::Divide(f32 + i * cols, cols, d, step.ns_dtype == NsDtype::kBF16);
-        if (step.ns_dtype == NsDtype::kFP16) cpu::RoundToF16(f32 + i * cols, cols);
+        DivideRounded(step.ns_dtype, f32 + i * cols, cols, d);
       }
     });
   }
@@ -327,8 +326,12 @@ void CpuBackend::RunGemm(const NsGemm& g, const NsCoefficients& abc, float* cons
 // then rounds, as gram-newton-schulz does; bf16 rounds first, as torch.
 void CpuBackend::Normalize(const NsConfig& config, float* x, int64_t elems) {
   const float norm = NormalizingDivisor(config, x, elems);
-  cpu::Divide(x, elems, norm, config.dtype == NsDtype::kBF16);
-  if (config.dtype == NsDtype::kFP16) cpu::RoundToF16(x, elems);
+  DivideRounded(config.dtype, x, elems, norm);
+}
+
+void CpuBackend::DivideRounded(NsDtype dtype, float* x, int64_t elems, float d) {
+  cpu::Divide(x, elems, d, dtype == NsDtype::kBF16);
+  if (dtype == NsDtype::kFP16) cpu::RoundToF16(x, elems);
 }
 
 int CpuBackend::RoundType(const NsConfig& config) {

@@ -80,6 +80,9 @@ class CpuBackend final : public MathBackend {
 
  private:
   static void Normalize(const NsConfig& config, float* x, int64_t elems);
+  // x[0, elems) / d, rounded to `dtype`'s precision (bf16 in the division,
+  // fp16 after it): the normalization's and NorMuon's rows' division.
+  static void DivideRounded(NsDtype dtype, float* x, int64_t elems, float d);
   // What Normalize divides by (x rounded to bf16 in place first when the
   // dtype is bf16).
   static float NormalizingDivisor(const NsConfig& config, float* x, int64_t elems);

@@ -55,8 +55,7 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
     slots.reset();
     MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
     slots.emplace(threads);
-    cpu::Divide(block.data, elems, DivisorOfSum(config, squares), bf16);
-    if (config.dtype == NsDtype::kFP16) cpu::RoundToF16(block.data, elems);
+    DivideRounded(config.dtype, block.data, elems, DivisorOfSum(config, squares));
   }
   if (gram_ns) {
     auto sum_gram = [&](float* r, int64_t n) {
@@ -125,10 +124,8 @@ absl::Status CpuBackend::NorMuonBlock(const NorMuonStep& step, const MatrixBlock
   NorMuonRowDivisors(normuon_sums_.data(), rows, cols, step.beta2, step.eps, moments,
                      normuon_divisors_.data());
   for (int64_t i = 0; i < local_rows; ++i) {
-    float* row = block.data + i * local_cols;
-    cpu::Divide(row, local_cols, normuon_divisors_[static_cast<size_t>(row0 + i)],
-                step.ns_dtype == NsDtype::kBF16);
-    if (step.ns_dtype == NsDtype::kFP16) cpu::RoundToF16(row, local_cols);
+    DivideRounded(step.ns_dtype, block.data + i * local_cols, local_cols,
+                  normuon_divisors_[static_cast<size_t>(row0 + i)]);
   }
   return absl::OkStatus();
 }
