@@ -47,7 +47,8 @@ typedef enum muon_ns_dtype_t {
  * round-off the chain of m x m products gathers. The same polynomial as
  * STANDARD, with m x m products in place of two m x n ones per iteration:
  * fewer FLOPs where n / m is large. A square matrix runs STANDARD. CPU
- * backend only so far. Under MUON_ASSIGNMENT_SPLIT the members sum their
+ * and CUDA backends (bf16 or fp32; on a GPU as cuBLASLt products). Under
+ * MUON_ASSIGNMENT_SPLIT (CPU backend only so far) the members sum their
  * blocks' shares of R where it is formed (the start, each restart), and
  * each runs the m x m iterations and multiplies its block by Q. */
 typedef enum muon_ns_algorithm_t {

@@ -5,9 +5,15 @@
    (ns_bench, strided-batched over same-shape matrices) against
    torch.optim._muon._zeropower_via_newtonschulz called per matrix, as
    torch.optim.Muon does. ms per call and effective TFLOP/s counting
-   4 m^2 n + 2 m^3 per iteration (m <= n).
+   4 m^2 n + 2 m^3 per iteration (m <= n), the standard iteration's count,
+   for both: so TFLOP/s compares times. The Gram column is libmuon's Gram
+   Newton-Schulz (ns_algorithm GRAM, restarting at 2; square matrices run
+   the standard iteration) on the same matrices, with its distance from
+   the standard iteration's result (the largest of |gram - standard| over
+   the largest |standard|, in one matrix per shape).
 2. A full optimizer step over the Llama-3-8B matrix set (bf16 parameters):
-   muon.Muon.step against torch.optim.Muon.step.
+   muon.Muon.step against torch.optim.Muon.step, and muon.Muon with
+   ns_algorithm="gram".
 
    run_python.sh tests/gpu/bench_gpu.py --ns-bench bazel-bin/tests/gpu/ns_bench
 """
@@ -69,9 +75,10 @@ def torch_ns(batches, iters):
     return time_cuda(run, iters)
 
 
-def ours_ns(ns_bench, batches, iters):
+def ours_ns(ns_bench, batches, iters, gram=False):
     specs = ["%dx%dx%d" % b for b in batches]
-    out = subprocess.run([ns_bench, "--iters", str(iters)] + specs, check=True,
+    out = subprocess.run([ns_bench, "--iters", str(iters)] + (["--gram"] if gram else []) + specs,
+                         check=True,
                          capture_output=True, text=True).stdout
     return sum(float(line.split()[4]) for line in out.splitlines() if line.startswith("ns "))
 
@@ -80,17 +87,36 @@ def full_step(layers, iters):
     import muon
     shapes = [(r, c) for count, r, c in llama_set(layers) for _ in range(count)]
     results = {}
-    for name in ("torch", "libmuon"):
+    for name in ("torch", "libmuon", "libmuon gram"):
         params = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02)
                   for s in shapes]
         for p in params:
             p.grad = torch.randn_like(p)
-        opt = (torch.optim.Muon(params, lr=0.02) if name == "torch"
-               else muon.Muon(params, lr=0.02))
+        if name == "torch":
+            opt = torch.optim.Muon(params, lr=0.02)
+        else:
+            opt = muon.Muon(params, lr=0.02,
+                            ns_algorithm="gram" if name == "libmuon gram" else "standard")
         results[name] = time_cuda(opt.step, iters)
         del opt, params
         torch.cuda.empty_cache()
     return results, len(shapes)
+
+
+def gram_distance(rows, cols):
+    """max |gram - standard| / max |standard| on one random matrix (bf16)."""
+    import muon
+    out = []
+    for algo in ("standard", "gram"):
+        w = torch.nn.Parameter(torch.zeros(rows, cols, device="cuda", dtype=torch.bfloat16))
+        torch.manual_seed(3)
+        w.grad = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        opt = muon.Muon([w], lr=1.0, momentum=0.0, weight_decay=0.0, adjust_lr_fn="original",
+                        ns_algorithm=algo)
+        opt.step()
+        out.append(w.detach().float())
+        del opt
+    return ((out[1] - out[0]).abs().max() / out[0].abs().max()).item()
 
 
 def main():
@@ -108,14 +134,18 @@ def main():
              ("8192x8192", [(1, 8192, 8192)]), ("4096x14336", [(1, 4096, 14336)]),
              ("Llama-3-8B set (%d layers)" % args.layers, llama_set(args.layers))]
     print("| Newton-Schulz, 5 steps, bf16 | torch ms | libmuon ms | speed-up | torch TFLOP/s "
-          "| libmuon TFLOP/s | libmuon % of peak |")
-    print("|---|---|---|---|---|---|---|")
+          "| libmuon TFLOP/s | libmuon % of peak | libmuon Gram ms | Gram speed-up "
+          "| Gram vs standard |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, batches in cases:
         total = sum(count * flops(r, c) for count, r, c in batches)
         t = torch_ns(batches, args.iters)
         o = ours_ns(args.ns_bench, batches, args.iters)
-        print("| %s | %.3f | %.3f | %.2fx | %.0f | %.0f | %.0f%% |" % (
-            label, t, o, t / o, total / t / 1e9, total / o / 1e9, 100 * total / o / 1e9 / args.peak))
+        g = ours_ns(args.ns_bench, batches, args.iters, gram=True)
+        dist = max(gram_distance(r, c) for _, r, c in batches)
+        print("| %s | %.3f | %.3f | %.2fx | %.0f | %.0f | %.0f%% | %.3f | %.2fx | %.1e |" % (
+            label, t, o, t / o, total / t / 1e9, total / o / 1e9,
+            100 * total / o / 1e9 / args.peak, g, t / g, dist))
         sys.stdout.flush()
     if not args.skip_step:
         res, n = full_step(args.layers, args.iters)
@@ -124,6 +154,8 @@ def main():
         print("| torch.optim.Muon.step | %.1f |" % res["torch"])
         print("| muon.Muon.step (libmuon) | %.1f |" % res["libmuon"])
         print("| speed-up | %.2fx |" % (res["torch"] / res["libmuon"]))
+        print("| muon.Muon(ns_algorithm=\"gram\").step | %.1f |" % res["libmuon gram"])
+        print("| speed-up, Gram | %.2fx |" % (res["torch"] / res["libmuon gram"]))
 
 
 if __name__ == "__main__":

@@ -53,9 +53,9 @@ def run_torch(init, grads, device):
     return [p.detach() for p in params]
 
 
-def run_libmuon(init, grads, device, ns_dtype="bf16"):
+def run_libmuon(init, grads, device, ns_dtype="bf16", **kw):
     params = [torch.nn.Parameter(p.clone().to(device)) for p in init]
-    opt = muon.Muon(params, lr=LR, weight_decay=WD, ns_dtype=ns_dtype)
+    opt = muon.Muon(params, lr=LR, weight_decay=WD, ns_dtype=ns_dtype, **kw)
     for step in grads:
         for p, g in zip(params, step):
             p.grad = g.to(device)
@@ -97,6 +97,28 @@ def test_fp32_matches_the_cpu_backend():
         print("fp32 NS %-12s: |cuda - cpu| / |cpu| = %.2e" % (shape, d))
         worst = max(worst, d)
     assert worst < 1e-5
+
+
+def test_gram_newton_schulz_matches_the_cpu_backend():
+    # ns_algorithm="gram" on the GPU (cuBLASLt products of muon/math/cpu/gram_ns.h's
+    # program) against the CPU backend's Gram, 30 steps, fp32 and bf16; and
+    # not the standard iteration's result (the Gram program ran).
+    # fp32: within 1e-5 (as the standard iteration's fp32 test); bf16: within
+    # 2e-2 of the distance moved (as the bf16 test against torch).
+    for ns_dtype in ("fp32", "bf16"):
+        init, grads = make_problem(5, steps=30)
+        gpu = run_libmuon(init, grads, DEV, ns_dtype=ns_dtype, ns_algorithm="gram")
+        cpu = run_libmuon(init, grads, torch.device("cpu"), ns_dtype=ns_dtype,
+                          ns_algorithm="gram")
+        standard = run_libmuon(init, grads, DEV, ns_dtype=ns_dtype)
+        for shape, a, b, s, p0 in zip(SHAPES, gpu, cpu, standard, init):
+            moved = rel(b, p0)
+            d, from_standard = rel(a, b), rel(a, s)
+            print("%s Gram NS %-12s: |cuda - cpu| / |cpu| = %.2e, from standard %.2e, moved %.2e"
+                  % (ns_dtype, shape, d, from_standard, moved))
+            assert d < (1e-5 if ns_dtype == "fp32" else 2e-2 * moved)
+            if shape[0] != shape[1] and ns_dtype == "fp32":
+                assert from_standard > 0  # a square matrix runs the standard iteration
 
 
 def test_half_dtypes_run_on_the_gpu():

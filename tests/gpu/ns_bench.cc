@@ -3,7 +3,8 @@
 // of same-shape matrices. Used by bench_gpu.py, which times torch in the same
 // run and prints the table.
 //
-//   ns_bench [--fp32] [--iters N] COUNTxROWSxCOLS ...
+//   ns_bench [--fp32] [--gram] [--iters N] COUNTxROWSxCOLS ...
+// (--gram: Gram Newton-Schulz, restarting at iteration 2, its default)
 // prints one line per argument: "ns COUNT ROWS COLS MS" (mean ms per call).
 #include <cuda_runtime.h>
 
@@ -31,6 +32,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--fp32") == 0) {
       config.dtype = muon::NsDtype::kFP32;
+    } else if (std::strcmp(argv[i], "--gram") == 0) {
+      config.algorithm = muon::NsAlgorithm::kGram;
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
     } else {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/status.h"
 #include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/ns_kernels.h"
 #include "muon/math/ns_program.h"
@@ -151,6 +152,12 @@ absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t ty
 
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;  // dtype, count, rows, cols
 
+// Gram Newton-Schulz runs (muon/math/cpu/gram_ns.h's program): kGram on a
+// matrix that is not square (a square one runs the standard iteration).
+bool RunsGram(const NsConfig& config, int64_t rows, int64_t cols) {
+  return config.algorithm == NsAlgorithm::kGram && rows != cols && config.steps > 0;
+}
+
 }  // namespace
 
 struct CudaBackend::Impl {
@@ -158,6 +165,7 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   WorkBuffer x, x_next, gram, poly, partials;
+  WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
   // The products of each shape seen (gram, polynomial, update, cubic update),
   // planned once (heuristics cached).
   std::map<ShapeKey, std::array<LtProduct, 4>> products;
@@ -170,13 +178,86 @@ struct CudaBackend::Impl {
   WorkBuffer lt_workspace;
   static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
   Impl() {
-    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &lt_workspace}) b->source = &source;
+    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &lt_workspace}) {
+      b->source = &source;
+    }
   }
+  // D = alpha op(A) op(B) + beta C, with a product planned for the shape
+  // (its descriptors hold no buffer), on the given buffers.
+  absl::Status Matmul(const LtProduct& lp, float alpha, const void* a, const void* b, float beta,
+                      const void* c, void* d, const char* what) {
+    MUON_CUBLAS(cublasLtMatmul(lt, lp.op, &alpha, a, lp.layout[0], b, lp.layout[1], &beta, c,
+                               lp.layout[2], d, lp.layout[3], &lp.heuristic.algo,
+                               lt_workspace.ptr, lt_workspace.bytes, stream),
+                what);
+    return absl::OkStatus();
+  }
+  absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
+                                const std::array<LtProduct, 4>& planned, int x_type,
+                                void** buffers);
   ~Impl() {
     products.clear();
     if (lt != nullptr) cublasLtDestroy(lt);
   }
 };
+
+// Gram Newton-Schulz (muon/math/cpu/gram_ns.h, whose program this runs) on
+// X, normalized in buffers[kX]; the result is left there. Every m x m
+// product reuses the polynomial's planned shape and every m x n one the
+// update's, on other buffers: R (gram), Z (poly), Q and its scratch T. In
+// bf16 each product's result is rounded to bf16, as the CPU's rounds it.
+absl::Status CudaBackend::Impl::GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
+                                                 const std::array<LtProduct, 4>& planned,
+                                                 int x_type, void** buffers) {
+  void* x = buffers[static_cast<int>(NsBuffer::kX)];
+  void* x_next = buffers[static_cast<int>(NsBuffer::kXNext)];
+  void* const r = buffers[static_cast<int>(NsBuffer::kGram)];
+  void* const z = buffers[static_cast<int>(NsBuffer::kPoly)];
+  void* q = gram_q.ptr;
+  void* t = gram_t.ptr;
+  const LtProduct &gram = planned[0], &square = planned[1], &update = planned[2];
+  auto form_r = [&] {  // R = X X^T
+    return Matmul(gram, 1.0f, x, x, 0.0f, r, r, "Gram Newton-Schulz R = X X^T product");
+  };
+  auto apply_q = [&]() -> absl::Status {  // X = Q X (X^T Q as stored when wide)
+    MUON_RETURN_IF_ERROR(Matmul(update, 1.0f, p.tall ? q : x, p.tall ? x : q, 0.0f, x_next,
+                                x_next, "Gram Newton-Schulz X = Q X product"));
+    std::swap(x, x_next);
+    return absl::OkStatus();
+  };
+  MUON_RETURN_IF_ERROR(form_r());
+  for (int i = 0; i < config.steps; ++i) {
+    const NsCoefficients& abc = config.ForIteration(i);
+    const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
+                c = static_cast<float>(abc[2]);
+    const bool restart = config.RestartsAt(i);
+    if (restart) {
+      MUON_RETURN_IF_ERROR(apply_q());
+      MUON_RETURN_IF_ERROR(form_r());
+    }
+    MUON_RETURN_IF_ERROR(
+        Matmul(square, c, r, r, b, r, z, "Gram Newton-Schulz Z = b R + c R R product"));
+    if (i == 0 || restart) {  // Q = Z + a I
+      MUON_CUDA_LAUNCH(cuda::LaunchAddIdentity(x_type, z, q, p.count, p.m, a, stream),
+                       "Gram Newton-Schulz Q = Z + a I kernel");
+    } else {  // Q = Q Z + a Q
+      MUON_RETURN_IF_ERROR(
+          Matmul(square, 1.0f, q, z, a, q, t, "Gram Newton-Schulz Q = Q Z + a Q product"));
+      std::swap(q, t);
+    }
+    if (i + 1 < config.steps && !config.RestartsAt(i + 1)) {
+      // R = (a I + Z) R (a I + Z): T = R Z + a R, then R = Z T + a T.
+      MUON_RETURN_IF_ERROR(
+          Matmul(square, 1.0f, r, z, a, r, t, "Gram Newton-Schulz R Z + a R product"));
+      MUON_RETURN_IF_ERROR(
+          Matmul(square, 1.0f, z, t, a, t, r, "Gram Newton-Schulz Z (R Z + a R) product"));
+    }
+  }
+  MUON_RETURN_IF_ERROR(apply_q());
+  buffers[static_cast<int>(NsBuffer::kX)] = x;
+  buffers[static_cast<int>(NsBuffer::kXNext)] = x_next;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
   int devices = 0;
@@ -272,16 +353,11 @@ absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t 
   return absl::OkStatus();
 }
 
-// fp16 Newton-Schulz, Gram Newton-Schulz and AOL's pre-scaling run on the
-// CPU backend only so far (Gram's GPU program: muon/math/cpu/gram_ns.h).
+// fp16 Newton-Schulz and AOL's pre-scaling run on the CPU backend only so far.
 absl::Status CudaBackend::Supported(const NsConfig& config) {
   if (config.dtype == NsDtype::kFP16) {
     return absl::UnimplementedError(
         "ns_dtype FP16 runs on the CPU backend only so far; use BF16 or FP32 on a GPU");
-  }
-  if (config.algorithm == NsAlgorithm::kGram) {
-    return absl::UnimplementedError(
-        "ns_algorithm GRAM runs on the CPU backend only so far; use STANDARD on a GPU");
   }
   if (config.aol) {
     return absl::UnimplementedError(
@@ -304,6 +380,12 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   for (WorkBuffer* b : {&impl_->gram, &impl_->poly}) {
     auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem, what);
     if (!st.ok()) return st;
+  }
+  if (RunsGram(config, rows, cols)) {  // Q and its scratch
+    for (WorkBuffer* b : {&impl_->gram_q, &impl_->gram_t}) {
+      auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem, what);
+      if (!st.ok()) return st;
+    }
   }
   auto st = impl_->partials.Reserve(
       k * static_cast<size_t>(cuda::NormBlocks(p.x_elems)) * sizeof(float), what);
@@ -362,6 +444,13 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
                                 static_cast<float>(config.eps),
                                 static_cast<float*>(impl_->partials.ptr), buffers[0], s),
             "Newton-Schulz input kernels");
+  if (RunsGram(config, batch.rows, batch.cols)) {
+    MUON_RETURN_IF_ERROR(impl_->GramNewtonSchulz(config, p, products, x_type, buffers));
+    MUON_CUDA_LAUNCH(
+        cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, u_type, s),
+        "Newton-Schulz output kernel");
+    return absl::OkStatus();
+  }
   for (int it = 0; it < config.steps; ++it) {
     const NsCoefficients& abc = config.ForIteration(it);
     for (const NsGemm* gp : ProductsFor(p, abc)) {  // a cubic iteration runs two

@@ -43,7 +43,7 @@ class CudaBackend final : public MathBackend {
                               int64_t* counter) override;
   absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) override;
 
-  // Unimplemented for what only the CPU backend runs (fp16, Gram).
+  // Unimplemented for what only the CPU backend runs (fp16, AOL).
   static absl::Status Supported(const NsConfig& config);
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override;

@@ -455,5 +455,26 @@ cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_ty
   return cudaGetLastError();
 }
 
+// q[k] <- z[k] + a I, each matrix m x m at stride m * m: a copy, then the
+// diagonal in fp32, rounded to x_type (as the CPU's Gram program rounds Q).
+__global__ void AddToDiagonalKernel(int x_type, void* q, int64_t count, int64_t m, float a) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < count * m; e += stride) {
+    const int64_t k = e / m, j = e % m;
+    const int64_t at = k * m * m + j * m + j;
+    Store(x_type, q, at, Round(x_type, Load(x_type, q, at) + a));
+  }
+}
+
+cudaError_t LaunchAddIdentity(int x_type, const void* z, void* q, int64_t count, int64_t m,
+                              float a, cudaStream_t stream) {
+  if (count == 0 || m == 0) return cudaSuccess;
+  const size_t bytes = static_cast<size_t>(count * m * m) * (x_type == ew::kF32 ? 4 : 2);
+  const cudaError_t e = cudaMemcpyAsync(q, z, bytes, cudaMemcpyDeviceToDevice, stream);
+  if (e != cudaSuccess) return e;
+  AddToDiagonalKernel<<<Blocks(count * m), kThreads, 0, stream>>>(x_type, q, count, m, a);
+  return cudaGetLastError();
+}
+
 }  // namespace cuda
 }  // namespace muon

@@ -98,6 +98,12 @@ cudaError_t LaunchPrepare(const void* u, int u_type, int64_t count, int64_t elem
 cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_type,
                          cudaStream_t stream);
 
+// Gram Newton-Schulz's Q = Z + a I: q[k] <- z[k], then each diagonal
+// element + a (in fp32, rounded to x_type), for `count` m x m matrices at
+// stride m * m.
+cudaError_t LaunchAddIdentity(int x_type, const void* z, void* q, int64_t count, int64_t m,
+                              float a, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace muon
 
