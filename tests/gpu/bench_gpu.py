@@ -75,10 +75,10 @@ def torch_ns(batches, iters):
     return time_cuda(run, iters)
 
 
-def ours_ns(ns_bench, batches, iters, gram=False):
+def ours_ns(ns_bench, batches, iters, gram=False, tiles=0):
     specs = ["%dx%dx%d" % b for b in batches]
-    out = subprocess.run([ns_bench, "--iters", str(iters)] + (["--gram"] if gram else []) + specs,
-                         check=True,
+    flags = (["--gram"] if gram else []) + ["--tiles", str(tiles)]
+    out = subprocess.run([ns_bench, "--iters", str(iters)] + flags + specs, check=True,
                          capture_output=True, text=True).stdout
     return sum(float(line.split()[4]) for line in out.splitlines() if line.startswith("ns "))
 
@@ -133,19 +133,30 @@ def main():
     cases = [("1024x1024", [(1, 1024, 1024)]), ("4096x4096", [(1, 4096, 4096)]),
              ("8192x8192", [(1, 8192, 8192)]), ("4096x14336", [(1, 4096, 14336)]),
              ("Llama-3-8B set (%d layers)" % args.layers, llama_set(args.layers))]
-    print("| Newton-Schulz, 5 steps, bf16 | torch ms | libmuon ms | speed-up | torch TFLOP/s "
-          "| libmuon TFLOP/s | libmuon % of peak | libmuon Gram ms | Gram speed-up "
-          "| Gram vs standard |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| Newton-Schulz, 5 steps, bf16 | torch ms | libmuon whole products ms | libmuon ms "
+          "| speed-up | torch TFLOP/s | libmuon TFLOP/s | libmuon % of peak | libmuon Gram ms "
+          "| Gram speed-up | Gram vs standard |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for label, batches in cases:
         total = sum(count * flops(r, c) for count, r, c in batches)
         t = torch_ns(batches, args.iters)
+        w = ours_ns(args.ns_bench, batches, args.iters, tiles=1)
         o = ours_ns(args.ns_bench, batches, args.iters)
         g = ours_ns(args.ns_bench, batches, args.iters, gram=True)
         dist = max(gram_distance(r, c) for _, r, c in batches)
-        print("| %s | %.3f | %.3f | %.2fx | %.0f | %.0f | %.0f%% | %.3f | %.2fx | %.1e |" % (
-            label, t, o, t / o, total / t / 1e9, total / o / 1e9,
+        print("| %s | %.3f | %.3f | %.3f | %.2fx | %.0f | %.0f | %.0f%% | %.3f | %.2fx | %.1e |" % (
+            label, t, w, o, t / o, total / t / 1e9, total / o / 1e9,
             100 * total / o / 1e9 / args.peak, g, t / g, dist))
+        sys.stdout.flush()
+    # The symmetric products' tiles, side by side (libmuon's rule: 2 x 2 from
+    # m = 4096, 4 x 4 from 8192).
+    tile_cases = [(1, 4096, 4096), (1, 4096, 14336), (1, 8192, 8192), (8, 2048, 8192)]
+    print("\n| symmetric products' tiles, ms | " + " | ".join("%dx%dx%d" % c for c in tile_cases)
+          + " |")
+    print("|---|" + "---|" * len(tile_cases))
+    for tiles in (1, 2, 3, 4, 8):
+        row = [ours_ns(args.ns_bench, [c], args.iters, tiles=tiles) for c in tile_cases]
+        print("| %d x %d | %s |" % (tiles, tiles, " | ".join("%.3f" % v for v in row)))
         sys.stdout.flush()
     if not args.skip_step:
         res, n = full_step(args.layers, args.iters)

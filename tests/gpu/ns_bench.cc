@@ -3,8 +3,9 @@
 // of same-shape matrices. Used by bench_gpu.py, which times torch in the same
 // run and prints the table.
 //
-//   ns_bench [--fp32] [--gram] [--iters N] COUNTxROWSxCOLS ...
-// (--gram: Gram Newton-Schulz, restarting at iteration 2, its default)
+//   ns_bench [--fp32] [--gram] [--tiles T] [--iters N] COUNTxROWSxCOLS ...
+// (--gram: Gram Newton-Schulz, restarting at iteration 2, its default;
+// --tiles: CudaBackend::SetSymmetricTiles(T), 1 for whole products)
 // prints one line per argument: "ns COUNT ROWS COLS MS" (mean ms per call).
 #include <cuda_runtime.h>
 
@@ -28,12 +29,15 @@ int Fail(const char* what, const char* detail) {
 int main(int argc, char** argv) {
   muon::NsConfig config;  // torch's defaults: 5 steps, bf16
   int iters = 10;
+  int tiles = 0;
   std::vector<const char*> specs;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--fp32") == 0) {
       config.dtype = muon::NsDtype::kFP32;
     } else if (std::strcmp(argv[i], "--gram") == 0) {
       config.algorithm = muon::NsAlgorithm::kGram;
+    } else if (std::strcmp(argv[i], "--tiles") == 0 && i + 1 < argc) {
+      tiles = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
     } else {
@@ -45,6 +49,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   cudaStreamCreate(&stream);
   if (auto st = (*backend)->SetStream(stream); !st.ok()) return Fail("stream", st.ToString().c_str());
+  (*backend)->SetSymmetricTiles(tiles);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (const char* spec : specs) {

@@ -114,7 +114,7 @@ absl::Status MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, const N
 }
 
 absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t type, int32_t count,
-                         size_t workspace_bytes, LtProduct* p) {
+                         size_t workspace_bytes, LtProduct* p, uint32_t align_bytes = 256) {
   MUON_CUBLAS(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
               "cuBLASLt matmul descriptor");
   const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -136,6 +136,15 @@ absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t ty
   const uint64_t ws = workspace_bytes;
   cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  // The operands' alignment (a tile of a matrix starts inside it): the
+  // heuristic then leaves out algorithms that need more.
+  for (cublasLtMatmulPreferenceAttributes_t a :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      s = cublasLtMatmulPreferenceSetAttribute(pref, a, &align_bytes, sizeof(align_bytes));
+    }
+  }
   int found = 0;
   if (s == CUBLAS_STATUS_SUCCESS) {
     s = cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->layout[0], p->layout[1], p->layout[2],
@@ -152,6 +161,42 @@ absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t ty
 
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;  // dtype, count, rows, cols
 
+// The products planned for one shape: the program's four, and the b x b
+// tiles of its two symmetric ones (gram, polynomial) when it runs them in
+// tiles (b > 0: the tiles on and below the diagonal, then their mirror).
+struct PlannedShape {
+  std::array<LtProduct, 4> whole;  // gram, polynomial, update, cubic update
+  int64_t tile = 0;
+  LtProduct gram_tile, poly_tile;
+};
+
+// The side of the tiles a symmetric m x m product runs in (0: whole):
+// `forced` tiles a side when it divides m into 16-byte multiples (tests,
+// the benchmark; 1: whole); else by libmuon's rule, 2 x 2 tiles from m =
+// 4096 and 4 x 4 from 8192, where each tile's product still fills the GPU.
+int64_t SymmetricTile(int64_t m, int forced, size_t elem) {
+  const int64_t t = forced > 0 ? forced : (m >= 8192 ? 4 : m >= 4096 ? 2 : 1);
+  if (t <= 1 || m % t != 0) return 0;
+  const int64_t b = m / t;
+  return (static_cast<size_t>(b) * elem) % 16 == 0 ? b : 0;
+}
+
+// The largest power of two (at most 256) that divides `bytes`.
+uint32_t AlignmentOf(size_t bytes) {
+  uint32_t a = 256;
+  while (a > 1 && bytes % a != 0) a /= 2;
+  return a;
+}
+
+// What a failed product says (a literal: nothing is made per call).
+const char* ProductWhat(size_t index) {
+  static const char* const kWhat[] = {"Newton-Schulz gram product",
+                                      "Newton-Schulz polynomial product",
+                                      "Newton-Schulz update product",
+                                      "Newton-Schulz cubic update product"};
+  return kWhat[index];
+}
+
 // Gram Newton-Schulz runs (muon/math/cpu/gram_ns.h's program): kGram on a
 // matrix that is not square (a square one runs the standard iteration).
 bool RunsGram(const NsConfig& config, int64_t rows, int64_t cols) {
@@ -166,9 +211,9 @@ struct CudaBackend::Impl {
   cublasLtHandle_t lt = nullptr;
   WorkBuffer x, x_next, gram, poly, partials;
   WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
-  // The products of each shape seen (gram, polynomial, update, cubic update),
-  // planned once (heuristics cached).
-  std::map<ShapeKey, std::array<LtProduct, 4>> products;
+  // The products of each shape seen, planned once (heuristics cached).
+  std::map<ShapeKey, PlannedShape> products;
+  int forced_tiles = 0;  // SetSymmetricTiles' (0: libmuon's rule)
   // The multi-tensor launches' host-side lists, kept across calls.
   std::vector<cuda::MomentumTensor> momentum_tensors;
   std::vector<cuda::ApplyTensor> apply_tensors;
@@ -192,9 +237,14 @@ struct CudaBackend::Impl {
                 what);
     return absl::OkStatus();
   }
+  // The same for program p's symmetric product `which` (0: gram, 1:
+  // polynomial; or one of their shape on other buffers): whole, or its tiles
+  // on and below the diagonal, then the mirror of those (exactly symmetric).
+  absl::Status Symmetric(const NsProgram& p, int which, const PlannedShape& planned, int x_type,
+                         float alpha, const void* a, const void* b, float beta, const void* c,
+                         void* d, const char* what);
   absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
-                                const std::array<LtProduct, 4>& planned, int x_type,
-                                void** buffers);
+                                const PlannedShape& planned, int x_type, void** buffers);
   ~Impl() {
     products.clear();
     if (lt != nullptr) cublasLtDestroy(lt);
@@ -206,18 +256,48 @@ struct CudaBackend::Impl {
 // product reuses the polynomial's planned shape and every m x n one the
 // update's, on other buffers: R (gram), Z (poly), Q and its scratch T. In
 // bf16 each product's result is rounded to bf16, as the CPU's rounds it.
+absl::Status CudaBackend::Impl::Symmetric(const NsProgram& p, int which,
+                                          const PlannedShape& planned, int x_type, float alpha,
+                                          const void* a, const void* b, float beta,
+                                          const void* c, void* d, const char* what) {
+  const NsGemm& g = p.iteration[static_cast<size_t>(which)];
+  if (planned.tile == 0) {
+    return Matmul(planned.whole[static_cast<size_t>(which)], alpha, a, b, beta, c, d, what);
+  }
+  const int64_t t = planned.tile, tiles = g.m / t;
+  const size_t elem = x_type == cuda::kF32 ? 4 : 2;
+  const LtProduct& tile = which == 0 ? planned.gram_tile : planned.poly_tile;
+  auto at = [elem](const void* p, int64_t offset) {
+    return static_cast<const char*>(p) + static_cast<size_t>(offset) * elem;
+  };
+  for (int64_t i = 0; i < tiles; ++i) {
+    for (int64_t j = 0; j <= i; ++j) {
+      // Row block i of op(A), column block j of op(B), tile (i, j) of C, D.
+      const int64_t a_at = g.trans_a ? i * t * g.a.ld : i * t;
+      const int64_t b_at = g.trans_b ? j * t : j * t * g.b.ld;
+      const int64_t d_at = i * t + j * t * g.d.ld;
+      MUON_RETURN_IF_ERROR(Matmul(tile, alpha, at(a, a_at), at(b, b_at), beta, at(c, d_at),
+                                  const_cast<char*>(at(d, d_at)), what));
+    }
+  }
+  MUON_CUDA_LAUNCH(cuda::LaunchMirrorTiles(x_type, d, p.count, g.m, t, stream),
+                   "Newton-Schulz symmetric tiles' mirror kernel");
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::Impl::GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
-                                                 const std::array<LtProduct, 4>& planned,
-                                                 int x_type, void** buffers) {
+                                                 const PlannedShape& planned, int x_type,
+                                                 void** buffers) {
   void* x = buffers[static_cast<int>(NsBuffer::kX)];
   void* x_next = buffers[static_cast<int>(NsBuffer::kXNext)];
   void* const r = buffers[static_cast<int>(NsBuffer::kGram)];
   void* const z = buffers[static_cast<int>(NsBuffer::kPoly)];
   void* q = gram_q.ptr;
   void* t = gram_t.ptr;
-  const LtProduct &gram = planned[0], &square = planned[1], &update = planned[2];
-  auto form_r = [&] {  // R = X X^T
-    return Matmul(gram, 1.0f, x, x, 0.0f, r, r, "Gram Newton-Schulz R = X X^T product");
+  const LtProduct &square = planned.whole[1], &update = planned.whole[2];
+  auto form_r = [&] {  // R = X X^T (symmetric)
+    return Symmetric(p, 0, planned, x_type, 1.0f, x, x, 0.0f, r, r,
+                     "Gram Newton-Schulz R = X X^T product");
   };
   auto apply_q = [&]() -> absl::Status {  // X = Q X (X^T Q as stored when wide)
     MUON_RETURN_IF_ERROR(Matmul(update, 1.0f, p.tall ? q : x, p.tall ? x : q, 0.0f, x_next,
@@ -235,8 +315,8 @@ absl::Status CudaBackend::Impl::GramNewtonSchulz(const NsConfig& config, const N
       MUON_RETURN_IF_ERROR(apply_q());
       MUON_RETURN_IF_ERROR(form_r());
     }
-    MUON_RETURN_IF_ERROR(
-        Matmul(square, c, r, r, b, r, z, "Gram Newton-Schulz Z = b R + c R R product"));
+    MUON_RETURN_IF_ERROR(Symmetric(p, 1, planned, x_type, c, r, r, b, r, z,
+                                   "Gram Newton-Schulz Z = b R + c R R product"));
     if (i == 0 || restart) {  // Q = Z + a I
       MUON_CUDA_LAUNCH(cuda::LaunchAddIdentity(x_type, z, q, p.count, p.m, a, stream),
                        "Gram Newton-Schulz Q = Z + a I kernel");
@@ -280,6 +360,11 @@ absl::Status CudaBackend::SetStream(void* stream) {
 }
 
 void CudaBackend::SetMemorySource(MemorySource source) { impl_->source = std::move(source); }
+
+void CudaBackend::SetSymmetricTiles(int tiles) {
+  impl_->forced_tiles = tiles;
+  impl_->products.clear();  // planned again, with the tiles
+}
 
 static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars, lr) == 0 &&
                   offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
@@ -353,12 +438,8 @@ absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t 
   return absl::OkStatus();
 }
 
-// fp16 Newton-Schulz and AOL's pre-scaling run on the CPU backend only so far.
+// AOL's pre-scaling runs on the CPU backend only so far.
 absl::Status CudaBackend::Supported(const NsConfig& config) {
-  if (config.dtype == NsDtype::kFP16) {
-    return absl::UnimplementedError(
-        "ns_dtype FP16 runs on the CPU backend only so far; use BF16 or FP32 on a GPU");
-  }
   if (config.aol) {
     return absl::UnimplementedError(
         "ns_coefficients AOL (its pre-scaling) runs on the CPU backend only so far");
@@ -370,7 +451,7 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
                                   int64_t cols) {
   if (absl::Status st = Supported(config); !st.ok()) return st;
   const NsProgram p = PlanNewtonSchulz(count, rows, cols);
-  const size_t elem = config.dtype == NsDtype::kBF16 ? 2 : 4;
+  const size_t elem = config.dtype == NsDtype::kFP32 ? 4 : 2;
   const size_t k = static_cast<size_t>(count);
   const char* what = "the Newton-Schulz workspace";
   for (WorkBuffer* b : {&impl_->x, &impl_->x_next}) {
@@ -394,19 +475,29 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
   // The products' descriptors and algorithms, once per shape.
   const ShapeKey key{static_cast<int>(config.dtype), count, rows, cols};
   if (impl_->products.count(key) != 0) return absl::OkStatus();
-  auto& products = impl_->products[key];
-  const cudaDataType_t type = config.dtype == NsDtype::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  PlannedShape& planned = impl_->products[key];
+  const cudaDataType_t type = config.dtype == NsDtype::kBF16   ? CUDA_R_16BF
+                              : config.dtype == NsDtype::kFP16 ? CUDA_R_16F
+                                                               : CUDA_R_32F;
   const std::array<const NsGemm*, 4> all = {&p.iteration[0], &p.iteration[1], &p.iteration[2],
                                              &p.cubic_update};
-  for (size_t i = 0; i < all.size(); ++i) {
+  for (size_t i = 0; i < all.size() && st.ok(); ++i) {
     st = MakeProduct(impl_->lt, *all[i], type, static_cast<int32_t>(count),
-                     Impl::kLtWorkspaceBytes, &products[i]);
-    if (!st.ok()) {
-      impl_->products.erase(key);
-      return st;
+                     Impl::kLtWorkspaceBytes, &planned.whole[i]);
+  }
+  planned.tile = SymmetricTile(p.m, impl_->forced_tiles, elem);
+  if (planned.tile > 0) {  // b x b tiles of gram and polynomial
+    const uint32_t align = AlignmentOf(static_cast<size_t>(planned.tile) * elem);
+    for (int which = 0; which < 2 && st.ok(); ++which) {
+      NsGemm tile = p.iteration[static_cast<size_t>(which)];
+      tile.m = tile.n = planned.tile;
+      st = MakeProduct(impl_->lt, tile, type, static_cast<int32_t>(count),
+                       Impl::kLtWorkspaceBytes,
+                       which == 0 ? &planned.gram_tile : &planned.poly_tile, align);
     }
   }
-  return absl::OkStatus();
+  if (!st.ok()) impl_->products.erase(key);
+  return st;
 }
 
 DType CudaBackend::SlotDtype(const NsConfig& config) {
@@ -431,10 +522,12 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
   auto reserved = Reserve(config, batch.count, batch.rows, batch.cols);
   if (!reserved.ok()) return reserved;
   const NsProgram p = PlanNewtonSchulz(batch.count, batch.rows, batch.cols);
-  const auto& products =
+  const PlannedShape& planned =
       impl_->products.at(ShapeKey{static_cast<int>(config.dtype), batch.count, batch.rows,
                                   batch.cols});
-  const int x_type = config.dtype == NsDtype::kBF16 ? cuda::kBF16 : cuda::kF32;
+  const int x_type = config.dtype == NsDtype::kBF16   ? cuda::kBF16
+                     : config.dtype == NsDtype::kFP16 ? cuda::kF16
+                                                      : cuda::kF32;
   cudaStream_t s = impl_->stream;
   void* buffers[4] = {impl_->x.ptr, impl_->x_next.ptr, impl_->gram.ptr, impl_->poly.ptr};
 
@@ -445,7 +538,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
                                 static_cast<float*>(impl_->partials.ptr), buffers[0], s),
             "Newton-Schulz input kernels");
   if (RunsGram(config, batch.rows, batch.cols)) {
-    MUON_RETURN_IF_ERROR(impl_->GramNewtonSchulz(config, p, products, x_type, buffers));
+    MUON_RETURN_IF_ERROR(impl_->GramNewtonSchulz(config, p, planned, x_type, buffers));
     MUON_CUDA_LAUNCH(
         cuda::LaunchFinish(x_type, buffers[0], batch.count * p.x_elems, data, u_type, s),
         "Newton-Schulz output kernel");
@@ -455,17 +548,21 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
     const NsCoefficients& abc = config.ForIteration(it);
     for (const NsGemm* gp : ProductsFor(p, abc)) {  // a cubic iteration runs two
       const NsGemm& g = *gp;
-      const LtProduct& lp =
-          products[&g == &p.cubic_update ? 3 : static_cast<size_t>(&g - p.iteration.data())];
+      const size_t index =
+          &g == &p.cubic_update ? 3 : static_cast<size_t>(&g - p.iteration.data());
       const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
+      void* const a = buffers[static_cast<int>(g.a.buffer)];
+      void* const b = buffers[static_cast<int>(g.b.buffer)];
+      void* const c = buffers[static_cast<int>(g.c.buffer)];
+      void* const d = buffers[static_cast<int>(g.d.buffer)];
       // Out of place: with beta zero C is not read; D is its own buffer.
-      MUON_CUBLAS(cublasLtMatmul(impl_->lt, lp.op, &alpha, buffers[static_cast<int>(g.a.buffer)],
-                                 lp.layout[0], buffers[static_cast<int>(g.b.buffer)],
-                                 lp.layout[1], &beta, buffers[static_cast<int>(g.c.buffer)],
-                                 lp.layout[2], buffers[static_cast<int>(g.d.buffer)],
-                                 lp.layout[3], &lp.heuristic.algo, impl_->lt_workspace.ptr,
-                                 impl_->lt_workspace.bytes, s),
-                  absl::StrCat("Newton-Schulz ", g.name, " product").c_str());
+      if (g.symmetric) {  // gram, polynomial
+        MUON_RETURN_IF_ERROR(impl_->Symmetric(p, static_cast<int>(index), planned, x_type, alpha,
+                                              a, b, beta, c, d, ProductWhat(index)));
+      } else {
+        MUON_RETURN_IF_ERROR(impl_->Matmul(planned.whole[index], alpha, a, b, beta, c, d,
+                                           ProductWhat(index)));
+      }
     }
     std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
   }

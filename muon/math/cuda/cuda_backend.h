@@ -1,7 +1,7 @@
 // The CUDA backend: the MathBackend operations on DEVICE pointers, ordered on
 // one stream. Newton-Schulz runs the program of muon/math/ns_program.h as
-// batched cuBLASLt matmuls over every same-shape matrix of a batch (bf16
-// inputs with fp32 accumulation, or fp32), out of place and without any
+// batched cuBLASLt matmuls over every same-shape matrix of a batch (bf16 or
+// fp16 inputs with fp32 accumulation, or fp32), out of place and without any
 // transpose, their descriptors and algorithms chosen once per shape; the norm
 // is a multi-block deterministic reduction fused into the pass that prepares
 // X; the workspace is allocated once and reused. Nothing here synchronizes the
@@ -43,7 +43,15 @@ class CudaBackend final : public MathBackend {
                               int64_t* counter) override;
   absl::Status CountNonFiniteAll(absl::Span<const CountArgs> tensors, int64_t* counter) override;
 
-  // Unimplemented for what only the CPU backend runs (fp16, AOL).
+  // The symmetric products (gram X X^T, the polynomial's A A, Gram's R R
+  // and X X^T) run as the b x b tiles on and below the diagonal, then their
+  // mirror: (t + 1) / (2 t) of the FLOPs for t x t tiles, exactly symmetric.
+  // tiles 0 (the default): libmuon's rule (m >= 4096: 2 x 2, m >= 8192:
+  // 4 x 4); 1: whole products; t > 1: t x t tiles wherever t divides m into
+  // 16-byte multiples (tests and the benchmark force them on any shape).
+  void SetSymmetricTiles(int tiles);
+
+  // Unimplemented for what only the CPU backend runs (AOL).
   static absl::Status Supported(const NsConfig& config);
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override;

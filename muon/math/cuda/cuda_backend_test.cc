@@ -70,9 +70,14 @@ struct Case {
   int64_t count, rows, cols;
 };
 
+// How far the GPU's Newton-Schulz may land from the CPU's, by dtype.
+double Bound(NsDtype dtype) {
+  return dtype == NsDtype::kFP32 ? 1e-4 : dtype == NsDtype::kFP16 ? 1e-2 : 5e-2;
+}
+
 TEST(CudaBackend, NewtonSchulzMatchesCpu) {
   REQUIRE_GPU(gpu);
-  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16}) {
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
   // torch's quintic, and cubic5 (c == 0: the cubic update, two products).
   for (bool cubic : {false, true}) {
     SCOPED_TRACE(cubic ? "cubic5" : "quintic");
@@ -91,9 +96,10 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
       ASSERT_TRUE(gpu->Orthogonalize(cfg, {d.p, c.count, c.rows, c.cols}).ok());
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const double err = MaxRel(d.Get(), want);
-      // fp32: only the GEMMs' summation order differs. bf16: a different
-      // order flips roundings of 8-bit mantissas, compounding over 5 steps.
-      EXPECT_LT(err, dtype == NsDtype::kFP32 ? 1e-4 : 5e-2)
+      // fp32: only the GEMMs' summation order differs. bf16 (fp16): a
+      // different order flips roundings of 8-bit (11-bit) mantissas,
+      // compounding over 5 steps.
+      EXPECT_LT(err, Bound(dtype))
           << "count " << c.count << " " << c.rows << "x" << c.cols;
     }
   }
@@ -106,13 +112,13 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
 // A square matrix runs the standard iteration on both.
 TEST(CudaBackend, GramNewtonSchulzMatchesCpu) {
   REQUIRE_GPU(gpu);
-  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16}) {
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
     for (uint64_t restarts : {uint64_t{0}, uint64_t{1} << 2, (uint64_t{1} << 1) | (uint64_t{1} << 3)}) {
       for (bool cubic : {false, true}) {
         for (Case c : {Case{3, 64, 96}, Case{2, 96, 64}, Case{2, 33, 33}, Case{1, 130, 520},
                        Case{2, 520, 256}}) {
           SCOPED_TRACE(::testing::Message()
-                       << (dtype == NsDtype::kFP32 ? "fp32 " : "bf16 ") << "restarts "
+                       << "dtype " << static_cast<int>(dtype) << " restarts "
                        << restarts << (cubic ? " cubic5 " : " quintic ") << c.count << "x"
                        << c.rows << "x" << c.cols);
           NsConfig cfg;
@@ -129,7 +135,7 @@ TEST(CudaBackend, GramNewtonSchulzMatchesCpu) {
           ASSERT_TRUE(st.ok()) << st;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           const std::vector<float> got = d.Get();
-          if (dtype == NsDtype::kBF16 && restarts == 0) {
+          if (dtype != NsDtype::kFP32 && restarts == 0) {
             // Without restarts bf16 round-off compounds through Q (why
             // gram-newton-schulz restarts): the two backends' summation
             // orders land up to 0.1 apart (0.098 on an H200). Each must be
@@ -145,7 +151,7 @@ TEST(CudaBackend, GramNewtonSchulzMatchesCpu) {
             const double gpu_err = MaxRel(got, exact), cpu_err = MaxRel(want, exact);
             EXPECT_LT(gpu_err, 1.5 * cpu_err + 0.02) << "the CPU's: " << cpu_err;
           } else {
-            EXPECT_LT(MaxRel(got, want), dtype == NsDtype::kFP32 ? 1e-4 : 5e-2);
+            EXPECT_LT(MaxRel(got, want), Bound(dtype));
           }
           // Not the input: the iterations ran.
           EXPECT_GT(MaxRel(got, u), 0.1);
@@ -153,6 +159,46 @@ TEST(CudaBackend, GramNewtonSchulzMatchesCpu) {
       }
     }
   }
+}
+
+// Symmetric products in t x t tiles (those on and below the diagonal, then
+// their mirror) against the whole products, for t = 2, 3 and 4 wherever t
+// divides m (else the whole products run): the standard and the Gram
+// iterations, every dtype, wide, tall, square and batched; and the tiled
+// runs are deterministic.
+TEST(CudaBackend, SymmetricTilesMatchTheWholeProducts) {
+  REQUIRE_GPU(gpu);
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
+    for (NsAlgorithm algorithm : {NsAlgorithm::kStandard, NsAlgorithm::kGram}) {
+      for (Case c : {Case{3, 64, 96}, Case{2, 96, 64}, Case{1, 192, 520}, Case{2, 256, 256}}) {
+        NsConfig cfg;
+        cfg.dtype = dtype;
+        cfg.algorithm = algorithm;
+        const auto u = RandomNormal(c.count * c.rows * c.cols, 13);
+        gpu->SetSymmetricTiles(1);
+        Device<float> whole(u);
+        ASSERT_TRUE(gpu->Orthogonalize(cfg, {whole.p, c.count, c.rows, c.cols}).ok());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> want = whole.Get();
+        for (int tiles : {2, 3, 4}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "dtype " << static_cast<int>(dtype) << " algorithm "
+                       << static_cast<int>(algorithm) << " tiles " << tiles << " " << c.count
+                       << "x" << c.rows << "x" << c.cols);
+          gpu->SetSymmetricTiles(tiles);
+          Device<float> once(u), again(u);
+          const absl::Status st = gpu->Orthogonalize(cfg, {once.p, c.count, c.rows, c.cols});
+          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_TRUE(gpu->Orthogonalize(cfg, {again.p, c.count, c.rows, c.cols}).ok());
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<float> got = once.Get();
+          EXPECT_LT(MaxRel(got, want), dtype == NsDtype::kFP32 ? 1e-5 : Bound(dtype));
+          EXPECT_EQ(0, std::memcmp(got.data(), again.Get().data(), got.size() * sizeof(float)));
+        }
+      }
+    }
+  }
+  gpu->SetSymmetricTiles(0);
 }
 
 // bf16 Newton-Schulz on a bf16 batch (the exchange's bf16 slots) gives the

@@ -207,6 +207,17 @@ __device__ float BlockSum(float acc) {
 // (u_type elements), each element first rounded to x_type. The groups of 4
 // are summed in the same order whatever u_type, so an fp32 matrix and its
 // bf16 copy (already rounded) give the same bits.
+// bf16 rounds the input (and the norm) first, as torch's bf16 Newton-Schulz
+// does; fp16, whose range a bf16's or fp32's value may pass, normalizes in
+// fp32 and rounds the quotient, as gram-newton-schulz does (and the CPU
+// backend: CpuBackend::Normalize); fp32 rounds nothing.
+__device__ __forceinline__ float RoundFirst(int x_type, float v) {
+  return x_type == ew::kBF16 ? Round(x_type, v) : v;
+}
+__device__ __forceinline__ float Normalized(int x_type, float v, float norm) {
+  return x_type == ew::kBF16 ? Round(x_type, v) / norm : Round(x_type, v / norm);
+}
+
 __global__ void SumSquaresKernel(const void* u, int u_type, int64_t elems, int x_type, bool vec4,
                                  float* partials) {
   const int64_t chunk = NormChunk(elems, gridDim.x);
@@ -218,13 +229,13 @@ __global__ void SumSquaresKernel(const void* u, int u_type, int64_t elems, int x
     for (int64_t i = begin / 4 + threadIdx.x; i < end / 4; i += blockDim.x) {
       float v[4];
       Load4(u_type, u, m + 4 * i, v);
-      const float a = Round(x_type, v[0]), b = Round(x_type, v[1]), c = Round(x_type, v[2]),
-                  d = Round(x_type, v[3]);
+      const float a = RoundFirst(x_type, v[0]), b = RoundFirst(x_type, v[1]),
+                  c = RoundFirst(x_type, v[2]), d = RoundFirst(x_type, v[3]);
       acc += a * a + b * b + c * c + d * d;
     }
   } else {
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const float v = Round(x_type, Load(u_type, u, m + i));
+      const float v = RoundFirst(x_type, Load(u_type, u, m + i));
       acc += v * v;
     }
   }
@@ -240,8 +251,8 @@ __global__ void ScaleKernel(const void* u, int u_type, int64_t elems, int x_type
   if (threadIdx.x == 0) {
     float sum = 0.0f;
     for (int p = 0; p < parts; ++p) sum += partials[blockIdx.y * parts + p];
-    float v = Round(x_type, sqrtf(sum));
-    norm = Round(x_type, fmaxf(v, eps));
+    float v = RoundFirst(x_type, sqrtf(sum));
+    norm = RoundFirst(x_type, fmaxf(v, eps));
   }
   __syncthreads();
   const int64_t base = blockIdx.y * elems;
@@ -252,13 +263,13 @@ __global__ void ScaleKernel(const void* u, int u_type, int64_t elems, int x_type
     for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < elems / 4; g += stride) {
       float v[4];
       Load4(u_type, u, base + 4 * g, v);
-      for (int k = 0; k < 4; ++k) v[k] = Round(x_type, v[k]) / norm;
+      for (int k = 0; k < 4; ++k) v[k] = Normalized(x_type, v[k], norm);
       Store4(x_type, x, base + 4 * g, v);
     }
     return;
   }
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < elems; i += stride) {
-    Store(x_type, x, base + i, Round(x_type, Load(u_type, u, base + i)) / norm);
+    Store(x_type, x, base + i, Normalized(x_type, Load(u_type, u, base + i), norm));
   }
 }
 
@@ -452,6 +463,46 @@ cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_ty
   }
   if (u_type != ew::kF32) return cudaErrorInvalidValue;  // (a bf16 slot takes bf16 results)
   FinishKernel<<<Blocks(n), kThreads, 0, stream>>>(x_type, x, n, static_cast<float*>(u));
+  return cudaGetLastError();
+}
+
+// The upper tiles of `count` symmetric m x m matrices (column-major, stride
+// m * m) from their lower tiles: element (r, c) with r / b < c / b takes
+// (c, r)'s bits. A 32 x 32 block of the output per thread block, through
+// shared memory, so that both the reads and the writes are coalesced.
+template <typename T>
+__global__ void MirrorTilesKernel(T* d, int64_t count, int64_t m, int64_t b) {
+  __shared__ T tile[32][33];
+  const int64_t r0 = int64_t{blockIdx.y} * 32, c0 = int64_t{blockIdx.x} * 32;
+  if (r0 / b >= (c0 + 31 < m ? c0 + 31 : m - 1) / b) return;  // no upper tile here
+  for (int64_t k = blockIdx.z; k < count; k += gridDim.z) {
+    T* mat = d + k * m * m;
+    // Read: tile[y][x] = (c0 + x, r0 + y), the source of output (r0 + y, c0 + x).
+    for (int y = threadIdx.y; y < 32; y += blockDim.y) {
+      const int64_t r = r0 + y, c = c0 + threadIdx.x;
+      if (r < m && c < m && r / b < c / b) tile[y][threadIdx.x] = mat[c + r * m];
+    }
+    __syncthreads();
+    // Write: output (r0 + x, c0 + y) = tile[x][y].
+    for (int y = threadIdx.y; y < 32; y += blockDim.y) {
+      const int64_t r = r0 + threadIdx.x, c = c0 + y;
+      if (r < m && c < m && r / b < c / b) mat[r + c * m] = tile[threadIdx.x][y];
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t LaunchMirrorTiles(int x_type, void* d, int64_t count, int64_t m, int64_t b,
+                              cudaStream_t stream) {
+  if (count == 0 || m == 0 || b >= m) return cudaSuccess;
+  const unsigned tiles = static_cast<unsigned>((m + 31) / 32);
+  const dim3 grid(tiles, tiles, static_cast<unsigned>(count < 65535 ? count : 65535));
+  const dim3 block(32, 8);
+  if (x_type == ew::kF32) {
+    MirrorTilesKernel<<<grid, block, 0, stream>>>(static_cast<float*>(d), count, m, b);
+  } else {
+    MirrorTilesKernel<<<grid, block, 0, stream>>>(static_cast<uint16_t*>(d), count, m, b);
+  }
   return cudaGetLastError();
 }
 

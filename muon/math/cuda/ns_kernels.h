@@ -88,7 +88,8 @@ int NormBlocks(int64_t elems);
 // muon/math/ns_program.h reads either orientation as stored):
 //   x[k] <- round(u[k]) / max(||round(u[k])||_F, eps)   in x_type
 // the norm in fp32 (rounded to bf16 when x_type is bf16, as torch's bf16 norm
-// is), split over NormBlocks(elems) blocks per matrix with float4 loads and a
+// is; fp16 rounds the quotient alone, u[k] / max(||u[k]||_F, eps), as the
+// CPU backend does), split over NormBlocks(elems) blocks per matrix with float4 loads and a
 // fixed reduction order (deterministic; the same bits for an fp32 u and its
 // bf16 copy when x_type is bf16). Two launches.
 cudaError_t LaunchPrepare(const void* u, int u_type, int64_t count, int64_t elems, int x_type,
@@ -97,6 +98,13 @@ cudaError_t LaunchPrepare(const void* u, int u_type, int64_t count, int64_t elem
 // u[0, n) (u_type: fp32, or x_type itself) <- x[0, n) (in x_type).
 cudaError_t LaunchFinish(int x_type, const void* x, int64_t n, void* u, int u_type,
                          cudaStream_t stream);
+
+// For `count` symmetric m x m matrices at d (column-major, stride m * m, in
+// x_type) of which only the tiles on and below the diagonal of b x b tiles
+// were computed: each upper tile <- its mirror's bits (element (r, c) with
+// r / b < c / b takes (c, r)'s).
+cudaError_t LaunchMirrorTiles(int x_type, void* d, int64_t count, int64_t m, int64_t b,
+                              cudaStream_t stream);
 
 // Gram Newton-Schulz's Q = Z + a I: q[k] <- z[k], then each diagonal
 // element + a (in fp32, rounded to x_type), for `count` m x m matrices at
