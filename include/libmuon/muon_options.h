@@ -29,8 +29,8 @@ typedef enum muon_adjust_lr_t {
 
 /* The dtype Newton-Schulz computes in. BF16 mirrors torch.optim.Muon: the
  * input is rounded to bf16 and every product is rounded to bf16 (fp32
- * accumulation). FP32 keeps everything in fp32. FP16 (0.7; CPU backend
- * only so far) normalizes in fp32, then rounds the input and every product
+ * accumulation). FP32 keeps everything in fp32. FP16 (0.7; CPU and CUDA
+ * backends) normalizes in fp32, then rounds the input and every product
  * to fp16 (fp32 accumulation), as gram-newton-schulz does: fp16 keeps 3
  * more bits than bf16 where the normalized values live. */
 typedef enum muon_ns_dtype_t {
