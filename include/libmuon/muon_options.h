@@ -278,8 +278,9 @@ typedef struct muon_options_t {
    * The lr adjustment, update_scale and weight decay apply after it as for
    * Muon. The moments are part of the state blob (format 3) on the rank
    * that owns each matrix (under MUON_ASSIGNMENT_SPLIT on each member of a
-   * split matrix, alike). CPU backend only so far (on a GPU the first step
-   * fails with MUON_UNIMPLEMENTED). Zero (default): Muon. Must be the same on every rank,
+   * split matrix, alike). CPU and CUDA backends (on a GPU the moments live
+   * in device memory; a matrix split over ranks: CPU only so far, as is
+   * MUON_ASSIGNMENT_SPLIT there). Zero (default): Muon. Must be the same on every rank,
    * as must the two below (checked). */
   int32_t normuon;
   int32_t reserved3;       /* must be 0 */

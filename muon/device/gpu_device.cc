@@ -93,6 +93,11 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "Newton-Schulz");
     return math_->Orthogonalize(config, batch);
   }
+  absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                       float* const* moments) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "NorMuon");
+    return math_->NorMuon(step, batch, moments);
+  }
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");

@@ -166,11 +166,6 @@ absl::Status Build(Registry& registry, const Options& options,
         "; turn it off"));
   }
   if (options.normuon) {
-    if (!registry.device()->is_host()) {
-      return absl::UnimplementedError(
-          "normuon: NorMuon runs on the CPU backend only so far; this optimizer's parameters "
-          "are on a GPU");
-    }
     s->moments = std::make_unique<OwnerMoments>();
     ctx.moments = s->moments.get();
   }

@@ -84,10 +84,10 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     distributed_config they live on each matrix's owner, and state_dict()
     gathers them over the world (a collective: call it on every rank, as
     torch.distributed.checkpoint does); a DTensor param's are replicated
-    over its mesh. CPU only so far.
+    over its mesh. On CPUs and GPUs.
     ns_algorithm="gram" runs Gram Newton-Schulz (Dao-AILab's, restarting at
     the iterations in gram_restarts); ns_dtype="fp16" computes in fp16 after
-    normalizing in fp32. CPU only so far.
+    normalizing in fp32. On CPUs and GPUs.
     skip_nonfinite_updates=True: a NaN guard; no parameter changes on any
     rank when an orthogonalized update holds a non-finite value.
 

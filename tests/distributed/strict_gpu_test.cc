@@ -107,10 +107,13 @@ std::vector<float> Values(size_t n, int salt) {
   return v;
 }
 
+using Tweak = void (*)(muon_options_t*);
+
 muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0,
-                         int update_in_grad = 0) {
+                         int update_in_grad = 0, Tweak tweak = nullptr) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
+  if (tweak != nullptr) tweak(&o);
   o.update_in_grad = update_in_grad;
   o.skip_nonfinite = skip_nonfinite;
   o.round_bytes = round_bytes;
@@ -136,8 +139,8 @@ struct Model {
   void* stream;
   std::vector<std::unique_ptr<Tensor>> params, grads;
 
-  Model(int device, int prefetch, void* s, int skip_nonfinite = 0)
-      : opt(Create(prefetch, skip_nonfinite)), stream(s) {
+  Model(int device, int prefetch, void* s, int skip_nonfinite = 0, Tweak tweak = nullptr)
+      : opt(Create(prefetch, skip_nonfinite, 0, 0, tweak)), stream(s) {
     const std::vector<std::vector<int64_t>> shapes = {{12, 5}, {6, 16}};
     for (size_t i = 0; i < shapes.size(); ++i) {
       params.push_back(std::make_unique<Tensor>(shapes[i], device));
@@ -548,6 +551,53 @@ TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
     ASSERT_EQ(muon_get_state(resumed.opt, 0, &m.dl), MUON_OK) << muon_last_error_message();
     ASSERT_EQ(muon_get_state(host.opt, 0, &hm.dl), MUON_OK);
     EXPECT_EQ(m.host, hm.host);
+  }
+  EXPECT_EQ(Rt()->pending(), 0);
+  Rt()->StreamDestroy(stream);
+}
+
+// NorMuon (its moments in device memory), with Gram Newton-Schulz in fp16
+// and without: the GPU path's host logic steps, saves, gives the moments
+// and resumes as the host does, bit for bit.
+TEST(StrictGpu, NorMuonStepsEqualTheHostBitForBitAndResume) {
+  ASSERT_NE(Rt(), nullptr) << "MUON_CUDA_PLUGIN must name libmuon_strict_gpu.so";
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  const Tweak variants[] = {
+      [](muon_options_t* o) { o->normuon = 1; },
+      [](muon_options_t* o) {
+        o->normuon = 1;
+        o->normuon_beta2 = 0.8;
+        o->ns_algorithm = MUON_NS_GRAM;
+        o->ns_dtype = MUON_NS_DTYPE_FP16;
+      },
+  };
+  for (Tweak tweak : variants) {
+    Model host(-1, 1, nullptr, 0, tweak), gpu(0, 1, stream, 0, tweak);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_EQ(host.Step(s), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(gpu.Step(s), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(Bits(gpu.Values_()), Bits(host.Values_())) << "step " << s;
+    }
+    // The moments, nonzero, as the host's; the state blobs alike.
+    Tensor m({1, 12}, -1), hm({1, 12}, -1);
+    ASSERT_EQ(muon_get_moments(gpu.opt, 0, &m.dl), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(muon_get_moments(host.opt, 0, &hm.dl), MUON_OK) << muon_last_error_message();
+    EXPECT_EQ(m.host, hm.host);
+    EXPECT_NE(m.host, std::vector<float>(12, 0.0f));
+    const std::vector<unsigned char> blob = Save(gpu.opt);
+    ASSERT_EQ(blob, Save(host.opt));
+    Model resumed(0, 1, stream, 0, tweak);
+    for (size_t i = 0; i < resumed.params.size(); ++i) {
+      std::vector<float> v = gpu.params[i]->Read(stream);
+      resumed.params[i]->Write(v, stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "copy").ok());
+    }
+    ASSERT_EQ(muon_load_state(resumed.opt, blob.data(), blob.size()), MUON_OK)
+        << muon_last_error_message();
+    ASSERT_EQ(host.Step(9), MUON_OK);
+    ASSERT_EQ(resumed.Step(9), MUON_OK) << muon_last_error_message();
+    EXPECT_EQ(Bits(resumed.Values_()), Bits(host.Values_()));
   }
   EXPECT_EQ(Rt()->pending(), 0);
   Rt()->StreamDestroy(stream);

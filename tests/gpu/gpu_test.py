@@ -99,28 +99,32 @@ def test_fp32_matches_the_cpu_backend():
     assert worst < 1e-5
 
 
-@pytest.mark.parametrize("ns_dtype,algorithm", [
-    ("fp32", "gram"), ("bf16", "gram"), ("fp16", "gram"), ("fp16", "standard")])
-def test_variants_match_the_cpu_backend(ns_dtype, algorithm):
+@pytest.mark.parametrize("ns_dtype,algorithm,normuon", [
+    ("fp32", "gram", False), ("bf16", "gram", False), ("fp16", "gram", False),
+    ("fp16", "standard", False), ("bf16", "standard", True), ("fp32", "gram", True)])
+def test_variants_match_the_cpu_backend(ns_dtype, algorithm, normuon):
     # Gram Newton-Schulz (cuBLASLt products of muon/math/cpu/gram_ns.h's
-    # program) and fp16 Newton-Schulz on the GPU against the CPU backend, 30
+    # program), fp16 Newton-Schulz and NorMuon (its moments on the GPU) on
+    # the GPU against the CPU backend, 30
     # steps: fp32 within 1e-5 (as the standard iteration's fp32 test), bf16
     # within 2e-2 of the distance moved (as the bf16 test against torch), fp16
     # within 5e-3 of it. And not the standard fp32 iteration's result (the
     # variant ran; a square matrix runs the standard iteration under Gram).
     init, grads = make_problem(5, steps=30)
-    gpu = run_libmuon(init, grads, DEV, ns_dtype=ns_dtype, ns_algorithm=algorithm)
+    gpu = run_libmuon(init, grads, DEV, ns_dtype=ns_dtype, ns_algorithm=algorithm,
+                      normuon=normuon)
     cpu = run_libmuon(init, grads, torch.device("cpu"), ns_dtype=ns_dtype,
-                      ns_algorithm=algorithm)
+                      ns_algorithm=algorithm, normuon=normuon)
     standard = run_libmuon(init, grads, DEV, ns_dtype="fp32")
     bound = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}[ns_dtype]
     for shape, a, b, s, p0 in zip(SHAPES, gpu, cpu, standard, init):
         moved = rel(b, p0)
         d, from_standard = rel(a, b), rel(a, s)
-        print("%s %s NS %-12s: |cuda - cpu| / |cpu| = %.2e, from fp32 standard %.2e, moved %.2e"
-              % (ns_dtype, algorithm, shape, d, from_standard, moved))
+        print("%s %s%s NS %-12s: |cuda - cpu| / |cpu| = %.2e, from fp32 standard %.2e, "
+              "moved %.2e" % (ns_dtype, algorithm, " NorMuon" if normuon else "", shape, d,
+                              from_standard, moved))
         assert d < (bound if ns_dtype == "fp32" else bound * moved)
-        if shape[0] != shape[1] or ns_dtype != "fp32":
+        if shape[0] != shape[1] or ns_dtype != "fp32" or normuon:
             assert from_standard > 0
 
 

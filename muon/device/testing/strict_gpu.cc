@@ -118,6 +118,23 @@ class StrictMath final : public MathBackend {
     return Run([this, config, batch] { return cpu_.Orthogonalize(config, batch); });
   }
 
+  // NorMuon as the CUDA backend runs it: stream work on device memory (the
+  // matrices and each stepped matrix's moments).
+  absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                       float* const* moments) override {
+    const size_t bytes = static_cast<size_t>(batch.count * batch.rows * batch.cols) * SizeOf(batch.dtype);
+    absl::Status st = rt_->CheckDeviceMemory(batch.data, bytes, "NorMuon: the matrices");
+    std::vector<float*> kept(moments, moments + batch.count);  // taken now, as kernel arguments
+    for (float* m : kept) {
+      if (st.ok() && m != nullptr) {
+        st = rt_->CheckDeviceMemory(m, static_cast<size_t>(batch.rows) * sizeof(float),
+                                    "NorMuon: the moments");
+      }
+    }
+    if (!st.ok()) return st;
+    return Run([this, step, batch, kept] { return cpu_.NorMuon(step, batch, kept.data()); });
+  }
+
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     absl::Status st = rt_->CheckDeviceMemory(data, static_cast<size_t>(n) * SizeOf(dtype),

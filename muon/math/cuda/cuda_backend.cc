@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/math/cuda/cuda_status.h"
+#include "muon/math/cuda/normuon_kernels.h"
 #include "muon/math/cuda/ns_kernels.h"
 #include "muon/math/ns_program.h"
 
@@ -211,6 +212,7 @@ struct CudaBackend::Impl {
   cublasLtHandle_t lt = nullptr;
   WorkBuffer x, x_next, gram, poly, partials;
   WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
+  WorkBuffer normuon_sums, normuon_divisors;  // NorMuon's per-row sums and divisors
   // The products of each shape seen, planned once (heuristics cached).
   std::map<ShapeKey, PlannedShape> products;
   int forced_tiles = 0;  // SetSymmetricTiles' (0: libmuon's rule)
@@ -223,7 +225,8 @@ struct CudaBackend::Impl {
   WorkBuffer lt_workspace;
   static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
   Impl() {
-    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &lt_workspace}) {
+    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &normuon_sums,
+                          &normuon_divisors, &lt_workspace}) {
       b->source = &source;
     }
   }
@@ -429,6 +432,28 @@ absl::Status CudaBackend::CountNonFiniteAll(absl::Span<const CountArgs> tensors,
   MUON_CUDA_LAUNCH(cuda::LaunchCountNonFiniteAll(t.data(), static_cast<int64_t>(t.size()), counter,
                                           impl_->stream),
             "counting non-finite gradients");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                                  float* const* moments) {
+  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("NorMuon takes fp32 or bf16 matrices");
+  }
+  if (batch.count == 0 || batch.rows <= 0 || batch.cols <= 0) return absl::OkStatus();
+  const size_t rows = static_cast<size_t>(batch.count * batch.rows);
+  MUON_RETURN_IF_ERROR(impl_->normuon_sums.Reserve(rows * sizeof(double), "NorMuon's row sums"));
+  MUON_RETURN_IF_ERROR(
+      impl_->normuon_divisors.Reserve(rows * sizeof(float), "NorMuon's row divisors"));
+  const int ns_type = step.ns_dtype == NsDtype::kBF16   ? cuda::kBF16
+                      : step.ns_dtype == NsDtype::kFP16 ? cuda::kF16
+                                                        : cuda::kF32;
+  MUON_CUDA_LAUNCH(
+      cuda::LaunchNorMuon(batch.dtype == DType::kF32 ? cuda::kF32 : cuda::kBF16, batch.data,
+                          batch.count, batch.rows, batch.cols, moments, step.beta2, step.eps,
+                          ns_type, static_cast<double*>(impl_->normuon_sums.ptr),
+                          static_cast<float*>(impl_->normuon_divisors.ptr), impl_->stream),
+      "NorMuon kernels");
   return absl::OkStatus();
 }
 

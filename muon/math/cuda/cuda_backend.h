@@ -37,6 +37,10 @@ class CudaBackend final : public MathBackend {
   DType SlotDtype(const NsConfig& config) override;
   // fp32 batches, and bf16 ones for bf16 Newton-Schulz (the same results).
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
+  // NorMuon (muon/math/normuon.h) on fp32 or bf16 batches: three launches
+  // per 128 matrices, every sum in a fixed order.
+  absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
+                       float* const* moments) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,

@@ -201,6 +201,92 @@ TEST(CudaBackend, SymmetricTilesMatchTheWholeProducts) {
   gpu->SetSymmetricTiles(0);
 }
 
+// NorMuon on the GPU against the CPU backend's (muon/math/normuon.h), three
+// steps: fp32 batches with each Newton-Schulz dtype's rounding, and bf16
+// batches (the bf16 slots); a matrix whose moments are NULL is left as it
+// is. Shapes: rows shorter and longer than a block, one row, one column.
+TEST(CudaBackend, NorMuonMatchesCpu) {
+  REQUIRE_GPU(gpu);
+  struct Kind {
+    DType batch;
+    NsDtype ns;
+  };
+  for (Kind kind : {Kind{DType::kF32, NsDtype::kFP32}, Kind{DType::kF32, NsDtype::kBF16},
+                    Kind{DType::kF32, NsDtype::kFP16}, Kind{DType::kBF16, NsDtype::kBF16}}) {
+    for (Case c : {Case{3, 64, 96}, Case{2, 300, 17}, Case{2, 1, 700}, Case{3, 520, 1}}) {
+      SCOPED_TRACE(::testing::Message() << "batch " << static_cast<int>(kind.batch) << " ns "
+                                        << static_cast<int>(kind.ns) << " " << c.count << "x"
+                                        << c.rows << "x" << c.cols);
+      const size_t n = static_cast<size_t>(c.count * c.rows * c.cols);
+      const size_t rows = static_cast<size_t>(c.rows);
+      std::vector<float> x = RandomNormal(n, 17);
+      // Newton-Schulz's output: values of its dtype.
+      const int ns_type = kind.ns == NsDtype::kFP16   ? ew::kF16
+                          : kind.ns == NsDtype::kBF16 ? ew::kBF16
+                                                      : ew::kF32;
+      for (float& v : x) v = ew::RoundTo(ns_type, v);
+      std::vector<float> moments = RandomNormal(static_cast<size_t>(c.count) * rows, 19);
+      for (float& v : moments) v = v * v * 0.01f;
+      NorMuonStep step;
+      step.beta2 = 0.9;
+      step.ns_dtype = kind.ns;
+      // CPU: fp32 (or bf16 bits) on the host.
+      std::vector<float> cpu_x = x, cpu_m = moments;
+      std::vector<uint16_t> cpu_b(n);
+      for (size_t i = 0; i < n; ++i) cpu_b[i] = ew::FloatToBf16Bits(x[i]);
+      // GPU: the same in device memory.
+      Device<float> gx(x), gm(moments);
+      Device<uint16_t> gb(cpu_b);
+      CpuBackend cpu;
+      for (int s = 0; s < 3; ++s) {
+        std::vector<float*> host_ptrs, dev_ptrs;
+        for (int64_t k = 0; k < c.count; ++k) {
+          const bool skip = k == 1;  // not stepped
+          host_ptrs.push_back(skip ? nullptr : cpu_m.data() + k * c.rows);
+          dev_ptrs.push_back(skip ? nullptr : gm.p + k * c.rows);
+        }
+        MatrixBatch hb{kind.batch == DType::kF32 ? static_cast<void*>(cpu_x.data())
+                                                : static_cast<void*>(cpu_b.data()),
+                       c.count, c.rows, c.cols};
+        hb.dtype = kind.batch;
+        MatrixBatch db{kind.batch == DType::kF32 ? static_cast<void*>(gx.p)
+                                                : static_cast<void*>(gb.p),
+                       c.count, c.rows, c.cols};
+        db.dtype = kind.batch;
+        ASSERT_TRUE(cpu.NorMuon(step, hb, host_ptrs.data()).ok());
+        const absl::Status st = gpu->NorMuon(step, db, dev_ptrs.data());
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> got(n), want(n);
+      if (kind.batch == DType::kF32) {
+        got = gx.Get();
+        want = cpu_x;
+      } else {
+        const std::vector<uint16_t> gbits = gb.Get();
+        for (size_t i = 0; i < n; ++i) {
+          got[i] = ew::Bf16BitsToFloat(gbits[i]);
+          want[i] = ew::Bf16BitsToFloat(cpu_b[i]);
+        }
+      }
+      // The rows' divisors differ in the last bits of double sums at most:
+      // fp32 agrees to float precision, a rounded dtype within an ulp.
+      const double bound = kind.ns == NsDtype::kFP32   ? 1e-5
+                           : kind.ns == NsDtype::kFP16 ? 2e-3
+                                                       : 1.6e-2;
+      EXPECT_LT(MaxRel(got, want), bound);
+      EXPECT_LT(MaxRel(gm.Get(), cpu_m), 1e-5);
+      // The matrix not stepped: its bits as they were.
+      const size_t size = rows * static_cast<size_t>(c.cols);
+      for (size_t i = size; i < 2 * size; ++i) {
+        ASSERT_EQ(got[i], x[i]) << "element " << i;
+      }
+      // And the values moved (NorMuon ran; one row keeps its norm, so stays).
+      if (c.rows > 1) EXPECT_GT(MaxRel(got, x), 1e-3);
+    }
+  }
+}
+
 // bf16 Newton-Schulz on a bf16 batch (the exchange's bf16 slots) gives the
 // fp32 batch's results bit for bit: its input is rounded to bf16 first and
 // its result is bf16 either way. Shapes with and without vector loads.

@@ -203,10 +203,6 @@ __device__ float BlockSum(float acc) {
   return partial[0];
 }
 
-// partials[k * gridDim.x + b] = the sum of squares of chunk b of matrix k
-// (u_type elements), each element first rounded to x_type. The groups of 4
-// are summed in the same order whatever u_type, so an fp32 matrix and its
-// bf16 copy (already rounded) give the same bits.
 // bf16 rounds the input (and the norm) first, as torch's bf16 Newton-Schulz
 // does; fp16, whose range a bf16's or fp32's value may pass, normalizes in
 // fp32 and rounds the quotient, as gram-newton-schulz does (and the CPU
@@ -218,6 +214,10 @@ __device__ __forceinline__ float Normalized(int x_type, float v, float norm) {
   return x_type == ew::kBF16 ? Round(x_type, v) / norm : Round(x_type, v / norm);
 }
 
+// partials[k * gridDim.x + b] = the sum of squares of chunk b of matrix k
+// (u_type elements), each element first rounded to x_type. The groups of 4
+// are summed in the same order whatever u_type, so an fp32 matrix and its
+// bf16 copy (already rounded) give the same bits.
 __global__ void SumSquaresKernel(const void* u, int u_type, int64_t elems, int x_type, bool vec4,
                                  float* partials) {
   const int64_t chunk = NormChunk(elems, gridDim.x);
