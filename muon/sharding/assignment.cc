@@ -8,7 +8,6 @@
 #include <set>
 #include <utility>
 
-#include "muon/math/ns_config.h"
 
 namespace muon {
 
@@ -158,7 +157,7 @@ std::vector<int> AssignSpread(const std::vector<MatrixInfo>& matrices) {
 }
 
 std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
-                                      std::vector<int>* owners, int ns_steps) {
+                                      std::vector<int>* owners, const NsConfig& ns) {
   std::vector<SplitChoice> splits;
   int top = -1;
   const std::map<int, std::vector<int>> groups = Groups(matrices, &top);
@@ -212,9 +211,9 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
       // polynomial) when that is more: more parts would add members for
       // little.
       auto part = [&](int64_t g) {
-        return NewtonSchulzBlockFlops(m, PartWidth(n, g, 0), ns_steps);  // the widest
+        return NewtonSchulzBlockFlops(ns, m, PartWidth(n, g, 0), n);  // the widest
       };
-      const double target = std::max(mean, 1.25 * NewtonSchulzBlockFlops(m, 0, ns_steps));
+      const double target = std::max(mean, 1.25 * NewtonSchulzBlockFlops(ns, m, 0, n));
       const int64_t most = std::min<int64_t>(static_cast<int64_t>(free.size()), n);
       int64_t g = 2;
       while (g < most && part(g) > target) ++g;
@@ -224,7 +223,7 @@ std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
       load[owner] -= cost;
       for (int64_t p = 0; p < g; ++p) {
         load[members[static_cast<size_t>(p)]] +=
-            NewtonSchulzBlockFlops(m, PartWidth(n, g, p), ns_steps);
+            NewtonSchulzBlockFlops(ns, m, PartWidth(n, g, p), n);
         member[members[static_cast<size_t>(p)]] = true;
       }
       splits.push_back({matrix, std::move(members)});

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "muon/math/ns_config.h"
 
 namespace muon {
 
@@ -73,14 +74,15 @@ inline constexpr size_t kSplitMinMatricesPerRank = 4;
 // alone costs more than kSpreadLevel times the group's mean is split over its
 // owner and the group's least-loaded ranks, each in at most one split (the
 // parts run in one round, and a rank takes one part of a round): the fewest
-// parts whose widest costs no more than the mean (NewtonSchulzBlockFlops:
-// every member also computes the m x m polynomial), or than 1.25x that
-// polynomial's work when it is more. Then the whole matrices are levelled
+// parts whose widest costs no more than the mean (NewtonSchulzBlockFlops
+// under `ns`, as the matrices' costs are: every member also computes the
+// m x m polynomial, or Gram's m x m iterations), or than 1.25x that m x m
+// work when it is more. Then the whole matrices are levelled
 // again around the parts (AssignSpread's moves; `owners` changes). Stops at
 // the first matrix under the level, or when no free rank is left.
 // Deterministic.
 std::vector<SplitChoice> ChooseSplits(const std::vector<MatrixInfo>& matrices,
-                                      std::vector<int>* owners, int ns_steps);
+                                      std::vector<int>* owners, const NsConfig& ns);
 
 }  // namespace muon
 

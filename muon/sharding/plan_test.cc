@@ -214,6 +214,33 @@ TEST(Plan, SplitCutsTheMatrixThatBoundsTheBusiestRank) {
   for (const Unit& u : few.units) EXPECT_EQ(u.parts, 1);
 }
 
+TEST(Plan, SplitPricesPartsAsTheMatricesUnderGramNewtonSchulz) {
+  // 2 ranks, replicated: one 32 x 4096 matrix and 7 small ones. Under Gram
+  // Newton-Schulz the matrices cost Gram's FLOPs (8 m^2 n and the m x m
+  // terms for the big one), and so must the parts the split weighs: priced
+  // as the standard iteration (20 m^2 n for the whole), a half looks dearer
+  // than the whole matrix and nothing is split.
+  std::vector<ParamSpec> params = {{"big", {32, 4096}, {Replicate(0)}}};
+  for (int i = 0; i < 7; ++i) {
+    params.push_back({"small" + std::to_string(i), {32, 48}, {Replicate(0)}});
+  }
+  const auto ranks = World(2, params);
+  PlanOptions o;
+  o.ns.algorithm = NsAlgorithm::kGram;
+  o.assignment = Assignment::kSplit;
+  const Plan split = MustBuild(ranks, 0, o);
+  std::vector<double> load(2, 0);
+  int parts = 0;
+  for (const Unit& u : split.units) {
+    load[u.owner] += u.flops;
+    if (u.parts == 1) continue;
+    ++parts;
+    EXPECT_EQ(u.flops, NewtonSchulzBlockFlops(o.ns, 32, u.width, 4096));
+  }
+  EXPECT_EQ(parts, 2);
+  EXPECT_LT(std::max(load[0], load[1]) / ((load[0] + load[1]) / 2), 1.1);
+}
+
 TEST(Plan, RoundsFollowTheBudgetOrOneMatrixEachWithoutAsync) {
   std::vector<ParamSpec> params;
   for (int i = 0; i < 4; ++i) params.push_back({"m" + std::to_string(i), {8, 8}, {Replicate(0)}});

@@ -81,7 +81,7 @@ absl::Status AssignOwners(const std::vector<MatrixInfo>& infos, const PlanOption
       break;
     case Assignment::kSplit:
       *owners = AssignSpread(infos);
-      *splits = ChooseSplits(infos, owners, options.ns.steps);
+      *splits = ChooseSplits(infos, owners, options.ns);
       break;
     case Assignment::kCustom:
       return AssignCustom(infos, options.custom, owners);
