@@ -102,7 +102,11 @@ typedef struct muon_stats_t {
   int64_t collectives;            /* communicator calls issued */
   int64_t rounds;                 /* exchange rounds */
   int64_t matrices_orthogonalized;
-  double ns_flops;                /* Newton-Schulz FLOPs this rank computed */
+  double ns_flops;                /* Newton-Schulz FLOPs this rank computed, as
+                                   * whole products count them (the iteration's,
+                                   * Gram's or a split part's; a GPU's symmetric
+                                   * products in tiles compute less: the same
+                                   * figure, fewer operations) */
   /* Planned, the same every step: */
   int64_t matrices_total;         /* matrices in the whole job (those without elements
                                    * included: nothing is done for them, so they count
