@@ -440,3 +440,27 @@ def test_state_round_trips_through_the_host():
     torch.cuda.synchronize()
     for p, p2 in zip(params, params2):
         assert torch.equal(p, p2)
+
+
+def test_the_plugin_finds_cuda_in_torchs_own_libraries():
+    # A Python user's process has no CUDA toolkit on the loader's path: the
+    # plugin's cudart and cuBLASLt must be the ones torch loaded (matched by
+    # soname). A fresh process whose LD_LIBRARY_PATH keeps only the bundle's
+    # own libraries (abseil, OpenBLAS), none of CUDA's.
+    import subprocess
+    import sys
+    keep = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+            if d and "cuda" not in d and "nvidia" not in d]
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(keep))
+    code = ("import torch, muon\n"
+            "w = torch.nn.Parameter(torch.randn(64, 96, device='cuda'))\n"
+            "w.grad = torch.randn_like(w)\n"
+            "before = w.detach().clone()\n"
+            "muon.Muon([w], lr=0.02).step()\n"
+            "torch.cuda.synchronize()\n"
+            "print('moved', (w.detach() - before).norm().item())\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    print("LD_LIBRARY_PATH=%s\n%s%s" % (env["LD_LIBRARY_PATH"], r.stdout, r.stderr[-2000:]))
+    assert r.returncode == 0
+    assert float(r.stdout.split()[-1]) > 0
