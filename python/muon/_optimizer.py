@@ -189,15 +189,30 @@ class Optimizer(OptimizerComms, OptimizerState):
 
     def close(self) -> None:
         """Destroys the optimizer and releases the registered arrays, communicators
-        and callbacks. Idempotent."""
+        and callbacks. Idempotent. Raises MuonError (everything is released all
+        the same) when an allocator's release raised while the library gave
+        its memory back, naming what it raised."""
         handle, self._handle = getattr(self, "_handle", None), None
+        sink = getattr(self, "_callback_errors", [])
+        before = len(sink)
         if handle:
             self._destroy(handle)
+        raised = sink[before:]  # what the callbacks raised while it was destroyed
+        del sink[before:]
         # Only once the library is gone: it may call or read these until then.
         self._params = []
         self._comms = []
         self._group_ids = {}
         self._keep = []
+        if raised:
+            seen: dict[str, int] = {}
+            for where, e in raised:
+                text = "%s (in %s" % (describe(e), where)
+                seen[text] = seen.get(text, 0) + 1
+            raise MuonError("INTERNAL", "muon.Optimizer.close: the optimizer is destroyed, but a "
+                            "Python callback raised %s" % "; ".join(
+                                "%s, %d call%s)" % (t, n, "" if n == 1 else "s")
+                                for t, n in seen.items())) from raised[0][1]
 
     def __del__(self):
         try:

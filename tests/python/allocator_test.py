@@ -78,3 +78,26 @@ def test_a_short_or_failing_allocator_is_named():
     assert "MemoryError: the pool is empty (in the allocator's allocate)" in str(failing.value)
     with pytest.raises(TypeError, match="allocator must have allocate"):
         muon.Optimizer(allocator=object())
+
+
+class FailsAtRelease(muon.TorchAllocator):
+    def release(self, address, nbytes, device_type, device_id, stream):
+        super().release(address, nbytes, device_type, device_id, stream)
+        raise OSError("the pool went away")
+
+
+def test_what_release_raises_at_close_is_reported():
+    # Every buffer goes back all the same; close() then names what was raised.
+    allocator = FailsAtRelease()
+    opt = muon.Optimizer(lr=0.02, allocator=allocator)
+    w = torch.randn(8, 12)
+    g = torch.randn(8, 12)
+    opt.register(w, g, name="w")
+    opt.step()
+    with pytest.raises(muon.MuonError) as closed:
+        opt.close()
+    assert "OSError: the pool went away (in the allocator's release, " in str(closed.value), \
+        closed.value
+    assert isinstance(closed.value.__cause__, OSError)
+    assert opt.closed
+    opt.close()  # idempotent: nothing more to report
