@@ -282,7 +282,9 @@ TEST(CudaBackend, NorMuonMatchesCpu) {
         ASSERT_EQ(got[i], x[i]) << "element " << i;
       }
       // And the values moved (NorMuon ran; one row keeps its norm, so stays).
-      if (c.rows > 1) EXPECT_GT(MaxRel(got, x), 1e-3);
+      if (c.rows > 1) {
+        EXPECT_GT(MaxRel(got, x), 1e-3);
+      }
     }
   }
 }
