@@ -254,11 +254,6 @@ struct CudaBackend::Impl {
   }
 };
 
-// Gram Newton-Schulz (muon/math/cpu/gram_ns.h, whose program this runs) on
-// X, normalized in buffers[kX]; the result is left there. Every m x m
-// product reuses the polynomial's planned shape and every m x n one the
-// update's, on other buffers: R (gram), Z (poly), Q and its scratch T. In
-// bf16 each product's result is rounded to bf16, as the CPU's rounds it.
 absl::Status CudaBackend::Impl::Symmetric(const NsProgram& p, int which,
                                           const PlannedShape& planned, int x_type, float alpha,
                                           const void* a, const void* b, float beta,
@@ -288,6 +283,11 @@ absl::Status CudaBackend::Impl::Symmetric(const NsProgram& p, int which,
   return absl::OkStatus();
 }
 
+// Gram Newton-Schulz (muon/math/cpu/gram_ns.h, whose program this runs) on
+// X, normalized in buffers[kX]; the result is left there. Every m x m
+// product reuses the polynomial's planned shape and every m x n one the
+// update's, on other buffers: R (gram), Z (poly), Q and its scratch T. In
+// bf16 each product's result is rounded to bf16, as the CPU's rounds it.
 absl::Status CudaBackend::Impl::GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
                                                  const PlannedShape& planned, int x_type,
                                                  void** buffers) {
