@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "muon/math/cuda/block_sum.cuh"
 #include "muon/math/elementwise.h"
 
 namespace muon {
@@ -16,19 +17,6 @@ struct Group {
   int64_t first;  // the group's first matrix
 };
 
-// Sums `acc` over the block in a fixed order; every thread gets the result.
-__device__ double BlockSum(double acc) {
-  __shared__ double partial[kThreads];
-  __syncthreads();  // a previous call's readers are done
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  return partial[0];
-}
-
 // Block (row i, matrix y of the group): row_sq = sum_j x_ij^2 in double.
 __global__ void RowSumsKernel(int type, const void* x, int64_t rows, int64_t cols, Group g,
                               double* row_sq) {
@@ -40,7 +28,7 @@ __global__ void RowSumsKernel(int type, const void* x, int64_t rows, int64_t col
     const double v = ew::Load(type, x, base + j);
     acc += v * v;
   }
-  const double total = BlockSum(acc);
+  const double total = BlockSum<kThreads>(acc);
   if (threadIdx.x == 0) row_sq[k * rows + i] = total;
 }
 
@@ -60,8 +48,8 @@ __global__ void DivisorsKernel(int64_t rows, int64_t cols, double beta2, double 
     norm_sq += s[i];
     normalized_sq += s[i] / (d * d);
   }
-  const double norm = sqrt(BlockSum(norm_sq));
-  const double normalized = sqrt(BlockSum(normalized_sq));
+  const double norm = sqrt(BlockSum<kThreads>(norm_sq));
+  const double normalized = sqrt(BlockSum<kThreads>(normalized_sq));
   const double clamped = normalized > eps ? normalized : eps;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {  // the moments this thread set
     const double d = sqrt(static_cast<double>(moments[i])) + eps;

@@ -1,5 +1,6 @@
 #include "muon/math/cuda/ns_kernels.h"
 #include "muon/common/half4.h"
+#include "muon/math/cuda/block_sum.cuh"
 #include "muon/math/elementwise.h"
 
 namespace muon {
@@ -191,18 +192,6 @@ __host__ __device__ int64_t NormChunk(int64_t elems, int blocks) {
   return (chunk + 3) / 4 * 4;
 }
 
-// Sums `acc` over the block in a fixed order; the result in thread 0.
-__device__ float BlockSum(float acc) {
-  __shared__ float partial[kThreads];
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  return partial[0];
-}
-
 // bf16 rounds the input (and the norm) first, as torch's bf16 Newton-Schulz
 // does; fp16, whose range a bf16's or fp32's value may pass, normalizes in
 // fp32 and rounds the quotient, as gram-newton-schulz does (and the CPU
@@ -239,7 +228,7 @@ __global__ void SumSquaresKernel(const void* u, int u_type, int64_t elems, int x
       acc += v * v;
     }
   }
-  const float total = BlockSum(acc);
+  const float total = BlockSum<kThreads>(acc);
   if (threadIdx.x == 0) partials[blockIdx.y * gridDim.x + blockIdx.x] = total;
 }
 
