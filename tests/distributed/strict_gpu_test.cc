@@ -207,6 +207,23 @@ std::vector<uint32_t> Bits(const std::vector<std::vector<float>>& v) {
   return out;
 }
 
+// A fresh GPU optimizer over `gpu`'s parameter values, loaded with `gpu`'s
+// state blob, stepped once more beside `host` (step 9).
+std::unique_ptr<Model> ResumeAndStep(Model& gpu, Model& host, int prefetch, Tweak tweak) {
+  const std::vector<unsigned char> blob = Save(gpu.opt);
+  auto resumed = std::make_unique<Model>(0, prefetch, gpu.stream, 0, tweak);
+  for (size_t i = 0; i < resumed->params.size(); ++i) {
+    std::vector<float> v = gpu.params[i]->Read(gpu.stream);
+    resumed->params[i]->Write(v, gpu.stream);
+    EXPECT_TRUE(Rt()->StreamSynchronize(gpu.stream, "copy").ok());
+  }
+  EXPECT_EQ(muon_load_state(resumed->opt, blob.data(), blob.size()), MUON_OK)
+      << muon_last_error_message();
+  EXPECT_EQ(host.Step(9), MUON_OK);
+  EXPECT_EQ(resumed->Step(9), MUON_OK) << muon_last_error_message();
+  return resumed;
+}
+
 muon_stats_t Stats(const muon_optimizer_t* opt) {
   muon_stats_t st;
   muon_stats_init(&st, sizeof st);
@@ -533,22 +550,12 @@ TEST(StrictGpu, StepsEqualTheHostBitForBitAndResume) {
     }
     // The state blob: the same bytes; loaded into a fresh GPU optimizer over
     // the same parameters, it continues like the host run.
-    const std::vector<unsigned char> blob = Save(gpu.opt);
-    ASSERT_EQ(blob, Save(host.opt));
-    Model resumed(0, prefetch, stream);
-    for (size_t i = 0; i < resumed.params.size(); ++i) {
-      std::vector<float> v = gpu.params[i]->Read(stream);
-      resumed.params[i]->Write(v, stream);
-      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "copy").ok());
-    }
-    ASSERT_EQ(muon_load_state(resumed.opt, blob.data(), blob.size()), MUON_OK)
-        << muon_last_error_message();
-    ASSERT_EQ(host.Step(9), MUON_OK);
-    ASSERT_EQ(resumed.Step(9), MUON_OK) << muon_last_error_message();
-    EXPECT_EQ(resumed.Values_(), host.Values_());
+    ASSERT_EQ(Save(gpu.opt), Save(host.opt));
+    const std::unique_ptr<Model> resumed = ResumeAndStep(gpu, host, prefetch, nullptr);
+    EXPECT_EQ(resumed->Values_(), host.Values_());
     // muon_get_state into host memory.
     Tensor m({12, 5}, -1), hm({12, 5}, -1);
-    ASSERT_EQ(muon_get_state(resumed.opt, 0, &m.dl), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(muon_get_state(resumed->opt, 0, &m.dl), MUON_OK) << muon_last_error_message();
     ASSERT_EQ(muon_get_state(host.opt, 0, &hm.dl), MUON_OK);
     EXPECT_EQ(m.host, hm.host);
   }
@@ -585,19 +592,9 @@ TEST(StrictGpu, NorMuonStepsEqualTheHostBitForBitAndResume) {
     ASSERT_EQ(muon_get_moments(host.opt, 0, &hm.dl), MUON_OK) << muon_last_error_message();
     EXPECT_EQ(m.host, hm.host);
     EXPECT_NE(m.host, std::vector<float>(12, 0.0f));
-    const std::vector<unsigned char> blob = Save(gpu.opt);
-    ASSERT_EQ(blob, Save(host.opt));
-    Model resumed(0, 1, stream, 0, tweak);
-    for (size_t i = 0; i < resumed.params.size(); ++i) {
-      std::vector<float> v = gpu.params[i]->Read(stream);
-      resumed.params[i]->Write(v, stream);
-      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "copy").ok());
-    }
-    ASSERT_EQ(muon_load_state(resumed.opt, blob.data(), blob.size()), MUON_OK)
-        << muon_last_error_message();
-    ASSERT_EQ(host.Step(9), MUON_OK);
-    ASSERT_EQ(resumed.Step(9), MUON_OK) << muon_last_error_message();
-    EXPECT_EQ(Bits(resumed.Values_()), Bits(host.Values_()));
+    ASSERT_EQ(Save(gpu.opt), Save(host.opt));
+    const std::unique_ptr<Model> resumed = ResumeAndStep(gpu, host, 1, tweak);
+    EXPECT_EQ(Bits(resumed->Values_()), Bits(host.Values_()));
   }
   EXPECT_EQ(Rt()->pending(), 0);
   Rt()->StreamDestroy(stream);
