@@ -126,8 +126,7 @@ typedef struct muon_param_options_t {
    * adjust_lr(A, B) * update_scale) and decays with weight_decay *
    * weight_decay_scale (and the plain lr). Finite, >= 0. Default 1.0 each.
    * With a world, every rank holding a piece registers the same values
-   * (checked at the first step). weight_decay_scale other than 1 runs on
-   * the CPU backend only so far (on a GPU the first step fails, naming it). */
+   * (checked at the first step). */
   double lr_scale;
   double weight_decay_scale;
   /* Split blocks (Megatron-core's split_qkv, Dion's split sizes): each
@@ -147,9 +146,9 @@ typedef struct muon_param_options_t {
    * ranks by MUON_ASSIGNMENT_SPLIT); its blocks run there one after
    * another. NorMuon's moments (muon_get_moments) are one per row of the
    * matrix for split_dim 0, and rows per block, block after block, for
-   * split_dim 1. CPU backend only so far (on a GPU the first step fails,
-   * naming the parameter). Bad sizes fail here with MUON_INVALID_ARGUMENT
-   * naming the parameter and the size. */
+   * split_dim 1. On a GPU the blocks are gathered, orthogonalized, scaled
+   * and scattered in device memory, on the step's stream. Bad sizes fail here
+   * with MUON_INVALID_ARGUMENT naming the parameter and the size. */
   int32_t split_dim;
   int32_t num_split_sizes;
   const int64_t* split_sizes;

@@ -86,6 +86,15 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "storing bytes on the GPU");
     return math_->StoreBytes(dst, src, bytes);
   }
+  absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t width, size_t height) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "copying split blocks");
+    return math_->CopyRuns(dst, dst_pitch, src, src_pitch, width, height);
+  }
+  absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "scaling split blocks");
+    return math_->ScaleRounded(batch, factor, precision);
+  }
   DType SlotDtype(const NsConfig& config) override {
     return math_ != nullptr ? math_->SlotDtype(config) : DType::kF32;
   }

@@ -53,8 +53,9 @@ absl::StatusOr<std::unique_ptr<CustomStepper>> CustomStepper::Create(std::vector
           "split_sizes (blocks orthogonalized apart) runs on the CPU backend only so far");
     } else {
       s->factors_[i] = BlockLrRatios(ctx.options->adjust_lr, c.split, c.rows, c.cols);
-      reserved = s->split_blocks_.Reserve(ctx.device->math(), ctx.options->ns, c.split, c.rows,
-                                          c.cols, DType::kF32);
+      reserved = s->split_blocks_.Reserve(ctx.device->math(), MemorySourceOf(ctx.device.get()),
+                                          ctx.options->ns, c.split, 1, c.rows, c.cols,
+                                          DType::kF32);
     }
     if (!reserved.ok()) {
       return absl::Status(reserved.code(),

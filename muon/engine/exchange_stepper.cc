@@ -128,15 +128,12 @@ absl::Status ExchangeStepper::ReserveBatches(const Plan& plan) {
         continue;
       }
       const PlanParam& pp = plan.params[static_cast<size_t>(b.split_param)];
-      if (!ctx_.device->is_host()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "param '", pp.name, "': split_sizes (blocks orthogonalized apart) runs on the CPU "
-            "backend only so far"));
-      }
       sb.split = pp.split;
       sb.factors = BlockLrRatios(options.adjust_lr, pp.split, b.rows, b.cols);
-      MUON_RETURN_IF_ERROR(split_blocks_.Reserve(ctx_.device->math(), options.ns, pp.split,
-                                                 b.rows, b.cols, slot_dtype_));
+      MUON_RETURN_IF_ERROR(split_blocks_.Reserve(ctx_.device->math(),
+                                                 MemorySourceOf(ctx_.device.get()), options.ns,
+                                                 pp.split, b.count, b.rows, b.cols,
+                                                 slot_dtype_));
     }
   }
   return absl::OkStatus();

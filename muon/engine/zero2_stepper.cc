@@ -121,8 +121,9 @@ absl::Status Zero2Stepper::TakeOwned(int param) {
     factors_.resize(ctx_.params->size());
     factors_[static_cast<size_t>(param)] =
         BlockLrRatios(ctx_.options->adjust_lr, p.split, p.rows, p.cols);
-    MUON_RETURN_IF_ERROR(split_blocks_.Reserve(ctx_.device->math(), ctx_.options->ns, p.split,
-                                               p.rows, p.cols, DType::kF32));
+    MUON_RETURN_IF_ERROR(split_blocks_.Reserve(
+        ctx_.device->math(), MemorySourceOf(ctx_.device.get()), ctx_.options->ns, p.split,
+        p.batch, p.rows, p.cols, DType::kF32));
   }
   if (ctx_.moments != nullptr) {  // NorMuon: ids of one param's matrices run on
     moment_first_[static_cast<size_t>(param)] = ctx_.moments->Add(p.name, 0, p.moment_count());

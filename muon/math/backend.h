@@ -161,6 +161,16 @@ class MathBackend {
     return StoreBytes(dst, &value, sizeof value);
   }
 
+  // dst <- src as `height` runs of `width` bytes: run i from src + i *
+  // src_pitch to dst + i * dst_pitch (width <= both pitches; backend memory,
+  // regions apart; stream-ordered). Split blocks gather and scatter so.
+  virtual absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                size_t width, size_t height) = 0;
+  // Every element of `batch` (fp32 or bf16, backend memory) multiplied by
+  // `factor` and rounded to `precision`, then to the batch's dtype: a split
+  // block's lr factor, as the result of Newton-Schulz is rounded.
+  virtual absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) = 0;
+
   // Orthogonalizes every matrix of `batch` in place with `config`. Every
   // backend takes fp32 batches; bf16 ones only where SlotDtype says so.
   virtual absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) = 0;

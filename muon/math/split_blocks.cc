@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "muon/common/half.h"
+#include "muon/common/status.h"
 
 namespace muon {
 
@@ -14,40 +16,6 @@ namespace {
 
 int64_t Period(const BlockSplit& s) {
   return std::accumulate(s.sizes.begin(), s.sizes.end(), int64_t{0});
-}
-
-// Copies block j of one matrix (rows x cols, `esize`-byte elements) to or
-// from `block` (packed row-major): each period's piece is a run of rows
-// (dim 0) or, row by row, a run of columns (dim 1).
-void MoveBlock(const BlockSplit& s, int64_t j, int64_t rows, int64_t cols, size_t esize,
-               unsigned char* matrix, unsigned char* block, bool out) {
-  const int64_t period = Period(s);
-  int64_t offset = 0;
-  for (int64_t i = 0; i < j; ++i) offset += s.sizes[static_cast<size_t>(i)];
-  const int64_t size = s.sizes[static_cast<size_t>(j)];
-  auto move = [&](unsigned char* at_matrix, unsigned char* at_block, int64_t elements) {
-    const size_t bytes = static_cast<size_t>(elements) * esize;
-    if (out) {
-      std::memcpy(at_block, at_matrix, bytes);
-    } else {
-      std::memcpy(at_matrix, at_block, bytes);
-    }
-  };
-  if (s.dim == 0) {
-    const int64_t periods = rows / period;
-    for (int64_t g = 0; g < periods; ++g) {
-      move(matrix + static_cast<size_t>((g * period + offset) * cols) * esize,
-           block + static_cast<size_t>(g * size * cols) * esize, size * cols);
-    }
-    return;
-  }
-  const int64_t periods = cols / period, width = periods * size;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < periods; ++g) {
-      move(matrix + static_cast<size_t>(r * cols + g * period + offset) * esize,
-           block + static_cast<size_t>(r * width + g * size) * esize, size);
-    }
-  }
 }
 
 }  // namespace
@@ -123,17 +91,61 @@ int64_t SplitMomentCount(const BlockSplit& split, int64_t rows, int64_t cols) {
   return rows * static_cast<int64_t>(split.sizes.size());
 }
 
-absl::Status SplitOrthogonalizer::Reserve(MathBackend& math, const NsConfig& config,
-                                          const BlockSplit& split, int64_t rows, int64_t cols,
-                                          DType dtype) {
-  for (const BlockShape& b : SplitBlockShapes(split, rows, cols)) {
-    const size_t bytes = static_cast<size_t>(b.rows * b.cols) * SizeOf(dtype);
-    if (block_.size() < bytes) block_.resize(bytes);
-    if (split.dim == 0 && moments_.size() < static_cast<size_t>(b.rows)) {
-      moments_.resize(static_cast<size_t>(b.rows));
+SplitOrthogonalizer::Room& SplitOrthogonalizer::Room::operator=(Room&& other) noexcept {
+  if (this != &other) {
+    Free();
+    memory_ = std::move(other.memory_);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void SplitOrthogonalizer::Room::Free() {
+  if (ptr_ == nullptr) return;
+  if (memory_.free) {
+    memory_.free(ptr_);
+  } else {
+    ::operator delete(ptr_);
+  }
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+absl::Status SplitOrthogonalizer::Room::Grow(const MemorySource& from, size_t want,
+                                             const char* what) {
+  if (want <= bytes_) return absl::OkStatus();
+  Free();
+  memory_ = from;
+  if (memory_.allocate) {
+    absl::StatusOr<void*> p = memory_.allocate(want, what);
+    if (!p.ok()) return p.status();
+    ptr_ = *p;
+  } else {
+    ptr_ = ::operator new(want, std::nothrow);
+    if (ptr_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(what, ": out of host memory"));
     }
-    absl::Status st = math.Reserve(config, 1, b.rows, b.cols);
-    if (!st.ok()) return st;
+  }
+  bytes_ = want;
+  return absl::OkStatus();
+}
+
+absl::Status SplitOrthogonalizer::Reserve(MathBackend& math, const MemorySource& memory,
+                                          const NsConfig& config, const BlockSplit& split,
+                                          int64_t count, int64_t rows, int64_t cols,
+                                          DType dtype) {
+  if (moment_ptrs_.size() < static_cast<size_t>(count)) {
+    moment_ptrs_.resize(static_cast<size_t>(count));
+  }
+  for (const BlockShape& b : SplitBlockShapes(split, rows, cols)) {
+    const size_t bytes = static_cast<size_t>(count * b.rows * b.cols) * SizeOf(dtype);
+    MUON_RETURN_IF_ERROR(blocks_.Grow(memory, bytes, "split blocks"));
+    if (split.dim == 0) {
+      MUON_RETURN_IF_ERROR(moments_.Grow(
+          memory, static_cast<size_t>(count * b.rows) * sizeof(float), "split blocks' moments"));
+    }
+    MUON_RETURN_IF_ERROR(math.Reserve(config, count, b.rows, b.cols));
   }
   return absl::OkStatus();
 }
@@ -143,58 +155,72 @@ absl::Status SplitOrthogonalizer::Run(MathBackend& math, const NsConfig& config,
                                       const NorMuonStep* normuon, float* const* moments,
                                       const MatrixBatch& matrices) {
   const size_t esize = SizeOf(matrices.dtype);
-  const int type = static_cast<int>(matrices.dtype);
-  const int precision = config.dtype == NsDtype::kBF16   ? ew::kBF16
-                        : config.dtype == NsDtype::kFP16 ? ew::kF16
-                                                         : ew::kF32;
-  const int64_t per = matrices.rows * matrices.cols;
-  int64_t offset = 0;  // block j's first row (dim 0) among the matrix's
+  const int64_t count = matrices.count, period = Period(split);
+  if (count == 0) return absl::OkStatus();
+  auto* whole = static_cast<unsigned char*>(matrices.data);
+  int64_t offset = 0;  // block j's first row (dim 0) or column (dim 1) in a period
   for (size_t j = 0; j < split.sizes.size(); ++j) {
     const BlockShape b = SplitBlockShape(split, j, matrices.rows, matrices.cols);
-    const int64_t n = b.rows * b.cols;
-    if (block_.size() < static_cast<size_t>(n) * esize) {
+    const int64_t size = split.sizes[j];
+    if (blocks_.size() < static_cast<size_t>(count * b.rows * b.cols) * esize ||
+        moment_ptrs_.size() < static_cast<size_t>(count)) {
       return absl::FailedPreconditionError("split blocks run before their room was reserved");
     }
-    const int64_t period = Period(split), size = split.sizes[j];
-    for (int64_t k = 0; k < matrices.count; ++k) {
-      unsigned char* matrix =
-          static_cast<unsigned char*>(matrices.data) + static_cast<size_t>(k * per) * esize;
-      MoveBlock(split, static_cast<int64_t>(j), matrices.rows, matrices.cols, esize, matrix,
-                block_.data(), /*out=*/true);
-      const MatrixBatch one{block_.data(), 1, b.rows, b.cols, matrices.dtype};
-      absl::Status st = math.Orthogonalize(config, one);
-      if (st.ok() && normuon != nullptr && moments[k] != nullptr) {
-        // The block's rows' moments: its own run of them for dim 1; for
-        // dim 0 its rows' entries among the matrix's, gathered and put back.
-        float* mine = moments[k] + (split.dim == 1 ? static_cast<int64_t>(j) * b.rows : 0);
-        if (split.dim == 0) {
-          for (int64_t r = 0; r < b.rows; ++r) {
-            moments_[static_cast<size_t>(r)] =
-                moments[k][(r / size) * period + offset + r % size];
-          }
-          mine = moments_.data();
-        }
-        st = math.NorMuon(*normuon, one, &mine);
-        if (split.dim == 0) {
-          for (int64_t r = 0; r < b.rows; ++r) {
-            moments[k][(r / size) * period + offset + r % size] = moments_[static_cast<size_t>(r)];
-          }
-        }
-      }
-      if (!st.ok()) return st;
-      if (factors[j] != 1.0) {
-        // Rounded to the Newton-Schulz dtype's precision whatever holds it
-        // (an fp32 update buffer or a bf16 slot give the same values).
-        const float f = static_cast<float>(factors[j]);
-        for (int64_t e = 0; e < n; ++e) {
-          ew::Store(type, block_.data(), e,
-                    ew::RoundTo(precision, ew::Load(type, block_.data(), e) * f));
+    // Every matrix's block j as runs of equal pitch: the matrices follow one
+    // another, so period after period (dim 0: runs of `size` rows; dim 1:
+    // row after row, runs of `size` columns) the run at `offset` is the
+    // next run of the blocks, which follow one another too.
+    const int64_t run = split.dim == 0 ? size * matrices.cols : size;
+    const int64_t pitch = split.dim == 0 ? period * matrices.cols : period;
+    const int64_t runs = count * matrices.rows * matrices.cols / pitch;
+    unsigned char* first = whole + static_cast<size_t>(split.dim == 0 ? offset * matrices.cols
+                                                                      : offset) * esize;
+    MUON_RETURN_IF_ERROR(math.CopyRuns(blocks_.data(), static_cast<size_t>(run) * esize, first,
+                                       static_cast<size_t>(pitch) * esize,
+                                       static_cast<size_t>(run) * esize,
+                                       static_cast<size_t>(runs)));
+    const MatrixBatch block{blocks_.data(), count, b.rows, b.cols, matrices.dtype};
+    MUON_RETURN_IF_ERROR(math.Orthogonalize(config, block));
+    if (normuon != nullptr) {
+      // The block's rows' moments: its own run of them for dim 1; for dim 0
+      // its rows' entries among the matrix's (runs of `size` in each period
+      // of them), gathered and put back.
+      for (int64_t k = 0; k < count; ++k) {
+        float*& mine = moment_ptrs_[static_cast<size_t>(k)];
+        if (moments[k] == nullptr) {
+          mine = nullptr;
+        } else if (split.dim == 1) {
+          mine = moments[k] + static_cast<int64_t>(j) * b.rows;
+        } else {
+          mine = reinterpret_cast<float*>(moments_.data()) + k * b.rows;
+          MUON_RETURN_IF_ERROR(math.CopyRuns(mine, static_cast<size_t>(size) * sizeof(float),
+                                             moments[k] + offset,
+                                             static_cast<size_t>(period) * sizeof(float),
+                                             static_cast<size_t>(size) * sizeof(float),
+                                             static_cast<size_t>(b.rows / size)));
         }
       }
-      MoveBlock(split, static_cast<int64_t>(j), matrices.rows, matrices.cols, esize, matrix,
-                block_.data(), /*out=*/false);
+      MUON_RETURN_IF_ERROR(math.NorMuon(*normuon, block, moment_ptrs_.data()));
+      for (int64_t k = 0; k < count && split.dim == 0; ++k) {
+        if (moments[k] == nullptr) continue;
+        MUON_RETURN_IF_ERROR(math.CopyRuns(moments[k] + offset,
+                                           static_cast<size_t>(period) * sizeof(float),
+                                           moment_ptrs_[static_cast<size_t>(k)],
+                                           static_cast<size_t>(size) * sizeof(float),
+                                           static_cast<size_t>(size) * sizeof(float),
+                                           static_cast<size_t>(b.rows / size)));
+      }
     }
-    offset += split.sizes[j];
+    if (factors[j] != 1.0) {
+      // Rounded to the Newton-Schulz dtype's precision whatever holds it
+      // (an fp32 update buffer or a bf16 slot give the same values).
+      MUON_RETURN_IF_ERROR(math.ScaleRounded(block, static_cast<float>(factors[j]), config.dtype));
+    }
+    MUON_RETURN_IF_ERROR(math.CopyRuns(first, static_cast<size_t>(pitch) * esize, blocks_.data(),
+                                       static_cast<size_t>(run) * esize,
+                                       static_cast<size_t>(run) * esize,
+                                       static_cast<size_t>(runs)));
+    offset += size;
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,30 +66,57 @@ double SplitNewtonSchulzFlops(const NsConfig& config, const BlockSplit& split, i
 // matrix, in the matrix's row order (the blocks' rows partition them).
 int64_t SplitMomentCount(const BlockSplit& split, int64_t rows, int64_t cols);
 
-// Runs split matrices block by block through a backend whose matrices live
-// in host memory (the CPU's): each block is copied out, orthogonalized,
-// normalized (NorMuon, with its rows' moments), multiplied by its factor and
-// copied back. The copies are kept from call to call (Reserve), so a step
-// allocates nothing.
+// Runs split matrices block by block through a backend, in the backend's
+// memory (host or device): block j of every matrix of a batch is gathered
+// into one batch (CopyRuns), orthogonalized, normalized (NorMuon, with its
+// rows' moments), multiplied by its factor (ScaleRounded) and scattered
+// back; every call stream-ordered on a GPU. The room is kept from call to
+// call (Reserve), so a step allocates nothing.
 class SplitOrthogonalizer {
  public:
-  // Room for the blocks of rows x cols matrices of `dtype`, here and in the
-  // backend's workspace.
-  absl::Status Reserve(MathBackend& math, const NsConfig& config, const BlockSplit& split,
-                       int64_t rows, int64_t cols, DType dtype);
-  // Every matrix of `matrices` (rows x cols, host memory, after Reserve):
-  // block j orthogonalized with `config`; then, with `normuon`, normalized
-  // with matrix k's moments at moments[k] (SplitMomentCount values; null:
-  // matrix k is passed over by NorMuon); then multiplied by factors[j]
-  // (rounded to config.dtype's precision, as the result of Newton-Schulz
-  // is; a factor of exactly 1 leaves the bits).
+  SplitOrthogonalizer() = default;
+  SplitOrthogonalizer(SplitOrthogonalizer&&) = default;
+  SplitOrthogonalizer& operator=(SplitOrthogonalizer&&) = default;
+
+  // Room for the blocks of `count` rows x cols matrices of `dtype`, from
+  // `memory` (the device's: the blocks live where the matrices do), and in
+  // the backend's workspace. ResourceExhausted when memory is short.
+  absl::Status Reserve(MathBackend& math, const MemorySource& memory, const NsConfig& config,
+                       const BlockSplit& split, int64_t count, int64_t rows, int64_t cols,
+                       DType dtype);
+  // Every matrix of `matrices` (rows x cols, the backend's memory, after
+  // Reserve): block j orthogonalized with `config`; then, with `normuon`,
+  // normalized with matrix k's moments at moments[k] (SplitMomentCount
+  // values, the backend's memory; null: matrix k is passed over by
+  // NorMuon); then multiplied by factors[j] (rounded to config.dtype's
+  // precision, as the result of Newton-Schulz is; a factor of exactly 1
+  // leaves the bits).
   absl::Status Run(MathBackend& math, const NsConfig& config, const BlockSplit& split,
                    absl::Span<const double> factors, const NorMuonStep* normuon,
                    float* const* moments, const MatrixBatch& matrices);
 
  private:
-  std::vector<unsigned char> block_;  // one block, in the matrices' dtype
-  std::vector<float> moments_;        // its rows' moments (dim 0)
+  // A grow-only block of the memory Reserve was given.
+  class Room {
+   public:
+    Room() = default;
+    Room(Room&& other) noexcept { *this = std::move(other); }
+    Room& operator=(Room&& other) noexcept;
+    ~Room() { Free(); }
+    // At least `want` bytes from `from` (kept until more are asked for).
+    absl::Status Grow(const MemorySource& from, size_t want, const char* what);
+    unsigned char* data() const { return static_cast<unsigned char*>(ptr_); }
+    size_t size() const { return bytes_; }
+
+   private:
+    void Free();
+    MemorySource memory_;
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+  };
+  Room blocks_;                     // block j of every matrix, in the matrices' dtype
+  Room moments_;                    // their rows' moments (dim 0), fp32
+  std::vector<float*> moment_ptrs_;  // NorMuon's per-matrix pointers into them
 };
 
 }  // namespace muon

@@ -39,7 +39,7 @@ TEST(SplitBlocks, GqaRowsAreOrthogonalizedAsThreeMatrices) {
   CpuBackend cpu;
   SplitOrthogonalizer s;
   const NsConfig config = Fp32();
-  ASSERT_TRUE(s.Reserve(cpu, config, split, rows, cols, DType::kF32).ok());
+  ASSERT_TRUE(s.Reserve(cpu, MemorySource{}, config, split, 1, rows, cols, DType::kF32).ok());
   const std::vector<double> ones = {1.0, 1.0, 1.0};
   ASSERT_TRUE(
       s.Run(cpu, config, split, ones, nullptr, nullptr, {work.data(), 1, rows, cols, DType::kF32})
@@ -80,7 +80,7 @@ TEST(SplitBlocks, ColumnBlocksFactorsAndMomentsFollowTheirBlock) {
   CpuBackend cpu;
   const NsConfig config = Fp32();
   SplitOrthogonalizer s;
-  ASSERT_TRUE(s.Reserve(cpu, config, split, rows, cols, DType::kF32).ok());
+  ASSERT_TRUE(s.Reserve(cpu, MemorySource{}, config, split, 1, rows, cols, DType::kF32).ok());
   std::vector<float> work = input;
   std::vector<float> moments(2 * rows, 0.5f);
   float* mp = moments.data();
@@ -119,7 +119,7 @@ TEST(SplitBlocks, RowMomentsStayInTheMatrixRowOrder) {
   CpuBackend cpu;
   const NsConfig config = Fp32();
   SplitOrthogonalizer s;
-  ASSERT_TRUE(s.Reserve(cpu, config, split, rows, cols, DType::kF32).ok());
+  ASSERT_TRUE(s.Reserve(cpu, MemorySource{}, config, split, 1, rows, cols, DType::kF32).ok());
   std::vector<float> work = RandomNormal(rows * cols, 3);
   const std::vector<float> input = work;
   std::vector<float> moments(rows);

@@ -108,6 +108,8 @@ std::vector<float> Values(size_t n, int salt) {
 }
 
 using Tweak = void (*)(muon_options_t*);
+// Sets parameter i's options (i = 0: the 12 x 5 matrix, 1: the 6 x 16 one).
+using ParamTweak = void (*)(size_t i, muon_param_options_t*);
 
 muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0,
                          int update_in_grad = 0, Tweak tweak = nullptr) {
@@ -139,7 +141,8 @@ struct Model {
   void* stream;
   std::vector<std::unique_ptr<Tensor>> params, grads;
 
-  Model(int device, int prefetch, void* s, int skip_nonfinite = 0, Tweak tweak = nullptr)
+  Model(int device, int prefetch, void* s, int skip_nonfinite = 0, Tweak tweak = nullptr,
+        ParamTweak param_tweak = nullptr)
       : opt(Create(prefetch, skip_nonfinite, 0, 0, tweak)), stream(s) {
     const std::vector<std::vector<int64_t>> shapes = {{12, 5}, {6, 16}};
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -155,6 +158,7 @@ struct Model {
       muon_param_options_init(&po, sizeof po);
       const std::string name = "w" + std::to_string(i);
       po.name = name.c_str();
+      if (param_tweak != nullptr) param_tweak(i, &po);
       int64_t id = -1;
       EXPECT_EQ(muon_register_param(opt, &params[i]->dl, &grads[i]->dl, &po, &id), MUON_OK)
           << muon_last_error_message();
@@ -209,9 +213,10 @@ std::vector<uint32_t> Bits(const std::vector<std::vector<float>>& v) {
 
 // A fresh GPU optimizer over `gpu`'s parameter values, loaded with `gpu`'s
 // state blob, stepped once more beside `host` (step 9).
-std::unique_ptr<Model> ResumeAndStep(Model& gpu, Model& host, int prefetch, Tweak tweak) {
+std::unique_ptr<Model> ResumeAndStep(Model& gpu, Model& host, int prefetch, Tweak tweak,
+                                     ParamTweak param_tweak = nullptr) {
   const std::vector<unsigned char> blob = Save(gpu.opt);
-  auto resumed = std::make_unique<Model>(0, prefetch, gpu.stream, 0, tweak);
+  auto resumed = std::make_unique<Model>(0, prefetch, gpu.stream, 0, tweak, param_tweak);
   for (size_t i = 0; i < resumed->params.size(); ++i) {
     std::vector<float> v = gpu.params[i]->Read(gpu.stream);
     resumed->params[i]->Write(v, gpu.stream);
@@ -594,6 +599,67 @@ TEST(StrictGpu, NorMuonStepsEqualTheHostBitForBitAndResume) {
     EXPECT_NE(m.host, std::vector<float>(12, 0.0f));
     ASSERT_EQ(Save(gpu.opt), Save(host.opt));
     const std::unique_ptr<Model> resumed = ResumeAndStep(gpu, host, 1, tweak);
+    EXPECT_EQ(Bits(resumed->Values_()), Bits(host.Values_()));
+  }
+  EXPECT_EQ(Rt()->pending(), 0);
+  Rt()->StreamDestroy(stream);
+}
+
+// Per-parameter options on the GPU: split blocks (rows of the tall matrix
+// in periods of {4, 2}, columns of the wide one in periods of {3, 5}), with
+// NorMuon and without, lr and weight-decay multipliers, cautious decay. The
+// blocks are gathered, orthogonalized, scaled and scattered in device memory
+// (the strict runtime refuses host pointers), bit for bit as on the host;
+// the moments and the state blob alike; resumed alike.
+TEST(StrictGpu, SplitBlocksAndParamScalesStepAsOnTheHostBitForBit) {
+  ASSERT_NE(Rt(), nullptr) << "MUON_CUDA_PLUGIN must name libmuon_strict_gpu.so";
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  const ParamTweak split = [](size_t i, muon_param_options_t* po) {
+    static const int64_t rows[] = {4, 2}, cols[] = {3, 5};
+    po->split_dim = static_cast<int32_t>(i);
+    po->num_split_sizes = 2;
+    po->split_sizes = i == 0 ? rows : cols;
+    po->lr_scale = i == 0 ? 0.5 : 1.0;
+    po->weight_decay_scale = i == 0 ? 3.0 : 0.25;
+  };
+  const Tweak variants[] = {
+      [](muon_options_t* o) { o->cautious_wd = 1; },
+      [](muon_options_t* o) {
+        o->normuon = 1;
+        o->ns_dtype = MUON_NS_DTYPE_FP32;
+      },
+      [](muon_options_t* o) {
+        o->normuon = 1;
+        o->adjust_lr = MUON_ADJUST_LR_MATCH_RMS_ADAMW;
+      },
+  };
+  for (size_t v = 0; v < std::size(variants); ++v) {
+    SCOPED_TRACE("variant " + std::to_string(v));
+    const Tweak tweak = variants[v];
+    Model host(-1, 1, nullptr, 0, tweak, split), gpu(0, 1, stream, 0, tweak, split);
+    Model whole(-1, 1, nullptr, 0, tweak);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_EQ(host.Step(s), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(gpu.Step(s), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(whole.Step(s), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(Bits(gpu.Values_()), Bits(host.Values_())) << "step " << s;
+    }
+    // The options took effect: the split and scaled run differs from the
+    // plain one in both matrices.
+    const auto got = host.Values_(), plain = whole.Values_();
+    EXPECT_NE(got[0], plain[0]);
+    EXPECT_NE(got[1], plain[1]);
+    if (v > 0) {
+      // Split dim 1: each of the 6 rows has one moment per block.
+      Tensor m({1, 12}, -1), hm({1, 12}, -1);
+      ASSERT_EQ(muon_get_moments(gpu.opt, 1, &m.dl), MUON_OK) << muon_last_error_message();
+      ASSERT_EQ(muon_get_moments(host.opt, 1, &hm.dl), MUON_OK) << muon_last_error_message();
+      EXPECT_EQ(m.host, hm.host);
+      EXPECT_NE(m.host, std::vector<float>(12, 0.0f));
+    }
+    ASSERT_EQ(Save(gpu.opt), Save(host.opt));
+    const std::unique_ptr<Model> resumed = ResumeAndStep(gpu, host, 1, tweak, split);
     EXPECT_EQ(Bits(resumed->Values_()), Bits(host.Values_()));
   }
   EXPECT_EQ(Rt()->pending(), 0);

@@ -111,6 +111,35 @@ class StrictMath final : public MathBackend {
     return Run([this, dst, value, bytes] { return cpu_.StoreBytes(dst, value.data(), bytes); });
   }
 
+  // As cudaMemcpy2DAsync between device buffers: every byte a run touches
+  // must lie in device memory (the first run to the last byte of the last).
+  absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t width, size_t height) override {
+    if (height == 0 || width == 0) return absl::OkStatus();
+    if (width > dst_pitch || width > src_pitch) {
+      return absl::InvalidArgumentError("copying runs: a run is wider than its pitch");
+    }
+    absl::Status st = rt_->CheckDeviceMemory(src, (height - 1) * src_pitch + width,
+                                             "copying runs: the source");
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(dst, (height - 1) * dst_pitch + width,
+                                  "copying runs: the destination");
+    }
+    if (!st.ok()) return st;
+    return Run([this, dst, dst_pitch, src, src_pitch, width, height] {
+      return cpu_.CopyRuns(dst, dst_pitch, src, src_pitch, width, height);
+    });
+  }
+
+  absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) override {
+    const size_t bytes =
+        static_cast<size_t>(batch.count * batch.rows * batch.cols) * SizeOf(batch.dtype);
+    absl::Status st = rt_->CheckDeviceMemory(batch.data, bytes, "scaling split blocks");
+    if (!st.ok()) return st;
+    return Run(
+        [this, batch, factor, precision] { return cpu_.ScaleRounded(batch, factor, precision); });
+  }
+
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override {
     const size_t bytes = static_cast<size_t>(batch.count * batch.rows * batch.cols) * SizeOf(batch.dtype);
     absl::Status st = rt_->CheckDeviceMemory(batch.data, bytes, "Newton-Schulz: the matrices");

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "muon/common/half.h"
 #include "muon/common/status.h"
 #include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/gram_ns.h"
@@ -78,6 +79,34 @@ absl::Status CpuBackend::StoreBytes(void* dst, const void* src, size_t bytes) {
                                             kMaxStoreBytes, ")"));
   }
   std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CopyRuns(void* dst, size_t dst_pitch, const void* src,
+                                  size_t src_pitch, size_t width, size_t height) {
+  if (width > dst_pitch || width > src_pitch) {
+    return absl::InternalError(absl::StrCat("CopyRuns: runs of ", width,
+                                            " bytes, wider than the pitches ", dst_pitch,
+                                            " and ", src_pitch));
+  }
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  for (size_t i = 0; i < height; ++i) std::memcpy(d + i * dst_pitch, s + i * src_pitch, width);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) {
+  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("ScaleRounded takes fp32 or bf16 matrices");
+  }
+  const int type = static_cast<int>(batch.dtype);
+  const int to = precision == NsDtype::kBF16   ? ew::kBF16
+                 : precision == NsDtype::kFP16 ? ew::kF16
+                                               : ew::kF32;
+  const int64_t n = batch.count * batch.rows * batch.cols;
+  for (int64_t e = 0; e < n; ++e) {
+    ew::Store(type, batch.data, e, ew::RoundTo(to, ew::Load(type, batch.data, e) * factor));
+  }
   return absl::OkStatus();
 }
 

@@ -29,6 +29,9 @@ class CpuBackend final : public MathBackend {
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
   absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t width, size_t height) override;
+  absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) override;
   void SetMemorySource(MemorySource source) override { source_ = std::move(source); }
   void JoinWorld(int world_rank) override { share_.Join(world_rank); }
   ~CpuBackend() override;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cuda/cuda_backend_impl.h"
 #include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/normuon_kernels.h"
 #include "muon/math/cuda/ns_kernels.h"
@@ -20,84 +21,6 @@
 
 namespace muon {
 namespace {
-
-absl::Status CublasStatus(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string msg = absl::StrCat(what, ": cuBLAS error ", static_cast<int>(s));
-  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg + ": out of GPU memory");
-  return absl::InternalError(msg);
-}
-
-#define MUON_CUDA(expr, what) \
-  do {                        \
-    auto _s = CudaStatus((expr), what); \
-    if (!_s.ok()) return _s;  \
-  } while (0)
-
-// A kernel launch (cuda::Launch*, which read their error with
-// cudaGetLastError): refused while another call's error is pending.
-#define MUON_CUDA_LAUNCH(expr, what)                   \
-  do {                                                 \
-    auto _p = CudaPendingBefore(what);                 \
-    if (!_p.ok()) return _p;                           \
-    MUON_CUDA(expr, what);                             \
-  } while (0)
-
-#define MUON_CUBLAS(expr, what) \
-  do {                          \
-    auto _s = CublasStatus((expr), what); \
-    if (!_s.ok()) return _s;    \
-  } while (0)
-
-// A device buffer that only grows, from the device's memory source (its
-// Allocate: counted, and the host's allocator when set) or cudaMalloc.
-struct WorkBuffer {
-  const MemorySource* source = nullptr;
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  absl::Status Reserve(size_t want, const char* what) {
-    if (want <= bytes) return absl::OkStatus();
-    Release();
-    if (source != nullptr && source->allocate) {
-      absl::StatusOr<void*> p = source->allocate(want, what);
-      if (!p.ok()) return p.status();
-      ptr = *p;
-    } else {
-      MUON_CUDA(cudaMalloc(&ptr, want), what);
-    }
-    bytes = want;
-    return absl::OkStatus();
-  }
-  void Release() {
-    if (ptr == nullptr) return;
-    if (source != nullptr && source->free) {
-      source->free(ptr);
-    } else {
-      cudaFree(ptr);
-    }
-    ptr = nullptr;
-    bytes = 0;
-  }
-  ~WorkBuffer() { Release(); }
-};
-
-// One product of the Newton-Schulz program (muon/math/ns_program.h) as a
-// cuBLASLt matmul: its descriptors and the algorithm the heuristic chose, made
-// once per (dtype, count, rows, cols) and reused by every later call.
-struct LtProduct {
-  cublasLtMatmulDesc_t op = nullptr;
-  std::array<cublasLtMatrixLayout_t, 4> layout = {};  // A, B, C, D
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  LtProduct() = default;
-  LtProduct(const LtProduct&) = delete;
-  LtProduct& operator=(const LtProduct&) = delete;
-  ~LtProduct() {
-    for (cublasLtMatrixLayout_t l : layout) {
-      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
-    }
-    if (op != nullptr) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 absl::Status MakeLayout(cudaDataType_t type, int64_t rows, int64_t cols, const NsOperand& o,
                         int32_t count, cublasLtMatrixLayout_t* out) {
@@ -160,17 +83,6 @@ absl::Status MakeProduct(cublasLtHandle_t lt, const NsGemm& g, cudaDataType_t ty
   return absl::OkStatus();
 }
 
-using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t>;  // dtype, count, rows, cols
-
-// The products planned for one shape: the program's four, and the b x b
-// tiles of its two symmetric ones (gram, polynomial) when it runs them in
-// tiles (b > 0: the tiles on and below the diagonal, then their mirror).
-struct PlannedShape {
-  std::array<LtProduct, 4> whole;  // gram, polynomial, update, cubic update
-  int64_t tile = 0;
-  LtProduct gram_tile, poly_tile;
-};
-
 // The side of the tiles a symmetric m x m product runs in (0: whole):
 // `forced` tiles a side when it divides m into 16-byte multiples (tests,
 // the benchmark; 1: whole); else by libmuon's rule, 2 x 2 tiles from m =
@@ -205,54 +117,6 @@ bool RunsGram(const NsConfig& config, int64_t rows, int64_t cols) {
 }
 
 }  // namespace
-
-struct CudaBackend::Impl {
-  MemorySource source;  // where the work buffers come from (set before any)
-  cudaStream_t stream = nullptr;
-  cublasLtHandle_t lt = nullptr;
-  WorkBuffer x, x_next, gram, poly, partials;
-  WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
-  WorkBuffer normuon_sums, normuon_divisors;  // NorMuon's per-row sums and divisors
-  // The products of each shape seen, planned once (heuristics cached).
-  std::map<ShapeKey, PlannedShape> products;
-  int forced_tiles = 0;  // SetSymmetricTiles' (0: libmuon's rule)
-  // The multi-tensor launches' host-side lists, kept across calls.
-  std::vector<cuda::MomentumTensor> momentum_tensors;
-  std::vector<cuda::ApplyTensor> apply_tensors;
-  std::vector<cuda::CountTensor> count_tensors;
-  // cuBLASLt's workspace, handed to every matmul (32 MiB as cuBLAS advises
-  // for Hopper; the heuristics are asked for algorithms within it).
-  WorkBuffer lt_workspace;
-  static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-  Impl() {
-    for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &normuon_sums,
-                          &normuon_divisors, &lt_workspace}) {
-      b->source = &source;
-    }
-  }
-  // D = alpha op(A) op(B) + beta C, with a product planned for the shape
-  // (its descriptors hold no buffer), on the given buffers.
-  absl::Status Matmul(const LtProduct& lp, float alpha, const void* a, const void* b, float beta,
-                      const void* c, void* d, const char* what) {
-    MUON_CUBLAS(cublasLtMatmul(lt, lp.op, &alpha, a, lp.layout[0], b, lp.layout[1], &beta, c,
-                               lp.layout[2], d, lp.layout[3], &lp.heuristic.algo,
-                               lt_workspace.ptr, lt_workspace.bytes, stream),
-                what);
-    return absl::OkStatus();
-  }
-  // The same for program p's symmetric product `which` (0: gram, 1:
-  // polynomial; or one of their shape on other buffers): whole, or its tiles
-  // on and below the diagonal, then the mirror of those (exactly symmetric).
-  absl::Status Symmetric(const NsProgram& p, int which, const PlannedShape& planned, int x_type,
-                         float alpha, const void* a, const void* b, float beta, const void* c,
-                         void* d, const char* what);
-  absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
-                                const PlannedShape& planned, int x_type, void** buffers);
-  ~Impl() {
-    products.clear();
-    if (lt != nullptr) cublasLtDestroy(lt);
-  }
-};
 
 absl::Status CudaBackend::Impl::Symmetric(const NsProgram& p, int which,
                                           const PlannedShape& planned, int x_type, float alpha,
@@ -372,96 +236,6 @@ void CudaBackend::SetSymmetricTiles(int tiles) {
 static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars, lr) == 0 &&
                   offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
               "the kernels read StepScalars as three doubles: lr, weight_decay, momentum");
-
-absl::Status CudaBackend::StoreBytes(void* dst, const void* src, size_t bytes) {
-  if (bytes > kMaxStoreBytes) {
-    return absl::InternalError(absl::StrCat("StoreBytes of ", bytes, " bytes (at most ",
-                                            kMaxStoreBytes, ")"));
-  }
-  MUON_CUDA_LAUNCH(cuda::LaunchStoreBytes(dst, src, bytes, impl_->stream), "storing bytes on the GPU");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Momentum(const MomentumStep& step,
-                                   absl::Span<const MomentumArgs> tensors) {
-  std::vector<cuda::MomentumTensor>& t = impl_->momentum_tensors;
-  t.resize(tensors.size());  // grows to the largest call once, then reused
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const MomentumArgs& a = tensors[i];
-    t[i] = {static_cast<int>(a.grad_dtype), a.grad, static_cast<int>(a.buf_dtype), a.buf, a.n,
-            a.out, static_cast<int>(a.out_dtype)};
-  }
-  MUON_CUDA_LAUNCH(cuda::LaunchMomentum(t.data(), static_cast<int64_t>(t.size()), step.scalars,
-                                 step.nesterov, step.nonfinite, impl_->stream),
-            "momentum kernel");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) {
-  std::vector<cuda::ApplyTensor>& t = impl_->apply_tensors;
-  t.resize(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const ApplyArgs& a = tensors[i];
-    if (a.weight_decay_scale != 1.0) {
-      return absl::UnimplementedError(
-          "weight_decay_scale other than 1 runs on the CPU backend only so far");
-    }
-    t[i] = {static_cast<int>(a.param_dtype), a.param, a.n, a.update, a.lr_ratio,
-            static_cast<int>(a.update_dtype), a.cautious ? 1 : 0};
-  }
-  MUON_CUDA_LAUNCH(cuda::LaunchApply(t.data(), static_cast<int64_t>(t.size()), step.scalars, step.gate,
-                              impl_->stream),
-            "update kernel");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CountNonFinite(DType dtype, const void* data, int64_t n,
-                                         int64_t* counter) {
-  MUON_CUDA_LAUNCH(cuda::LaunchCountNonFinite(static_cast<int>(dtype), data, n, counter, impl_->stream),
-            "counting non-finite gradients");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::CountNonFiniteAll(absl::Span<const CountArgs> tensors,
-                                            int64_t* counter) {
-  std::vector<cuda::CountTensor>& t = impl_->count_tensors;
-  t.resize(tensors.size());  // grows to the largest call once, then reused
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    t[i] = {static_cast<int>(tensors[i].dtype), tensors[i].data, tensors[i].n};
-  }
-  MUON_CUDA_LAUNCH(cuda::LaunchCountNonFiniteAll(t.data(), static_cast<int64_t>(t.size()), counter,
-                                          impl_->stream),
-            "counting non-finite gradients");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
-                                  float* const* moments) {
-  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("NorMuon takes fp32 or bf16 matrices");
-  }
-  if (batch.count == 0 || batch.rows <= 0 || batch.cols <= 0) return absl::OkStatus();
-  const size_t rows = static_cast<size_t>(batch.count * batch.rows);
-  MUON_RETURN_IF_ERROR(impl_->normuon_sums.Reserve(rows * sizeof(double), "NorMuon's row sums"));
-  MUON_RETURN_IF_ERROR(
-      impl_->normuon_divisors.Reserve(rows * sizeof(float), "NorMuon's row divisors"));
-  const int ns_type = step.ns_dtype == NsDtype::kBF16   ? cuda::kBF16
-                      : step.ns_dtype == NsDtype::kFP16 ? cuda::kF16
-                                                        : cuda::kF32;
-  MUON_CUDA_LAUNCH(
-      cuda::LaunchNorMuon(batch.dtype == DType::kF32 ? cuda::kF32 : cuda::kBF16, batch.data,
-                          batch.count, batch.rows, batch.cols, moments, step.beta2, step.eps,
-                          ns_type, static_cast<double*>(impl_->normuon_sums.ptr),
-                          static_cast<float*>(impl_->normuon_divisors.ptr), impl_->stream),
-      "NorMuon kernels");
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
-                                      int32_t* flag) {
-  MUON_CUDA_LAUNCH(cuda::LaunchVerdictGate(verdicts, n, magic, flag, impl_->stream), "verdict kernel");
-  return absl::OkStatus();
-}
 
 // AOL's pre-scaling runs on the CPU backend only so far.
 absl::Status CudaBackend::Supported(const NsConfig& config) {

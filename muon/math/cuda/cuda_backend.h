@@ -33,6 +33,10 @@ class CudaBackend final : public MathBackend {
   absl::Status Momentum(const MomentumStep& step, absl::Span<const MomentumArgs> tensors) override;
   absl::Status Apply(const ApplyStep& step, absl::Span<const ApplyArgs> tensors) override;
   absl::Status StoreBytes(void* dst, const void* src, size_t bytes) override;
+  // cudaMemcpy2DAsync, device to device.
+  absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t width, size_t height) override;
+  absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) override;
   // bf16 for bf16 Newton-Schulz: the exchange's slots hold bf16.
   DType SlotDtype(const NsConfig& config) override;
   // fp32 batches, and bf16 ones for bf16 Newton-Schulz (the same results).

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/split_blocks.h"
 #include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
@@ -289,6 +290,71 @@ TEST(CudaBackend, NorMuonMatchesCpu) {
   }
 }
 
+// Split blocks in device memory (CopyRuns, ScaleRounded, a batch per
+// block) against the CPU's run on the host: rows in periods of {8, 4}, and
+// columns in periods of {6, 9, 15}, each with lr factors and NorMuon (one
+// matrix not stepped), fp32 and bf16 Newton-Schulz.
+TEST(CudaBackend, SplitBlocksMatchCpu) {
+  REQUIRE_GPU(gpu);
+  MemorySource device_memory;
+  device_memory.allocate = [](size_t bytes, const std::string&) -> absl::StatusOr<void*> {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return absl::ResourceExhaustedError("cudaMalloc");
+    return p;
+  };
+  device_memory.free = [](void* p) { cudaFree(p); };
+  struct SplitCase {
+    Case shape;
+    BlockSplit split;
+    std::vector<double> factors;
+  };
+  const SplitCase cases[] = {
+      {{3, 48, 40}, {0, {8, 4}}, {1.0, 0.75}},
+      {{2, 24, 60}, {1, {6, 9, 15}}, {1.5, 1.0, 0.5}},
+  };
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16}) {
+    for (const SplitCase& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "ns " << static_cast<int>(dtype) << " "
+                                        << SplitString(c.split));
+      NsConfig config;
+      config.dtype = dtype;
+      const Case& m = c.shape;
+      const size_t n = static_cast<size_t>(m.count * m.rows * m.cols);
+      const int64_t per = SplitMomentCount(c.split, m.rows, m.cols);
+      std::vector<float> x = RandomNormal(n, 23), moments(static_cast<size_t>(m.count * per));
+      CpuBackend cpu;
+      Device<float> gx(x), gm(moments);
+      SplitOrthogonalizer on_cpu, on_gpu;
+      ASSERT_TRUE(on_cpu.Reserve(cpu, MemorySource{}, config, c.split, m.count, m.rows, m.cols,
+                                 DType::kF32)
+                      .ok());
+      ASSERT_TRUE(on_gpu.Reserve(*gpu, device_memory, config, c.split, m.count, m.rows, m.cols,
+                                 DType::kF32)
+                      .ok());
+      NorMuonStep normuon;
+      normuon.ns_dtype = dtype;
+      std::vector<float*> host_ptrs, dev_ptrs;
+      for (int64_t k = 0; k < m.count; ++k) {
+        const bool skip = k == 1;
+        host_ptrs.push_back(skip ? nullptr : moments.data() + k * per);
+        dev_ptrs.push_back(skip ? nullptr : gm.p + k * per);
+      }
+      std::vector<float> want = x;
+      ASSERT_TRUE(on_cpu.Run(cpu, config, c.split, c.factors, &normuon, host_ptrs.data(),
+                             {want.data(), m.count, m.rows, m.cols, DType::kF32})
+                      .ok());
+      const absl::Status st = on_gpu.Run(*gpu, config, c.split, c.factors, &normuon,
+                                         dev_ptrs.data(), {gx.p, m.count, m.rows, m.cols,
+                                                           DType::kF32});
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_LT(MaxRel(gx.Get(), want), Bound(dtype));
+      EXPECT_LT(MaxRel(gm.Get(), moments), dtype == NsDtype::kFP32 ? 1e-3 : 5e-2);
+      EXPECT_GT(MaxRel(want, x), 0.1);  // the blocks moved
+    }
+  }
+}
+
 // bf16 Newton-Schulz on a bf16 batch (the exchange's bf16 slots) gives the
 // fp32 batch's results bit for bit: its input is rounded to bf16 first and
 // its result is bf16 either way. Shapes with and without vector loads.
@@ -410,6 +476,8 @@ TEST(CudaBackend, MomentumAndApplyMatchCpu) {
     const int64_t n = static_cast<int64_t>(g[i].size());
     m[i] = {DType::kF32, g[i].data(), DType::kF32, b_cpu[i].data(), n, out_cpu[i].data()};
     a[i] = {DType::kF32, p_cpu[i].data(), n, u[i].data(), 1.0 + i * 0.25};
+    a[i].cautious = i % 2 == 1;
+    a[i].weight_decay_scale = i % 3 == 0 ? 1.0 : 0.5 * i;  // per-parameter decay
   }
   CpuBackend cpu;
   MomentumStep step;

@@ -58,6 +58,7 @@ struct ApplyEntry {
   int64_t n;
   int64_t first_block;
   double lr_ratio;
+  double weight_decay_scale;  // 1 exactly: the step's weight decay as it is
   int param_type;
   int update_type;
   bool vec;       // both pointers aligned for Load4 / Store4
@@ -132,7 +133,10 @@ __global__ void ApplyKernel(ApplyLaunchArgs a, const double* scalars, const int3
   if (gate != nullptr && *gate != 0) return;  // the job's verdict: not applied
   const int64_t block = blockIdx.x;
   const ApplyEntry& t = a.t[TensorOfBlock(a, block)];
-  const float decay = ew::DecayFactor(scalars[0], scalars[1]);
+  // As the CPU backend: the product wd * scale only where the scale is not 1.
+  const float decay = t.weight_decay_scale == 1.0
+                          ? ew::DecayFactor(scalars[0], scalars[1])
+                          : ew::DecayFactor(scalars[0], scalars[1] * t.weight_decay_scale);
   const float alpha = ew::UpdateAlpha(scalars[0], t.lr_ratio);
   const int64_t begin = (block - t.first_block) * kChunk;
   const int64_t end = begin + kChunk < t.n ? begin + kChunk : t.n;
@@ -322,6 +326,7 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
     e.update = t.update;
     e.n = t.n;
     e.lr_ratio = t.lr_ratio;
+    e.weight_decay_scale = t.weight_decay_scale;
     e.param_type = t.param_type;
     e.update_type = t.update_type;
     e.vec = Aligned4(t.param_type, t.param) && Aligned4(t.update_type, t.update);
@@ -350,6 +355,20 @@ cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* co
   if (n == 0) return cudaSuccess;
   CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(
       type, x, n, reinterpret_cast<unsigned long long*>(counter));
+  return cudaGetLastError();
+}
+
+__global__ void ScaleRoundedKernel(int type, void* x, int64_t n, float factor, int precision) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    Store(type, x, i, ew::RoundTo(precision, Load(type, x, i) * factor));
+  }
+}
+
+cudaError_t LaunchScaleRounded(int type, void* x, int64_t n, float factor, int precision,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ScaleRoundedKernel<<<Blocks(n), kThreads, 0, stream>>>(type, x, n, factor, precision);
   return cudaGetLastError();
 }
 

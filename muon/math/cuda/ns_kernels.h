@@ -51,6 +51,7 @@ struct ApplyTensor {
   double lr_ratio = 1.0;
   int update_type = kF32;
   int cautious = 0;  // nonzero: the decay only where update * param >= 0
+  double weight_decay_scale = 1.0;  // this tensor's decay: wd * weight_decay_scale
 };
 
 // For every tensor, lr and weight_decay read from `scalars` when it runs:
@@ -62,6 +63,11 @@ cudaError_t LaunchApply(const ApplyTensor* tensors, int64_t count, const void* s
 // *counter (device memory) += the non-finite elements of x[0, n) (in `type`).
 cudaError_t LaunchCountNonFinite(int type, const void* x, int64_t n, int64_t* counter,
                                  cudaStream_t stream);
+
+// x[0, n) (in `type`) <- round_type(round_precision(x * factor)): a split
+// block's lr factor (SplitOrthogonalizer).
+cudaError_t LaunchScaleRounded(int type, void* x, int64_t n, float factor, int precision,
+                               cudaStream_t stream);
 
 // One tensor of a multi-tensor count launch.
 struct CountTensor {
