@@ -358,7 +358,18 @@ muon_status_t muon_qk_clip(muon_optimizer_t* opt, int64_t layer_id, const float*
   return Guard("muon_qk_clip", [&]() -> absl::Status {
     if (opt == nullptr) return NullArg("opt");
     if (max_logits == nullptr) return NullArg("max_logits");
-    return opt->impl->QkClip(layer_id, max_logits, num_heads, tau, clipped_heads);
+    return opt->impl->QkClip(layer_id, max_logits, num_heads, tau, nullptr, false,
+                             clipped_heads);
+  });
+}
+
+muon_status_t muon_qk_clip_on_stream(muon_optimizer_t* opt, int64_t layer_id,
+                                     const float* max_logits, int32_t num_heads, double tau,
+                                     void* stream, int32_t* clipped_heads) {
+  return Guard("muon_qk_clip_on_stream", [&]() -> absl::Status {
+    if (opt == nullptr) return NullArg("opt");
+    if (max_logits == nullptr) return NullArg("max_logits");
+    return opt->impl->QkClip(layer_id, max_logits, num_heads, tau, stream, true, clipped_heads);
   });
 }
 

@@ -70,13 +70,24 @@ MUON_API muon_status_t muon_register_qk_clip(muon_optimizer_t* opt,
  * Each factor is computed in double and applied in fp32 (param * factor,
  * rounded to the parameter's dtype, as torch's mul_). This rank scales the
  * elements of its own pieces only; the result is the same at any layout
- * (TP, FSDP, flat ranges, replicas) and world size. Not collective, no
- * stream: call it on every rank after muon_step (and before the next
- * forward pass). *clipped_heads (optional) receives the heads clipped.
- * tau finite and > 0. Host memory (CPU backend) only so far. */
+ * (TP, FSDP, flat ranges, replicas) and world size. Not collective: call
+ * it on every rank after muon_step (and before the next forward pass).
+ * *clipped_heads (optional) receives the heads clipped. tau finite and > 0.
+ * max_logits is host memory. Parameters on a GPU: MUON_FAILED_PRECONDITION
+ * (nothing scaled), naming muon_qk_clip_on_stream. */
 MUON_API muon_status_t muon_qk_clip(muon_optimizer_t* opt, int64_t layer_id,
                                     const float* max_logits, int32_t num_heads, double tau,
                                     int32_t* clipped_heads);
+
+/* muon_qk_clip on any device: on a GPU the scaling (one launch per run of
+ * a head's elements in this rank's pieces) is enqueued on `stream` (a
+ * cudaStream_t; NULL: the legacy default stream), ordered after the last
+ * muon_step's stream as a step is, and the host does not wait; the factors
+ * are computed on the host from max_logits before it returns. Host memory:
+ * as muon_qk_clip (`stream` is not used). Since 0.7. */
+MUON_API muon_status_t muon_qk_clip_on_stream(muon_optimizer_t* opt, int64_t layer_id,
+                                              const float* max_logits, int32_t num_heads,
+                                              double tau, void* stream, int32_t* clipped_heads);
 
 /* ------------------------------------------------------------------------ */
 /* State (checkpoint and resume)                                             */

@@ -115,8 +115,10 @@ class Optimizer {
   // QK-Clip (muon_register_qk_clip, muon_qk_clip; qk_clip.h): a layer's id,
   // and one clip of its heads on this rank's pieces.
   absl::StatusOr<int64_t> RegisterQkClip(QkClipLayer layer);
+  // On a GPU the scaling is enqueued on `stream` (stream_given: the host
+  // named one; muon_qk_clip names none and is refused there).
   absl::Status QkClip(int64_t layer_id, const float* max_logits, int num_heads, double tau,
-                      int32_t* clipped);
+                      void* stream, bool stream_given, int32_t* clipped);
 
   // NorMuon's moments of one parameter (muon_get_moments, muon_set_moments).
   // With `owned_only` (muon_get_owned_moments, muon_set_owned_moments), the

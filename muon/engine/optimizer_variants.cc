@@ -40,7 +40,7 @@ absl::StatusOr<int64_t> Optimizer::RegisterQkClip(QkClipLayer layer) {
 }
 
 absl::Status Optimizer::QkClip(int64_t layer_id, const float* max_logits, int num_heads,
-                               double tau, int32_t* clipped) {
+                               double tau, void* stream, bool stream_given, int32_t* clipped) {
   if (layer_id < 0 || layer_id >= static_cast<int64_t>(qk_layers_.size())) {
     return absl::NotFoundError(absl::StrCat("layer_id ", layer_id, " is not a registered "
                                             "QK-Clip layer (", qk_layers_.size(), " are)"));
@@ -55,17 +55,22 @@ absl::Status Optimizer::QkClip(int64_t layer_id, const float* max_logits, int nu
     return absl::InvalidArgumentError(
         absl::StrCat("tau: ", tau, " is invalid; it must be a finite number > 0"));
   }
-  if (!registry_.device()->is_host()) {
-    return absl::UnimplementedError(
-        "qk_clip runs on the CPU backend only so far; these parameters are on a GPU");
+  Device& device = *registry_.device();
+  if (!device.is_host() && !stream_given) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the layer's parameters are on ", device.name(), ": call muon_qk_clip_on_stream with "
+        "the stream the next forward pass runs on (the scaling is enqueued there)"));
   }
   const QkFactors f = QkClipFactors(layer, max_logits, tau);
   if (clipped != nullptr) *clipped = f.clipped;
   if (f.clipped == 0) return absl::OkStatus();
+  const CurrentDevice current(device);
+  MUON_RETURN_IF_ERROR(current.status());
+  MUON_RETURN_IF_ERROR(device.SetStream(stream));
   std::vector<Param>& params = registry_.params();
-  ScaleHeads(params[static_cast<size_t>(layer.q.param)], layer.q, f.q_nope, f.q_rope);
-  ScaleHeads(params[static_cast<size_t>(layer.k.param)], layer.k, f.k, f.k);
-  return absl::OkStatus();
+  MUON_RETURN_IF_ERROR(ScaleHeads(device.math(), params[static_cast<size_t>(layer.q.param)],
+                                  layer.q, f.q_nope, f.q_rope));
+  return ScaleHeads(device.math(), params[static_cast<size_t>(layer.k.param)], layer.k, f.k, f.k);
 }
 
 }  // namespace muon

@@ -5,7 +5,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "muon/common/half.h"
+#include "muon/common/dtype.h"
+#include "muon/common/status.h"
 
 namespace muon {
 namespace {
@@ -102,11 +103,23 @@ QkFactors QkClipFactors(const QkClipLayer& layer, const float* max_logits, doubl
   return f;
 }
 
-void ScaleHeads(const Param& p, const QkHeads& heads, const std::vector<float>& per_head,
-                const std::vector<float>& rotary) {
-  const int type = static_cast<int>(p.value.dtype);
+absl::Status ScaleHeads(MathBackend& math, const Param& p, const QkHeads& heads,
+                        const std::vector<float>& per_head, const std::vector<float>& rotary) {
   const int64_t cols = p.cols;
   const int64_t count = static_cast<int64_t>(per_head.size());
+  const size_t esize = SizeOf(p.value.dtype);
+  // Runs of consecutive local elements with one factor other than 1, each
+  // scaled in one call (a head's rows inside one run of the piece are one).
+  int64_t start = 0, length = 0;
+  float factor = 1.0f;
+  auto flush = [&]() -> absl::Status {
+    if (length == 0) return absl::OkStatus();
+    unsigned char* first =
+        static_cast<unsigned char*>(p.value.data) + static_cast<size_t>(start) * esize;
+    const MatrixBatch run{first, 1, 1, length, p.value.dtype};
+    length = 0;
+    return math.ScaleRounded(run, factor, NsDtype::kFP32);
+  };
   int64_t local = 0;  // position in the local piece
   for (const Run& run : p.piece.runs) {
     for (int64_t i = 0; i < run.length;) {
@@ -116,19 +129,24 @@ void ScaleHeads(const Param& p, const QkHeads& heads, const std::vector<float>& 
       const int64_t from_first = row - heads.first_row;
       const int64_t head = from_first >= 0 ? from_first / heads.stride : -1;
       const int64_t at = from_first - head * heads.stride;
+      float f = 1.0f;
       if (head >= 0 && head < count && at < heads.rows) {
-        const float f = at >= heads.rows - heads.rotary ? rotary[static_cast<size_t>(head)]
-                                                        : per_head[static_cast<size_t>(head)];
-        if (f != 1.0f) {
-          for (int64_t j = 0; j < in_row; ++j) {
-            ew::Store(type, p.value.data, local + i + j, ew::Load(type, p.value.data, local + i + j) * f);
-          }
-        }
+        f = at >= heads.rows - heads.rotary ? rotary[static_cast<size_t>(head)]
+                                            : per_head[static_cast<size_t>(head)];
+      }
+      if (length > 0 && (f != factor || start + length != local + i)) {
+        MUON_RETURN_IF_ERROR(flush());
+      }
+      if (f != 1.0f) {
+        if (length == 0) start = local + i;
+        factor = f;
+        length += in_row;
       }
       i += in_row;
     }
     local += run.length;
   }
+  return flush();
 }
 
 }  // namespace muon

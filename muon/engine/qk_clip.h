@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "muon/engine/param.h"
+#include "muon/math/backend.h"
 
 namespace muon {
 
@@ -52,11 +53,13 @@ struct QkFactors {
 };
 QkFactors QkClipFactors(const QkClipLayer& layer, const float* max_logits, double tau);
 
-// Scales this rank's piece of `p` (host memory): every element of a head's
-// rows by its factor (nope: `per_head`; the rotary rows: `rotary`),
-// rounded to the parameter's dtype.
-void ScaleHeads(const Param& p, const QkHeads& heads, const std::vector<float>& per_head,
-                const std::vector<float>& rotary);
+// Scales this rank's piece of `p` (the backend's memory: device memory on a
+// GPU, stream-ordered there): every element of a head's rows by its factor
+// (nope: `per_head`; the rotary rows: `rotary`) in fp32, rounded to the
+// parameter's dtype; one ScaleRounded call per run of elements that share
+// a factor other than 1.
+absl::Status ScaleHeads(MathBackend& math, const Param& p, const QkHeads& heads,
+                        const std::vector<float>& per_head, const std::vector<float>& rotary);
 
 }  // namespace muon
 

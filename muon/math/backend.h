@@ -166,9 +166,10 @@ class MathBackend {
   // regions apart; stream-ordered). Split blocks gather and scatter so.
   virtual absl::Status CopyRuns(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                                 size_t width, size_t height) = 0;
-  // Every element of `batch` (fp32 or bf16, backend memory) multiplied by
-  // `factor` and rounded to `precision`, then to the batch's dtype: a split
-  // block's lr factor, as the result of Newton-Schulz is rounded.
+  // Every element of `batch` (any dtype, backend memory) multiplied by
+  // `factor` in fp32 and rounded to `precision`, then to the batch's dtype:
+  // a split block's lr factor (rounded as the result of Newton-Schulz is),
+  // QK-Clip's factor of a head's weights (precision fp32).
   virtual absl::Status ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) = 0;
 
   // Orthogonalizes every matrix of `batch` in place with `config`. Every

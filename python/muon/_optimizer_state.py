@@ -29,6 +29,8 @@ class OptimizerState:
 
         def _h(self) -> ctypes.c_void_p: ...
 
+        def _stream_of(self, stream: Any) -> Any: ...
+
     def state_dtype(self, param_id: int) -> str:
         """The dtype of a parameter's momentum buffer: "float32", "bfloat16" or "float16"."""
         dt = _lib.DLDataType()
@@ -144,17 +146,21 @@ class OptimizerState:
         check(_lib_handle.muon_register_qk_clip(self._h(), ctypes.byref(layer), ctypes.byref(out)))
         return out.value
 
-    def qk_clip(self, layer_id: int, max_logits: Sequence[float] | Tensor, tau: float) -> int:
-        """QK-Clip of a registered layer (muon_qk_clip): `max_logits` holds the
-        layer's largest attention logit of each query head (a sequence, numpy
-        array or tensor), the same on every rank; returns how many heads were
-        clipped. Scales this rank's pieces of the layer's parameters."""
+    def qk_clip(self, layer_id: int, max_logits: Sequence[float] | Tensor, tau: float,
+                stream: Any = None) -> int:
+        """QK-Clip of a registered layer (muon_qk_clip_on_stream): `max_logits`
+        holds the layer's largest attention logit of each query head (a
+        sequence, numpy array or tensor), the same on every rank; returns how
+        many heads were clipped. Scales this rank's pieces of the layer's
+        parameters; on a GPU on `stream` (default: torch's current stream on
+        the parameters' device, as step's), without waiting."""
         values = [float(v) for v in (max_logits.tolist() if hasattr(max_logits, "tolist")
                                      else max_logits)]
         array = (ctypes.c_float * max(len(values), 1))(*values)
         clipped = ctypes.c_int32()
-        check(_lib_handle.muon_qk_clip(self._h(), int(layer_id), array, len(values), float(tau),
-                                       ctypes.byref(clipped)))
+        check(_lib_handle.muon_qk_clip_on_stream(self._h(), int(layer_id), array, len(values),
+                                                 float(tau), self._stream_of(stream),
+                                                 ctypes.byref(clipped)))
         return clipped.value
 
     def state_bytes(self) -> bytes:

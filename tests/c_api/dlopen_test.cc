@@ -69,6 +69,7 @@ namespace {
   X(muon_sizeof_qk_clip_layer)   \
   X(muon_register_qk_clip)       \
   X(muon_qk_clip)                \
+  X(muon_qk_clip_on_stream)      \
   X(muon_set_moments)            \
   X(muon_get_owned_moments)      \
   X(muon_set_owned_moments)      \

@@ -1408,6 +1408,15 @@ std::vector<Case> Cases() {
       });
   add("qk_clip_null_logits", S, IA, {"muon_qk_clip", "max_logits is NULL"},
       [](Fixture& f) { return muon_qk_clip(f.opt, 0, nullptr, 1, 100.0, nullptr); });
+  add("qk_clip_on_stream_null_opt", S, IA, {"muon_qk_clip_on_stream", "opt is NULL"},
+      [](Fixture&) {
+        const float logits[1] = {200.0f};
+        return muon_qk_clip_on_stream(nullptr, 0, logits, 1, 100.0, nullptr, nullptr);
+      });
+  add("qk_clip_on_stream_null_logits", S, IA, {"muon_qk_clip_on_stream", "max_logits is NULL"},
+      [](Fixture& f) {
+        return muon_qk_clip_on_stream(f.opt, 0, nullptr, 1, 100.0, nullptr, nullptr);
+      });
 
   // ---- state tensors (after a step: momentum holds values) ----
   add("get_state_dtype_null_opt", S, IA, {"muon_get_state_dtype", "opt is NULL"},

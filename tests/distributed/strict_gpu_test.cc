@@ -666,6 +666,68 @@ TEST(StrictGpu, SplitBlocksAndParamScalesStepAsOnTheHostBitForBit) {
   Rt()->StreamDestroy(stream);
 }
 
+// QK-Clip on the GPU: the heads' rows scaled in device memory on the given
+// stream (the strict runtime refuses host pointers), bit for bit as on the
+// host; muon_qk_clip without a stream is refused there, nothing scaled.
+TEST(StrictGpu, QkClipScalesTheHeadsOnTheStreamAsOnTheHost) {
+  ASSERT_NE(Rt(), nullptr) << "MUON_CUDA_PLUGIN must name libmuon_strict_gpu.so";
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  Model host(-1, 1, nullptr), gpu(0, 1, stream), unclipped(-1, 1, nullptr);
+  // A fused projection, the 12 x 5 matrix: query heads in rows [0, 6), two
+  // rows each, key heads in rows [6, 12).
+  muon_qk_clip_layer_t layer;
+  muon_qk_clip_layer_init(&layer, sizeof layer);
+  layer.q_param = layer.k_param = 0;
+  layer.num_heads = 3;
+  layer.q_head_rows = layer.k_head_rows = 2;
+  layer.k_first_row = 6;
+  int64_t host_id = -1, gpu_id = -1;
+  ASSERT_EQ(muon_register_qk_clip(host.opt, &layer, &host_id), MUON_OK);
+  ASSERT_EQ(muon_register_qk_clip(gpu.opt, &layer, &gpu_id), MUON_OK);
+  const float logits[3] = {200.0f, 50.0f, 160.0f};
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(host.Step(s), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(gpu.Step(s), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(unclipped.Step(s), MUON_OK) << muon_last_error_message();
+    const auto before = gpu.Values_();
+    int32_t clipped = -1;
+    EXPECT_EQ(muon_qk_clip(gpu.opt, gpu_id, logits, 3, 100.0, &clipped),
+              MUON_FAILED_PRECONDITION);
+    EXPECT_NE(std::string(muon_last_error_message()).find("muon_qk_clip_on_stream"),
+              std::string::npos)
+        << muon_last_error_message();
+    EXPECT_EQ(Bits(gpu.Values_()), Bits(before)) << "refused, yet scaled";
+    ASSERT_EQ(muon_qk_clip(host.opt, host_id, logits, 3, 100.0, &clipped), MUON_OK)
+        << muon_last_error_message();
+    EXPECT_EQ(clipped, 2);
+    clipped = -1;
+    ASSERT_EQ(muon_qk_clip_on_stream(gpu.opt, gpu_id, logits, 3, 100.0, stream, &clipped),
+              MUON_OK)
+        << muon_last_error_message();
+    EXPECT_EQ(clipped, 2);
+    ASSERT_EQ(Bits(gpu.Values_()), Bits(host.Values_())) << "step " << s;
+  }
+  // Head 1 (rows 2, 3 and 8, 9) kept as the unclipped run's; heads 0 and 2 not.
+  const std::vector<float> got = host.Values_()[0], plain = unclipped.Values_()[0];
+  for (int64_t r = 0; r < 12; ++r) {
+    const bool kept = r == 2 || r == 3 || r == 8 || r == 9;
+    for (int64_t c = 0; c < 5; ++c) {
+      const size_t i = static_cast<size_t>(r * 5 + c);
+      if (kept) {
+        EXPECT_EQ(got[i], plain[i]) << "row " << r;
+      }
+    }
+    if (!kept) {
+      EXPECT_NE(std::vector<float>(got.begin() + r * 5, got.begin() + r * 5 + 5),
+                std::vector<float>(plain.begin() + r * 5, plain.begin() + r * 5 + 5))
+          << "row " << r;
+    }
+  }
+  EXPECT_EQ(Rt()->pending(), 0);
+  Rt()->StreamDestroy(stream);
+}
+
 // The stand-in NCCL (FAKE_NCCL) with device semantics over the strict GPU:
 // buffers must be device memory, calls run when their stream does.
 struct FakeNccl {

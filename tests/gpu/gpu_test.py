@@ -157,6 +157,39 @@ def test_split_blocks_match_the_cpu_backend(ns_dtype):
             assert from_whole > 2 * d
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_clip_scales_the_heads_on_the_gpu_as_on_the_cpu(dtype):
+    # QK-Clip (muon_qk_clip_on_stream on torch's current stream) on a fused
+    # GQA projection: after a step, the clipped heads' rows scaled in device
+    # memory by the CPU's factors (each side's stepped weights differ in the
+    # last bits, so the factors are compared, within the dtype's rounding);
+    # the unclipped head's rows untouched.
+    torch.manual_seed(9)
+    hd = 16
+    init = torch.randn((4 + 2 + 2) * hd, 64).to(dtype)
+    grad = torch.randn_like(init)
+    logits = [150.0, 50.0, 200.0, -3.0]
+    out = {}
+    for device in (torch.device("cpu"), DEV):
+        w = torch.nn.Parameter(init.clone().to(device))
+        w.grad = grad.to(device)
+        opt = muon.Muon([w], lr=LR, ns_dtype="fp32")
+        opt.step()
+        stepped = w.detach().clone()
+        layer = opt.register_qk(w, num_heads=4, num_kv_heads=2, q_head_rows=hd,
+                                k_first_row=4 * hd, k_head_rows=hd, alpha=0.3)
+        assert opt.qk_clip({layer: logits}, tau=100.0) == 2
+        out[device.type] = (stepped.cpu(), w.detach().cpu())
+    (cpu_stepped, cpu), (gpu_stepped, gpu) = out["cpu"], out["cuda"]
+    scaled_cpu = cpu.float() / cpu_stepped.float()
+    scaled_gpu = gpu.float() / gpu_stepped.float()
+    print("%s QK-Clip: largest |cuda - cpu| of the factors %.2e"
+          % (dtype, (scaled_gpu - scaled_cpu).abs().nan_to_num(0).max().item()))
+    assert torch.allclose(scaled_gpu, scaled_cpu, rtol=1e-2, equal_nan=True)
+    assert torch.equal(gpu[hd:2 * hd], gpu_stepped[hd:2 * hd])  # head 1 (logit 50): kept
+    assert not torch.equal(gpu[:hd], gpu_stepped[:hd])  # head 0: clipped
+
+
 def test_large_matrices_match_torch_optim_muon():
     # 4096 and 8192 rows or columns: the symmetric products run in 2 x 2 and
     # 4 x 4 tiles (libmuon's rule, cuda_backend.h); three bf16 steps against

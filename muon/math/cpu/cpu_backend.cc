@@ -96,9 +96,6 @@ absl::Status CpuBackend::CopyRuns(void* dst, size_t dst_pitch, const void* src,
 }
 
 absl::Status CpuBackend::ScaleRounded(const MatrixBatch& batch, float factor, NsDtype precision) {
-  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("ScaleRounded takes fp32 or bf16 matrices");
-  }
   const int type = static_cast<int>(batch.dtype);
   const int to = precision == NsDtype::kBF16   ? ew::kBF16
                  : precision == NsDtype::kFP16 ? ew::kF16

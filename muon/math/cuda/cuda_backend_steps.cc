@@ -62,9 +62,6 @@ absl::Status CudaBackend::CopyRuns(void* dst, size_t dst_pitch, const void* src,
 
 absl::Status CudaBackend::ScaleRounded(const MatrixBatch& batch, float factor,
                                        NsDtype precision) {
-  if (batch.dtype != DType::kF32 && batch.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("ScaleRounded takes fp32 or bf16 matrices");
-  }
   const int to = precision == NsDtype::kBF16   ? cuda::kBF16
                  : precision == NsDtype::kFP16 ? cuda::kF16
                                                : cuda::kF32;
