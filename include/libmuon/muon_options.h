@@ -293,9 +293,12 @@ typedef struct muon_options_t {
    * bytes per rank, after the step's outcome): if any rank saw one, no
    * parameter of any rank changes (the momentum keeps this step's
    * gradients, which were finite unless skip_nonfinite is off), the step
-   * count grows and muon_stats_t.steps_skipped counts it. CPU backend only
-   * so far; not with MUON_REPLICATED_ZERO2 parameters (their owners apply
-   * inside the step): the first step fails naming the option. Zero
+   * count grows and muon_stats_t.steps_skipped counts it. On a GPU the
+   * count is a kernel after each batch's Newton-Schulz, and the host waits
+   * for it after the exchange (one wait per step; a step being captured
+   * into a CUDA graph fails naming the option). Not with
+   * MUON_REPLICATED_ZERO2 parameters (their owners apply inside the step):
+   * the first step fails naming the option. Zero
    * (default): a non-finite update is applied, as torch does. Must be the
    * same on every rank (checked). */
   int32_t skip_nonfinite_updates;

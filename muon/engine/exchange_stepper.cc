@@ -407,8 +407,10 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
       if (st.ok() && ctx_.moments != nullptr) st = NorMuon(round, k, matrices);
     }
     if (st.ok() && ctx_.options->skip_nonfinite_updates) {
+      int64_t* counter = ctx_.nonfinite_updates != nullptr ? ctx_.nonfinite_updates
+                                                           : &stats_.nonfinite_updates;
       st = ctx_.device->math().CountNonFinite(slot_dtype_, matrices.data,
-                                              b.count * b.rows * b.cols, &stats_.nonfinite_updates);
+                                              b.count * b.rows * b.cols, counter);
     }
   }
   // The split matrices' sums are collectives: issued even after a failure.
@@ -433,6 +435,9 @@ absl::Status ExchangeStepper::Run(void* stream, bool failed) {
     if (first.ok() && !st.ok()) first = st;
     return st;
   };
+  if (ctx_.nonfinite_updates != nullptr) {  // the GPU's count, zeroed on the stream
+    (void)note(ctx_.device->ZeroAsync(ctx_.nonfinite_updates, sizeof(int64_t)));
+  }
   // The exchanges' device and stream: the communication lane when there is
   // one, ordered after the step's momentum (and the step's stream after the
   // lane's last scatter, below).

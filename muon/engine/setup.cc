@@ -156,14 +156,25 @@ absl::Status Build(Registry& registry, const Options& options,
   ctx.options = &options;
   ctx.params = &params;
   ctx.updates = &s->updates;
-  if (options.skip_nonfinite_updates &&
-      (plan.zero2_matrices > 0 || !registry.device()->is_host())) {
-    return absl::UnimplementedError(absl::StrCat(
-        "skip_nonfinite_updates: ",
-        plan.zero2_matrices > 0 ? "MUON_REPLICATED_ZERO2 parameters are applied by their owners "
-                                  "inside the step, before the ranks could agree to skip it"
-                                : "the guard runs on the CPU backend only so far",
-        "; turn it off"));
+  if (options.skip_nonfinite_updates && plan.zero2_matrices > 0) {
+    return absl::UnimplementedError(
+        "skip_nonfinite_updates: MUON_REPLICATED_ZERO2 parameters are applied by their owners "
+        "inside the step, before the ranks could agree to skip it; turn it off");
+  }
+  if (options.skip_nonfinite_updates && !registry.device()->is_host()) {
+    const std::shared_ptr<Device>& d = registry.device();
+    MUON_ASSIGN_OR_RETURN(
+        s->nonfinite_updates,
+        DeviceBuffer::Make(d, sizeof(int64_t), "the non-finite update count"));
+    ctx.nonfinite_updates = s->nonfinite_updates.as<int64_t>();
+    if (world.size() > 1) {
+      MUON_ASSIGN_OR_RETURN(s->update_count_send,
+                            DeviceBuffer::Make(d, sizeof(int64_t), "the non-finite update count"));
+      MUON_ASSIGN_OR_RETURN(
+          s->update_counts,
+          DeviceBuffer::Make(d, sizeof(int64_t) * static_cast<size_t>(world.size()),
+                             "every rank's non-finite update count"));
+    }
   }
   if (options.normuon) {
     s->moments = std::make_unique<OwnerMoments>();

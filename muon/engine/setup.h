@@ -38,6 +38,10 @@ struct StepSetup {
   DeviceBuffer verdict_send, verdicts, gate;
   // On a GPU: the step's count of non-finite gradient elements (int64).
   DeviceBuffer nonfinite;
+  // On a GPU with skip_nonfinite_updates: the step's count of non-finite
+  // orthogonalized update elements (int64), and with more than one rank the
+  // buffers its agreement gathers every rank's count through.
+  DeviceBuffer nonfinite_updates, update_count_send, update_counts;
   // lr, weight decay and momentum where the kernels read them (StepScalars;
   // written on the stream by each uncaptured step and PushHyperparameters).
   DeviceBuffer scalar_buffer;

@@ -74,7 +74,20 @@ void StepOutcome::HandVerdict(const StepCall& step, const LocalOutcome& local) {
 
 StepClosed StepOutcome::Close(const StepCall& step, const LocalOutcome& local,
                               const std::function<absl::Status(const int32_t* gate)>& apply) {
-  if (OnDevice(step)) return CloseOnDevice(step, local, apply);  // judged at the next Open
+  if (OnDevice(step)) {  // judged at the next Open
+    if (!step.options->skip_nonfinite_updates) return CloseOnDevice(step, local, apply);
+    // Every rank's count of non-finite updates first (a gather every rank
+    // joins, whatever failed); a skipped step applies nothing anywhere.
+    LocalOutcome mine = local;
+    absl::StatusOr<bool> skip = AgreeToSkipUpdates(step, local.ok());
+    if (!skip.ok()) mine.Note(skip.status());
+    const bool skipped = skip.ok() && *skip;
+    static const std::function<absl::Status(const int32_t*)> kNothing =
+        [](const int32_t*) { return absl::OkStatus(); };
+    StepClosed closed = CloseOnDevice(step, mine, skipped ? kNothing : apply);
+    closed.skipped = closed.status.ok() && skipped;
+    return closed;
+  }
   // The verdicts travelled with the exchange's last scatter when it ends the
   // step; else one all_gather of them.
   const ExchangeStepper& ex = *step.setup->exchange;
@@ -89,7 +102,7 @@ StepClosed StepOutcome::Close(const StepCall& step, const LocalOutcome& local,
   // this rank, whose next step every rank then fails), and every update is
   // finite when skip_nonfinite_updates asks.
   absl::StatusOr<bool> skip = false;
-  if (st.ok() && step.options->skip_nonfinite_updates) skip = AgreeToSkipUpdates(step);
+  if (st.ok() && step.options->skip_nonfinite_updates) skip = AgreeToSkipUpdates(step, true);
   if (!skip.ok()) st = skip.status();
   if (st.ok() && !*skip) st = apply(nullptr);
   closed.skipped = st.ok() && *skip;  // the momentum stepped; no parameter
@@ -216,19 +229,40 @@ absl::StatusOr<bool> StepOutcome::AgreeToSkip(const StepCall& step, bool local_o
   return total > 0;
 }
 
-absl::StatusOr<bool> StepOutcome::AgreeToSkipUpdates(const StepCall& step) {
+absl::StatusOr<bool> StepOutcome::AgreeToSkipUpdates(const StepCall& step, bool local_ok) {
+  StepSetup& setup = *step.setup;
+  Device& device = *step.registry->device();
   int64_t mine = 0;
-  for (const Stepper* s : step.setup->steppers()) mine += s->stats().nonfinite_updates;
-  std::vector<int64_t>& all = step.setup->nonfinite_counts;  // one per rank
+  for (const Stepper* s : setup.steppers()) mine += s->stats().nonfinite_updates;
+  absl::Status counted;
+  if (!setup.nonfinite_updates.empty()) {
+    // A GPU: counted there; the one wait this option costs, after the
+    // orthogonalization (as skip_nonfinite waits for the gradients' count).
+    int64_t on_device = 0;
+    counted = device.Capturing()
+                  ? absl::FailedPreconditionError(
+                        "skip_nonfinite_updates waits for the GPU's count of non-finite "
+                        "updates, which a step being captured into a CUDA graph cannot do; "
+                        "capture steps without it")
+                  : device.ToHost(&on_device, setup.nonfinite_updates.data(), sizeof on_device);
+    mine += on_device;
+  }
+  if (!local_ok || !counted.ok()) mine = -1;  // this rank failed its step
+  std::vector<int64_t>& all = setup.nonfinite_counts;  // one per rank
   all[0] = mine;
   if (step.shared()) {
     static const std::string* const kOp = new std::string("counting non-finite updates");
-    MUON_RETURN_IF_ERROR(
-        HostCollectives(step.registry->world(), step.registry->device().get(), step.stream)
-            .GatherInt64(mine, all.data(), *kOp));
+    const DeviceStaging staging{setup.update_count_send.data(), setup.update_counts.data()};
+    MUON_RETURN_IF_ERROR(HostCollectives(step.registry->world(), &device, step.stream)
+                             .GatherInt64(mine, all.data(), *kOp,
+                                          setup.update_counts.empty() ? nullptr : &staging));
   }
+  MUON_RETURN_IF_ERROR(counted);
   int64_t total = 0;
-  for (int64_t c : all) total += c;
+  for (int64_t c : all) {
+    if (c < 0) return false;  // a rank failed: the step fails on every rank, nothing skipped
+    total += c;
+  }
   return total > 0;
 }
 

@@ -109,8 +109,10 @@ class StepOutcome {
   // skip_nonfinite: some rank's gradient holds a non-finite value (one
   // all_gather of the counts; -1 from a rank that failed already).
   absl::StatusOr<bool> AgreeToSkip(const StepCall& step, bool local_ok, int64_t* nonfinite_grads);
-  // skip_nonfinite_updates: some rank's orthogonalized updates do.
-  absl::StatusOr<bool> AgreeToSkipUpdates(const StepCall& step);
+  // skip_nonfinite_updates: some rank's orthogonalized updates do (one
+  // all_gather of the counts, on a GPU after a wait for its count; -1 from
+  // a rank that failed, and then nothing is skipped: the step fails).
+  absl::StatusOr<bool> AgreeToSkipUpdates(const StepCall& step, bool local_ok);
   StepClosed CloseOnDevice(const StepCall& step, LocalOutcome local,
                            const std::function<absl::Status(const int32_t* gate)>& apply);
 

@@ -40,6 +40,10 @@ struct StepContext {
   // it orthogonalizes at Create; allocated after every stepper was created,
   // so a stepper takes their memory at Run. NULL without NorMuon.
   OwnerMoments* moments = nullptr;
+  // On a GPU with skip_nonfinite_updates: the device counter (int64) the
+  // exchange stepper zeroes and counts the step's non-finite orthogonalized
+  // updates into (NULL: each stepper's host stats count them).
+  int64_t* nonfinite_updates = nullptr;
 
   // The fp32 update buffer of a custom-path or ZeRO-2 parameter (those
   // always have one).

@@ -273,6 +273,39 @@ TEST(StrictGpu, NonFiniteGradientsAreCountedAndSkippedAsOnTheHost) {
   Rt()->StreamDestroy(stream);
 }
 
+// skip_nonfinite_updates (the NaN guard) on the GPU: the orthogonalized
+// updates counted on the device, the host waits for the count; a
+// non-finite gradient poisons the momentum, so that step and the next are
+// skipped with nothing applied, as on the host (stats, step count, bits).
+TEST(StrictGpu, TheNaNGuardSkipsNonFiniteUpdatesAsOnTheHost) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(Rt()->SetDevice(0).ok());
+  void* stream = *Rt()->StreamCreate();
+  const Tweak guard = [](muon_options_t* o) { o->skip_nonfinite_updates = 1; };
+  Model host(-1, 1, nullptr, 0, guard), gpu(0, 1, stream, 0, guard);
+  ASSERT_EQ(host.Step(1), MUON_OK) << muon_last_error_message();
+  ASSERT_EQ(gpu.Step(1), MUON_OK) << muon_last_error_message();
+  EXPECT_EQ(Stats(gpu.opt).steps_skipped, 0);
+  const std::vector<uint32_t> before = Bits(gpu.Values_());
+  EXPECT_NE(before, Bits(Model(0, 1, stream, 0, guard).Values_()));  // step 1 applied
+  for (int s = 2; s <= 3; ++s) {
+    ASSERT_EQ(host.Step(s, s == 2 ? 1 : 0), MUON_OK) << muon_last_error_message();
+    ASSERT_EQ(gpu.Step(s, s == 2 ? 1 : 0), MUON_OK) << muon_last_error_message();
+  }
+  const muon_stats_t hs = Stats(host.opt), gs = Stats(gpu.opt);
+  EXPECT_EQ(gs.steps_skipped, 2);
+  EXPECT_EQ(hs.steps_skipped, 2);
+  EXPECT_EQ(Bits(gpu.Values_()), before);  // nothing applied since step 1
+  EXPECT_EQ(Bits(gpu.Values_()), Bits(host.Values_()));
+  int64_t hc = -1, gc = -1;
+  muon_step_count(host.opt, &hc);
+  muon_step_count(gpu.opt, &gc);
+  EXPECT_EQ(gc, 3);
+  EXPECT_EQ(gc, hc);
+  EXPECT_EQ(Rt()->pending(), 0);
+  Rt()->StreamDestroy(stream);
+}
+
 // The host steps on another stream than the last step's, without waiting in
 // between: the new stream waits for the old one's work (an event).
 TEST(StrictGpu, ANewStreamIsOrderedAfterTheLastStepsStream) {
@@ -1310,6 +1343,61 @@ TEST(StrictGpu, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryGpu) {
     joined.insert(joined.end(), got[r].begin(), got[r].end());
   }
   EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1, 3}, 1)[0]);
+}
+
+// The NaN guard over three GPUs (device verdicts, the gate): the owner of
+// the sharded matrix sees the non-finite update a NaN gradient on rank 1
+// makes; every rank skips that step and the next (the momentum keeps the
+// NaN), so the parameter is one process's after step 1 alone.
+TEST(StrictGpu, ANonFiniteUpdateSkipsTheStepOnEveryGpu) {
+  ASSERT_NE(Rt(), nullptr);
+  ASSERT_TRUE(FakeNccl::Get().ok);
+  constexpr int kRanks = 3;
+  const int64_t rows = 12, cols = 6, local_rows = rows / kRanks;
+  void* clique = FakeNccl::Get().clique_create(kRanks);
+  std::vector<FakeNcclComm> nccl(kRanks);
+  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  std::vector<std::vector<float>> got(kRanks);
+  std::vector<muon_stats_t> stats(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(Rt()->SetDevice(r).ok());
+      void* stream = *Rt()->StreamCreate();
+      muon_optimizer_t* opt = Create(1, 0, 0, 0, [](muon_options_t* o) {
+        o->skip_nonfinite_updates = 1;
+      });
+      muon_comm_t comm;
+      int32_t world_group = -1;
+      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
+      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
+      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
+      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
+      p.Write(mine, stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
+      for (int s = 1; s <= 3; ++s) {
+        std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
+        if (s == 2 && r == 1) gm[4] = std::nanf("");
+        g.Write(gm, stream);
+        EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
+        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
+      }
+      stats[r] = Stats(opt);
+      got[r] = p.Read(stream);
+      muon_destroy(opt);
+      Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  FakeNccl::Get().clique_destroy(clique);
+  std::vector<float> joined;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(stats[r].steps_skipped, 2) << "rank " << r;
+    EXPECT_EQ(stats[r].steps, 3) << "rank " << r;
+    joined.insert(joined.end(), got[r].begin(), got[r].end());
+  }
+  EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1}, 1)[0]);
 }
 
 TEST(StrictGpu, AMomentumKernelFailingOnOneRankIsAppliedNowhereAndFailsTheNextStepEverywhere) {

@@ -190,6 +190,28 @@ def test_qk_clip_scales_the_heads_on_the_gpu_as_on_the_cpu(dtype):
     assert not torch.equal(gpu[:hd], gpu_stepped[:hd])  # head 0: clipped
 
 
+def test_the_nan_guard_skips_a_non_finite_update_on_the_gpu():
+    # skip_nonfinite_updates on the GPU: a NaN gradient makes a non-finite
+    # update; the count kernel sees it, the host waits for the count, and
+    # no parameter changes (that step and the next: the momentum keeps it).
+    init, grads = make_problem(8, steps=3)
+    params = [torch.nn.Parameter(p.clone().to(DEV)) for p in init]
+    opt = muon.Muon(params, lr=LR, weight_decay=WD, skip_nonfinite_updates=True)
+    for i, step in enumerate(grads):
+        for p, g in zip(params, step):
+            p.grad = g.to(DEV)
+        if i == 1:
+            params[0].grad[0, 0] = float("nan")
+        opt.step()
+        torch.cuda.synchronize()
+        if i == 0:
+            after_first = [p.detach().clone() for p in params]
+            assert not torch.equal(after_first[0], init[0].to(DEV))
+    assert opt.stats()["steps_skipped"] == 2
+    for p, q in zip(params, after_first):
+        assert torch.equal(p.detach(), q)
+
+
 def test_large_matrices_match_torch_optim_muon():
     # 4096 and 8192 rows or columns: the symmetric products run in 2 x 2 and
     # 4 x 4 tiles (libmuon's rule, cuda_backend.h); three bf16 steps against
