@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
+#include "muon/math/cuda/aol_kernels.h"
 #include "muon/math/cuda/cuda_backend_impl.h"
 #include "muon/math/cuda/cuda_status.h"
 #include "muon/math/cuda/normuon_kernels.h"
@@ -237,11 +238,14 @@ static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars,
                   offsetof(StepScalars, weight_decay) == 8 && offsetof(StepScalars, momentum) == 16,
               "the kernels read StepScalars as three doubles: lr, weight_decay, momentum");
 
-// AOL's pre-scaling runs on the CPU backend only so far.
-absl::Status CudaBackend::Supported(const NsConfig& config) {
-  if (config.aol) {
+void CudaBackend::EnableUnprovenAol(bool on) { impl_->aol_enabled = on; }
+
+absl::Status CudaBackend::Supported(const NsConfig& config) const {
+  if (config.aol && (!impl_->aol_enabled || config.dtype == NsDtype::kFP16)) {
     return absl::UnimplementedError(
-        "ns_coefficients AOL (its pre-scaling) runs on the CPU backend only so far");
+        config.dtype == NsDtype::kFP16
+            ? "ns_coefficients AOL with ns_dtype fp16 runs on the CPU backend only"
+            : "ns_coefficients AOL (its pre-scaling) runs on the CPU backend only so far");
   }
   return absl::OkStatus();
 }
@@ -266,6 +270,11 @@ absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t
       auto st = b->Reserve(k * static_cast<size_t>(p.gram_elems) * elem, what);
       if (!st.ok()) return st;
     }
+  }
+  if (config.aol) {
+    auto st = impl_->aol_scales.Reserve(k * static_cast<size_t>(p.m) * sizeof(double),
+                                        "AOL's scales");
+    if (!st.ok()) return st;
   }
   auto st = impl_->partials.Reserve(
       k * static_cast<size_t>(cuda::NormBlocks(p.x_elems)) * sizeof(float), what);
@@ -331,11 +340,32 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
   void* buffers[4] = {impl_->x.ptr, impl_->x_next.ptr, impl_->gram.ptr, impl_->poly.ptr};
 
   // X <- U / max(||U||, eps), no transpose: the program reads either
-  // orientation as stored.
-  MUON_CUDA_LAUNCH(cuda::LaunchPrepare(data, u_type, batch.count, p.x_elems, x_type,
-                                static_cast<float>(config.eps),
-                                static_cast<float*>(impl_->partials.ptr), buffers[0], s),
-            "Newton-Schulz input kernels");
+  // orientation as stored. AOL instead: X <- U, its gram, then both scaled
+  // (the first iteration takes that gram instead of its product).
+  if (config.aol) {
+    const NsGemm& g = p.iteration[0];
+    const NsCoefficients& abc = config.ForIteration(0);
+    MUON_CUDA_LAUNCH(cuda::LaunchAolInput(data, u_type, batch.count * p.x_elems, buffers[0],
+                                          x_type, s),
+                     "AOL's input kernel");
+    MUON_RETURN_IF_ERROR(impl_->Symmetric(
+        p, 0, planned, x_type, NsScalarValue(g.alpha, abc),
+        buffers[static_cast<int>(g.a.buffer)], buffers[static_cast<int>(g.b.buffer)],
+        NsScalarValue(g.beta, abc), buffers[static_cast<int>(g.c.buffer)],
+        buffers[static_cast<int>(g.d.buffer)], ProductWhat(0)));
+    MUON_CUDA_LAUNCH(cuda::LaunchAolScale(x_type, buffers[0],
+                                          buffers[static_cast<int>(NsBuffer::kGram)],
+                                          batch.count, batch.rows, batch.cols, p.tall,
+                                          config.eps, static_cast<double*>(impl_->aol_scales.ptr),
+                                          s),
+                     "AOL's scaling kernels");
+  } else {
+    MUON_CUDA_LAUNCH(cuda::LaunchPrepare(data, u_type, batch.count, p.x_elems, x_type,
+                                         static_cast<float>(config.eps),
+                                         static_cast<float*>(impl_->partials.ptr), buffers[0],
+                                         s),
+                     "Newton-Schulz input kernels");
+  }
   if (RunsGram(config, batch.rows, batch.cols)) {
     MUON_RETURN_IF_ERROR(impl_->GramNewtonSchulz(config, p, planned, x_type, buffers));
     MUON_CUDA_LAUNCH(
@@ -349,6 +379,7 @@ absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatc
       const NsGemm& g = *gp;
       const size_t index =
           &g == &p.cubic_update ? 3 : static_cast<size_t>(&g - p.iteration.data());
+      if (config.aol && it == 0 && index == 0) continue;  // AOL's scaled gram
       const float alpha = NsScalarValue(g.alpha, abc), beta = NsScalarValue(g.beta, abc);
       void* const a = buffers[static_cast<int>(g.a.buffer)];
       void* const b = buffers[static_cast<int>(g.b.buffer)];

@@ -130,6 +130,8 @@ struct CudaBackend::Impl {
   WorkBuffer x, x_next, gram, poly, partials;
   WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
   WorkBuffer normuon_sums, normuon_divisors;  // NorMuon's per-row sums and divisors
+  WorkBuffer aol_scales;                      // AOL's scales (m doubles per matrix)
+  bool aol_enabled = false;                   // EnableUnprovenAol
   // The products of each shape seen, planned once (heuristics cached).
   std::map<ShapeKey, PlannedShape> products;
   int forced_tiles = 0;  // SetSymmetricTiles' (0: libmuon's rule)
@@ -143,7 +145,7 @@ struct CudaBackend::Impl {
   static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
   Impl() {
     for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &normuon_sums,
-                          &normuon_divisors, &lt_workspace}) {
+                          &normuon_divisors, &aol_scales, &lt_workspace}) {
       b->source = &source;
     }
   }
