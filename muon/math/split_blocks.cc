@@ -131,21 +131,33 @@ absl::Status SplitOrthogonalizer::Room::Grow(const MemorySource& from, size_t wa
   return absl::OkStatus();
 }
 
+int64_t SplitOrthogonalizer::Chunk(size_t block_bytes, int64_t count) const {
+  const int64_t fit = block_bytes == 0 ? count : static_cast<int64_t>(room_bytes_ / block_bytes);
+  return std::max<int64_t>(1, std::min(count, fit));
+}
+
 absl::Status SplitOrthogonalizer::Reserve(MathBackend& math, const MemorySource& memory,
                                           const NsConfig& config, const BlockSplit& split,
                                           int64_t count, int64_t rows, int64_t cols,
                                           DType dtype) {
-  if (moment_ptrs_.size() < static_cast<size_t>(count)) {
-    moment_ptrs_.resize(static_cast<size_t>(count));
-  }
+  if (count <= 0) return absl::OkStatus();
   for (const BlockShape& b : SplitBlockShapes(split, rows, cols)) {
-    const size_t bytes = static_cast<size_t>(count * b.rows * b.cols) * SizeOf(dtype);
-    MUON_RETURN_IF_ERROR(blocks_.Grow(memory, bytes, "split blocks"));
+    const size_t block = static_cast<size_t>(b.rows * b.cols) * SizeOf(dtype);
+    const int64_t chunk = Chunk(block, count);
+    if (moment_ptrs_.size() < static_cast<size_t>(chunk)) {
+      moment_ptrs_.resize(static_cast<size_t>(chunk));
+    }
+    MUON_RETURN_IF_ERROR(
+        blocks_.Grow(memory, static_cast<size_t>(chunk) * block, "split blocks"));
     if (split.dim == 0) {
       MUON_RETURN_IF_ERROR(moments_.Grow(
-          memory, static_cast<size_t>(count * b.rows) * sizeof(float), "split blocks' moments"));
+          memory, static_cast<size_t>(chunk * b.rows) * sizeof(float), "split blocks' moments"));
     }
-    MUON_RETURN_IF_ERROR(math.Reserve(config, count, b.rows, b.cols));
+    // Every chunk's shape: the full ones and the last.
+    MUON_RETURN_IF_ERROR(math.Reserve(config, chunk, b.rows, b.cols));
+    if (count % chunk != 0) {
+      MUON_RETURN_IF_ERROR(math.Reserve(config, count % chunk, b.rows, b.cols));
+    }
   }
   return absl::OkStatus();
 }
@@ -154,73 +166,83 @@ absl::Status SplitOrthogonalizer::Run(MathBackend& math, const NsConfig& config,
                                       const BlockSplit& split, absl::Span<const double> factors,
                                       const NorMuonStep* normuon, float* const* moments,
                                       const MatrixBatch& matrices) {
+  if (matrices.count == 0) return absl::OkStatus();
   const size_t esize = SizeOf(matrices.dtype);
-  const int64_t count = matrices.count, period = Period(split);
-  if (count == 0) return absl::OkStatus();
-  auto* whole = static_cast<unsigned char*>(matrices.data);
+  const int64_t period = Period(split), per = matrices.rows * matrices.cols;
   int64_t offset = 0;  // block j's first row (dim 0) or column (dim 1) in a period
   for (size_t j = 0; j < split.sizes.size(); ++j) {
     const BlockShape b = SplitBlockShape(split, j, matrices.rows, matrices.cols);
     const int64_t size = split.sizes[j];
-    if (blocks_.size() < static_cast<size_t>(count * b.rows * b.cols) * esize ||
-        moment_ptrs_.size() < static_cast<size_t>(count)) {
+    const int64_t chunk = Chunk(static_cast<size_t>(b.rows * b.cols) * esize, matrices.count);
+    if (blocks_.size() < static_cast<size_t>(chunk * b.rows * b.cols) * esize ||
+        moment_ptrs_.size() < static_cast<size_t>(chunk)) {
       return absl::FailedPreconditionError("split blocks run before their room was reserved");
     }
-    // Every matrix's block j as runs of equal pitch: the matrices follow one
-    // another, so period after period (dim 0: runs of `size` rows; dim 1:
-    // row after row, runs of `size` columns) the run at `offset` is the
-    // next run of the blocks, which follow one another too.
+    // Block j of a chunk's matrices as runs of equal pitch: the matrices
+    // follow one another, so period after period (dim 0: runs of `size`
+    // rows; dim 1: row after row, runs of `size` columns) the run at
+    // `offset` is the next run of the blocks, which follow one another too.
     const int64_t run = split.dim == 0 ? size * matrices.cols : size;
     const int64_t pitch = split.dim == 0 ? period * matrices.cols : period;
-    const int64_t runs = count * matrices.rows * matrices.cols / pitch;
-    unsigned char* first = whole + static_cast<size_t>(split.dim == 0 ? offset * matrices.cols
-                                                                      : offset) * esize;
-    MUON_RETURN_IF_ERROR(math.CopyRuns(blocks_.data(), static_cast<size_t>(run) * esize, first,
-                                       static_cast<size_t>(pitch) * esize,
-                                       static_cast<size_t>(run) * esize,
-                                       static_cast<size_t>(runs)));
-    const MatrixBatch block{blocks_.data(), count, b.rows, b.cols, matrices.dtype};
-    MUON_RETURN_IF_ERROR(math.Orthogonalize(config, block));
-    if (normuon != nullptr) {
-      // The block's rows' moments: its own run of them for dim 1; for dim 0
-      // its rows' entries among the matrix's (runs of `size` in each period
-      // of them), gathered and put back.
-      for (int64_t k = 0; k < count; ++k) {
-        float*& mine = moment_ptrs_[static_cast<size_t>(k)];
-        if (moments[k] == nullptr) {
-          mine = nullptr;
-        } else if (split.dim == 1) {
-          mine = moments[k] + static_cast<int64_t>(j) * b.rows;
-        } else {
-          mine = reinterpret_cast<float*>(moments_.data()) + k * b.rows;
-          MUON_RETURN_IF_ERROR(math.CopyRuns(mine, static_cast<size_t>(size) * sizeof(float),
-                                             moments[k] + offset,
-                                             static_cast<size_t>(period) * sizeof(float),
-                                             static_cast<size_t>(size) * sizeof(float),
-                                             static_cast<size_t>(b.rows / size)));
-        }
+    for (int64_t k0 = 0; k0 < matrices.count; k0 += chunk) {
+      const int64_t count = std::min(chunk, matrices.count - k0);
+      const int64_t runs = count * per / pitch;
+      unsigned char* first =
+          static_cast<unsigned char*>(matrices.data) +
+          static_cast<size_t>(k0 * per + (split.dim == 0 ? offset * matrices.cols : offset)) *
+              esize;
+      MUON_RETURN_IF_ERROR(math.CopyRuns(blocks_.data(), static_cast<size_t>(run) * esize, first,
+                                         static_cast<size_t>(pitch) * esize,
+                                         static_cast<size_t>(run) * esize,
+                                         static_cast<size_t>(runs)));
+      const MatrixBatch block{blocks_.data(), count, b.rows, b.cols, matrices.dtype};
+      MUON_RETURN_IF_ERROR(math.Orthogonalize(config, block));
+      if (normuon != nullptr) {
+        MUON_RETURN_IF_ERROR(RunNorMuon(math, *normuon, split, j, offset, moments + k0, block));
       }
-      MUON_RETURN_IF_ERROR(math.NorMuon(*normuon, block, moment_ptrs_.data()));
-      for (int64_t k = 0; k < count && split.dim == 0; ++k) {
-        if (moments[k] == nullptr) continue;
-        MUON_RETURN_IF_ERROR(math.CopyRuns(moments[k] + offset,
-                                           static_cast<size_t>(period) * sizeof(float),
-                                           moment_ptrs_[static_cast<size_t>(k)],
-                                           static_cast<size_t>(size) * sizeof(float),
-                                           static_cast<size_t>(size) * sizeof(float),
-                                           static_cast<size_t>(b.rows / size)));
+      if (factors[j] != 1.0) {
+        // Rounded to the Newton-Schulz dtype's precision whatever holds it
+        // (an fp32 update buffer or a bf16 slot give the same values).
+        MUON_RETURN_IF_ERROR(
+            math.ScaleRounded(block, static_cast<float>(factors[j]), config.dtype));
       }
+      MUON_RETURN_IF_ERROR(math.CopyRuns(first, static_cast<size_t>(pitch) * esize,
+                                         blocks_.data(), static_cast<size_t>(run) * esize,
+                                         static_cast<size_t>(run) * esize,
+                                         static_cast<size_t>(runs)));
     }
-    if (factors[j] != 1.0) {
-      // Rounded to the Newton-Schulz dtype's precision whatever holds it
-      // (an fp32 update buffer or a bf16 slot give the same values).
-      MUON_RETURN_IF_ERROR(math.ScaleRounded(block, static_cast<float>(factors[j]), config.dtype));
-    }
-    MUON_RETURN_IF_ERROR(math.CopyRuns(first, static_cast<size_t>(pitch) * esize, blocks_.data(),
-                                       static_cast<size_t>(run) * esize,
-                                       static_cast<size_t>(run) * esize,
-                                       static_cast<size_t>(runs)));
     offset += size;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SplitOrthogonalizer::RunNorMuon(MathBackend& math, const NorMuonStep& normuon,
+                                             const BlockSplit& split, size_t j, int64_t offset,
+                                             float* const* moments, const MatrixBatch& block) {
+  // The block's rows' moments: its own run of them for dim 1; for dim 0 its
+  // rows' entries among the matrix's (runs of `size` in each period of
+  // them), gathered and put back.
+  const int64_t size = split.sizes[j], period = Period(split);
+  const size_t run = static_cast<size_t>(size) * sizeof(float);
+  const size_t pitch = static_cast<size_t>(period) * sizeof(float);
+  const size_t runs = static_cast<size_t>(block.rows / size);
+  for (int64_t k = 0; k < block.count; ++k) {
+    float*& mine = moment_ptrs_[static_cast<size_t>(k)];
+    if (moments[k] == nullptr) {
+      mine = nullptr;
+    } else if (split.dim == 1) {
+      mine = moments[k] + static_cast<int64_t>(j) * block.rows;
+    } else {
+      mine = reinterpret_cast<float*>(moments_.data()) + k * block.rows;
+      MUON_RETURN_IF_ERROR(math.CopyRuns(mine, run, moments[k] + offset, pitch, run, runs));
+    }
+  }
+  MUON_RETURN_IF_ERROR(math.NorMuon(normuon, block, moment_ptrs_.data()));
+  for (int64_t k = 0; k < block.count && split.dim == 0; ++k) {
+    if (moments[k] == nullptr) continue;
+    MUON_RETURN_IF_ERROR(
+        math.CopyRuns(moments[k] + offset, pitch, moment_ptrs_[static_cast<size_t>(k)], run, run,
+                      runs));
   }
   return absl::OkStatus();
 }

@@ -74,13 +74,19 @@ int64_t SplitMomentCount(const BlockSplit& split, int64_t rows, int64_t cols);
 // call (Reserve), so a step allocates nothing.
 class SplitOrthogonalizer {
  public:
-  SplitOrthogonalizer() = default;
+  // The most bytes the gathered blocks take: a batch's block j runs in
+  // chunks of as many matrices as fit (at least one), so that the room
+  // stays near one large block (a fused QKV's queries) and not the batch's
+  // size (one per layer).
+  static constexpr size_t kDefaultRoomBytes = size_t{64} << 20;
+  explicit SplitOrthogonalizer(size_t room_bytes = kDefaultRoomBytes) : room_bytes_(room_bytes) {}
   SplitOrthogonalizer(SplitOrthogonalizer&&) = default;
   SplitOrthogonalizer& operator=(SplitOrthogonalizer&&) = default;
 
-  // Room for the blocks of `count` rows x cols matrices of `dtype`, from
-  // `memory` (the device's: the blocks live where the matrices do), and in
-  // the backend's workspace. ResourceExhausted when memory is short.
+  // Room for the blocks of `count` rows x cols matrices of `dtype` (in
+  // chunks, see above), from `memory` (the device's: the blocks live where
+  // the matrices do), and in the backend's workspace for every chunk shape
+  // Run will use. ResourceExhausted when memory is short.
   absl::Status Reserve(MathBackend& math, const MemorySource& memory, const NsConfig& config,
                        const BlockSplit& split, int64_t count, int64_t rows, int64_t cols,
                        DType dtype);
@@ -114,7 +120,15 @@ class SplitOrthogonalizer {
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
   };
-  Room blocks_;                     // block j of every matrix, in the matrices' dtype
+  // NorMuon on a chunk's block j (`moments`: the chunk's matrices').
+  absl::Status RunNorMuon(MathBackend& math, const NorMuonStep& normuon, const BlockSplit& split,
+                          size_t j, int64_t offset, float* const* moments,
+                          const MatrixBatch& block);
+  // Matrices per chunk for blocks of `block_bytes` (at least 1).
+  int64_t Chunk(size_t block_bytes, int64_t count) const;
+
+  size_t room_bytes_;
+  Room blocks_;                     // block j of a chunk of matrices, in the matrices' dtype
   Room moments_;                    // their rows' moments (dim 0), fp32
   std::vector<float*> moment_ptrs_;  // NorMuon's per-matrix pointers into them
 };

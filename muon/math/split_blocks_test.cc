@@ -30,6 +30,44 @@ NsConfig Fp32() {
   return c;
 }
 
+// A batch whose blocks do not fit the room at once runs in chunks (here of
+// 2, 2 and 1 matrices for the largest block, all 5 at once for the others):
+// the same bits as one batch, NorMuon's moments (rows and columns split)
+// and lr factors included.
+TEST(SplitBlocks, ChunksOfABatchGiveTheWholeBatchsBits) {
+  const int64_t count = 5, rows = 24, cols = 20;
+  for (const BlockSplit& split : {BlockSplit{0, {8, 4}}, BlockSplit{1, {6, 4}}}) {
+    SCOPED_TRACE(SplitString(split));
+    const std::vector<BlockShape> shapes = SplitBlockShapes(split, rows, cols);
+    const size_t largest = static_cast<size_t>(shapes[0].rows * shapes[0].cols) * 4;
+    const std::vector<float> input = RandomNormal(count * rows * cols, 5);
+    const int64_t per = SplitMomentCount(split, rows, cols);
+    std::vector<std::vector<float>> out, moments;
+    for (size_t room : {SplitOrthogonalizer::kDefaultRoomBytes, 2 * largest + 16}) {
+      CpuBackend cpu;
+      SplitOrthogonalizer s(room);
+      const NsConfig config = Fp32();
+      ASSERT_TRUE(
+          s.Reserve(cpu, MemorySource{}, config, split, count, rows, cols, DType::kF32).ok());
+      std::vector<float> work = input, m(static_cast<size_t>(count * per), 0.0f);
+      std::vector<float*> mp;
+      for (int64_t k = 0; k < count; ++k) mp.push_back(k == 2 ? nullptr : m.data() + k * per);
+      const NorMuonStep normuon;
+      for (int step = 0; step < 2; ++step) {
+        ASSERT_TRUE(s.Run(cpu, config, split, std::vector<double>{0.5, 1.25}, &normuon, mp.data(),
+                          {work.data(), count, rows, cols, DType::kF32})
+                        .ok());
+      }
+      out.push_back(work);
+      moments.push_back(m);
+    }
+    EXPECT_EQ(out[0], out[1]);
+    EXPECT_EQ(moments[0], moments[1]);
+    EXPECT_NE(out[0], input);
+    EXPECT_NE(moments[0], std::vector<float>(moments[0].size(), 0.0f));
+  }
+}
+
 TEST(SplitBlocks, GqaRowsAreOrthogonalizedAsThreeMatrices) {
   const int64_t groups = 3, q = 8, kv = 4, cols = 24, rows = groups * (q + 2 * kv);
   const BlockSplit split{0, {q, kv, kv}};
