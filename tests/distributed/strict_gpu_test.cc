@@ -1293,111 +1293,87 @@ void ExpectDeferredVerdict(Fault fault) {
   EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1, 2, 3}, 0)[0]);
 }
 
+// Three GPUs over the stand-in NCCL step a 12 x 6 matrix sharded on dim 0,
+// made with `skip_nonfinite` and `tweak`, three steps; rank 1's gradient of
+// step 2 holds a NaN. Each rank's stats and its rows after the steps.
+struct NaNRun {
+  std::vector<muon_stats_t> stats;
+  std::vector<float> joined;  // the ranks' rows, in order
+};
+constexpr int64_t kNaNRows = 12, kNaNCols = 6;
+NaNRun ThreeGpusWithANaNGradientAtStep2(int skip_nonfinite, Tweak tweak) {
+  NaNRun out;
+  if (Rt() == nullptr || !FakeNccl::Get().ok) {
+    ADD_FAILURE() << "the strict GPU and the stand-in NCCL are needed";
+    return out;
+  }
+  constexpr int kRanks = 3;
+  const int64_t rows = kNaNRows, cols = kNaNCols, local_rows = rows / kRanks;
+  void* clique = FakeNccl::Get().clique_create(kRanks);
+  std::vector<FakeNcclComm> nccl(kRanks);
+  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  std::vector<std::vector<float>> got(kRanks);
+  out.stats.resize(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ASSERT_TRUE(Rt()->SetDevice(r).ok());
+      void* stream = *Rt()->StreamCreate();
+      muon_optimizer_t* opt = Create(1, skip_nonfinite, 0, 0, tweak);
+      muon_comm_t comm;
+      int32_t world_group = -1;
+      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
+      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
+      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
+      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
+      p.Write(mine, stream);
+      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
+      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
+      for (int s = 1; s <= 3; ++s) {
+        std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
+        if (s == 2 && r == 1) gm[4] = std::nanf("");
+        g.Write(gm, stream);
+        EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
+        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
+      }
+      out.stats[r] = Stats(opt);
+      got[r] = p.Read(stream);
+      muon_destroy(opt);
+      Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  FakeNccl::Get().clique_destroy(clique);
+  for (const std::vector<float>& g : got) out.joined.insert(out.joined.end(), g.begin(), g.end());
+  return out;
+}
+
 // skip_nonfinite over NCCL: a NaN in rank 1's gradient at step 2 skips the
 // step on every rank (the counts agreed through device buffers); the run
 // equals one process that stepped 1 and 3.
 TEST(StrictGpu, ANonFiniteGradientOnOneRankSkipsTheStepOnEveryGpu) {
-  ASSERT_NE(Rt(), nullptr);
-  ASSERT_TRUE(FakeNccl::Get().ok);
-  constexpr int kRanks = 3;
-  const int64_t rows = 12, cols = 6, local_rows = rows / kRanks;
-  void* clique = FakeNccl::Get().clique_create(kRanks);
-  std::vector<FakeNcclComm> nccl(kRanks);
-  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
-  std::vector<std::vector<float>> got(kRanks);
-  std::vector<muon_stats_t> stats(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      ASSERT_TRUE(Rt()->SetDevice(r).ok());
-      void* stream = *Rt()->StreamCreate();
-      muon_optimizer_t* opt = Create(1, /*skip_nonfinite=*/1);
-      muon_comm_t comm;
-      int32_t world_group = -1;
-      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
-      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
-      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
-      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
-      p.Write(mine, stream);
-      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
-      for (int s = 1; s <= 3; ++s) {
-        std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
-        if (s == 2 && r == 1) gm[4] = std::nanf("");
-        g.Write(gm, stream);
-        EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
-        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
-      }
-      stats[r] = Stats(opt);
-      got[r] = p.Read(stream);
-      muon_destroy(opt);
-      Rt()->StreamDestroy(stream);
-    });
+  const NaNRun run = ThreeGpusWithANaNGradientAtStep2(/*skip_nonfinite=*/1, nullptr);
+  ASSERT_EQ(run.stats.size(), 3u);
+  for (size_t r = 0; r < run.stats.size(); ++r) {
+    EXPECT_EQ(run.stats[r].steps_skipped, 1) << "rank " << r;
+    EXPECT_EQ(run.stats[r].steps, 2) << "rank " << r;
   }
-  for (auto& t : threads) t.join();
-  FakeNccl::Get().clique_destroy(clique);
-  std::vector<float> joined;
-  for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(stats[r].steps_skipped, 1) << "rank " << r;
-    EXPECT_EQ(stats[r].steps, 2) << "rank " << r;
-    joined.insert(joined.end(), got[r].begin(), got[r].end());
-  }
-  EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1, 3}, 1)[0]);
+  EXPECT_EQ(run.joined, OneProcess({{kNaNRows, kNaNCols}}, {1, 3}, 1)[0]);
 }
 
 // The NaN guard over three GPUs (device verdicts, the gate): the owner of
-// the sharded matrix sees the non-finite update a NaN gradient on rank 1
-// makes; every rank skips that step and the next (the momentum keeps the
-// NaN), so the parameter is one process's after step 1 alone.
+// the sharded matrix sees the non-finite update the NaN gradient makes;
+// every rank skips that step and the next (the momentum keeps the NaN), so
+// the parameter is one process's after step 1 alone.
 TEST(StrictGpu, ANonFiniteUpdateSkipsTheStepOnEveryGpu) {
-  ASSERT_NE(Rt(), nullptr);
-  ASSERT_TRUE(FakeNccl::Get().ok);
-  constexpr int kRanks = 3;
-  const int64_t rows = 12, cols = 6, local_rows = rows / kRanks;
-  void* clique = FakeNccl::Get().clique_create(kRanks);
-  std::vector<FakeNcclComm> nccl(kRanks);
-  for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
-  std::vector<std::vector<float>> got(kRanks);
-  std::vector<muon_stats_t> stats(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      ASSERT_TRUE(Rt()->SetDevice(r).ok());
-      void* stream = *Rt()->StreamCreate();
-      muon_optimizer_t* opt = Create(1, 0, 0, 0, [](muon_options_t* o) {
-        o->skip_nonfinite_updates = 1;
-      });
-      muon_comm_t comm;
-      int32_t world_group = -1;
-      ASSERT_EQ(muon_comm_from_nccl(&nccl[r], &comm), MUON_OK);
-      ASSERT_EQ(muon_set_world(opt, &comm, &world_group), MUON_OK);
-      Tensor p({local_rows, cols}, r), g({local_rows, cols}, r);
-      const std::vector<float> mine = RowsOf(Values(rows * cols, 3), r, kRanks, cols);
-      p.Write(mine, stream);
-      ASSERT_TRUE(Rt()->StreamSynchronize(stream, "init").ok());
-      ASSERT_EQ(RegisterShard(opt, world_group, "w0", rows, cols, p, g), MUON_OK);
-      for (int s = 1; s <= 3; ++s) {
-        std::vector<float> gm = RowsOf(Values(rows * cols, 50 + s), r, kRanks, cols);
-        if (s == 2 && r == 1) gm[4] = std::nanf("");
-        g.Write(gm, stream);
-        EXPECT_EQ(muon_step(opt, stream), MUON_OK) << muon_last_error_message();
-        EXPECT_TRUE(Rt()->StreamSynchronize(stream, "after the step").ok());
-      }
-      stats[r] = Stats(opt);
-      got[r] = p.Read(stream);
-      muon_destroy(opt);
-      Rt()->StreamDestroy(stream);
-    });
+  const NaNRun run = ThreeGpusWithANaNGradientAtStep2(
+      0, [](muon_options_t* o) { o->skip_nonfinite_updates = 1; });
+  ASSERT_EQ(run.stats.size(), 3u);
+  for (size_t r = 0; r < run.stats.size(); ++r) {
+    EXPECT_EQ(run.stats[r].steps_skipped, 2) << "rank " << r;
+    EXPECT_EQ(run.stats[r].steps, 3) << "rank " << r;
   }
-  for (auto& t : threads) t.join();
-  FakeNccl::Get().clique_destroy(clique);
-  std::vector<float> joined;
-  for (int r = 0; r < kRanks; ++r) {
-    EXPECT_EQ(stats[r].steps_skipped, 2) << "rank " << r;
-    EXPECT_EQ(stats[r].steps, 3) << "rank " << r;
-    joined.insert(joined.end(), got[r].begin(), got[r].end());
-  }
-  EXPECT_EQ(joined, OneProcess({{rows, cols}}, {1}, 1)[0]);
+  EXPECT_EQ(run.joined, OneProcess({{kNaNRows, kNaNCols}}, {1}, 1)[0]);
 }
 
 TEST(StrictGpu, AMomentumKernelFailingOnOneRankIsAppliedNowhereAndFailsTheNextStepEverywhere) {

@@ -76,6 +76,20 @@ double Bound(NsDtype dtype) {
   return dtype == NsDtype::kFP32 ? 1e-4 : dtype == NsDtype::kFP16 ? 1e-2 : 5e-2;
 }
 
+// `u` (c.count matrices of c.rows x c.cols) orthogonalized with `cfg` by
+// the CPU backend (*want) and by `gpu` (*got).
+void CpuAndGpu(CudaBackend& gpu, const NsConfig& cfg, const Case& c, const std::vector<float>& u,
+               std::vector<float>* want, std::vector<float>* got) {
+  *want = u;
+  CpuBackend cpu;
+  ASSERT_TRUE(cpu.Orthogonalize(cfg, {want->data(), c.count, c.rows, c.cols}).ok());
+  Device<float> d(u);
+  const absl::Status st = gpu.Orthogonalize(cfg, {d.p, c.count, c.rows, c.cols});
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *got = d.Get();
+}
+
 TEST(CudaBackend, NewtonSchulzMatchesCpu) {
   REQUIRE_GPU(gpu);
   for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
@@ -89,14 +103,10 @@ TEST(CudaBackend, NewtonSchulzMatchesCpu) {
       NsConfig cfg;
       cfg.dtype = dtype;
       if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
-      auto u = RandomNormal(c.count * c.rows * c.cols, 7);
-      auto want = u;
-      CpuBackend cpu;
-      ASSERT_TRUE(cpu.Orthogonalize(cfg, {want.data(), c.count, c.rows, c.cols}).ok());
-      Device<float> d(u);
-      ASSERT_TRUE(gpu->Orthogonalize(cfg, {d.p, c.count, c.rows, c.cols}).ok());
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const double err = MaxRel(d.Get(), want);
+      std::vector<float> want, got;
+      ASSERT_NO_FATAL_FAILURE(
+          CpuAndGpu(*gpu, cfg, c, RandomNormal(c.count * c.rows * c.cols, 7), &want, &got));
+      const double err = MaxRel(got, want);
       // fp32: only the GEMMs' summation order differs. bf16 (fp16): a
       // different order flips roundings of 8-bit (11-bit) mantissas,
       // compounding over 5 steps.
@@ -135,21 +145,17 @@ TEST(CudaBackend, AolMatchesCpu) {
                                           << c.rows << "x" << c.cols);
         auto u = RandomNormal(c.count * c.rows * c.cols, 11);
         for (float& v : u) v *= 3.0f;  // not of norm 1: AOL does not divide by it
-        auto want = u;
-        CpuBackend cpu;
-        ASSERT_TRUE(cpu.Orthogonalize(cfg, {want.data(), c.count, c.rows, c.cols}).ok());
-        Device<float> d(u);
-        const absl::Status st = gpu->Orthogonalize(cfg, {d.p, c.count, c.rows, c.cols});
-        ASSERT_TRUE(st.ok()) << st;
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_LT(MaxRel(d.Get(), want), Bound(dtype));
+        std::vector<float> want, got;
+        ASSERT_NO_FATAL_FAILURE(CpuAndGpu(*gpu, cfg, c, u, &want, &got));
+        EXPECT_LT(MaxRel(got, want), Bound(dtype));
         // Nearer the CPU's AOL than the Frobenius-started iteration: the
         // pre-scaling ran.
         NsConfig plain = cfg;
         plain.aol = false;
         auto frob = u;
+        CpuBackend cpu;
         ASSERT_TRUE(cpu.Orthogonalize(plain, {frob.data(), c.count, c.rows, c.cols}).ok());
-        EXPECT_GT(MaxRel(d.Get(), frob), MaxRel(d.Get(), want));
+        EXPECT_GT(MaxRel(got, frob), MaxRel(got, want));
       }
     }
   }
@@ -181,15 +187,9 @@ TEST(CudaBackend, GramNewtonSchulzMatchesCpu) {
           cfg.algorithm = NsAlgorithm::kGram;
           cfg.gram_restarts = restarts;
           if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
-          auto u = RandomNormal(c.count * c.rows * c.cols, 11);
-          auto want = u;
-          CpuBackend cpu;
-          ASSERT_TRUE(cpu.Orthogonalize(cfg, {want.data(), c.count, c.rows, c.cols}).ok());
-          Device<float> d(u);
-          const absl::Status st = gpu->Orthogonalize(cfg, {d.p, c.count, c.rows, c.cols});
-          ASSERT_TRUE(st.ok()) << st;
-          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          const std::vector<float> got = d.Get();
+          const std::vector<float> u = RandomNormal(c.count * c.rows * c.cols, 11);
+          std::vector<float> want, got;
+          ASSERT_NO_FATAL_FAILURE(CpuAndGpu(*gpu, cfg, c, u, &want, &got));
           if (dtype != NsDtype::kFP32 && restarts == 0) {
             // Without restarts bf16 round-off compounds through Q (why
             // gram-newton-schulz restarts): the two backends' summation
