@@ -35,7 +35,7 @@ fi
 # The core below the engine: dtypes, tensors, the math and the host device.
 COMMON_SRCS=(
   muon/common/dtype.cc muon/common/matrix_view.cc muon/common/tensor.cc
-  muon/math/ns_config.cc muon/math/ns_program.cc muon/math/normuon.cc muon/math/split_blocks.cc muon/math/cpu/cpu_backend.cc muon/math/cpu/cpu_backend_aol.cc muon/math/cpu/cpu_backend_split.cc muon/math/cpu/gram_ns.cc muon/math/cpu/aol.cc
+  muon/math/ns_config.cc muon/math/ns_program.cc muon/math/normuon.cc muon/math/split_blocks.cc muon/math/split_ns.cc muon/math/cpu/cpu_backend.cc muon/math/cpu/cpu_backend_aol.cc muon/math/cpu/cpu_backend_split.cc muon/math/cpu/gram_ns.cc muon/math/cpu/aol.cc
   muon/math/cpu/bf16_gemm.cc muon/math/cpu/bf16_kernels.cc muon/math/cpu/f32_gemm.cc muon/math/cpu/f32_products.cc muon/math/cpu/cpu_features.cc muon/math/cpu/cpu_kernels.cc muon/math/cpu/parallel.cc muon/math/cpu/blas_tiles.cc muon/math/cpu/cpu_threads.cc muon/math/cpu/native_bf16.cc muon/math/cpu/onednn_library.cc
   muon/device/device.cc muon/device/host_device.cc muon/device/memory_ops.cc
   muon/comm/callback_error.cc muon/comm/comm.cc
@@ -51,7 +51,7 @@ CAPI_SRCS=(
   "${COMMON_SRCS[@]}" "${SHARDING_SRCS[@]}"
   muon/comm/self_comm.cc muon/comm/ordered_sum.cc muon/comm/inprocess_comm.cc
   muon/comm/nccl_comm.cc muon/device/cuda_loader.cc
-  muon/engine/checkpoint.cc muon/engine/custom_stepper.cc muon/engine/exchange_stepper.cc
+  muon/engine/checkpoint.cc muon/engine/custom_stepper.cc muon/engine/exchange_stepper.cc muon/engine/exchange_stepper_split.cc
   muon/engine/local_update.cc muon/engine/optimizer.cc muon/engine/step_outcome.cc muon/engine/optimizer_state.cc
   muon/engine/device_outcome.cc muon/engine/options.cc
   muon/engine/orthogonalize.cc muon/engine/outcome.cc muon/engine/param.cc

@@ -14,11 +14,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bazel build //:muon //muon/math/cuda:cuda_backend_test //tests/gpu:ns_bench
+bazel build //:muon //muon/math/cuda:cuda_backend_test //muon/math/cuda:cuda_split_test \
+  //tests/gpu:ns_bench
 rm -rf .gpu
 mkdir -p .gpu/lib .gpu/bin
 cp -L bazel-bin/libmuon.so bazel-bin/libmuon_cuda.so .gpu/lib/
-cp -L bazel-bin/muon/math/cuda/cuda_backend_test bazel-bin/tests/gpu/ns_bench .gpu/bin/
+cp -L bazel-bin/muon/math/cuda/cuda_backend_test bazel-bin/muon/math/cuda/cuda_split_test \
+  bazel-bin/tests/gpu/ns_bench .gpu/bin/
 chmod -R u+w .gpu
 
 # Every library they load, except the C/C++ runtime and CUDA's own.

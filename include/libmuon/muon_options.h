@@ -48,9 +48,10 @@ typedef enum muon_ns_dtype_t {
  * STANDARD, with m x m products in place of two m x n ones per iteration:
  * fewer FLOPs where n / m is large. A square matrix runs STANDARD. CPU
  * and CUDA backends (bf16 or fp32; on a GPU as cuBLASLt products). Under
- * MUON_ASSIGNMENT_SPLIT (CPU backend only so far) the members sum their
- * blocks' shares of R where it is formed (the start, each restart), and
- * each runs the m x m iterations and multiplies its block by Q. */
+ * MUON_ASSIGNMENT_SPLIT (CPU backend only so far: on a GPU the setup fails
+ * with MUON_UNIMPLEMENTED naming it) the members sum their blocks' shares of
+ * R where it is formed (the start, each restart), and each runs the m x m
+ * iterations and multiplies its block by Q. */
 typedef enum muon_ns_algorithm_t {
   MUON_NS_STANDARD = 0,
   MUON_NS_GRAM = 1
@@ -137,9 +138,12 @@ typedef enum muon_assignment_t {
    * a last round of their own, a rank taking at most one part. Results
    * equal the whole matrix's up to the order of fp32 sums (bf16, fp16:
    * rounded as the emulated path rounds). Pays where one matrix bounds a stage's Newton-Schulz time
-   * and the members share fast links (docs/SETUP_AT_SCALE.md); CPU backend
-   * only so far (on a GPU the first step fails with MUON_UNIMPLEMENTED
-   * when a matrix is split). */
+   * and the members share fast links (docs/SETUP_AT_SCALE.md). CPU and CUDA
+   * backends: on a GPU the sums cross through device buffers on the
+   * communication stream and each member's block runs its products in fp32
+   * (bf16 and fp16 rounded after each, as the CPU's emulated path); Gram
+   * Newton-Schulz and AOL on a split matrix stay CPU only (on a GPU the
+   * first step's setup fails with MUON_UNIMPLEMENTED naming them). */
   MUON_ASSIGNMENT_SPLIT = 4
 } muon_assignment_t;
 

@@ -23,8 +23,9 @@ namespace muon {
 // The Device class crosses the boundary: any change to it (device.h,
 // backend.h) bumps this number (2: the communication lane, stream points,
 // allocation through the host's allocator, multi-tensor math; 3: page-locked
-// staging memory).
-inline constexpr int kCudaPluginAbi = 3;
+// staging memory; 4: the math's CopyRuns and ScaleRounded (split blocks, 0.7)
+// and split Newton-Schulz's steps (RowSquares ... SumInOrder)).
+inline constexpr int kCudaPluginAbi = 4;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);

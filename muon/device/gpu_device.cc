@@ -107,6 +107,36 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "NorMuon");
     return math_->NorMuon(step, batch, moments);
   }
+  absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                          int64_t out_rows, int64_t row0) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "a split block's squares");
+    return math_->RowSquares(x, rows, cols, out, out_rows, row0);
+  }
+  absl::Status NormDivisor(const NsConfig& config, const double* squares,
+                           float* divisor) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "a split block's norm");
+    return math_->NormDivisor(config, squares, divisor);
+  }
+  absl::Status NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols, double beta2,
+                               double eps, float* moments, float* divisors) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "NorMuon's divisors");
+    return math_->NorMuonDivisors(row_sq, rows, cols, beta2, eps, moments, divisors);
+  }
+  absl::Status DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                          const float* divisors) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "dividing a split block's rows");
+    return math_->DivideRows(dtype, x, rows, cols, divisors);
+  }
+  absl::Status RunProduct(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                          NsDtype round) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "a split block's product");
+    return math_->RunProduct(g, abc, buffers, round);
+  }
+  absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                          void* out) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "summing the members' parts");
+    return math_->SumInOrder(f64, parts, count, len, out);
+  }
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");

@@ -55,9 +55,10 @@ absl::StatusOr<std::unique_ptr<ExchangeStepper>> ExchangeStepper::Create(Plan& p
   if (!device->is_host() && world.size() > 1 && rounds > 0) {
     MUON_ASSIGN_OR_RETURN(s->lane_, device->CommLane());
     // Step stream: 0 the momentum done, 1 + r round r's math done. Lane: r
-    // round r's gather done, rounds its last scatter done.
-    MUON_RETURN_IF_ERROR(device->ReserveSignals(rounds + 1));
-    MUON_RETURN_IF_ERROR(s->lane_.device->ReserveSignals(rounds + 1));
+    // round r's gather done, rounds its last scatter done. Both: rounds + 1
+    // the split matrices' sums' point (sum_point).
+    MUON_RETURN_IF_ERROR(device->ReserveSignals(rounds + 2));
+    MUON_RETURN_IF_ERROR(s->lane_.device->ReserveSignals(rounds + 2));
   }
   MUON_ASSIGN_OR_RETURN(s->pipeline_, Pipeline::Create(lookahead));
   return s;
@@ -73,11 +74,8 @@ absl::Status ExchangeStepper::MakeBuffers(int lookahead, bool carry_verdicts) {
   // fp32 when a round holds a part of a split matrix (OrthogonalizeBlock's).
   const bool any_split = std::any_of(splits_.begin(), splits_.end(),
                                      [](const SplitRound& r) { return !r.members.empty(); });
-  if (any_split && !device->is_host()) {
-    return absl::UnimplementedError(
-        "MUON_ASSIGNMENT_SPLIT: a matrix split over ranks runs on the CPU backend only so far");
-  }
   slot_dtype_ = any_split ? DType::kF32 : device->math().SlotDtype(ctx_.options->ns);
+  MUON_RETURN_IF_ERROR(MakeSplitBuffers());
   for (int k = 0; k <= lookahead; ++k) {
     MUON_ASSIGN_OR_RETURN(
         DeviceBuffer b,
@@ -158,210 +156,6 @@ void ExchangeStepper::AddMoments(const Plan& plan) {
   }
 }
 
-absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
-  const int me = world_.rank();
-  splits_.assign(tables_.size(), SplitRound());
-  for (size_t r = 0; r < splits_.size(); ++r) {
-    splits_[r].op = absl::StrCat("summing the split matrices of round ", r);
-  }
-  size_t sum_bytes = 0;
-  for (size_t i = 0; i < plan.units.size(); ++i) {
-    const Unit& u = plan.units[i];
-    if (u.parts <= 1) continue;
-    SplitRound& r = splits_[static_cast<size_t>(u.round)];
-    const PlanParam& pp = plan.params[u.param];
-    const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
-    std::vector<MemberSum> sums = BlockSums(ctx_.options->ns, m, n);
-    if (ctx_.moments != nullptr) sums.push_back({true, pp.rows});  // NorMuonBlock's
-    if (u.part == 0) {
-      r.members.emplace_back();
-      r.names.push_back(pp.name);
-      r.calls = std::max(r.calls, static_cast<int>(sums.size()));
-    }
-    r.members.back().push_back(u.owner);
-    if (u.owner != me) continue;
-    if (r.mine >= 0) {  // the same plan on every rank: every rank fails here alike
-      return absl::InvalidArgumentError(absl::StrCat(
-          "round ", u.round, " gives rank ", me, " parts of two split matrices ('",
-          r.names[static_cast<size_t>(r.mine)], "' and '", plan.params[u.param].name,
-          "'): a rank takes one part per round"));
-    }
-    r.mine = static_cast<int>(r.members.size()) - 1;
-    r.place = u.part;
-    for (const BlockSlot& b : tables_[static_cast<size_t>(u.round)].blocks) {
-      if (b.unit == static_cast<int>(i)) r.block = b;
-    }
-    r.first = u.first;
-    r.n = n;
-    // NorMuon's moments of the whole's rows: every member keeps them all
-    // (NorMuonBlock updates them alike), saved and restored as an owner's;
-    // the first member gives them to a host putting the owners' together.
-    if (ctx_.moments != nullptr) {
-      r.moments = ctx_.moments->Add(pp.name, u.index, pp.rows, /*primary=*/u.part == 0);
-    }
-    // A sum's chunks: at most its whole count, or a value per member.
-    for (const MemberSum& sum : sums) {
-      sum_bytes = std::max({sum_bytes,
-                            static_cast<size_t>(sum.count) * (sum.f64 ? sizeof(double) : sizeof(float)),
-                            static_cast<size_t>(u.parts) * sizeof(double)});
-    }
-    r.sums = std::move(sums);
-  }
-  sum_send_.assign(sum_bytes, 0);
-  sum_recv_.assign(sum_bytes, 0);
-  const size_t world = static_cast<size_t>(world_.size());
-  for (auto* v : {&sum_send_bytes_, &sum_send_offsets_, &sum_recv_bytes_, &sum_recv_offsets_}) {
-    v->assign(world, 0);
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::Status ExchangeStepper::Sum(int round, T* values, int64_t count) {
-  const SplitRound& s = splits_[static_cast<size_t>(round)];
-  std::fill(sum_send_bytes_.begin(), sum_send_bytes_.end(), 0);
-  std::fill(sum_recv_bytes_.begin(), sum_recv_bytes_.end(), 0);
-  std::fill(sum_send_offsets_.begin(), sum_send_offsets_.end(), 0);
-  std::fill(sum_recv_offsets_.begin(), sum_recv_offsets_.end(), 0);
-  const std::string& op = s.op;
-  if (s.mine < 0) {  // no part: two collectives without bytes, both issued whatever happens
-    absl::Status st = world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
-                                       sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
-                                       nullptr, op);
-    const absl::Status second =
-        world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_, sum_recv_.data(),
-                         sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
-    return st.ok() ? second : st;
-  }
-  const std::vector<int>& members = s.members[static_cast<size_t>(s.mine)];
-  const int64_t g = static_cast<int64_t>(members.size()), j = s.place;
-  if (values == nullptr) {  // a member that failed: zeros (made on this path only)
-    sum_zeros_.assign(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T), 0);
-    values = reinterpret_cast<T*>(sum_zeros_.data());
-  }
-  auto begin = [&](int64_t i) { return i * (count / g) + std::min(i, count % g); };
-  auto length = [&](int64_t i) { return count / g + (i < count % g ? 1 : 0); };
-  // Reduce-scatter: chunk i to member i; chunk j from every other member.
-  size_t sent = 0, received = 0;
-  for (int64_t i = 0; i < g; ++i) {
-    if (i == j) continue;
-    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
-    sum_send_offsets_[peer] = sent;
-    sum_send_bytes_[peer] = static_cast<size_t>(length(i)) * sizeof(T);
-    std::memcpy(sum_send_.data() + sent, values + begin(i), sum_send_bytes_[peer]);
-    sent += sum_send_bytes_[peer];
-    sum_recv_offsets_[peer] = received;
-    sum_recv_bytes_[peer] = static_cast<size_t>(length(j)) * sizeof(T);
-    received += sum_recv_bytes_[peer];
-  }
-  absl::Status st = world_.AllToAllV(sum_send_.data(), sum_send_bytes_, sum_send_offsets_,
-                                     sum_recv_.data(), sum_recv_bytes_, sum_recv_offsets_,
-                                     nullptr, op);
-  // Chunk j, member by member in member order (every member's chunk the
-  // same way, so every member ends with the same bits).
-  T* own = values + begin(j);
-  for (int64_t e = 0; e < length(j); ++e) {
-    T total = 0;
-    for (int64_t i = 0; i < g; ++i) {
-      T v;
-      if (i == j) {
-        v = own[e];
-      } else {
-        const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
-        std::memcpy(&v, sum_recv_.data() + sum_recv_offsets_[peer] + e * sizeof(T), sizeof(T));
-      }
-      total = i == 0 ? v : total + v;
-    }
-    own[e] = total;
-  }
-  // All-gather: chunk j to every other member; chunk i from member i.
-  sent = received = 0;
-  for (int64_t i = 0; i < g; ++i) {
-    if (i == j) continue;
-    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
-    sum_send_offsets_[peer] = sent;
-    sum_send_bytes_[peer] = static_cast<size_t>(length(j)) * sizeof(T);
-    std::memcpy(sum_send_.data() + sent, own, sum_send_bytes_[peer]);
-    sent += sum_send_bytes_[peer];
-    sum_recv_offsets_[peer] = received;
-    sum_recv_bytes_[peer] = static_cast<size_t>(length(i)) * sizeof(T);
-    received += sum_recv_bytes_[peer];
-  }
-  const absl::Status gathered = world_.AllToAllV(sum_send_.data(), sum_send_bytes_,
-                                                 sum_send_offsets_, sum_recv_.data(),
-                                                 sum_recv_bytes_, sum_recv_offsets_, nullptr, op);
-  if (st.ok()) st = gathered;
-  for (int64_t i = 0; i < g; ++i) {
-    if (i == j) continue;
-    const size_t peer = static_cast<size_t>(members[static_cast<size_t>(i)]);
-    std::memcpy(values + begin(i), sum_recv_.data() + sum_recv_offsets_[peer],
-                sum_recv_bytes_[peer]);
-  }
-  return st;
-}
-
-absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
-  const SplitRound& s = splits_[static_cast<size_t>(round)];
-  const bool part = s.mine >= 0;
-  size_t issued = 0;
-  absl::Status st;
-  if (part && !skip) {
-    void* slots = slots_[static_cast<size_t>(round) % slots_.size()].data();
-    const MatrixBlock block{static_cast<float*>(slots) + s.block.offset, s.block.m,
-                            s.block.width, s.block.tall, s.first, s.n};
-    // Each sum the backend asks for must be the schedule's next: one that is
-    // not is refused before it reaches the wire, and the schedule's own are
-    // made below, so that the members' collectives still pair up.
-    auto scheduled = [&](bool f64, int64_t count) -> absl::Status {
-      if (issued >= s.sums.size() || !(s.sums[issued] == MemberSum{f64, count})) {
-        return absl::InternalError(absl::StrCat(
-            "the backend asked for sum ", issued + 1, " (", count, f64 ? " doubles" : " floats",
-            ") where the members' schedule has ",
-            issued < s.sums.size() ? absl::StrCat(s.sums[issued].count,
-                                                  s.sums[issued].f64 ? " doubles" : " floats")
-                                   : std::string("no more")));
-      }
-      ++issued;
-      return absl::OkStatus();
-    };
-    auto sum = [&](auto* v, int64_t n) -> absl::Status {
-      MUON_RETURN_IF_ERROR(scheduled(sizeof(*v) == sizeof(double), n));
-      return Sum(round, v, n);
-    };
-    // Each captures one reference: held inside the std::function, no
-    // allocation per step.
-    MemberSums hook;
-    hook.f64 = [&sum](double* v, int64_t n) { return sum(v, n); };
-    hook.f32 = [&sum](float* v, int64_t n) { return sum(v, n); };
-    const Options& o = *ctx_.options;
-    st = ctx_.device->math().OrthogonalizeBlock(o.ns, block, hook);
-    if (st.ok() && s.moments >= 0) {
-      st = ctx_.device->math().NorMuonBlock({o.normuon_beta2, o.normuon_eps, o.ns.dtype}, block,
-                                            ctx_.moments->data(s.moments), hook);
-    }
-    if (st.ok() && issued != s.sums.size()) {
-      st = absl::InternalError(absl::StrCat("the backend made ", issued, " of the ",
-                                            s.sums.size(), " sums its members' schedule has"));
-    }
-    if (!st.ok()) {
-      st = absl::Status(st.code(), absl::StrCat("split matrix '", s.names[static_cast<size_t>(s.mine)],
-                                                "': ", st.message()));
-    }
-  }
-  // The sums the members expect from a rank that did not compute (or
-  // stopped), then those of the round's other split matrices (no bytes).
-  for (size_t k = issued; k < static_cast<size_t>(s.calls); ++k) {
-    absl::Status sum;
-    if (k < s.sums.size() && s.sums[k].f64) {
-      sum = Sum<double>(round, nullptr, s.sums[k].count);
-    } else {
-      sum = Sum<float>(round, nullptr, k < s.sums.size() ? s.sums[k].count : 0);
-    }
-    if (st.ok()) st = sum;
-  }
-  return st;
-}
-
 float* const* ExchangeStepper::MomentPointers(int round, size_t batch) {
   const std::vector<int>& ids = moment_ids_[static_cast<size_t>(round)][batch];
   const std::vector<int>& locals = moment_locals_[static_cast<size_t>(round)][batch];
@@ -423,6 +217,7 @@ absl::Status ExchangeStepper::Orthogonalize(int round) {
 }
 
 absl::Status ExchangeStepper::Run(void* stream, bool failed) {
+  step_stream_ = stream;
   stats_.orthogonalized = 0;
   stats_.ns_flops = 0;
   stats_.nonfinite_updates = 0;

@@ -90,8 +90,20 @@ class ExchangeStepper : public Stepper {
   // reduce-scatter, each member adding one chunk in member order, then an
   // all-gather, as two all_to_all_v calls over the world). NULL values: this
   // rank adds zeros and keeps nothing. A rank with no part sends nothing.
+  // In the backend's memory; on a GPU the collectives run on the lane.
   template <typename T>
   absl::Status Sum(int round, T* values, int64_t count);
+  // The sums' buffers (and on a GPU the block's workspace), sized by
+  // PlanSplits.
+  absl::Status MakeSplitBuffers();
+  // On a GPU with a lane: the lane after the step's stream's work so far
+  // (ToLane), the step's stream after the lane's (FromLane), at the sums'
+  // stream point; nothing otherwise.
+  absl::Status ToLane();
+  absl::Status FromLane();
+  // The signal the sums' stream points use on both streams (after the
+  // rounds' own: Create reserves rounds() + 2).
+  int sum_point() const { return rounds() + 1; }
 
   // A round's split matrices and this rank's part of one of them.
   struct SplitRound {
@@ -101,6 +113,7 @@ class ExchangeStepper : public Stepper {
     int place = -1;                         // this rank among its members
     BlockSlot block;                        // that part in the round's slots
     int64_t first = 0, n = 0;               // its columns of the whole's n (wide orientation)
+    int64_t rows = 0;                       // the whole's rows (NorMuon's moments)
     int moments = -1;                       // its NorMuon moments (ctx_.moments), or -1
     // The sums its members make (BlockSums, then NorMuon's), and how many
     // every rank makes in this round: the most of any of its split matrices
@@ -137,11 +150,14 @@ class ExchangeStepper : public Stepper {
   Device::Lane lane_;
   std::unique_ptr<Pipeline> pipeline_;
   StepperStats stats_;
-  // Per round (empty when it has no split matrix); the sums' host buffers
-  // and byte tables, sized once (the zeros a failed member sends, when one
-  // does).
+  // Per round (empty when it has no split matrix); the sums' buffers in the
+  // backend's memory and byte tables, sized once (the zeros a failed member
+  // sends, when one does), and on a GPU the block's workspace
+  // (muon/math/split_ns.h).
   std::vector<SplitRound> splits_;
-  std::vector<unsigned char> sum_send_, sum_recv_, sum_zeros_;
+  size_t sum_bytes_ = 0, split_work_bytes_ = 0;
+  void* step_stream_ = nullptr;  // Run's stream (the sums' where there is no lane)
+  DeviceBuffer sum_send_, sum_recv_, sum_zeros_, split_work_;
   // NorMuon (ctx.moments set): per round, per shape batch, the moments' ids
   // of its matrices in slot order, and their params here (or -1); the
   // pointers NorMuon takes, sized once for the largest batch (the rounds'

@@ -13,6 +13,7 @@
 #include "absl/types/span.h"
 #include "muon/common/dtype.h"
 #include "muon/math/ns_config.h"
+#include "muon/math/ns_program.h"
 
 namespace muon {
 
@@ -206,6 +207,66 @@ class MathBackend {
     (void)moments;
     (void)sums;
     return absl::UnimplementedError("NorMuon on a split matrix is not available on this backend");
+  }
+  // The steps of a member's block, for a backend without an OrthogonalizeBlock
+  // and NorMuonBlock of its own (a GPU's): muon/math/split_ns.h runs the
+  // block's program through them, with the members' sums in between. Each is
+  // stream-ordered, on backend memory; Unimplemented on backends that lack
+  // them.
+  //
+  // out[0, out_rows) <- 0, then out[row0 + i] <- the sum of the squares of
+  // row i of x (rows x cols fp32, row-major), in double.
+  virtual absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                                  int64_t out_rows, int64_t row0) {
+    (void)x, (void)rows, (void)cols, (void)out, (void)out_rows, (void)row0;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // *divisor <- what Newton-Schulz under `config` divides a matrix by whose
+  // squares sum to *squares (of its values rounded to bf16 when bf16): the
+  // norm, rounded as the whole matrix's normalization rounds it.
+  virtual absl::Status NormDivisor(const NsConfig& config, const double* squares,
+                                   float* divisor) {
+    (void)config, (void)squares, (void)divisor;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // NorMuonRowDivisors (muon/math/normuon.h) of one rows x cols matrix from
+  // its rows' sums of squares: updates `moments`, writes `divisors`.
+  virtual absl::Status NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols,
+                                       double beta2, double eps, float* moments,
+                                       float* divisors) {
+    (void)row_sq, (void)rows, (void)cols, (void)beta2, (void)eps, (void)moments, (void)divisors;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // Row i of x (rows x cols fp32) <- x_i / divisors[i], rounded to `dtype`'s
+  // precision as the normalization rounds its division (bf16 in it, fp16
+  // after it).
+  virtual absl::Status DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                                  const float* divisors) {
+    (void)dtype, (void)x, (void)rows, (void)cols, (void)divisors;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // One product of a program (count 1) on `buffers` (indexed by NsBuffer,
+  // fp32) with the scalars `abc` gives it, its D then rounded to `round`'s
+  // precision (fp32: as it is).
+  virtual absl::Status RunProduct(const NsGemm& g, const NsCoefficients& abc,
+                                  float* const* buffers, NsDtype round) {
+    (void)g, (void)abc, (void)buffers, (void)round;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // out[e] <- parts[0][e] + parts[1][e] + ... + parts[count - 1][e], added in
+  // that order (so every member that adds the same parts gets the same
+  // bits), for e < len: `count` rows of `len` doubles (f64) or floats at
+  // `parts`; out may be one of the rows.
+  virtual absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                                  void* out) {
+    (void)f64, (void)parts, (void)count, (void)len, (void)out;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
   }
   // NorMuon on every matrix of `batch` (orthogonalized updates, in place),
   // matrix k with its rows' second moments at moments[k] (fp32, `rows`

@@ -475,10 +475,39 @@ TEST(Layouts, ExpertParallel) {
 // block of it; the sums of its norm and Gram products run in another order
 // than one process's products, so the parameters agree within fp32 (or bf16)
 // rounding instead of bit for bit.
+// The largest difference between two runs' values of the model's
+// parameters, over the largest magnitude of `base`'s.
+double LargestDifference(const std::vector<std::vector<float>>& base,
+                         const std::vector<std::vector<float>>& other) {
+  double worst = 0;
+  for (size_t k = 0; k < base.size(); ++k) {
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < base[k].size(); ++i) {
+      scale = std::max(scale, std::fabs(static_cast<double>(base[k][i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(other[k][i]) - base[k][i]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+// `tolerance` < 0: the split may differ from one process by at most
+// -tolerance times as much as one process's own low-precision result
+// differs from its fp32 one (the precision's own error on this CPU).
 void ExpectSplitClose(const Case& c, const RunConfig& cfg, double tolerance, int64_t parts) {
   SCOPED_TRACE(c.name);
   auto ref = RunReference(c.model, cfg);
   ASSERT_EQ(ref.size(), c.model.size()) << "reference run failed";
+  if (tolerance < 0) {
+    RunConfig fp32 = cfg;
+    fp32.ns_dtype = MUON_NS_DTYPE_FP32;
+    const auto exact = RunReference(c.model, fp32);
+    ASSERT_EQ(exact.size(), c.model.size()) << "fp32 reference run failed";
+    const double own = LargestDifference(exact, ref);
+    std::printf("%s: one process's own difference from fp32 %.3g of the largest value\n",
+                c.name.c_str(), own);
+    tolerance = -tolerance * own;
+  }
   auto results = RunDistributed(c.model, c.mesh, cfg);
   int64_t orthogonalized = 0;
   double worst = 0;
@@ -588,13 +617,20 @@ TEST(Split, NorMuonGramAndFp16OverFourRanksMatchOneProcess) {
       // Gram's fp32 roundings, which the split's sums reorder, move it as far.
       {"gram", [](muon_options_t* o) { o->ns_algorithm = MUON_NS_GRAM; }, MUON_NS_DTYPE_FP32,
        3e-5},
+      // fp16: a rounding that the sums' order flips moves an element by an
+      // fp16 ulp, and NorMuon's row normalization carries that to the rows'
+      // scale; how often one flips follows the CPU's fp32 products
+      // (libmuon's AVX-512 kernel or OpenBLAS): under 0.1% of the largest
+      // value on AVX-512 machines, 0.21% on an AVX2-only EPYC, where fp16
+      // itself is 2.1% from fp32. The split stays at most a quarter as far
+      // from one process as fp16 itself is from fp32.
       {"gram_fp16_normuon",
        [](muon_options_t* o) {
          o->ns_algorithm = MUON_NS_GRAM;
          o->normuon = 1;
        },
-       MUON_NS_DTYPE_FP16, 1e-3},
-      {"fp16", nullptr, MUON_NS_DTYPE_FP16, 1e-3},
+       MUON_NS_DTYPE_FP16, -0.25},
+      {"fp16", nullptr, MUON_NS_DTYPE_FP16, -0.25},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);

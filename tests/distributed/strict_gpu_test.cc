@@ -870,11 +870,12 @@ std::vector<float> RowsOf(const std::vector<float>& all, int r, int ranks, int64
 }
 
 // Registers p and g (rank's rows) as the dim-0 shard over `group` of the
-// rows x cols parameter `name`.
+// rows x cols parameter `name` (or, `kind` REPLICATE, the whole).
 muon_status_t RegisterShard(muon_optimizer_t* opt, int32_t group, const std::string& name,
-                            int64_t rows, int64_t cols, Tensor& p, Tensor& g) {
+                            int64_t rows, int64_t cols, Tensor& p, Tensor& g,
+                            int32_t kind = MUON_PLACEMENT_SHARD) {
   muon_placement_t shard{};
-  shard.kind = MUON_PLACEMENT_SHARD;
+  shard.kind = kind;
   shard.group = group;
   int64_t global[2] = {rows, cols};
   muon_param_options_t o;
@@ -1036,6 +1037,161 @@ TEST(StrictGpu, RanksOverNcclEqualOneHostProcess) {
     for (int prefetch : {0, 1}) {
       SCOPED_TRACE(std::to_string(ranks) + " ranks, prefetch " + std::to_string(prefetch));
       ExpectRanksEqualOneProcess(Wire::kNccl, ranks, prefetch);
+    }
+  }
+}
+
+// MUON_ASSIGNMENT_SPLIT over 4 ranks (the model of alloc_count_test's):
+// "big" (16 x 96, dim-0 shards) costs more than the 15 replicated 8 x 8
+// matrices' mean, so its members orthogonalize it together. `gpu`: each rank
+// on strict-cpu device r over `wire`; else on the host over in-process ranks.
+struct SplitJob {
+  std::vector<std::vector<std::vector<float>>> values;  // per rank, per param
+  int64_t owned = 0, total = 0;                          // summed over the ranks, rank 0's
+  std::vector<std::string> errors;
+};
+
+SplitJob RunSplitJob(bool gpu, Wire wire, int prefetch, Tweak tweak) {
+  constexpr int kRanks = 4, kSmall = 15;
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{16, 96}};
+  for (int i = 0; i < kSmall; ++i) shapes.push_back({8, 8});
+  muon_inprocess_world_t* world = nullptr;
+  void* clique = nullptr;
+  std::vector<FakeNcclComm> nccl(kRanks);
+  if (wire == Wire::kInProcess || !gpu) {
+    EXPECT_EQ(muon_inprocess_world_create(kRanks, &world), MUON_OK);
+  } else {
+    EXPECT_TRUE(FakeNccl::Get().ok) << "FAKE_NCCL names the stand-in libnccl.so.2";
+    clique = FakeNccl::Get().clique_create(kRanks);
+    for (int r = 0; r < kRanks; ++r) nccl[r] = {r, kRanks, clique};
+  }
+  SplitJob job;
+  job.values.resize(kRanks);
+  job.errors.resize(kRanks);
+  std::vector<muon_stats_t> stats(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      const int device = gpu ? r : -1;
+      void* stream = nullptr;
+      if (gpu) {
+        EXPECT_TRUE(Rt()->SetDevice(r).ok());
+        stream = *Rt()->StreamCreate();
+      }
+      std::string& error = job.errors[r];
+      muon_optimizer_t* opt = Create(prefetch, 0, 0, 0, tweak);
+      muon_comm_t comm;
+      int32_t group = -1;
+      const muon_status_t made = clique == nullptr
+                                     ? muon_inprocess_comm(world, nullptr, 0, r, &comm)
+                                     : muon_comm_from_nccl(&nccl[r], &comm);
+      if (made != MUON_OK || muon_set_world(opt, &comm, &group) != MUON_OK) {
+        error = muon_last_error_message();
+      }
+      std::vector<std::unique_ptr<Tensor>> p, g;
+      std::vector<std::vector<float>> kept;
+      auto sync = [&](const char* what) {
+        if (gpu) {
+          EXPECT_TRUE(Rt()->StreamSynchronize(stream, what).ok());
+        }
+      };
+      for (size_t i = 0; i < shapes.size() && error.empty(); ++i) {
+        const auto [rows, cols] = shapes[i];
+        const int64_t local = i == 0 ? rows / kRanks : rows;
+        p.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local, cols}, device));
+        g.push_back(std::make_unique<Tensor>(std::vector<int64_t>{local, cols}, device));
+        const std::vector<float> all = Values(rows * cols, 3 + static_cast<int>(i));
+        const std::vector<float> mine = i == 0 ? RowsOf(all, r, kRanks, cols) : all;
+        p[i]->Write(mine, stream);
+        sync("init");  // (before `mine` goes)
+        if (RegisterShard(opt, group, "w" + std::to_string(i), rows, cols, *p[i], *g[i],
+                          i == 0 ? MUON_PLACEMENT_SHARD : MUON_PLACEMENT_REPLICATE) != MUON_OK) {
+          error = muon_last_error_message();
+        }
+      }
+      for (int step = 0; step < 3 && error.empty(); ++step) {
+        kept.assign(shapes.size(), {});
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          const auto [rows, cols] = shapes[i];
+          const std::vector<float> all = Values(rows * cols, 50 + step + 9 * static_cast<int>(i));
+          kept[i] = i == 0 ? RowsOf(all, r, kRanks, cols) : all;
+          g[i]->Write(kept[i], stream);
+        }
+        if (muon_step(opt, stream) != MUON_OK) error = muon_last_error_message();
+        sync("after the step");
+      }
+      stats[r] = Stats(opt);
+      for (auto& t : p) job.values[r].push_back(t->Read(stream));
+      p.clear();
+      g.clear();
+      muon_destroy(opt);
+      if (gpu) Rt()->StreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (world != nullptr) muon_inprocess_world_destroy(world);
+  if (clique != nullptr) FakeNccl::Get().clique_destroy(clique);
+  for (const muon_stats_t& st : stats) job.owned += st.matrices_owned;
+  job.total = stats[0].matrices_total;
+  return job;
+}
+
+// The members' sums cross through device buffers (on NCCL: on the
+// communication lane, ordered against the math by stream points), and each
+// member runs the block's program as steps of the GPU backend
+// (muon/math/split_ns.h): every rank's values equal the host ranks' (the
+// CPU backend's own OrthogonalizeBlock) bit for bit, for plain Muon in bf16
+// and fp32, NorMuon, and cubic5's two-product iterations.
+TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
+  ASSERT_NE(Rt(), nullptr);
+  const Tweak tweaks[] = {
+      [](muon_options_t* o) { o->assignment = MUON_ASSIGNMENT_SPLIT; },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_dtype = MUON_NS_DTYPE_FP32;
+        o->normuon = 1;
+      },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_coefficients = MUON_NS_COEFFICIENTS_CUBIC5;
+        o->normuon = 1;
+      },
+  };
+  for (size_t t = 0; t < 3; ++t) {
+    const SplitJob host = RunSplitJob(false, Wire::kInProcess, 0, tweaks[t]);
+    for (int r = 0; r < 4; ++r) ASSERT_EQ(host.errors[r], "") << "host rank " << r;
+    // A matrix was split: its members each count it as owned.
+    ASSERT_GT(host.owned, host.total) << "no matrix was split; the test proves nothing";
+    for (Wire wire : {Wire::kNccl, Wire::kInProcess}) {
+      for (int prefetch : {0, 1}) {
+        SCOPED_TRACE("options " + std::to_string(t) +
+                     (wire == Wire::kNccl ? ", NCCL" : ", in-process") + ", prefetch " +
+                     std::to_string(prefetch));
+        const SplitJob gpus = RunSplitJob(true, wire, prefetch, tweaks[t]);
+        for (int r = 0; r < 4; ++r) ASSERT_EQ(gpus.errors[r], "") << "rank " << r;
+        EXPECT_EQ(gpus.owned, host.owned);
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_EQ(Bits(gpus.values[r]), Bits(host.values[r])) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// What the GPU's steps do not run yet fails the setup on every rank, naming
+// it, and nothing changes.
+TEST(StrictGpu, GramNewtonSchulzOnASplitMatrixIsRefusedOnEveryGpu) {
+  ASSERT_NE(Rt(), nullptr);
+  const SplitJob gpus = RunSplitJob(true, Wire::kNccl, 0, [](muon_options_t* o) {
+    o->assignment = MUON_ASSIGNMENT_SPLIT;
+    o->ns_algorithm = MUON_NS_GRAM;
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(gpus.errors[r].find("ns_algorithm gram on a matrix split over ranks"),
+              std::string::npos)
+        << "rank " << r << ": " << gpus.errors[r];
+    for (size_t i = 1; i < gpus.values[r].size(); ++i) {
+      EXPECT_EQ(gpus.values[r][i], Values(64, 3 + static_cast<int>(i))) << "rank " << r;
     }
   }
 }

@@ -313,6 +313,73 @@ def test_ranks_on_one_gpu_equal_one_rank(n, layout):
             assert d <= 1e-6, "rank %d, w%d: max difference %.3e" % (rank, k, d)
 
 
+def run_split_ranks(device, **options):
+    """4 in-process ranks under assignment "split": "big" (64 x 384, rows
+    sharded) costs more than the 15 replicated 32 x 32 matrices' mean, so its
+    members orthogonalize it together. Each rank's parameters after 3 steps,
+    and the ranks' matrices_owned summed against matrices_total."""
+    n = 4
+    shapes = [(64, 384)] + [(32, 32)] * 15
+    init, grads = make_problem(11, shapes=shapes, steps=3)
+    world = muon.InProcessWorld(n)
+    results, errors, stats = [None] * n, [None] * n, [None] * n
+
+    def body(rank):
+        try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            with muon.Optimizer(lr=LR, weight_decay=WD, assignment="split", **options) as opt:
+                wid = opt.set_world(world.comm(rank))
+                pieces = []
+                for k, (shape, p0) in enumerate(zip(shapes, init)):
+                    full = p0.to(device)
+                    piece = (full.chunk(n, 0)[rank] if k == 0 else full).contiguous().clone()
+                    grad = torch.zeros_like(piece)
+                    place = [muon.Shard(wid, 0, "chunk")] if k == 0 else [muon.Replicate(wid)]
+                    opt.register(piece, grad, name="w%d" % k, global_shape=shape,
+                                 placements=place)
+                    pieces.append((piece, grad))
+                for step in grads:
+                    for k, ((piece, grad), g) in enumerate(zip(pieces, step)):
+                        g = g.to(device)
+                        grad.copy_(g.chunk(n, 0)[rank] if k == 0 else g)
+                    opt.step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                results[rank] = [p.cpu() for p, _ in pieces]
+                stats[rank] = opt.stats()
+        except BaseException as e:  # noqa: B902 - reported below
+            errors[rank] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    for rank, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError("rank %d failed: %r" % (rank, e)) from e
+    owned = sum(st["matrices_owned"] for st in stats)
+    return results, owned, stats[0]["matrices_total"]
+
+
+@pytest.mark.parametrize("ns_dtype,normuon", [("fp32", False), ("bf16", True)])
+def test_a_matrix_split_over_ranks_on_one_gpu_matches_the_cpu_ranks(ns_dtype, normuon):
+    """MUON_ASSIGNMENT_SPLIT on the GPU: the members' sums through device
+    buffers, the block's program as the GPU backend's steps
+    (muon/math/split_ns.h), against the same ranks on the CPU backend."""
+    want, owned, total = run_split_ranks(torch.device("cpu"), ns_dtype=ns_dtype, normuon=normuon)
+    assert owned > total, "no matrix was split: the test proves nothing"
+    got, gpu_owned, _ = run_split_ranks(DEV, ns_dtype=ns_dtype, normuon=normuon)
+    assert gpu_owned == owned
+    bound = 1e-5 if ns_dtype == "fp32" else 2e-3
+    for rank in range(4):
+        for k, (g, w) in enumerate(zip(got[rank], want[rank])):
+            d = (g.double() - w.double()).abs().max().item()
+            assert d <= bound, "rank %d, w%d: max difference %.3e" % (rank, k, d)
+
+
 # ---------------------------------------------------------------------------
 # Stream order, CUDA graphs, memory
 # ---------------------------------------------------------------------------

@@ -41,7 +41,8 @@ preflight() {
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.max.sm,power.limit --format=csv \
     || { echo "preflight: no driver or GPU (nvidia-smi)"; return 1; }
   local missing=0 f
-  for f in .gpu/lib/libmuon.so .gpu/lib/libmuon_cuda.so .gpu/bin/cuda_backend_test .gpu/bin/ns_bench; do
+  for f in .gpu/lib/libmuon.so .gpu/lib/libmuon_cuda.so .gpu/bin/cuda_backend_test \
+      .gpu/bin/cuda_split_test .gpu/bin/ns_bench; do
     [ -e "$f" ] || { echo "preflight: $f is missing (tools/gpu_bundle.sh makes it)"; missing=1; continue; }
     if ldd "$f" | grep -q "not found"; then
       echo "preflight: $f has unresolved libraries:"; ldd "$f" | grep "not found"; missing=1
@@ -75,6 +76,7 @@ stages=("$@")
 export -f preflight
 stage preflight 30 preflight.txt bash -c preflight || { echo "preflight failed: nothing was run"; exit 1; }
 want cuda_backend_test && stage cuda_backend_test 60 tests.txt .gpu/bin/cuda_backend_test
+want cuda_split_test && stage cuda_split_test 30 tests.txt .gpu/bin/cuda_split_test
 # pytest-timeout may be missing there; the stage's own limit still holds.
 per_test=(); python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout 60)
 want gpu_test && stage gpu_test 140 tests.txt \

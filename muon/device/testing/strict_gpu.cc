@@ -164,6 +164,86 @@ class StrictMath final : public MathBackend {
     return Run([this, step, batch, kept] { return cpu_.NorMuon(step, batch, kept.data()); });
   }
 
+  // Split Newton-Schulz's steps (muon/math/split_ns.h) as a GPU backend
+  // runs them: device memory only, stream work.
+  absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                          int64_t out_rows, int64_t row0) override {
+    absl::Status st = rt_->CheckDeviceMemory(x, static_cast<size_t>(rows * cols) * 4,
+                                             "a split block's squares: the block");
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(out, static_cast<size_t>(out_rows) * 8,
+                                  "a split block's squares: the sums");
+    }
+    if (!st.ok()) return st;
+    return Run([=] { return cpu_.RowSquares(x, rows, cols, out, out_rows, row0); });
+  }
+  absl::Status NormDivisor(const NsConfig& config, const double* squares,
+                           float* divisor) override {
+    absl::Status st = rt_->CheckDeviceMemory(squares, 8, "a split block's norm: the squares");
+    if (st.ok()) st = rt_->CheckDeviceMemory(divisor, 4, "a split block's norm: the divisor");
+    if (!st.ok()) return st;
+    return Run([this, config, squares, divisor] {
+      return cpu_.NormDivisor(config, squares, divisor);
+    });
+  }
+  absl::Status NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols, double beta2,
+                               double eps, float* moments, float* divisors) override {
+    const size_t n = static_cast<size_t>(rows);
+    absl::Status st = rt_->CheckDeviceMemory(row_sq, n * 8, "NorMuon's divisors: the squares");
+    if (st.ok()) st = rt_->CheckDeviceMemory(moments, n * 4, "NorMuon's divisors: the moments");
+    if (st.ok()) st = rt_->CheckDeviceMemory(divisors, n * 4, "NorMuon's divisors: the divisors");
+    if (!st.ok()) return st;
+    return Run([=] {
+      return cpu_.NorMuonDivisors(row_sq, rows, cols, beta2, eps, moments, divisors);
+    });
+  }
+  absl::Status DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                          const float* divisors) override {
+    absl::Status st = rt_->CheckDeviceMemory(x, static_cast<size_t>(rows * cols) * 4,
+                                             "dividing rows: the matrix");
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(divisors, static_cast<size_t>(rows) * 4,
+                                  "dividing rows: the divisors");
+    }
+    if (!st.ok()) return st;
+    return Run([=] { return cpu_.DivideRows(dtype, x, rows, cols, divisors); });
+  }
+  // Every operand's extent (its columns at its leading dimension) in device
+  // memory, as cuBLASLt reads and writes them.
+  absl::Status RunProduct(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                          NsDtype round) override {
+    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+    const struct {
+      const NsOperand* o;
+      int64_t rows, cols;
+      const char* what;
+    } operands[] = {{&g.a, a_rows, a_cols, "a program product: A"},
+                    {&g.b, b_rows, b_cols, "a program product: B"},
+                    {&g.c, g.m, g.n, "a program product: C"},
+                    {&g.d, g.m, g.n, "a program product: D"}};
+    for (const auto& op : operands) {
+      const size_t elems = static_cast<size_t>((op.cols - 1) * op.o->ld + op.rows);
+      absl::Status st = rt_->CheckDeviceMemory(buffers[static_cast<int>(op.o->buffer)],
+                                               elems * 4, op.what);
+      if (!st.ok()) return st;
+    }
+    std::array<float*, 4> kept{buffers[0], buffers[1], buffers[2], buffers[3]};
+    return Run([this, g, abc, kept, round] { return cpu_.RunProduct(g, abc, kept.data(), round); });
+  }
+  absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                          void* out) override {
+    const size_t elem = f64 ? 8 : 4;
+    absl::Status st = rt_->CheckDeviceMemory(parts, static_cast<size_t>(count * len) * elem,
+                                             "summing the members' parts: the parts");
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(out, static_cast<size_t>(len) * elem,
+                                  "summing the members' parts: the sum");
+    }
+    if (!st.ok()) return st;
+    return Run([=] { return cpu_.SumInOrder(f64, parts, count, len, out); });
+  }
+
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     absl::Status st = rt_->CheckDeviceMemory(data, static_cast<size_t>(n) * SizeOf(dtype),

@@ -45,6 +45,21 @@ class CpuBackend final : public MathBackend {
                                   const MemberSums& sums) override;
   absl::Status NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block, float* moments,
                             const MemberSums& sums) override;
+  // The steps of a member's block (muon/math/split_ns.h), each on this
+  // rank's core slots: the same arithmetic as OrthogonalizeBlock's, so the
+  // steps give its bits.
+  absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                          int64_t out_rows, int64_t row0) override;
+  absl::Status NormDivisor(const NsConfig& config, const double* squares,
+                           float* divisor) override;
+  absl::Status NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols, double beta2,
+                               double eps, float* moments, float* divisors) override;
+  absl::Status DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                          const float* divisors) override;
+  absl::Status RunProduct(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                          NsDtype round) override;
+  absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                          void* out) override;
   // (cpu_backend_split.cc has both.)
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

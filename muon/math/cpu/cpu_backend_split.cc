@@ -130,4 +130,64 @@ absl::Status CpuBackend::NorMuonBlock(const NorMuonStep& step, const MatrixBlock
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                                    int64_t out_rows, int64_t row0) {
+  if (rows < 0 || cols < 0 || row0 < 0 || row0 + rows > out_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("the squares of ", rows, " rows at row ", row0,
+                                                   " of ", out_rows));
+  }
+  const cpu::CoreSlots slots(cpu::ThreadsPerRankHere());
+  std::fill(out, out + out_rows, 0.0);
+  for (int64_t i = 0; i < rows; ++i) out[row0 + i] = cpu::SumSquares(x + i * cols, cols);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::NormDivisor(const NsConfig& config, const double* squares,
+                                     float* divisor) {
+  *divisor = DivisorOfSum(config, *squares);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols,
+                                         double beta2, double eps, float* moments,
+                                         float* divisors) {
+  NorMuonRowDivisors(row_sq, rows, cols, beta2, eps, moments, divisors);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                                    const float* divisors) {
+  const cpu::CoreSlots slots(cpu::ThreadsPerRankHere());
+  for (int64_t i = 0; i < rows; ++i) DivideRounded(dtype, x + i * cols, cols, divisors[i]);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RunProduct(const NsGemm& g, const NsCoefficients& abc,
+                                    float* const* buffers, NsDtype round) {
+  const int threads = cpu::ThreadsPerRankHere();
+  cpu::UseThreads(threads, cpu::NativeThreadsHere());
+  MUON_RETURN_IF_ERROR(products_.Choose(threads));  // as OrthogonalizeBlock chooses
+  const cpu::CoreSlots slots(threads);
+  RunGemm(g, abc, buffers,
+          round == NsDtype::kBF16 ? ew::kBF16 : round == NsDtype::kFP16 ? ew::kF16 : ew::kF32);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                                    void* out) {
+  auto add = [&](auto* p, auto* o) {
+    for (int64_t e = 0; e < len; ++e) {
+      auto total = p[e];
+      for (int64_t i = 1; i < count; ++i) total += p[i * len + e];
+      o[e] = total;
+    }
+  };
+  if (f64) {
+    add(static_cast<const double*>(parts), static_cast<double*>(out));
+  } else {
+    add(static_cast<const float*>(parts), static_cast<float*>(out));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace muon

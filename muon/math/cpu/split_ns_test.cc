@@ -21,6 +21,8 @@
 #include "gtest/gtest.h"
 #include "muon/math/cpu/cpu_backend.h"
 #include "muon/math/cpu/cpu_features.h"
+#include "muon/math/split_ns.h"
+#include "muon/math/testing/member_summer.h"
 #include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
 
@@ -44,62 +46,7 @@ double MaxRelErr(const std::vector<float>& got, const std::vector<T>& want) {
   return max_err / max_abs;
 }
 
-// Element-wise sums among `members` threads: each deposits its values, waits
-// for all, then adds every member's values in member order (so every member
-// gets the same bits), and waits again before the slots can be reused.
-class Summer {
- public:
-  explicit Summer(int members)
-      : members_(members), slots_(static_cast<size_t>(members)), calls_(slots_.size(), 0) {}
-
-  template <typename T>
-  absl::Status Sum(int member, T* values, int64_t count) {
-    slots_[static_cast<size_t>(member)].assign(values, values + count);
-    Wait();
-    for (int64_t i = 0; i < count; ++i) {
-      T total = 0;
-      for (int r = 0; r < members_; ++r) total += static_cast<T>(slots_[static_cast<size_t>(r)][i]);
-      values[i] = total;
-    }
-    Wait();
-    ++calls_[static_cast<size_t>(member)];  // each member its own
-    if (member == 0) log_.push_back({std::is_same<T, double>::value, count});
-    return absl::OkStatus();
-  }
-
-  MemberSums For(int member) {
-    MemberSums s;
-    s.f64 = [this, member](double* v, int64_t n) { return Sum(member, v, n); };
-    s.f32 = [this, member](float* v, int64_t n) { return Sum(member, v, n); };
-    return s;
-  }
-
-  int Calls(int member) const { return calls_[static_cast<size_t>(member)]; }
-  // Member 0's sums, in order.
-  const std::vector<MemberSum>& Log() const { return log_; }
-
- private:
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    const int64_t generation = generation_;
-    if (++waiting_ == members_) {
-      waiting_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != generation; });
-  }
-
-  const int members_;
-  std::vector<std::vector<double>> slots_;
-  std::vector<int> calls_;
-  std::vector<MemberSum> log_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int waiting_ = 0;
-  int64_t generation_ = 0;
-};
+using testing::Summer;
 
 struct Case {
   int64_t rows, cols;
@@ -381,6 +328,56 @@ TEST_P(SplitNs, NorMuonBlockMatchesNorMuonOnTheWhole) {
       EXPECT_GT(MaxRelErr(split, o), 0.01) << "the rows were not divided";
     }
   }
+}
+
+// The block's program as the backend's steps (muon/math/split_ns.h, what a
+// GPU runs) gives the CPU backend's own OrthogonalizeBlock and NorMuonBlock
+// bit for bit on the CPU's steps, in every dtype and for cubic iterations:
+// one program, whichever runs it.
+TEST_P(SplitNs, TheBackendsStepsGiveOrthogonalizeBlocksBits) {
+  const Case c = GetParam();
+  const int64_t m = std::min(c.rows, c.cols), n = std::max(c.rows, c.cols);
+  for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
+    for (bool cubic : {false, true}) {
+      SCOPED_TRACE("dtype " + std::to_string(static_cast<int>(dtype)) +
+                   (cubic ? ", cubic5" : ", quintic"));
+      NsConfig cfg;
+      cfg.dtype = dtype;
+      if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+      const NorMuonStep step{0.9, 1e-8, dtype};
+      const std::vector<float> u = RandomNormal(c.rows * c.cols, 17);
+      std::vector<std::vector<float>> own_moments(static_cast<size_t>(c.members),
+                                                  std::vector<float>(c.rows, 0.01f));
+      std::vector<std::vector<float>> step_moments = own_moments;
+      const std::vector<float> own = SplitRun(
+          cfg, u, c.rows, c.cols, c.members, false, nullptr,
+          [&](CpuBackend& be, int b, const MatrixBlock& block, const MemberSums& s) {
+            absl::Status st = be.OrthogonalizeBlock(cfg, block, s);
+            if (!st.ok()) return st;
+            return be.NorMuonBlock(step, block, own_moments[static_cast<size_t>(b)].data(), s);
+          });
+      const std::vector<float> steps = SplitRun(
+          cfg, u, c.rows, c.cols, c.members, false, nullptr,
+          [&](CpuBackend& be, int b, const MatrixBlock& block, const MemberSums& s) {
+            std::vector<unsigned char> work(SplitWorkBytes(m, block.width, c.rows) + 8);
+            const SplitWork w = SplitWorkAt(work.data(), m, block.width, c.rows);
+            absl::Status st = OrthogonalizeBlockOn(be, cfg, block, s, w);
+            if (!st.ok()) return st;
+            return NorMuonBlockOn(be, step, block, step_moments[static_cast<size_t>(b)].data(),
+                                  s, w);
+          });
+      for (size_t i = 0; i < u.size(); ++i) ASSERT_EQ(Bits(steps[i]), Bits(own[i])) << i;
+      for (int b = 0; b < c.members; ++b) {
+        for (int64_t i = 0; i < c.rows; ++i) {
+          ASSERT_EQ(Bits(step_moments[static_cast<size_t>(b)][static_cast<size_t>(i)]),
+                    Bits(own_moments[static_cast<size_t>(b)][static_cast<size_t>(i)]))
+              << "member " << b << " row " << i;
+        }
+      }
+      EXPECT_GT(MaxRelErr(steps, u), 0.1) << "nothing was orthogonalized";
+    }
+  }
+  (void)n;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -207,6 +207,21 @@ absl::Status CudaBackend::Impl::GramNewtonSchulz(const NsConfig& config, const N
   return absl::OkStatus();
 }
 
+absl::StatusOr<const LtProduct*> CudaBackend::Impl::BlockProduct(const NsGemm& g) {
+  const std::vector<int64_t> key = {g.m,    g.n,    g.k,    g.trans_a, g.trans_b,
+                                    g.a.ld, g.b.ld, g.c.ld, g.d.ld};
+  auto found = block_products.find(key);
+  if (found != block_products.end()) return &found->second;
+  MUON_RETURN_IF_ERROR(lt_workspace.Reserve(kLtWorkspaceBytes, "the cuBLASLt workspace"));
+  LtProduct& p = block_products[key];
+  const absl::Status st = MakeProduct(lt, g, CUDA_R_32F, 1, kLtWorkspaceBytes, &p);
+  if (!st.ok()) {
+    block_products.erase(key);
+    return st;
+  }
+  return &p;
+}
+
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create() {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);

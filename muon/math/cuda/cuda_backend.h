@@ -45,6 +45,21 @@ class CudaBackend final : public MathBackend {
   // per 128 matrices, every sum in a fixed order.
   absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
                        float* const* moments) override;
+  // Split Newton-Schulz's steps (muon/math/split_ns.h; cuda_backend_split.cc):
+  // the products in fp32 through cuBLASLt (each planned once per shape),
+  // rounded after as the CPU's emulated path rounds; sums in a fixed order.
+  absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
+                          int64_t out_rows, int64_t row0) override;
+  absl::Status NormDivisor(const NsConfig& config, const double* squares,
+                           float* divisor) override;
+  absl::Status NorMuonDivisors(const double* row_sq, int64_t rows, int64_t cols, double beta2,
+                               double eps, float* moments, float* divisors) override;
+  absl::Status DivideRows(NsDtype dtype, float* x, int64_t rows, int64_t cols,
+                          const float* divisors) override;
+  absl::Status RunProduct(const NsGemm& g, const NsCoefficients& abc, float* const* buffers,
+                          NsDtype round) override;
+  absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
+                          void* out) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,

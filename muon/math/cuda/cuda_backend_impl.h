@@ -131,6 +131,9 @@ struct CudaBackend::Impl {
   WorkBuffer gram_q, gram_t;  // Gram Newton-Schulz's Q and its scratch (m x m each)
   WorkBuffer normuon_sums, normuon_divisors;  // NorMuon's per-row sums and divisors
   WorkBuffer aol_scales;                      // AOL's scales (m doubles per matrix)
+  WorkBuffer square_partials;                 // RowSquares' chunk sums
+  // Split Newton-Schulz's fp32 products, planned once per NsGemm's shape.
+  std::map<std::vector<int64_t>, LtProduct> block_products;
   bool aol_enabled = false;                   // EnableUnprovenAol
   // The products of each shape seen, planned once (heuristics cached).
   std::map<ShapeKey, PlannedShape> products;
@@ -145,7 +148,7 @@ struct CudaBackend::Impl {
   static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
   Impl() {
     for (WorkBuffer* b : {&x, &x_next, &gram, &poly, &partials, &gram_q, &gram_t, &normuon_sums,
-                          &normuon_divisors, &aol_scales, &lt_workspace}) {
+                          &normuon_divisors, &aol_scales, &square_partials, &lt_workspace}) {
       b->source = &source;
     }
   }
@@ -165,10 +168,14 @@ struct CudaBackend::Impl {
   absl::Status Symmetric(const NsProgram& p, int which, const PlannedShape& planned, int x_type,
                          float alpha, const void* a, const void* b, float beta, const void* c,
                          void* d, const char* what);
+  // The fp32 product for `g` (count 1) in block_products, planned on first
+  // use (split Newton-Schulz's RunProduct).
+  absl::StatusOr<const LtProduct*> BlockProduct(const NsGemm& g);
   absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& p,
                                 const PlannedShape& planned, int x_type, void** buffers);
   ~Impl() {
     products.clear();
+    block_products.clear();
     if (lt != nullptr) cublasLtDestroy(lt);
   }
 };

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "muon/common/half.h"
 #include "muon/math/cpu/cpu_backend.h"
+#include "muon/math/cuda/cuda_test_util.h"
 #include "muon/math/split_blocks.h"
 #include "muon/math/testing/random_matrix.h"
 #include "muon/math/testing/reference_ns.h"
@@ -20,52 +21,8 @@
 namespace muon {
 namespace {
 
-std::unique_ptr<CudaBackend> MakeOrSkip(std::string* why) {
-  auto b = CudaBackend::Create();
-  if (!b.ok()) {
-    *why = std::string(b.status().message());
-    return nullptr;
-  }
-  return std::move(b).value();
-}
-
-// Skips where no GPU is, unless MUON_REQUIRE_GPU=1 (tests/gpu/run_on_gpu.sh):
-// then that is a failure, so that a run where nothing ran is never green.
-bool GpuRequired() {
-  const char* v = std::getenv("MUON_REQUIRE_GPU");
-  return v != nullptr && std::string(v) == "1";
-}
-
-#define REQUIRE_GPU(var)                                                        \
-  std::string why_;                                                             \
-  auto var = MakeOrSkip(&why_);                                                 \
-  if (var == nullptr && GpuRequired()) FAIL() << "MUON_REQUIRE_GPU=1: " << why_; \
-  if (var == nullptr) GTEST_SKIP() << "no GPU to test on: " << why_;
-
-template <typename T>
-struct Device {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Device(const std::vector<T>& host) : n(host.size()) {
-    EXPECT_EQ(cudaMalloc(&p, n * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> Get() const {
-    std::vector<T> out(n);
-    EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-  ~Device() { cudaFree(p); }
-};
-
-double MaxRel(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0, e = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    m = std::max(m, std::fabs(double(b[i])));
-    e = std::max(e, std::fabs(double(a[i]) - b[i]));
-  }
-  return e / m;
-}
+using cuda_test::Device;
+using cuda_test::MaxRel;
 
 struct Case {
   int64_t count, rows, cols;

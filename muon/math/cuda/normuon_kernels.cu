@@ -101,5 +101,16 @@ cudaError_t LaunchNorMuon(int type, void* x, int64_t count, int64_t rows, int64_
   return cudaSuccess;
 }
 
+cudaError_t LaunchNorMuonRowDivisors(const double* row_sq, int64_t rows, int64_t cols,
+                                     double beta2, double eps, float* moments, float* divisors,
+                                     cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  Group g{};
+  g.moments[0] = moments;
+  g.first = 0;
+  DivisorsKernel<<<1, kThreads, 0, stream>>>(rows, cols, beta2, eps, g, row_sq, divisors);
+  return cudaGetLastError();
+}
+
 }  // namespace cuda
 }  // namespace muon

@@ -22,6 +22,14 @@ cudaError_t LaunchNorMuon(int type, void* x, int64_t count, int64_t rows, int64_
                           float* const* moments, double beta2, double eps, int ns_type,
                           double* row_sq, float* divisors, cudaStream_t stream);
 
+// One matrix's moments and divisors from its rows' sums of squares row_sq
+// (device memory, `rows` doubles): NorMuonRowDivisors as LaunchNorMuon's
+// second launch computes it (a split matrix's, whose sums the members
+// added). One launch.
+cudaError_t LaunchNorMuonRowDivisors(const double* row_sq, int64_t rows, int64_t cols,
+                                     double beta2, double eps, float* moments, float* divisors,
+                                     cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace muon
 
