@@ -214,7 +214,9 @@ absl::StatusOr<const LtProduct*> CudaBackend::Impl::BlockProduct(const NsGemm& g
   if (found != block_products.end()) return &found->second;
   MUON_RETURN_IF_ERROR(lt_workspace.Reserve(kLtWorkspaceBytes, "the cuBLASLt workspace"));
   LtProduct& p = block_products[key];
-  const absl::Status st = MakeProduct(lt, g, CUDA_R_32F, 1, kLtWorkspaceBytes, &p);
+  // Alignment 4: a block starts anywhere in the round's slots, and the
+  // workspace's buffers follow its rows' squares and divisors.
+  const absl::Status st = MakeProduct(lt, g, CUDA_R_32F, 1, kLtWorkspaceBytes, &p, 4);
   if (!st.ok()) {
     block_products.erase(key);
     return st;

@@ -126,18 +126,24 @@ Result RunMembers(bool gpu, const NsConfig& cfg, const Shape& s, const std::vect
         auto be = CudaBackend::Create();
         cudaStream_t stream = nullptr;
         cudaStreamCreate(&stream);
-        Device<float> x(block), moments(r.moments[b]);
+        // The block one float into its buffer and the workspace 8 bytes
+        // into its own, as a round's slots and the engine's workspace may
+        // place them (the products must not assume more alignment).
+        std::vector<float> padded = {0.0f};
+        padded.insert(padded.end(), block.begin(), block.end());
+        Device<float> x(padded), moments(r.moments[b]);
         Device<unsigned char> work(
-            std::vector<unsigned char>(SplitWorkBytes(blocks.m, blocks.width[b], s.rows)));
-        const SplitWork w = SplitWorkAt(work.p, blocks.m, blocks.width[b], s.rows);
+            std::vector<unsigned char>(SplitWorkBytes(blocks.m, blocks.width[b], s.rows) + 8));
+        const SplitWork w = SplitWorkAt(work.p + 8, blocks.m, blocks.width[b], s.rows);
         st = be.ok() ? (*be)->SetStream(stream) : be.status();
         const MemberSums sums = DeviceSums(summer, b, stream);
-        if (st.ok()) st = OrthogonalizeBlockOn(**be, cfg, blocks.At(x.p, b), sums, w);
-        if (st.ok()) st = NorMuonBlockOn(**be, step, blocks.At(x.p, b), moments.p, sums, w);
+        if (st.ok()) st = OrthogonalizeBlockOn(**be, cfg, blocks.At(x.p + 1, b), sums, w);
+        if (st.ok()) st = NorMuonBlockOn(**be, step, blocks.At(x.p + 1, b), moments.p, sums, w);
         if (cudaStreamSynchronize(stream) != cudaSuccess && st.ok()) {
           st = absl::InternalError("the member's stream failed");
         }
-        block = x.Get();
+        const std::vector<float> out = x.Get();
+        block.assign(out.begin() + 1, out.end());
         r.moments[b] = moments.Get();
         cudaStreamDestroy(stream);
       }

@@ -16,11 +16,11 @@ int64_t ChunkElems(int64_t cols) {
   return by_count > kChunk ? by_count : kChunk;
 }
 
-// Block (chunk c, row i): partials[i * chunks + c] <- the squares of the
+// Block (row i, chunk c): partials[i * chunks + c] <- the squares of the
 // chunk's elements, summed in double in a fixed order.
 __global__ void ChunkSquaresKernel(const float* x, int64_t cols, int64_t chunk, int64_t chunks,
                                    double* partials) {
-  const int64_t c = blockIdx.x, i = blockIdx.y;
+  const int64_t i = blockIdx.x, c = blockIdx.y;
   const int64_t begin = c * chunk;
   const int64_t end = begin + chunk < cols ? begin + chunk : cols;
   const float* row = x + i * cols;
@@ -90,10 +90,10 @@ cudaError_t LaunchRowSquares(const float* x, int64_t rows, int64_t cols, double*
                              int64_t out_rows, int64_t row0, double* partials,
                              cudaStream_t stream) {
   if (out_rows <= 0) return cudaSuccess;
-  if (rows > 65535) return cudaErrorInvalidValue;  // grid.y
+  if (rows > 2147483647) return cudaErrorInvalidValue;  // grid.x (chunks <= 1024: grid.y)
   const int64_t chunks = SquareChunks(cols);
   if (rows > 0 && cols > 0) {
-    ChunkSquaresKernel<<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(rows)),
+    ChunkSquaresKernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(chunks)),
                          kThreads, 0, stream>>>(x, cols, ChunkElems(cols), chunks, partials);
   }
   RowTotalsKernel<<<GridFor(out_rows), kThreads, 0, stream>>>(
