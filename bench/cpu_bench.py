@@ -412,6 +412,10 @@ def main():
     ap.add_argument("--no-step", action="store_true")
     ap.add_argument("--step-only", action="store_true", help="only the full-step table")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 Newton-Schulz table")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 Newton-Schulz table")
+    ap.add_argument("--bf16-max-size", type=int, default=None,
+                    help="the bf16 table's largest square size, and no 1024x4096 shapes "
+                         "(where torch's bf16 products are not native: minutes per call)")
     ap.add_argument("--engines", default="auto,emulated",
                     help="libmuon's bf16 engines to time (MUON_CPU_BF16 values, comma-separated)")
     ap.add_argument("--schedules", action="store_true",
@@ -471,8 +475,10 @@ def main():
         return
     if not args.no_fp32 and not args.step_only:
         ns_table(shapes, args.reps)
-    if not args.step_only:
-        bf16_table(shapes, args.reps, args.engines.split(","))
+    if not args.step_only and not args.no_bf16:
+        bf16_shapes = shapes if args.bf16_max_size is None else [
+            (s, s) for s in sizes if s <= args.bf16_max_size]
+        bf16_table(bf16_shapes, args.reps, args.engines.split(","))
     if args.products:
         products_table(args.reps)
     if not args.no_step:
