@@ -9,9 +9,7 @@
 
 namespace muon {
 
-namespace {
-
-absl::Status CheckBlock(const MatrixBlock& block) {
+absl::Status CheckSplitBlock(const MatrixBlock& block) {
   if (block.data == nullptr || block.m <= 0 || block.width <= 0 || block.first < 0 ||
       block.first > block.n - block.width) {
     return absl::InvalidArgumentError(
@@ -20,6 +18,8 @@ absl::Status CheckBlock(const MatrixBlock& block) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 size_t RoundUp8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
@@ -63,7 +63,7 @@ absl::Status SplitStepsSupport(const NsConfig& config, int64_t m, int64_t n) {
 absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
                                   const MatrixBlock& block, const MemberSums& sums,
                                   const SplitWork& work) {
-  MUON_RETURN_IF_ERROR(CheckBlock(block));
+  MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
   MUON_RETURN_IF_ERROR(SplitStepsSupport(config, block.m, block.n));
   const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
   const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
@@ -104,7 +104,7 @@ absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
 absl::Status NorMuonBlockOn(MathBackend& backend, const NorMuonStep& step,
                             const MatrixBlock& block, float* moments, const MemberSums& sums,
                             const SplitWork& work) {
-  MUON_RETURN_IF_ERROR(CheckBlock(block));
+  MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
   // Row-major, the block is `width` whole rows of a tall matrix (rows
   // [first, first + width) of n), or every one of a wide matrix's m rows,
   // `width` long.

@@ -34,6 +34,10 @@ struct SplitWork {
 size_t SplitWorkBytes(int64_t m, int64_t width, int64_t rows);
 SplitWork SplitWorkAt(void* base, int64_t m, int64_t width, int64_t rows);
 
+// InvalidArgument unless `block` is a block of its whole (data set, m and
+// width positive, its columns inside the whole's n).
+absl::Status CheckSplitBlock(const MatrixBlock& block);
+
 // OK when these steps run `config` on an m x n wide orientation; else
 // Unimplemented naming what runs only on the CPU backend so far (AOL's
 // pre-scaling; Gram Newton-Schulz on a matrix that is not square).

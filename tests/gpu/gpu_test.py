@@ -265,6 +265,20 @@ def piece_of(full, layout, rank, n):
     return full.reshape(-1)[start:start + length]
 
 
+def run_ranks(n, body, errors):
+    """Runs body(rank) on n threads; fails if one hangs or left an error in
+    errors[rank]."""
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    for rank, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError("rank %d failed: %r" % (rank, e)) from e
+
+
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_ranks_on_one_gpu_equal_one_rank(n, layout):
@@ -295,15 +309,7 @@ def test_ranks_on_one_gpu_equal_one_rank(n, layout):
         except BaseException as e:  # noqa: B902 - reported below
             errors[rank] = e
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    for rank, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError("rank %d failed: %r" % (rank, e)) from e
+    run_ranks(n, body, errors)
     for rank in range(n):
         for k, full in enumerate(whole):
             want = piece_of(full, layout, rank, n)
@@ -351,15 +357,7 @@ def run_split_ranks(device, **options):
         except BaseException as e:  # noqa: B902 - reported below
             errors[rank] = e
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    for rank, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError("rank %d failed: %r" % (rank, e)) from e
+    run_ranks(n, body, errors)
     owned = sum(st["matrices_owned"] for st in stats)
     return results, owned, stats[0]["matrices_total"]
 

@@ -13,25 +13,13 @@
 #include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
+#include "muon/math/split_ns.h"
 
 namespace muon {
 
-namespace {
-
-absl::Status CheckBlock(const MatrixBlock& block) {
-  if (block.m <= 0 || block.width <= 0 || block.first < 0 || block.first > block.n - block.width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a split Newton-Schulz block of ", block.m, " x ", block.width,
-                     " at column ", block.first, " of ", block.n));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                             const MemberSums& sums) {
-  MUON_RETURN_IF_ERROR(CheckBlock(block));
+  MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
   const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
   const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
   const bool gram_ns = config.algorithm == NsAlgorithm::kGram && block.m != block.n;
@@ -98,36 +86,17 @@ absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const Matrix
 
 absl::Status CpuBackend::NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block,
                                       float* moments, const MemberSums& sums) {
-  MUON_RETURN_IF_ERROR(CheckBlock(block));
-  // Row-major, the block is `width` whole rows of a tall matrix (rows
-  // [first, first + width) of n), or every one of a wide matrix's m rows,
-  // `width` long.
-  const int64_t rows = block.tall ? block.n : block.m;
-  const int64_t cols = block.tall ? block.m : block.n;
-  const int64_t local_rows = block.tall ? block.width : block.m;
-  const int64_t local_cols = block.tall ? block.m : block.width;
-  const int64_t row0 = block.tall ? block.first : 0;
-  normuon_sums_.assign(static_cast<size_t>(rows), 0.0);
-  normuon_divisors_.resize(static_cast<size_t>(rows));
-  const int threads = cpu::ThreadsPerRankHere();
-  {
-    const cpu::CoreSlots slots(threads);
-    for (int64_t i = 0; i < local_rows; ++i) {
-      normuon_sums_[static_cast<size_t>(row0 + i)] =
-          cpu::SumSquares(block.data + i * local_cols, local_cols);
-    }
-  }
-  // A row's squares over the members (a tall block's rows are whole: the
-  // others add zeros to them, exactly).
-  MUON_RETURN_IF_ERROR(sums.f64(normuon_sums_.data(), rows));
-  const cpu::CoreSlots slots(threads);
-  NorMuonRowDivisors(normuon_sums_.data(), rows, cols, step.beta2, step.eps, moments,
-                     normuon_divisors_.data());
-  for (int64_t i = 0; i < local_rows; ++i) {
-    DivideRounded(step.ns_dtype, block.data + i * local_cols, local_cols,
-                  normuon_divisors_[static_cast<size_t>(row0 + i)]);
-  }
-  return absl::OkStatus();
+  // The program split_ns.h runs on any backend's steps (this backend's take
+  // its core slots, and none is held while the members sum), on the whole's
+  // rows' squares and divisors kept from call to call.
+  MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
+  const size_t rows = static_cast<size_t>(block.tall ? block.n : block.m);
+  normuon_sums_.resize(rows);
+  normuon_divisors_.resize(rows);
+  SplitWork work;
+  work.squares = normuon_sums_.data();
+  work.divisors = normuon_divisors_.data();
+  return NorMuonBlockOn(*this, step, block, moments, sums, work);
 }
 
 absl::Status CpuBackend::RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
