@@ -48,10 +48,9 @@ typedef enum muon_ns_dtype_t {
  * STANDARD, with m x m products in place of two m x n ones per iteration:
  * fewer FLOPs where n / m is large. A square matrix runs STANDARD. CPU
  * and CUDA backends (bf16 or fp32; on a GPU as cuBLASLt products). Under
- * MUON_ASSIGNMENT_SPLIT (CPU backend only so far: on a GPU the setup fails
- * with MUON_UNIMPLEMENTED naming it) the members sum their blocks' shares of
- * R where it is formed (the start, each restart), and each runs the m x m
- * iterations and multiplies its block by Q. */
+ * MUON_ASSIGNMENT_SPLIT (CPU and CUDA backends) the members sum their
+ * blocks' shares of R where it is formed (the start, each restart), and
+ * each runs the m x m iterations and multiplies its block by Q. */
 typedef enum muon_ns_algorithm_t {
   MUON_NS_STANDARD = 0,
   MUON_NS_GRAM = 1
@@ -94,9 +93,11 @@ typedef enum muon_ns_coefficients_t {
    * norm <= 1, and closer to orthogonal), computed in fp32 products and
    * double sums, then rounded to ns_dtype. That product W W^T, scaled on
    * both sides, is the first iteration's gram (as flash-newton-schulz reuses
-   * it): no product more than 4 plain iterations. CPU backend only so far;
-   * ns_algorithm STANDARD only. Under MUON_ASSIGNMENT_SPLIT the members sum
-   * their blocks' shares of W W^T (one sum, in place of the norm's). */
+   * it): no product more than 4 plain iterations. CPU backend only so far
+   * (on a GPU, whole or split, the setup fails with MUON_UNIMPLEMENTED naming
+   * it until its GPU test has run on one); ns_algorithm STANDARD only. Under
+   * MUON_ASSIGNMENT_SPLIT the members sum their blocks' shares of W W^T (one
+   * sum, in place of the norm's). */
   MUON_NS_COEFFICIENTS_AOL = 6
 } muon_ns_coefficients_t;
 
@@ -141,9 +142,9 @@ typedef enum muon_assignment_t {
    * and the members share fast links (docs/SETUP_AT_SCALE.md). CPU and CUDA
    * backends: on a GPU the sums cross through device buffers on the
    * communication stream and each member's block runs its products in fp32
-   * (bf16 and fp16 rounded after each, as the CPU's emulated path); Gram
-   * Newton-Schulz and AOL on a split matrix stay CPU only (on a GPU the
-   * first step's setup fails with MUON_UNIMPLEMENTED naming them). */
+   * (bf16 and fp16 rounded after each, as the CPU's emulated path), Gram
+   * Newton-Schulz's m x m iterations included; AOL as ns_coefficients AOL
+   * says. */
   MUON_ASSIGNMENT_SPLIT = 4
 } muon_assignment_t;
 

@@ -24,8 +24,9 @@ namespace muon {
 // backend.h) bumps this number (2: the communication lane, stream points,
 // allocation through the host's allocator, multi-tensor math; 3: page-locked
 // staging memory; 4: the math's CopyRuns and ScaleRounded (split blocks, 0.7)
-// and split Newton-Schulz's steps (RowSquares ... SumInOrder)).
-inline constexpr int kCudaPluginAbi = 4;
+// and split Newton-Schulz's steps (RowSquares ... SumInOrder); 5: its
+// AddIdentity and AolScale steps, and Supports).
+inline constexpr int kCudaPluginAbi = 5;
 inline constexpr char kCudaPluginEntry[] = "muon_cuda_plugin_create_device";
 using CudaPluginEntry = int (*)(int abi, int ordinal, Device** device, char* error,
                                 size_t error_size);

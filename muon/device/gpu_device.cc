@@ -137,6 +137,18 @@ class GuardedMath final : public MathBackend {
     MUON_ON_DEVICE(*rt_, ordinal_, "summing the members' parts");
     return math_->SumInOrder(f64, parts, count, len, out);
   }
+  absl::Status AddIdentity(const float* z, int64_t m, float a, NsDtype round, float* q) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "Gram Newton-Schulz's Q of a split block");
+    return math_->AddIdentity(z, m, a, round, q);
+  }
+  absl::Status AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols, bool tall,
+                        float* gram, double* scales) override {
+    MUON_ON_DEVICE(*rt_, ordinal_, "AOL's scaling of a split block");
+    return math_->AolScale(config, x, rows, cols, tall, gram, scales);
+  }
+  absl::Status Supports(const NsConfig& config) const override {
+    return math_->Supports(config);
+  }
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     MUON_ON_DEVICE(*rt_, ordinal_, "counting non-finite gradients");

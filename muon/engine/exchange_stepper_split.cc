@@ -25,9 +25,12 @@ absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
     SplitRound& r = splits_[static_cast<size_t>(u.round)];
     const PlanParam& pp = plan.params[u.param];
     const int64_t m = std::min(pp.rows, pp.cols), n = std::max(pp.rows, pp.cols);
-    if (!ctx_.device->is_host()) {  // the same plan on every rank: every rank refuses alike
-      const absl::Status st = SplitStepsSupport(ctx_.options->ns, m, n);
-      if (!st.ok()) return absl::Status(st.code(), absl::StrCat("'", pp.name, "': ", st.message()));
+    {  // the same plan on every rank: every rank refuses alike
+      const absl::Status st = ctx_.device->math().Supports(ctx_.options->ns);
+      if (!st.ok()) {
+        return absl::Status(st.code(), absl::StrCat("'", pp.name, "' (split over ranks): ",
+                                                    st.message()));
+      }
     }
     std::vector<MemberSum> sums = BlockSums(ctx_.options->ns, m, n);
     if (ctx_.moments != nullptr) sums.push_back({true, pp.rows});  // NorMuonBlock's
@@ -63,8 +66,8 @@ absl::Status ExchangeStepper::PlanSplits(const Plan& plan) {
       sum_bytes_ = std::max(sum_bytes_, static_cast<size_t>(sum.count + u.parts) *
                                             (sum.f64 ? sizeof(double) : sizeof(float)));
     }
-    split_work_bytes_ =
-        std::max(split_work_bytes_, SplitWorkBytes(r.block.m, r.block.width, pp.rows));
+    split_work_bytes_ = std::max(
+        split_work_bytes_, SplitWorkBytes(ctx_.options->ns, r.block.m, r.block.width, n, pp.rows));
     r.sums = std::move(sums);
   }
   const size_t world = static_cast<size_t>(world_.size());
@@ -208,11 +211,12 @@ absl::Status ExchangeStepper::RunSplit(int round, bool skip) {
     const NorMuonStep normuon{o.normuon_beta2, o.normuon_eps, o.ns.dtype};
     MathBackend& math = ctx_.device->math();
     float* moments = s.moments >= 0 ? ctx_.moments->data(s.moments) : nullptr;
-    if (ctx_.device->is_host()) {  // the CPU backend's own (core slots, AOL, Gram)
+    if (ctx_.device->is_host()) {  // the same program, on the CPU backend's own memory
       st = math.OrthogonalizeBlock(o.ns, block, hook);
       if (st.ok() && moments != nullptr) st = math.NorMuonBlock(normuon, block, moments, hook);
     } else {  // its steps, on the block's workspace in device memory
-      const SplitWork work = SplitWorkAt(split_work_.data(), s.block.m, s.block.width, s.rows);
+      const SplitWork work =
+          SplitWorkAt(split_work_.data(), o.ns, s.block.m, s.block.width, s.n, s.rows);
       st = OrthogonalizeBlockOn(math, o.ns, block, hook, work);
       if (st.ok() && moments != nullptr) {
         st = NorMuonBlockOn(math, normuon, block, moments, hook, work);

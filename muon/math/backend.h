@@ -268,6 +268,31 @@ class MathBackend {
     return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
                                     "backend");
   }
+  // q <- z + a I (both m x m fp32), rounded to `round`'s precision: Gram
+  // Newton-Schulz's Q at its first iteration and at each restart.
+  virtual absl::Status AddIdentity(const float* z, int64_t m, float a, NsDtype round, float* q) {
+    (void)z, (void)m, (void)a, (void)round, (void)q;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // AOL's pre-scaling (muon/math/cpu/aol.h) of a split block: x (rows x cols
+  // fp32, row-major; W's columns, or W^T's rows when `tall`) and `gram` (m x
+  // m, the whole's W W^T summed over the members) scaled by the scales from
+  // that gram, rounded to config.dtype's precision; `scales`: m doubles of
+  // workspace. Unimplemented where `config` is not Supports'.
+  virtual absl::Status AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols,
+                                bool tall, float* gram, double* scales) {
+    (void)config, (void)x, (void)rows, (void)cols, (void)tall, (void)gram, (void)scales;
+    return absl::UnimplementedError("split Newton-Schulz's steps are not available on this "
+                                    "backend");
+  }
+  // OK when this backend runs Newton-Schulz under `config`, whole or split;
+  // else Unimplemented naming what it lacks (a GPU's AOL before it is
+  // proven). Setup asks it, so that every rank refuses alike before a step.
+  virtual absl::Status Supports(const NsConfig& config) const {
+    (void)config;
+    return absl::OkStatus();
+  }
   // NorMuon on every matrix of `batch` (orthogonalized updates, in place),
   // matrix k with its rows' second moments at moments[k] (fp32, `rows`
   // each, backend memory), as muon/math/normuon.h defines it; a NULL

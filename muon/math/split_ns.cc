@@ -23,61 +23,162 @@ namespace {
 
 size_t RoundUp8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
+// Gram Newton-Schulz on the block, already normalized, with R = W W^T summed
+// over the members where it is formed; `program`'s products serve as
+// templates. Every m x m product is one RunProduct on buffers other than
+// its D, rounded to the dtype after: general products where the CPU's
+// whole-matrix program (cpu/gram_ns.h) reads Q, R and Z as symmetric (from
+// one triangle), as the CUDA backend's whole-matrix program runs them. In
+// bf16 and fp16 the two land as far apart as any two summation orders of
+// this chain do (see split_ns_test's GramMatchesTheWholeMatrix).
+class GramBlock {
+ public:
+  GramBlock(MathBackend& backend, const NsConfig& config, const NsProgram& program,
+            const MatrixBlock& block, const MemberSums& sums, const SplitWork& work)
+      : be_(backend), config_(config), program_(program), sums_(sums), x_(block.data),
+        x_next_(work.x_next), r_(work.gram), z_(work.poly), q_(work.q), t_(work.t) {
+    square_ = program.iteration[1];  // m x m x m, ld m
+    square_.symmetric = false;
+    square_.alpha = NsScalar::kOne;
+    square_.a.buffer = NsBuffer::kX;
+    square_.b.buffer = NsBuffer::kXNext;
+    square_.c.buffer = NsBuffer::kGram;
+    square_.d.buffer = NsBuffer::kPoly;
+    apply_ = program.iteration[2];  // X' = poly X in the block's layout, no a X
+    apply_.beta = NsScalar::kZero;
+  }
+
+  absl::Status Run(float* data) {
+    if (config_.steps > 0) MUON_RETURN_IF_ERROR(FormR());
+    for (int i = 0; i < config_.steps; ++i) {
+      const NsCoefficients& abc = config_.ForIteration(i);
+      const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]);
+      const bool restart = config_.RestartsAt(i);
+      if (restart) {
+        MUON_RETURN_IF_ERROR(ApplyQ());
+        MUON_RETURN_IF_ERROR(FormR());
+      }
+      // Z = b R + c R R (one symmetric product), or b R when cubic.
+      if (abc[2] != 0.0) {
+        float* on[4] = {x_, x_next_, r_, z_};
+        MUON_RETURN_IF_ERROR(be_.RunProduct(program_.iteration[1], abc, on, config_.dtype));
+      } else {
+        const size_t bytes = static_cast<size_t>(program_.gram_elems) * sizeof(float);
+        MUON_RETURN_IF_ERROR(be_.CopyRuns(z_, bytes, r_, bytes, bytes, 1));
+        MUON_RETURN_IF_ERROR(
+            be_.ScaleRounded({z_, 1, 1, program_.gram_elems, DType::kF32}, b, config_.dtype));
+      }
+      if (i == 0 || restart) {  // Q = Z + a I
+        MUON_RETURN_IF_ERROR(be_.AddIdentity(z_, program_.m, a, config_.dtype, q_));
+      } else {  // Q = Q Z + a Q
+        MUON_RETURN_IF_ERROR(Square(q_, z_, q_, t_, abc));
+        std::swap(q_, t_);
+      }
+      if (i + 1 < config_.steps && !config_.RestartsAt(i + 1)) {
+        // R = (a I + Z) R (a I + Z): T = R Z + a R, then R = Z T + a T.
+        MUON_RETURN_IF_ERROR(Square(r_, z_, r_, t_, abc));
+        MUON_RETURN_IF_ERROR(Square(z_, t_, t_, r_, abc));
+      }
+    }
+    if (config_.steps > 0) MUON_RETURN_IF_ERROR(ApplyQ());
+    if (x_ == data) return absl::OkStatus();
+    const size_t bytes = static_cast<size_t>(program_.x_elems) * sizeof(float);
+    return be_.CopyRuns(data, bytes, x_, bytes, bytes, 1);
+  }
+
+ private:
+  // R = X X^T: this block's share, summed over the members, then rounded.
+  absl::Status FormR() {
+    float* on[4] = {x_, x_next_, r_, z_};
+    MUON_RETURN_IF_ERROR(be_.RunProduct(program_.iteration[0], {}, on, NsDtype::kFP32));
+    MUON_RETURN_IF_ERROR(sums_.f32(r_, program_.gram_elems));
+    if (config_.dtype == NsDtype::kFP32) return absl::OkStatus();
+    return be_.ScaleRounded({r_, 1, 1, program_.gram_elems, DType::kF32}, 1.0f, config_.dtype);
+  }
+  // X = Q X (the update's product with Q for the polynomial and no a X).
+  absl::Status ApplyQ() {
+    float* on[4] = {x_, x_next_, r_, q_};
+    MUON_RETURN_IF_ERROR(be_.RunProduct(apply_, {}, on, config_.dtype));
+    std::swap(x_, x_next_);
+    return absl::OkStatus();
+  }
+  // d = a_op b_op + a c (m x m), d other than the three.
+  absl::Status Square(float* a_op, float* b_op, float* c, float* d, const NsCoefficients& abc) {
+    NsGemm g = square_;
+    g.beta = NsScalar::kA;
+    float* on[4] = {a_op, b_op, c, d};
+    return be_.RunProduct(g, abc, on, config_.dtype);
+  }
+
+  MathBackend& be_;
+  const NsConfig& config_;
+  const NsProgram& program_;
+  const MemberSums& sums_;
+  float *x_, *x_next_, *r_, *z_, *q_, *t_;
+  NsGemm square_, apply_;
+};
+
 }  // namespace
 
-size_t SplitWorkBytes(int64_t m, int64_t width, int64_t rows) {
-  const size_t per_row = static_cast<size_t>(std::max<int64_t>(rows, 1));
-  const size_t x = static_cast<size_t>(m * width), gram = static_cast<size_t>(m * m);
-  return per_row * sizeof(double) + RoundUp8(per_row * sizeof(float)) +
-         (x + 2 * gram) * sizeof(float);
+bool SplitRunsGram(const NsConfig& config, int64_t m, int64_t n) {
+  return config.algorithm == NsAlgorithm::kGram && m != n;
 }
 
-SplitWork SplitWorkAt(void* base, int64_t m, int64_t width, int64_t rows) {
+size_t SplitWorkBytes(const NsConfig& config, int64_t m, int64_t width, int64_t n,
+                      int64_t rows) {
+  const size_t per_row = static_cast<size_t>(std::max<int64_t>(rows, 1));
+  const size_t x = static_cast<size_t>(m * width), gram = static_cast<size_t>(m * m);
+  const size_t grams = SplitRunsGram(config, m, n) ? 4 : 2;
+  return (per_row + static_cast<size_t>(m)) * sizeof(double) +
+         RoundUp8(per_row * sizeof(float)) + (x + grams * gram) * sizeof(float);
+}
+
+SplitWork SplitWorkAt(void* base, const NsConfig& config, int64_t m, int64_t width, int64_t n,
+                      int64_t rows) {
   const size_t per_row = static_cast<size_t>(std::max<int64_t>(rows, 1));
   auto* bytes = static_cast<unsigned char*>(base);
   SplitWork w;
   w.squares = reinterpret_cast<double*>(bytes);
   bytes += per_row * sizeof(double);
+  w.scales = reinterpret_cast<double*>(bytes);
+  bytes += static_cast<size_t>(m) * sizeof(double);
   w.divisors = reinterpret_cast<float*>(bytes);
   bytes += RoundUp8(per_row * sizeof(float));
   w.x_next = reinterpret_cast<float*>(bytes);
   w.gram = w.x_next + m * width;
   w.poly = w.gram + m * m;
+  if (SplitRunsGram(config, m, n)) {
+    w.q = w.poly + m * m;
+    w.t = w.q + m * m;
+  }
   return w;
-}
-
-absl::Status SplitStepsSupport(const NsConfig& config, int64_t m, int64_t n) {
-  if (config.aol) {
-    return absl::UnimplementedError(
-        "ns_coefficients AOL on a matrix split over ranks (MUON_ASSIGNMENT_SPLIT) runs on the "
-        "CPU backend only so far");
-  }
-  if (config.algorithm == NsAlgorithm::kGram && m != n) {
-    return absl::UnimplementedError(
-        "ns_algorithm gram on a matrix split over ranks (MUON_ASSIGNMENT_SPLIT) runs on the CPU "
-        "backend only so far");
-  }
-  return absl::OkStatus();
 }
 
 absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
                                   const MatrixBlock& block, const MemberSums& sums,
                                   const SplitWork& work) {
   MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
-  MUON_RETURN_IF_ERROR(SplitStepsSupport(config, block.m, block.n));
   const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
   const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
   const MatrixBatch whole{block.data, 1, 1, elems, DType::kF32};
-  // The whole's norm: this block's squares (of its bf16 values when bf16),
-  // summed over the members, then divided and rounded as the whole's
-  // normalization does.
   if (config.dtype == NsDtype::kBF16) {
     MUON_RETURN_IF_ERROR(backend.ScaleRounded(whole, 1.0f, NsDtype::kBF16));
   }
-  MUON_RETURN_IF_ERROR(backend.RowSquares(block.data, 1, elems, work.squares, 1, 0));
-  MUON_RETURN_IF_ERROR(sums.f64(work.squares, 1));
-  MUON_RETURN_IF_ERROR(backend.NormDivisor(config, work.squares, work.divisors));
-  MUON_RETURN_IF_ERROR(backend.DivideRows(config.dtype, block.data, 1, elems, work.divisors));
+  if (!config.aol) {  // AOL scales at the first gram instead of dividing by the norm
+    // The whole's norm: this block's squares (of its bf16 values when bf16),
+    // summed over the members, then divided and rounded as the whole's
+    // normalization does.
+    MUON_RETURN_IF_ERROR(backend.RowSquares(block.data, 1, elems, work.squares, 1, 0));
+    MUON_RETURN_IF_ERROR(sums.f64(work.squares, 1));
+    MUON_RETURN_IF_ERROR(backend.NormDivisor(config, work.squares, work.divisors));
+    MUON_RETURN_IF_ERROR(backend.DivideRows(config.dtype, block.data, 1, elems, work.divisors));
+  }
+  if (SplitRunsGram(config, block.m, block.n)) {
+    if (work.q == nullptr || work.t == nullptr) {
+      return absl::InternalError("Gram Newton-Schulz's workspace was not laid out for it");
+    }
+    return GramBlock(backend, config, program, block, sums, work).Run(block.data);
+  }
   float* buffers[4] = {block.data, work.x_next, work.gram, work.poly};
   const NsGemm& gram_product = program.iteration[0];
   for (int it = 0; it < config.steps; ++it) {
@@ -85,7 +186,14 @@ absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
     // The gram unrounded: the members' shares are summed first.
     MUON_RETURN_IF_ERROR(backend.RunProduct(gram_product, abc, buffers, NsDtype::kFP32));
     MUON_RETURN_IF_ERROR(sums.f32(work.gram, gram_elems));
-    if (config.dtype != NsDtype::kFP32) {
+    if (it == 0 && config.aol) {
+      // AOL (cpu/aol.h): the whole's W W^T gives the scales, and scaled it is
+      // this first gram. Row-major, the block is m x width or, tall, width x m.
+      MUON_RETURN_IF_ERROR(backend.AolScale(config, block.data,
+                                            block.tall ? block.width : block.m,
+                                            block.tall ? block.m : block.width, block.tall,
+                                            work.gram, work.scales));
+    } else if (config.dtype != NsDtype::kFP32) {
       MUON_RETURN_IF_ERROR(
           backend.ScaleRounded({work.gram, 1, 1, gram_elems, DType::kF32}, 1.0f, config.dtype));
     }

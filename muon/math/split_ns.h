@@ -1,11 +1,12 @@
 // A member's block of a matrix orthogonalized by several ranks (split
 // Newton-Schulz) as steps of any backend: the program that
 // MathBackend::OrthogonalizeBlock and NorMuonBlock define (backend.h), run
-// through the backend's RowSquares, NormDivisor, DivideRows, RunProduct and
-// ScaleRounded with the members' sums in between, on memory the caller
-// provides. The engine runs it on backends without an OrthogonalizeBlock of
-// their own (GPUs); on the CPU backend's steps it gives the bits of the CPU's
-// OrthogonalizeBlock (split_ns_test.cc holds it to that).
+// through the backend's RowSquares, NormDivisor, DivideRows, RunProduct,
+// ScaleRounded, CopyRuns, AolScale and AddIdentity with the members' sums in
+// between, on memory the caller provides: the standard iteration, AOL's
+// pre-scaling and Gram Newton-Schulz alike. The engine runs it on a GPU's
+// steps; the CPU backend's OrthogonalizeBlock and NorMuonBlock are this
+// program on its own steps, so one program serves every backend.
 #ifndef MUON_MATH_SPLIT_NS_H_
 #define MUON_MATH_SPLIT_NS_H_
 
@@ -18,30 +19,36 @@
 
 namespace muon {
 
-// The block's workspace, in backend memory: X' (the block's elements), the
-// gram and the polynomial (m x m), and per row of the whole its squares and
-// divisor.
+// The block's workspace, in backend memory: per row of the whole its
+// squares and divisor, AOL's scales (m), X' (the block's elements), the gram
+// and the polynomial (m x m), and Gram Newton-Schulz's Q and its scratch
+// (m x m each; null unless the block runs it).
 struct SplitWork {
   double* squares = nullptr;
+  double* scales = nullptr;
   float* divisors = nullptr;
   float* x_next = nullptr;
   float* gram = nullptr;
   float* poly = nullptr;
+  float* q = nullptr;
+  float* t = nullptr;
 };
 
-// The bytes of the workspace for a block of m x width elements of a matrix
-// of `rows` rows, and the workspace laid out at `base` (8-byte aligned).
-size_t SplitWorkBytes(int64_t m, int64_t width, int64_t rows);
-SplitWork SplitWorkAt(void* base, int64_t m, int64_t width, int64_t rows);
+// Whether a block of a matrix whose wide orientation is m x n runs Gram
+// Newton-Schulz under `config` (a square matrix runs the standard one).
+bool SplitRunsGram(const NsConfig& config, int64_t m, int64_t n);
+
+// The bytes of the workspace under `config` for a block of m x width
+// elements of a matrix whose wide orientation is m x n, with `rows` rows, and
+// the workspace laid out at `base` (8-byte aligned).
+size_t SplitWorkBytes(const NsConfig& config, int64_t m, int64_t width, int64_t n,
+                      int64_t rows);
+SplitWork SplitWorkAt(void* base, const NsConfig& config, int64_t m, int64_t width, int64_t n,
+                      int64_t rows);
 
 // InvalidArgument unless `block` is a block of its whole (data set, m and
 // width positive, its columns inside the whole's n).
 absl::Status CheckSplitBlock(const MatrixBlock& block);
-
-// OK when these steps run `config` on an m x n wide orientation; else
-// Unimplemented naming what runs only on the CPU backend so far (AOL's
-// pre-scaling; Gram Newton-Schulz on a matrix that is not square).
-absl::Status SplitStepsSupport(const NsConfig& config, int64_t m, int64_t n);
 
 // MathBackend::OrthogonalizeBlock's program on `backend`'s steps.
 absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,

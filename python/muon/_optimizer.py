@@ -91,8 +91,8 @@ class Optimizer(OptimizerComms, OptimizerState):
     "round_robin", "spread" (balanced, then levelled within a pipeline stage
     by handing matrices to ranks that hold none of them: MUON_ASSIGNMENT_SPREAD
     in include/libmuon/muon.h), "split" (spread, then a matrix that bounds its stage
-    orthogonalized by several ranks together: MUON_ASSIGNMENT_SPLIT; CPU only
-    so far) or a callable that receives one dict per matrix of the job
+    orthogonalized by several ranks together: MUON_ASSIGNMENT_SPLIT; CPU and
+    CUDA, AOL on the CPU only so far) or a callable that receives one dict per matrix of the job
     ({param_name, index, rows, cols, ns_flops, holders}, in the library's
     order: by parameter name, then index) and returns the owner's world rank
     for each, the same on every rank. prefetch_count, async_parallelism and

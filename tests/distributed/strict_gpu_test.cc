@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -1141,7 +1142,9 @@ SplitJob RunSplitJob(bool gpu, Wire wire, int prefetch, Tweak tweak) {
 // member runs the block's program as steps of the GPU backend
 // (muon/math/split_ns.h): every rank's values equal the host ranks' (the
 // CPU backend's own OrthogonalizeBlock) bit for bit, for plain Muon in bf16
-// and fp32, NorMuon, and cubic5's two-product iterations.
+// and fp32, NorMuon, cubic5's two-product iterations, Gram Newton-Schulz
+// (bf16 with a restart; fp16 without, with NorMuon) and AOL's pre-scaling
+// (bf16 and fp32).
 TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
   ASSERT_NE(Rt(), nullptr);
   const Tweak tweaks[] = {
@@ -1156,8 +1159,30 @@ TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
         o->ns_coefficients = MUON_NS_COEFFICIENTS_CUBIC5;
         o->normuon = 1;
       },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_algorithm = MUON_NS_GRAM;
+      },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_algorithm = MUON_NS_GRAM;
+        o->ns_gram_restarts = 0;
+        o->ns_dtype = MUON_NS_DTYPE_FP16;
+        o->normuon = 1;
+      },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+        o->ns_steps = 4;
+      },
+      [](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+        o->ns_steps = 4;
+        o->ns_dtype = MUON_NS_DTYPE_FP32;
+      },
   };
-  for (size_t t = 0; t < 3; ++t) {
+  for (size_t t = 0; t < std::size(tweaks); ++t) {
     const SplitJob host = RunSplitJob(false, Wire::kInProcess, 0, tweaks[t]);
     for (int r = 0; r < 4; ++r) ASSERT_EQ(host.errors[r], "") << "host rank " << r;
     // A matrix was split: its members each count it as owned.
@@ -1178,16 +1203,20 @@ TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
   }
 }
 
-// What the GPU's steps do not run yet fails the setup on every rank, naming
-// it, and nothing changes.
-TEST(StrictGpu, GramNewtonSchulzOnASplitMatrixIsRefusedOnEveryGpu) {
+// What a GPU backend refuses (as the CUDA backend refuses fp16 AOL) fails the
+// setup on every rank when the matrix is split too, naming it and the
+// matrix, and nothing changes.
+TEST(StrictGpu, WhatTheGpuRefusesOnASplitMatrixFailsEveryRank) {
   ASSERT_NE(Rt(), nullptr);
   const SplitJob gpus = RunSplitJob(true, Wire::kNccl, 0, [](muon_options_t* o) {
     o->assignment = MUON_ASSIGNMENT_SPLIT;
-    o->ns_algorithm = MUON_NS_GRAM;
+    o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
+    o->ns_steps = 4;
+    o->ns_dtype = MUON_NS_DTYPE_FP16;
   });
   for (int r = 0; r < 4; ++r) {
-    EXPECT_NE(gpus.errors[r].find("ns_algorithm gram on a matrix split over ranks"),
+    EXPECT_NE(gpus.errors[r].find("'w0' (split over ranks): ns_coefficients AOL with ns_dtype "
+                                  "fp16 runs on the CPU backend only"),
               std::string::npos)
         << "rank " << r << ": " << gpus.errors[r];
     for (size_t i = 1; i < gpus.values[r].size(); ++i) {

@@ -244,6 +244,28 @@ class StrictMath final : public MathBackend {
     return Run([=] { return cpu_.SumInOrder(f64, parts, count, len, out); });
   }
 
+  absl::Status AddIdentity(const float* z, int64_t m, float a, NsDtype round, float* q) override {
+    const size_t bytes = static_cast<size_t>(m * m) * 4;
+    absl::Status st = rt_->CheckDeviceMemory(z, bytes, "Gram Newton-Schulz's Q: Z");
+    if (st.ok()) st = rt_->CheckDeviceMemory(q, bytes, "Gram Newton-Schulz's Q: Q");
+    if (!st.ok()) return st;
+    return Run([=] { return cpu_.AddIdentity(z, m, a, round, q); });
+  }
+  absl::Status AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols, bool tall,
+                        float* gram, double* scales) override {
+    const int64_t m = tall ? cols : rows;
+    absl::Status st = rt_->CheckDeviceMemory(x, static_cast<size_t>(rows * cols) * 4,
+                                             "AOL's scaling: the block");
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(gram, static_cast<size_t>(m * m) * 4, "AOL's scaling: the gram");
+    }
+    if (st.ok()) {
+      st = rt_->CheckDeviceMemory(scales, static_cast<size_t>(m) * 8, "AOL's scaling: the scales");
+    }
+    if (!st.ok()) return st;
+    return Run([=] { return cpu_.AolScale(config, x, rows, cols, tall, gram, scales); });
+  }
+
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
                               int64_t* counter) override {
     absl::Status st = rt_->CheckDeviceMemory(data, static_cast<size_t>(n) * SizeOf(dtype),
@@ -281,7 +303,18 @@ class StrictMath final : public MathBackend {
   // first runs this device's pending work, whose math takes mu_.
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override {
+    if (absl::Status st = Supports(config); !st.ok()) return st;
     return cpu_.Reserve(config, count, rows, cols);
+  }
+  // What the CUDA backend refuses for good, refused alike: fp16 AOL. (Its
+  // AOL before a GPU has proven it is a gate of that backend's, not
+  // mirrored: the strict GPU runs AOL, so that CI proves the engine's part.)
+  absl::Status Supports(const NsConfig& config) const override {
+    if (config.aol && config.dtype == NsDtype::kFP16) {
+      return absl::UnimplementedError(
+          "ns_coefficients AOL with ns_dtype fp16 runs on the CPU backend only");
+    }
+    return cpu_.Supports(config);
   }
 
  private:

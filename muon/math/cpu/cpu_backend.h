@@ -38,16 +38,15 @@ class CpuBackend final : public MathBackend {
   absl::Status Orthogonalize(const NsConfig& config, const MatrixBatch& batch) override;
   absl::Status NorMuon(const NorMuonStep& step, const MatrixBatch& batch,
                        float* const* moments) override;
-  // The block's program through RunGemm, or Gram Newton-Schulz's on the
-  // block (each product on this rank's core slots, released while the
-  // members sum: a sum waits on other ranks).
+  // The block's program (muon/math/split_ns.h) on the steps below, each on
+  // this rank's core slots, none held while the members sum (a sum waits on
+  // other ranks).
   absl::Status OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                   const MemberSums& sums) override;
   absl::Status NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block, float* moments,
                             const MemberSums& sums) override;
   // The steps of a member's block (muon/math/split_ns.h), each on this
-  // rank's core slots: the same arithmetic as OrthogonalizeBlock's, so the
-  // steps give its bits.
+  // rank's core slots.
   absl::Status RowSquares(const float* x, int64_t rows, int64_t cols, double* out,
                           int64_t out_rows, int64_t row0) override;
   absl::Status NormDivisor(const NsConfig& config, const double* squares,
@@ -60,6 +59,9 @@ class CpuBackend final : public MathBackend {
                           NsDtype round) override;
   absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
                           void* out) override;
+  absl::Status AddIdentity(const float* z, int64_t m, float a, NsDtype round, float* q) override;
+  absl::Status AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols, bool tall,
+                        float* gram, double* scales) override;
   // (cpu_backend_split.cc has both.)
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;

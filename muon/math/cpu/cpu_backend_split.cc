@@ -1,87 +1,39 @@
 // CpuBackend's part of a split matrix (MathBackend::OrthogonalizeBlock and
 // NorMuonBlock): one member's block through the block program, summing with
-// the other members where the whole matrix is needed. Each member computes
-// on this rank's core slots and holds none while it waits in a sum (a sum
-// waits on other ranks, which may need those cores).
+// the other members where the whole matrix is needed: muon/math/split_ns.h's
+// program on this backend's steps, below. Each step computes on this rank's
+// core slots, and a member holds none while it waits in a sum (a sum waits
+// on other ranks, which may need those cores).
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "muon/common/status.h"
 #include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/cpu_backend.h"
 #include "muon/math/cpu/cpu_kernels.h"
-#include "muon/math/cpu/gram_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/split_ns.h"
 
 namespace muon {
+namespace {
+
+// The ew:: type a step rounds to.
+int EwType(NsDtype round) {
+  return round == NsDtype::kBF16 ? ew::kBF16 : round == NsDtype::kFP16 ? ew::kF16 : ew::kF32;
+}
+
+}  // namespace
 
 absl::Status CpuBackend::OrthogonalizeBlock(const NsConfig& config, const MatrixBlock& block,
                                             const MemberSums& sums) {
+  // The program split_ns.h runs on any backend's steps (this backend's take
+  // its core slots, and none is held while the members sum), on a workspace
+  // kept from call to call.
   MUON_RETURN_IF_ERROR(CheckSplitBlock(block));
-  const NsProgram program = PlanNewtonSchulzBlock(block.m, block.width, block.tall);
-  const int64_t elems = program.x_elems, gram_elems = program.gram_elems;
-  const bool gram_ns = config.algorithm == NsAlgorithm::kGram && block.m != block.n;
-  MUON_RETURN_IF_ERROR(ReserveFloats(gram_ns ? cpu::GramWorkFloats(program)
-                                             : static_cast<size_t>(elems + 2 * gram_elems)));
-  const int threads = cpu::ThreadsPerRankHere();
-  cpu::UseThreads(threads, cpu::NativeThreadsHere());
-  // Every member chooses the fp32 products' engine here, as a whole matrix's
-  // Newton-Schulz does (not left to whatever this backend ran last).
-  MUON_RETURN_IF_ERROR(products_.Choose(threads));
-  const bool bf16 = config.dtype == NsDtype::kBF16;
-  const int round = RoundType(config);
-  std::optional<cpu::CoreSlots> slots(std::in_place, threads);
-  if (bf16) cpu::RoundToBf16(block.data, elems);
-  if (config.aol) {  // scaled at the first gram instead of divided by the norm
-    MUON_RETURN_IF_ERROR(ReserveAolScales(static_cast<size_t>(block.m)));
-  } else {
-    // The whole's norm: this block's squares (of its bf16 values when bf16),
-    // summed over the members; then divided and rounded as Normalize does.
-    double squares = cpu::SumSquares(block.data, elems);
-    slots.reset();
-    MUON_RETURN_IF_ERROR(sums.f64(&squares, 1));
-    slots.emplace(threads);
-    DivideRounded(config.dtype, block.data, elems, DivisorOfSum(config, squares));
-  }
-  if (gram_ns) {
-    auto sum_gram = [&](float* r, int64_t n) {
-      slots.reset();
-      absl::Status summed = sums.f32(r, n);
-      slots.emplace(threads);
-      return summed;
-    };
-    const cpu::GramSum sum(sum_gram);  // refers to it: no allocation per step
-    return cpu::GramNewtonSchulz(config, program, block.data, work_, round, &sum);
-  }
-  float* buffers[4] = {block.data, work_, work_ + elems, work_ + elems + gram_elems};
-  float* const gram = buffers[static_cast<int>(NsBuffer::kGram)];
-  const NsGemm& gram_product = program.iteration[0];
-  for (int it = 0; it < config.steps; ++it) {
-    const NsCoefficients& abc = config.ForIteration(it);
-    RunGemm(gram_product, abc, buffers, ew::kF32);  // unrounded: summed first
-    slots.reset();
-    MUON_RETURN_IF_ERROR(sums.f32(gram, gram_elems));
-    slots.emplace(threads);
-    if (it == 0 && config.aol) {
-      // AOL (cpu/aol.h): the whole's W W^T gives the scales, and scaled it is
-      // this first gram. Row-major, the block is m x width or, tall, width x m.
-      cpu::AolScale(block.data, block.tall ? block.width : block.m,
-                    block.tall ? block.m : block.width, block.tall, config.eps, round, gram,
-                    aol_scales_.data());
-    } else {
-      cpu::RoundToType(round, gram, gram_elems);
-    }
-    const NsIterationProducts products = ProductsFor(program, abc);  // the gram ran above
-    for (auto g = products.begin() + 1; g != products.end(); ++g) {
-      RunGemm(**g, abc, buffers, round);
-    }
-    std::swap(buffers[static_cast<int>(NsBuffer::kX)], buffers[static_cast<int>(NsBuffer::kXNext)]);
-  }
-  const float* x = buffers[static_cast<int>(NsBuffer::kX)];
-  if (x != block.data) std::copy(x, x + elems, block.data);
-  return absl::OkStatus();
+  const size_t bytes = SplitWorkBytes(config, block.m, block.width, block.n, 1);
+  MUON_RETURN_IF_ERROR(ReserveFloats((bytes + sizeof(float) - 1) / sizeof(float)));
+  const SplitWork work = SplitWorkAt(work_, config, block.m, block.width, block.n, 1);
+  return OrthogonalizeBlockOn(*this, config, block, sums, work);
 }
 
 absl::Status CpuBackend::NorMuonBlock(const NorMuonStep& step, const MatrixBlock& block,
@@ -138,7 +90,24 @@ absl::Status CpuBackend::RunProduct(const NsGemm& g, const NsCoefficients& abc,
   MUON_RETURN_IF_ERROR(products_.Choose(threads));  // as OrthogonalizeBlock chooses
   const cpu::CoreSlots slots(threads);
   RunGemm(g, abc, buffers,
-          round == NsDtype::kBF16 ? ew::kBF16 : round == NsDtype::kFP16 ? ew::kF16 : ew::kF32);
+          EwType(round));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AddIdentity(const float* z, int64_t m, float a, NsDtype round,
+                                     float* q) {
+  const int64_t mm = m * m;
+  if (q != z) std::copy(z, z + mm, q);
+  for (int64_t j = 0; j < m; ++j) q[j * m + j] += a;
+  cpu::RoundToType(EwType(round),
+                   q, mm);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols,
+                                  bool tall, float* gram, double* scales) {
+  const cpu::CoreSlots slots(cpu::ThreadsPerRankHere());
+  cpu::AolScale(x, rows, cols, tall, config.eps, RoundType(config), gram, scales);
   return absl::OkStatus();
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "muon/common/status.h"
 #include "muon/math/cpu/blas_tiles.h"
 #include "muon/math/cpu/cpu_kernels.h"
 
@@ -41,8 +40,8 @@ size_t GramWorkFloats(const NsProgram& program) {
   return static_cast<size_t>(program.x_elems + 4 * program.gram_elems);
 }
 
-absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u,
-                              float* work, int round, const GramSum* sum_gram) {
+void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u, float* work,
+                      int round) {
   const int64_t m = program.m, mm = program.gram_elems;
   const int64_t ld_x = program.tall ? m : program.n;
   float* x = u;
@@ -51,17 +50,10 @@ absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, 
   float* z = r + mm;
   float* q = z + mm;
   float* t = q + mm;
-  // R = W W^T (upper, mirrored; summed over a split's members, then rounded).
-  auto gram = [&]() -> absl::Status {
+  // R = W W^T (upper, mirrored, rounded).
+  auto gram = [&] {
     TiledSsyrkUpper(!program.tall, m, program.n, 1.0f, x, ld_x, 0.0f, r, m);
-    if (sum_gram == nullptr) {
-      Finish(r, m, round);
-      return absl::OkStatus();
-    }
-    MirrorUpper(r, m, m);
-    absl::Status summed = (*sum_gram)(r, mm);
-    RoundToType(round, r, mm);
-    return summed;
+    Finish(r, m, round);
   };
   // W <- Q W, Q read as symmetric.
   auto apply_q = [&] {
@@ -69,7 +61,7 @@ absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, 
     RoundToType(round, x_next, program.x_elems);
     std::swap(x, x_next);
   };
-  if (config.steps > 0) MUON_RETURN_IF_ERROR(gram());
+  if (config.steps > 0) gram();
   for (int i = 0; i < config.steps; ++i) {
     const NsCoefficients& abc = config.ForIteration(i);
     const float a = static_cast<float>(abc[0]), b = static_cast<float>(abc[1]),
@@ -77,7 +69,7 @@ absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, 
     const bool restart = config.RestartsAt(i);
     if (restart) {
       apply_q();
-      MUON_RETURN_IF_ERROR(gram());
+      gram();
     }
     // Z = b R + c R^2 (R R^T = R^2: one symmetric product).
     if (c != 0.0f) {
@@ -103,7 +95,6 @@ absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, 
   }
   if (config.steps > 0) apply_q();
   if (x != u) std::copy(x, x + program.x_elems, u);
-  return absl::OkStatus();
 }
 
 }  // namespace cpu

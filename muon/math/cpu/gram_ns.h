@@ -21,9 +21,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "absl/functional/function_ref.h"
-#include "absl/status/status.h"
-
 #include "muon/math/ns_config.h"
 #include "muon/math/ns_program.h"
 
@@ -41,15 +38,10 @@ size_t GramWorkFloats(const NsProgram& program);
 // Gram Newton-Schulz of one matrix `u`, already normalized (and rounded to
 // `round`, an ew:: type), stored as `program` says (W^T when wide, W when
 // tall, column-major: the standard program's layout); the result replaces
-// it. `work`: GramWorkFloats(program) floats.
-//
-// A split member's block (PlanNewtonSchulzBlock's program) passes
-// `sum_gram`: each R it forms (its share of the whole's, both triangles) is
-// replaced by the members' sum before it is rounded; its first failure is
-// returned, with `u` left partly computed.
-using GramSum = absl::FunctionRef<absl::Status(float* values, int64_t count)>;
-absl::Status GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u,
-                              float* work, int round, const GramSum* sum_gram = nullptr);
+// it. `work`: GramWorkFloats(program) floats. (A split matrix's block runs
+// the same program on a backend's steps: muon/math/split_ns.h.)
+void GramNewtonSchulz(const NsConfig& config, const NsProgram& program, float* u, float* work,
+                      int round);
 
 }  // namespace cpu
 }  // namespace muon

@@ -257,7 +257,7 @@ static_assert(sizeof(StepScalars) == 3 * sizeof(double) && offsetof(StepScalars,
 
 void CudaBackend::EnableUnprovenAol(bool on) { impl_->aol_enabled = on; }
 
-absl::Status CudaBackend::Supported(const NsConfig& config) const {
+absl::Status CudaBackend::Supports(const NsConfig& config) const {
   if (config.aol && (!impl_->aol_enabled || config.dtype == NsDtype::kFP16)) {
     return absl::UnimplementedError(
         config.dtype == NsDtype::kFP16
@@ -269,7 +269,7 @@ absl::Status CudaBackend::Supported(const NsConfig& config) const {
 
 absl::Status CudaBackend::Reserve(const NsConfig& config, int64_t count, int64_t rows,
                                   int64_t cols) {
-  if (absl::Status st = Supported(config); !st.ok()) return st;
+  if (absl::Status st = Supports(config); !st.ok()) return st;
   const NsProgram p = PlanNewtonSchulz(count, rows, cols);
   const size_t elem = config.dtype == NsDtype::kFP32 ? 4 : 2;
   const size_t k = static_cast<size_t>(count);
@@ -333,7 +333,7 @@ DType CudaBackend::SlotDtype(const NsConfig& config) {
 
 absl::Status CudaBackend::Orthogonalize(const NsConfig& config, const MatrixBatch& batch) {
   if (batch.count == 0 || batch.rows == 0 || batch.cols == 0) return absl::OkStatus();
-  if (absl::Status st = Supported(config); !st.ok()) return st;
+  if (absl::Status st = Supports(config); !st.ok()) return st;
   if (batch.dtype != DType::kF32 && batch.dtype != SlotDtype(config)) {
     return absl::InternalError("the CUDA backend orthogonalizes fp32 batches, and bf16 ones for "
                                "bf16 Newton-Schulz");

@@ -60,6 +60,10 @@ class CudaBackend final : public MathBackend {
                           NsDtype round) override;
   absl::Status SumInOrder(bool f64, const void* parts, int64_t count, int64_t len,
                           void* out) override;
+  absl::Status AddIdentity(const float* z, int64_t m, float a, NsDtype round, float* q) override;
+  // Refused as Supports refuses (AOL before it is proven).
+  absl::Status AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols, bool tall,
+                        float* gram, double* scales) override;
   absl::Status VerdictGate(const void* verdicts, int64_t n, uint32_t magic,
                            int32_t* flag) override;
   absl::Status CountNonFinite(DType dtype, const void* data, int64_t n,
@@ -81,7 +85,7 @@ class CudaBackend final : public MathBackend {
   // first gram is of the fp32 values there).
   void EnableUnprovenAol(bool on);
   // Unimplemented for what only the CPU backend runs (see above).
-  absl::Status Supported(const NsConfig& config) const;
+  absl::Status Supports(const NsConfig& config) const override;
   absl::Status Reserve(const NsConfig& config, int64_t count, int64_t rows,
                        int64_t cols) override;
 

@@ -7,7 +7,9 @@
 #include "muon/common/status.h"
 #include "muon/math/cuda/cuda_backend.h"
 #include "muon/math/cuda/cuda_backend_impl.h"
+#include "muon/math/cuda/aol_kernels.h"
 #include "muon/math/cuda/normuon_kernels.h"
+#include "muon/math/cuda/ns_kernels.h"
 #include "muon/math/cuda/split_kernels.h"
 
 namespace muon {
@@ -83,6 +85,36 @@ absl::Status CudaBackend::SumInOrder(bool f64, const void* parts, int64_t count,
                                      void* out) {
   MUON_CUDA_LAUNCH(cuda::LaunchSumInOrder(f64 ? 1 : 0, parts, count, len, out, impl_->stream),
                    "summing the members' parts");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AddIdentity(const float* z, int64_t m, float a, NsDtype round,
+                                      float* q) {
+  MUON_CUDA_LAUNCH(cuda::LaunchAddIdentity(cuda::kF32, z, q, 1, m, a, impl_->stream),
+                   "Gram Newton-Schulz's Q = Z + a I of a split block");
+  if (round == NsDtype::kFP32) return absl::OkStatus();
+  MUON_CUDA_LAUNCH(cuda::LaunchScaleRounded(cuda::kF32, q, m * m, 1.0f, TypeOf(round),
+                                            impl_->stream),
+                   "rounding a split block's Q");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AolScale(const NsConfig& config, float* x, int64_t rows, int64_t cols,
+                                   bool tall, float* gram, double* scales) {
+  MUON_RETURN_IF_ERROR(Supports(config));
+  // In double, each value stored as fp32 (cpu/aol.h's order), then rounded
+  // to the dtype as the CPU rounds its fp32 results.
+  MUON_CUDA_LAUNCH(cuda::LaunchAolScale(cuda::kF32, x, gram, 1, rows, cols, tall, config.eps,
+                                        scales, impl_->stream),
+                   "AOL's scaling of a split block");
+  if (config.dtype == NsDtype::kFP32) return absl::OkStatus();
+  const int64_t m = tall ? cols : rows;
+  MUON_CUDA_LAUNCH(cuda::LaunchScaleRounded(cuda::kF32, x, rows * cols, 1.0f,
+                                            TypeOf(config.dtype), impl_->stream),
+                   "rounding a split block's AOL-scaled values");
+  MUON_CUDA_LAUNCH(cuda::LaunchScaleRounded(cuda::kF32, gram, m * m, 1.0f, TypeOf(config.dtype),
+                                            impl_->stream),
+                   "rounding a split block's AOL-scaled gram");
   return absl::OkStatus();
 }
 

@@ -133,9 +133,12 @@ Result RunMembers(bool gpu, const NsConfig& cfg, const Shape& s, const std::vect
         padded.insert(padded.end(), block.begin(), block.end());
         Device<float> x(padded), moments(r.moments[b]);
         Device<unsigned char> work(
-            std::vector<unsigned char>(SplitWorkBytes(blocks.m, blocks.width[b], s.rows) + 8));
-        const SplitWork w = SplitWorkAt(work.p + 8, blocks.m, blocks.width[b], s.rows);
+            std::vector<unsigned char>(SplitWorkBytes(cfg, blocks.m, blocks.width[b], blocks.n,
+                                                      s.rows) + 8));
+        const SplitWork w =
+            SplitWorkAt(work.p + 8, cfg, blocks.m, blocks.width[b], blocks.n, s.rows);
         st = be.ok() ? (*be)->SetStream(stream) : be.status();
+        if (be.ok()) (*be)->EnableUnprovenAol(cfg.aol);  // this test is AOL's proof on a GPU
         const MemberSums sums = DeviceSums(summer, b, stream);
         if (st.ok()) st = OrthogonalizeBlockOn(**be, cfg, blocks.At(x.p + 1, b), sums, w);
         if (st.ok()) st = NorMuonBlockOn(**be, step, blocks.At(x.p + 1, b), moments.p, sums, w);
@@ -156,20 +159,32 @@ Result RunMembers(bool gpu, const NsConfig& cfg, const Shape& s, const std::vect
 
 // Every member ends with the same moments (bit for bit: the same summed
 // squares), both backends' results are near each other (products in another
-// summation order), and something was orthogonalized.
+// summation order), and something was orthogonalized: the standard quintic
+// and cubic5 iterations, Gram Newton-Schulz (a restart, cubic5 and not) and
+// AOL's pre-scaling.
 TEST(CudaSplit, TheGpusStepsMatchTheCpusSplitNewtonSchulz) {
   REQUIRE_GPU(probe);
   probe.reset();
+  const char* const variants[] = {"quintic", "cubic5", "gram", "gram cubic5", "aol"};
   for (NsDtype dtype : {NsDtype::kFP32, NsDtype::kBF16, NsDtype::kFP16}) {
-    for (bool cubic : {false, true}) {
+    for (const std::string variant : variants) {
+      if (variant == "aol" && dtype == NsDtype::kFP16) continue;  // CPU only (Supports)
       for (const Shape s : {Shape{24, 40, 2}, Shape{40, 24, 3}, Shape{16, 50, 4},
                             Shape{130, 520, 3}, Shape{600, 96, 2}}) {
-        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype)
-                                          << (cubic ? " cubic5 " : " quintic ") << s.rows << "x"
-                                          << s.cols << " over " << s.members);
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype) << " "
+                                          << variant << " " << s.rows << "x" << s.cols
+                                          << " over " << s.members);
         NsConfig cfg;
         cfg.dtype = dtype;
-        if (cubic) cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+        if (variant.find("cubic5") != std::string::npos) {
+          cfg.coefficients = ScheduleCoefficients(NsSchedule::kCubic5);
+        }
+        if (variant.rfind("gram", 0) == 0) cfg.algorithm = NsAlgorithm::kGram;
+        if (variant == "aol") {
+          cfg.coefficients = ScheduleCoefficients(NsSchedule::kAol);
+          cfg.steps = 4;
+          cfg.aol = true;
+        }
         const std::vector<float> u = RandomNormal(s.rows * s.cols, 31);
         std::vector<absl::Status> cpu_status, gpu_status;
         const Result want = RunMembers(false, cfg, s, u, &cpu_status);
