@@ -23,19 +23,18 @@ namespace {
 
 size_t RoundUp8(size_t bytes) { return (bytes + 7) / 8 * 8; }
 
-// Gram Newton-Schulz on the block, already normalized, with R = W W^T summed
-// over the members where it is formed; `program`'s products serve as
-// templates. Every m x m product is one RunProduct on buffers other than
-// its D, rounded to the dtype after: general products where the CPU's
-// whole-matrix program (cpu/gram_ns.h) reads Q, R and Z as symmetric (from
-// one triangle), as the CUDA backend's whole-matrix program runs them. In
-// bf16 and fp16 the two land as far apart as any two summation orders of
-// this chain do (see split_ns_test's GramMatchesTheWholeMatrix).
+// Gram Newton-Schulz (GramNewtonSchulzOn). `program`'s products serve as
+// templates; every m x m product is one RunProduct on buffers other than
+// its D, rounded to the dtype after. All are general products, Q and R
+// read whole: reading them from one triangle (SYMM), as the CPU backend
+// once did, let bf16's round-off asymmetry compound without restarts
+// (0.11-0.13 from the float64 result against 0.02-0.035: split_ns_test's
+// GramMatchesTheWholeMatrix).
 class GramBlock {
  public:
-  GramBlock(MathBackend& backend, const NsConfig& config, const NsProgram& program,
-            const MatrixBlock& block, const MemberSums& sums, const SplitWork& work)
-      : be_(backend), config_(config), program_(program), sums_(sums), x_(block.data),
+  GramBlock(MathBackend& backend, const NsConfig& config, const NsProgram& program, float* x,
+            const MemberSums& sums, const SplitWork& work)
+      : be_(backend), config_(config), program_(program), sums_(sums), x_(x),
         x_next_(work.x_next), r_(work.gram), z_(work.poly), q_(work.q), t_(work.t) {
     square_ = program.iteration[1];  // m x m x m, ld m
     square_.symmetric = false;
@@ -154,6 +153,16 @@ SplitWork SplitWorkAt(void* base, const NsConfig& config, int64_t m, int64_t wid
   return w;
 }
 
+absl::Status GramNewtonSchulzOn(MathBackend& backend, const NsConfig& config,
+                                const NsProgram& program, float* x, const MemberSums& sums,
+                                const SplitWork& work) {
+  if (work.x_next == nullptr || work.gram == nullptr || work.poly == nullptr ||
+      work.q == nullptr || work.t == nullptr) {
+    return absl::InternalError("Gram Newton-Schulz's workspace was not laid out for it");
+  }
+  return GramBlock(backend, config, program, x, sums, work).Run(x);
+}
+
 absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
                                   const MatrixBlock& block, const MemberSums& sums,
                                   const SplitWork& work) {
@@ -174,10 +183,7 @@ absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
     MUON_RETURN_IF_ERROR(backend.DivideRows(config.dtype, block.data, 1, elems, work.divisors));
   }
   if (SplitRunsGram(config, block.m, block.n)) {
-    if (work.q == nullptr || work.t == nullptr) {
-      return absl::InternalError("Gram Newton-Schulz's workspace was not laid out for it");
-    }
-    return GramBlock(backend, config, program, block, sums, work).Run(block.data);
+    return GramNewtonSchulzOn(backend, config, program, block.data, sums, work);
   }
   float* buffers[4] = {block.data, work.x_next, work.gram, work.poly};
   const NsGemm& gram_product = program.iteration[0];

@@ -50,6 +50,23 @@ SplitWork SplitWorkAt(void* base, const NsConfig& config, int64_t m, int64_t wid
 // width positive, its columns inside the whole's n).
 absl::Status CheckSplitBlock(const MatrixBlock& block);
 
+// Gram Newton-Schulz (NsAlgorithm::kGram) of x on `backend`'s steps, in
+// place: x already normalized (rounded to the dtype), stored as `program`
+// says (a whole matrix's PlanNewtonSchulz(1, ...) or a block's
+// PlanNewtonSchulzBlock); R = W W^T goes through `sums` where it is formed
+// (the start and each restart; a whole matrix's sums leave it as it is),
+// then is rounded. Uses work's x_next, gram, poly, q and t. The program, as
+// cuBLASLt or CBLAS calls on m x m operands, per iteration i with (a, b, c):
+//   Z = b R + c R R                    (one symmetric product, beta = b)
+//   Q = Z + a I (i = 0 or a restart), else Q = Q Z + a Q
+//   if i + 1 is not a restart nor the end: T = R Z + a R; R = Z T + a T
+//   at a restart (before the above): X = Q X (m x n), R = X X^T
+// and X = Q X at the end: two m x n products per restart and at the ends
+// where the standard iteration runs three per iteration.
+absl::Status GramNewtonSchulzOn(MathBackend& backend, const NsConfig& config,
+                                const NsProgram& program, float* x, const MemberSums& sums,
+                                const SplitWork& work);
+
 // MathBackend::OrthogonalizeBlock's program on `backend`'s steps.
 absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
                                   const MatrixBlock& block, const MemberSums& sums,

@@ -14,6 +14,7 @@
 #include "muon/common/status.h"
 #include "muon/math/cpu/aol.h"
 #include "muon/math/cpu/gram_ns.h"
+#include "muon/math/split_ns.h"
 #include "muon/math/normuon.h"
 #include "muon/math/cpu/cpu_kernels.h"
 #include "muon/math/cpu/onednn_library.h"
@@ -253,7 +254,15 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
         config.aol ? AolPrescale(config, program, batch.rows, batch.cols, u) : nullptr;
     if (gram) {
       Normalize(config, u, program.x_elems);
-      cpu::GramNewtonSchulz(config, program, u, work_, RoundType(config));
+      // split_ns.h's program on this backend's steps (their core slots nest
+      // in this matrix's), R summed over no members.
+      SplitWork work;
+      work.x_next = work_;
+      work.gram = work_ + program.x_elems;
+      work.poly = work.gram + program.gram_elems;
+      work.q = work.poly + program.gram_elems;
+      work.t = work.q + program.gram_elems;
+      MUON_RETURN_IF_ERROR(GramNewtonSchulzOn(*this, config, program, u, no_sums_, work));
     } else if (native) {
       MUON_RETURN_IF_ERROR(OrthogonalizeNativeBf16(config, program, u, first_gram));
     } else if (config.dtype != NsDtype::kFP32) {

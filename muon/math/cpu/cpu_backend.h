@@ -154,7 +154,8 @@ class CpuBackend final : public MathBackend {
                       int round);
   // The ew:: type the config's products round to (kF32: none).
   static int RoundType(const NsConfig& config);
-  // Gram Newton-Schulz runs (gram_ns.h): kGram on a matrix that is not square.
+  // Gram Newton-Schulz runs (split_ns.h's GramNewtonSchulzOn): kGram on a
+  // matrix that is not square.
   static bool UsesGram(const NsConfig& config, int64_t rows, int64_t cols) {
     return config.algorithm == NsAlgorithm::kGram && rows != cols;
   }
@@ -180,6 +181,9 @@ class CpuBackend final : public MathBackend {
   // NorMuon's per-row sums of squares and divisors, sized to the tallest matrix.
   std::vector<double> normuon_sums_;
   std::vector<float> normuon_divisors_;
+  // A whole matrix's Gram R, summed over no members.
+  const MemberSums no_sums_{[](double*, int64_t) { return absl::OkStatus(); },
+                            [](float*, int64_t) { return absl::OkStatus(); }};
   std::vector<cpu::Chunk> normuon_chunks_;
 };
 

@@ -91,7 +91,13 @@ RankShare::~RankShare() {
   }
 }
 
+namespace {
+thread_local int slots_held_here = 0;  // CoreSlots alive on this thread
+}  // namespace
+
 CoreSlots::CoreSlots(int threads) {
+  // Nested on a thread that holds slots: its work runs on those.
+  if (slots_held_here++ > 0) return;
   if (distinct_ranks.load(std::memory_order_relaxed) < 2) return;
   static const int cores = Cores();
   const int want = std::max(1, std::min(threads, cores));
@@ -103,6 +109,7 @@ CoreSlots::CoreSlots(int threads) {
 }
 
 CoreSlots::~CoreSlots() {
+  --slots_held_here;
   if (held_ == 0) return;
   Sharing& s = Shared();
   {

@@ -56,7 +56,8 @@ class RankShare {
 // that N in-process ranks on C < N cores take turns instead of slicing the
 // cores' time (and their caches) among N computing threads. Whoever holds
 // slots only computes (no collective), so waiting for them cannot deadlock.
-// With one rank or none joined it holds nothing.
+// With one rank or none joined it holds nothing; nested inside another on
+// the same thread it holds nothing more (the outer one's slots serve).
 class CoreSlots {
  public:
   explicit CoreSlots(int threads);

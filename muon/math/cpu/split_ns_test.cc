@@ -274,19 +274,17 @@ TEST_P(SplitNs, GramMatchesTheWholeMatrix) {
           ASSERT_TRUE(dtype == NsDtype::kFP16 ? IsF16Value(v) : (Bits(v) & 0xffffu) == 0)
               << "not a value of the dtype: " << v;
         }
-        // In bf16 and fp16 the chain of m x m products carries each rounding
-        // on: the split's program (general products, split_ns.h) and the
-        // whole's (Q, R and Z read from one triangle, gram_ns.h) land as far
-        // apart as two summation orders of it do (up to 0.13 in bf16 without
-        // restarts, as the CUDA backend's and the CPU's). Each is about as
-        // near the float64 result as the other.
+        EXPECT_LT(MaxRelErr(split, whole), dtype == NsDtype::kFP16 ? 0.01 : 0.03)
+            << "restarts " << restarts;
+        // Both near the float64 result, restarts or not: with Q, R and Z
+        // read from one triangle (SYMM, as this backend once did) bf16's
+        // round-off asymmetry compounded without restarts to 0.11-0.13 on
+        // these shapes; general products, whole, stay at 0.02-0.035 (fp16:
+        // 0.008-0.023 against 0.002-0.005).
         const std::vector<double> ref = ReferenceNewtonSchulz(
             std::vector<double>(u.begin(), u.end()), c.rows, c.cols, cfg);
-        const double whole_err = MaxRelErr(whole, ref), split_err = MaxRelErr(split, ref);
-        std::printf("gram %s restarts %llu: whole %.4f, split %.4f from float64\n",
-                    dtype == NsDtype::kFP16 ? "fp16" : "bf16",
-                    static_cast<unsigned long long>(restarts), whole_err, split_err);
-        EXPECT_LT(split_err, 1.5 * whole_err + 0.02) << "restarts " << restarts;
+        EXPECT_LT(MaxRelErr(whole, ref), dtype == NsDtype::kFP16 ? 0.01 : 0.06)
+            << "restarts " << restarts;
       }
     }
   }

@@ -111,8 +111,8 @@ const char* ProductWhat(size_t index) {
   return kWhat[index];
 }
 
-// Gram Newton-Schulz runs (muon/math/cpu/gram_ns.h's program): kGram on a
-// matrix that is not square (a square one runs the standard iteration).
+// Gram Newton-Schulz runs (muon/math/split_ns.h's GramNewtonSchulzOn): kGram
+// on a matrix that is not square (a square one runs the standard iteration).
 bool RunsGram(const NsConfig& config, int64_t rows, int64_t cols) {
   return config.algorithm == NsAlgorithm::kGram && rows != cols && config.steps > 0;
 }
@@ -148,7 +148,7 @@ absl::Status CudaBackend::Impl::Symmetric(const NsProgram& p, int which,
   return absl::OkStatus();
 }
 
-// Gram Newton-Schulz (muon/math/cpu/gram_ns.h, whose program this runs) on
+// Gram Newton-Schulz (muon/math/split_ns.h's program, batched) on
 // X, normalized in buffers[kX]; the result is left there. Every m x m
 // product reuses the polynomial's planned shape and every m x n one the
 // update's, on other buffers: R (gram), Z (poly), Q and its scratch T. In

@@ -124,7 +124,7 @@ TEST(CudaBackend, AolMatchesCpu) {
   EXPECT_NE(std::string(st.message()).find("fp16"), std::string::npos) << st;
 }
 
-// Gram Newton-Schulz on the GPU runs the CPU's program (gram_ns.h) as
+// Gram Newton-Schulz on the GPU runs the CPU's program (split_ns.h) as
 // cuBLASLt products: the CPU backend's result, wide and tall, batched, with
 // restarts nowhere, at 2 (the default) and at 1 and 3, quintic and cubic5.
 // A square matrix runs the standard iteration on both.
