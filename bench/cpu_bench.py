@@ -430,6 +430,9 @@ def main():
                     help="only the per-ns_dtype table (fp32, fp16, bf16 Newton-Schulz)")
     ap.add_argument("--split", action="store_true",
                     help="only the split-blocks table (a fused QKV whole and as Q, K, V)")
+    ap.add_argument("--step-models", default="gpt2,llama",
+                    help="the full-step table's models (gpt2, llama; comma-separated): on a "
+                         "CPU without native bf16 torch's step takes minutes per GPT-2 step")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -482,9 +485,14 @@ def main():
     if args.products:
         products_table(args.reps)
     if not args.no_step:
-        step_table([("GPT-2 124M", model_shapes("gpt2-124m")),
-                    ("Llama-3 8B / 8, 2 layers", model_shapes("llama3-8b", layers=2, scale=8))],
-                   max(3, args.reps // 2))
+        models = {"gpt2": ("GPT-2 124M", lambda: model_shapes("gpt2-124m")),
+                  "llama": ("Llama-3 8B / 8, 2 layers",
+                            lambda: model_shapes("llama3-8b", layers=2, scale=8))}
+        chosen = args.step_models.split(",")
+        unknown = [m for m in chosen if m not in models]
+        if unknown:
+            ap.error("--step-models: unknown %s (choose from gpt2, llama)" % ", ".join(unknown))
+        step_table([(models[m][0], models[m][1]()) for m in chosen], max(3, args.reps // 2))
 
 
 if __name__ == "__main__":

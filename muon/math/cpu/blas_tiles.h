@@ -19,10 +19,13 @@ namespace muon {
 namespace cpu {
 
 // The side of the tiles of a product whose output's larger side is
-// `extent`: 256 up to 1024 (enough tiles for a team), 512 above (fewer
+// `extent`: 128 up to 256 (a 256 x 256 product in one tile ran on one of two
+// threads), 256 up to 1024 (enough tiles for a team), 512 above (fewer
 // packings of the operands: at 4096 x 4096 x 4096 on an AVX-512 core
 // OpenBLAS's own call runs 152 GFLOP/s, 512-tiles 129, 256-tiles 112).
-inline int64_t BlasTile(int64_t extent) { return extent <= 1024 ? 256 : 512; }
+inline int64_t BlasTile(int64_t extent) {
+  return extent <= 256 ? 128 : extent <= 1024 ? 256 : 512;
+}
 
 // C (m x n) = alpha op(A) op(B) + beta C, op(A) m x k, op(B) k x n.
 void TiledSgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
