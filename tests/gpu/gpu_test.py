@@ -104,7 +104,7 @@ def test_fp32_matches_the_cpu_backend():
     ("fp32", "gram", False), ("bf16", "gram", False), ("fp16", "gram", False),
     ("fp16", "standard", False), ("bf16", "standard", True), ("fp32", "gram", True)])
 def test_variants_match_the_cpu_backend(ns_dtype, algorithm, normuon):
-    # Gram Newton-Schulz (cuBLASLt products of muon/math/cpu/gram_ns.h's
+    # Gram Newton-Schulz (cuBLASLt products of muon/math/split_ns.h's
     # program), fp16 Newton-Schulz and NorMuon (its moments on the GPU) on
     # the GPU against the CPU backend, 30
     # steps: fp32 within 1e-5 (as the standard iteration's fp32 test), bf16
