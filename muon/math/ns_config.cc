@@ -121,9 +121,13 @@ double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols) {
                                 std::max(rows, cols));
 }
 
+bool UsesGramNewtonSchulz(const NsConfig& config, int64_t rows, int64_t cols) {
+  return config.algorithm == NsAlgorithm::kGram && rows != cols;
+}
+
 double NewtonSchulzBlockFlops(const NsConfig& config, int64_t m, int64_t width, int64_t n) {
   const int cubic = CubicIterations(config);
-  if (config.algorithm != NsAlgorithm::kGram || m == n || config.steps == 0) {
+  if (!UsesGramNewtonSchulz(config, m, n) || config.steps == 0) {
     // AOL's pre-scaling forms W W^T, which its first iteration takes as its
     // gram (cpu/aol.h): no product more.
     return NewtonSchulzBlockFlops(m, width, config.steps, cubic);

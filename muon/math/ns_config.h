@@ -84,6 +84,10 @@ double NewtonSchulzBlockFlops(int64_t m, int64_t width, int steps, int cubic_ste
 // a restart or after the last). A square matrix runs the standard one. AOL's
 // pre-scaling adds nothing: its W W^T is the first iteration's gram.
 double NewtonSchulzFlops(const NsConfig& config, int64_t rows, int64_t cols);
+// Whether Gram Newton-Schulz runs under `config` on a rows x cols matrix (or
+// a wide orientation's m x n): kGram on one that is not square; a square one
+// runs the standard iteration.
+bool UsesGramNewtonSchulz(const NsConfig& config, int64_t rows, int64_t cols);
 // The same for one member of a split Newton-Schulz whose block is `width`
 // of the whole's n columns (m x n, m <= n): the m^2 n terms at its width,
 // the m x m ones whole (every member computes them).

@@ -99,7 +99,7 @@ NsIterationProducts ProductsFor(const NsProgram& program, const NsCoefficients& 
 std::vector<MemberSum> BlockSums(const NsConfig& config, int64_t m, int64_t n) {
   std::vector<MemberSum> out;
   const MemberSum norm{true, 1}, gram{false, m * m};
-  if (config.algorithm == NsAlgorithm::kGram && m != n) {
+  if (UsesGramNewtonSchulz(config, m, n)) {
     out.push_back(norm);
     for (int i = 0; i < config.steps; ++i) {
       if (i == 0 || config.RestartsAt(i)) out.push_back(gram);

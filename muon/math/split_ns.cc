@@ -119,15 +119,11 @@ class GramBlock {
 
 }  // namespace
 
-bool SplitRunsGram(const NsConfig& config, int64_t m, int64_t n) {
-  return config.algorithm == NsAlgorithm::kGram && m != n;
-}
-
 size_t SplitWorkBytes(const NsConfig& config, int64_t m, int64_t width, int64_t n,
                       int64_t rows) {
   const size_t per_row = static_cast<size_t>(std::max<int64_t>(rows, 1));
   const size_t x = static_cast<size_t>(m * width), gram = static_cast<size_t>(m * m);
-  const size_t grams = SplitRunsGram(config, m, n) ? 4 : 2;
+  const size_t grams = UsesGramNewtonSchulz(config, m, n) ? 4 : 2;
   return (per_row + static_cast<size_t>(m)) * sizeof(double) +
          RoundUp8(per_row * sizeof(float)) + (x + grams * gram) * sizeof(float);
 }
@@ -146,7 +142,7 @@ SplitWork SplitWorkAt(void* base, const NsConfig& config, int64_t m, int64_t wid
   w.x_next = reinterpret_cast<float*>(bytes);
   w.gram = w.x_next + m * width;
   w.poly = w.gram + m * m;
-  if (SplitRunsGram(config, m, n)) {
+  if (UsesGramNewtonSchulz(config, m, n)) {
     w.q = w.poly + m * m;
     w.t = w.q + m * m;
   }
@@ -182,7 +178,7 @@ absl::Status OrthogonalizeBlockOn(MathBackend& backend, const NsConfig& config,
     MUON_RETURN_IF_ERROR(backend.NormDivisor(config, work.squares, work.divisors));
     MUON_RETURN_IF_ERROR(backend.DivideRows(config.dtype, block.data, 1, elems, work.divisors));
   }
-  if (SplitRunsGram(config, block.m, block.n)) {
+  if (UsesGramNewtonSchulz(config, block.m, block.n)) {
     return GramNewtonSchulzOn(backend, config, program, block.data, sums, work);
   }
   float* buffers[4] = {block.data, work.x_next, work.gram, work.poly};

@@ -34,10 +34,6 @@ struct SplitWork {
   float* t = nullptr;
 };
 
-// Whether a block of a matrix whose wide orientation is m x n runs Gram
-// Newton-Schulz under `config` (a square matrix runs the standard one).
-bool SplitRunsGram(const NsConfig& config, int64_t m, int64_t n);
-
 // The bytes of the workspace under `config` for a block of m x width
 // elements of a matrix whose wide orientation is m x n, with `rows` rows, and
 // the workspace laid out at `base` (8-byte aligned).

@@ -113,7 +113,8 @@ using Tweak = void (*)(muon_options_t*);
 using ParamTweak = void (*)(size_t i, muon_param_options_t*);
 
 muon_optimizer_t* Create(int prefetch, int skip_nonfinite = 0, size_t round_bytes = 0,
-                         int update_in_grad = 0, Tweak tweak = nullptr) {
+                         int update_in_grad = 0,
+                         const std::function<void(muon_options_t*)>& tweak = nullptr) {
   muon_options_t o;
   muon_options_init(&o, sizeof o);
   if (tweak != nullptr) tweak(&o);
@@ -1046,6 +1047,7 @@ TEST(StrictGpu, RanksOverNcclEqualOneHostProcess) {
 // "big" (16 x 96, dim-0 shards) costs more than the 15 replicated 8 x 8
 // matrices' mean, so its members orthogonalize it together. `gpu`: each rank
 // on strict-cpu device r over `wire`; else on the host over in-process ranks.
+// `tweak` (may be null) sets options beside the assignment.
 struct SplitJob {
   std::vector<std::vector<std::vector<float>>> values;  // per rank, per param
   int64_t owned = 0, total = 0;                          // summed over the ranks, rank 0's
@@ -1080,7 +1082,10 @@ SplitJob RunSplitJob(bool gpu, Wire wire, int prefetch, Tweak tweak) {
         stream = *Rt()->StreamCreate();
       }
       std::string& error = job.errors[r];
-      muon_optimizer_t* opt = Create(prefetch, 0, 0, 0, tweak);
+      muon_optimizer_t* opt = Create(prefetch, 0, 0, 0, [tweak](muon_options_t* o) {
+        o->assignment = MUON_ASSIGNMENT_SPLIT;
+        if (tweak != nullptr) tweak(o);
+      });
       muon_comm_t comm;
       int32_t group = -1;
       const muon_status_t made = clique == nullptr
@@ -1148,35 +1153,27 @@ SplitJob RunSplitJob(bool gpu, Wire wire, int prefetch, Tweak tweak) {
 TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
   ASSERT_NE(Rt(), nullptr);
   const Tweak tweaks[] = {
-      [](muon_options_t* o) { o->assignment = MUON_ASSIGNMENT_SPLIT; },
+      nullptr,
       [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
         o->ns_dtype = MUON_NS_DTYPE_FP32;
         o->normuon = 1;
       },
       [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
         o->ns_coefficients = MUON_NS_COEFFICIENTS_CUBIC5;
         o->normuon = 1;
       },
+      [](muon_options_t* o) { o->ns_algorithm = MUON_NS_GRAM; },
       [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
-        o->ns_algorithm = MUON_NS_GRAM;
-      },
-      [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
         o->ns_algorithm = MUON_NS_GRAM;
         o->ns_gram_restarts = 0;
         o->ns_dtype = MUON_NS_DTYPE_FP16;
         o->normuon = 1;
       },
       [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
         o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
         o->ns_steps = 4;
       },
       [](muon_options_t* o) {
-        o->assignment = MUON_ASSIGNMENT_SPLIT;
         o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
         o->ns_steps = 4;
         o->ns_dtype = MUON_NS_DTYPE_FP32;
@@ -1209,7 +1206,6 @@ TEST(StrictGpu, AMatrixSplitOverRanksStepsAsOnTheHostBitForBit) {
 TEST(StrictGpu, WhatTheGpuRefusesOnASplitMatrixFailsEveryRank) {
   ASSERT_NE(Rt(), nullptr);
   const SplitJob gpus = RunSplitJob(true, Wire::kNccl, 0, [](muon_options_t* o) {
-    o->assignment = MUON_ASSIGNMENT_SPLIT;
     o->ns_coefficients = MUON_NS_COEFFICIENTS_AOL;
     o->ns_steps = 4;
     o->ns_dtype = MUON_NS_DTYPE_FP16;

@@ -182,7 +182,7 @@ absl::Status CpuBackend::Reserve(const NsConfig& config, int64_t /*count*/, int6
     MUON_RETURN_IF_ERROR(ReserveFloats(2 * elems + 2 * m * m));
     MUON_RETURN_IF_ERROR(ReserveAolScales(m));
   }
-  if (UsesGram(config, rows, cols)) {
+  if (UsesGramNewtonSchulz(config, rows, cols)) {
     MUON_RETURN_IF_ERROR(ReserveFloats(cpu::GramWorkFloats(PlanNewtonSchulz(1, rows, cols))));
     cpu::UseThreads(cpu::ThreadsPerRankHere(), cpu::NativeThreadsHere());
     return absl::OkStatus();
@@ -244,7 +244,7 @@ absl::Status CpuBackend::Orthogonalize(const NsConfig& config, const MatrixBatch
     }
     return absl::OkStatus();
   }
-  const bool gram = UsesGram(config, batch.rows, batch.cols);
+  const bool gram = UsesGramNewtonSchulz(config, batch.rows, batch.cols);
   const bool native = !gram && config.dtype == NsDtype::kBF16 && NativeBf16();
   for (int64_t k = 0; k < batch.count; ++k) {
     const cpu::CoreSlots slots(threads);

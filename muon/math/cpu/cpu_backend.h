@@ -154,11 +154,6 @@ class CpuBackend final : public MathBackend {
                       int round);
   // The ew:: type the config's products round to (kF32: none).
   static int RoundType(const NsConfig& config);
-  // Gram Newton-Schulz runs (split_ns.h's GramNewtonSchulzOn): kGram on a
-  // matrix that is not square.
-  static bool UsesGram(const NsConfig& config, int64_t rows, int64_t cols) {
-    return config.algorithm == NsAlgorithm::kGram && rows != cols;
-  }
 
   // Workspace, reused across calls: x_next (m x n), gram and poly (m x m) of
   // the largest matrix so far, one block (from `source_` when set); x is the

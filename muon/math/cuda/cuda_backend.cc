@@ -111,10 +111,9 @@ const char* ProductWhat(size_t index) {
   return kWhat[index];
 }
 
-// Gram Newton-Schulz runs (muon/math/split_ns.h's GramNewtonSchulzOn): kGram
-// on a matrix that is not square (a square one runs the standard iteration).
+// Gram Newton-Schulz runs here (UsesGramNewtonSchulz, with iterations to run).
 bool RunsGram(const NsConfig& config, int64_t rows, int64_t cols) {
-  return config.algorithm == NsAlgorithm::kGram && rows != cols && config.steps > 0;
+  return UsesGramNewtonSchulz(config, rows, cols) && config.steps > 0;
 }
 
 }  // namespace
