@@ -21,6 +21,7 @@ LEVELS = {
     "_options": 1,          # muon_options_t / muon_param_options_t from Python values
     "_comm": 2,             # placements, Python communicators
     "_optimizer_state": 2,  # muon.Optimizer's state and QK-Clip methods
+    "_optimizer_pending": 2,  # muon.Optimizer's splits and views given before registration
     "_callbacks": 3,        # Python callables as the library's C callbacks
     "_dist": 3,             # torch.distributed communicators
     "_optimizer_comms": 3,  # muon.Optimizer's communicators
@@ -39,6 +40,7 @@ LEVELS = {
     "_pg_config": 9,        # create_processgroup_config and its kin
     "megatron": 10,
     "deepspeed": 10,
+    "torchtitan": 10,
     "__init__": 11,
 }
 

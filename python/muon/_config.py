@@ -69,9 +69,10 @@ def matrix_ndim_error(name, shape):
 
 
 def matrix_view_for(ndim):
-    # As muon.Muon registers parameters in one process: 2-D as they are, N-D
-    # flattened to (d0, d1*...*dk).
-    return "2d" if ndim == 2 else "flatten_trailing"
+    # 2-D params as they are; N-D ones with the view their muon.Muon param group
+    # gave (Optimizer.set_view), else none (the library refuses them, naming
+    # the views).
+    return "2d" if ndim == 2 else None
 
 
 def grad_buffer(param):

@@ -222,7 +222,7 @@ def attach_dtensors(optimizer, named_params, names, replicated_mode):
             optimizer.register(param, grad_buffer(param), name=name,
                                matrix_view=matrix_view_for(param.ndim),
                                global_shape=tuple(param.shape), placements=[Replicate(world)],
-                               replicated_mode=replicated_mode)
+                               replicated_mode=replicated_mode, _split_name=default_name)
             continue
         mesh = param.device_mesh
         placements = [Replicate(group_ids[(id(m), d)])
@@ -233,4 +233,4 @@ def attach_dtensors(optimizer, named_params, names, replicated_mode):
         optimizer.register(param.to_local(), param.grad.to_local(), name=name,
                            matrix_view=matrix_view_for(param.ndim),
                            global_shape=tuple(param.shape), placements=placements,
-                           replicated_mode=replicated_mode)
+                           replicated_mode=replicated_mode, _split_name=default_name)

@@ -110,6 +110,42 @@ def group_split(group):
     return (dim, sizes)
 
 
+_VIEWS = ("batched_leading", "flatten_trailing")
+
+
+def group_view(group):
+    """How a param group's parameters of 3 or more dims are seen ("matrix_view";
+    validated): "batched_leading" (n, d1, d2, ...) as n matrices d1 x (d2*...),
+    stacked experts; "flatten_trailing" as one d0 x (d1*...) matrix, a conv's
+    filters; None when the group gives none (such a parameter is refused)."""
+    view = group.get("matrix_view")
+    if view is not None and view not in _VIEWS:
+        raise ValueError("muon.Muon: matrix_view must be 'batched_leading' (n stacked "
+                         "matrices: MoE experts) or 'flatten_trailing' (one d0 x (d1*...) "
+                         "matrix: conv filters), got %r" % (view,))
+    return view
+
+
+def view_for(view, ndim):
+    """The matrix view a param of `ndim` dims registers with in a group whose
+    matrix_view is `view`: 2-D params as they are."""
+    return "2d" if ndim == 2 else view
+
+
+def ndim_error(shape, where):
+    """The refusal of a parameter of 3 or more dims (`shape`: its global shape, or
+    its number of dims where only that is known) in a group without a
+    matrix_view."""
+    if isinstance(shape, int):
+        what, flat = "%d dims" % shape, "one d0 x (d1*...) matrix"
+    else:
+        what = "shape %s (%d dims)" % (tuple(shape), len(shape))
+        flat = "one %d x %d matrix" % (shape[0], math.prod(shape[1:]))
+    return ("muon.Muon: %s has %s: say how Muon sees it with the param group key "
+            "matrix_view: 'batched_leading' (one matrix per leading index: stacked MoE "
+            "experts) or 'flatten_trailing' (%s: a convolution's filters)" % (where, what, flat))
+
+
 def lowlevel_kwargs(group):
     """The muon.Optimizer arguments of a param group (validated beforehand)."""
     adjust = group["adjust_lr_fn"]
@@ -147,6 +183,7 @@ def check_group(group):
     if not eps > 0.0:
         raise ValueError("eps should be > 0 but is: %s" % eps)
     group_split(group)
+    group_view(group)
     variant = variants_of(group)
     if not (0.0 <= variant["update_scale"] < math.inf):
         raise ValueError("muon.Muon: extra_scale_factor should be a finite number >= 0 but is: "
@@ -198,17 +235,21 @@ def _check_adamw(group):
         raise ValueError("Invalid weight_decay value: %s" % wd)
 
 
-def check_param(p, distributed):
-    """What construction checks of a matrix. A complex one is refused by step(),
-    as torch.optim.Muon does (RuntimeError, check_step_param). A parameter that
-    is not contiguous (a transposed view, a strided slice) is stepped through a
-    contiguous copy (LibraryGroup.shadows in _library_groups.py)."""
+def check_param(p, distributed, view=None):
+    """What construction checks of a matrix (`view`: its group's matrix_view). A
+    complex one is refused by step(), as torch.optim.Muon does (RuntimeError,
+    check_step_param). A parameter that is not contiguous (a transposed view,
+    a strided slice) is stepped through a contiguous copy
+    (LibraryGroup.shadows in _library_groups.py)."""
     # With a distributed config the local tensor may be a 1-D flat shard
-    # (ZeRO, FSDP1, Megatron's distributed optimizer); the config checks the
+    # (ZeRO, FSDP1, Megatron's distributed optimizer); the caller checks the
     # global shape instead.
-    if p.ndim != 2 and not distributed:
+    if not distributed and (p.ndim < 2 or (p.ndim > 2 and view is None)):
         raise ValueError("Muon only supports 2D parameters whereas we found a parameter with "
-                         "size: %s" % (p.size(),))
+                         "size: %s%s" % (p.size(), "; libmuon: give its param group a "
+                                         "matrix_view ('batched_leading' for stacked matrices "
+                                         "such as MoE experts, 'flatten_trailing' for conv "
+                                         "filters)" if p.ndim > 2 else ""))
     if torch.is_complex(p):
         return
     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):

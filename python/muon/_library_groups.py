@@ -10,8 +10,8 @@ import torch
 
 from . import _optimizer
 from ._allocator import TorchAllocator
-from ._group_options import (check_step_param, coefficients_key, group_split, lowlevel_kwargs,
-                             ns_dtype_of, real_value, variants_of)
+from ._group_options import (check_step_param, coefficients_key, group_split, group_view,
+                             lowlevel_kwargs, ns_dtype_of, real_value, variants_of, view_for)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,7 +87,8 @@ class LibraryGroups:
         return (bool(group["nesterov"]), coefficients_key(group["ns_coefficients"]),
                 real_value("eps", group["eps"]), operator.index(group["ns_steps"]),
                 group["adjust_lr_fn"], ns_dtype_of(group["ns_dtype"]),
-                tuple(sorted(variants_of(group).items())), group_split(group))
+                tuple(sorted(variants_of(group).items())), group_split(group),
+                group_view(group))
 
     def _build(self, gi, group, indexed):
         kwargs = lowlevel_kwargs(group)
@@ -129,8 +130,9 @@ class LibraryGroups:
             else:
                 grad = _library_grad(g, i, grad)
             split = group_split(self._by_number[gi])
+            view = view_for(group_view(self._by_number[gi]), target.ndim)
             g.ids.append(g.opt.register(target, grad, name=self._name(gi, g.index[i]),
-                                        split_sizes=split and split[1],
+                                        matrix_view=view, split_sizes=split and split[1],
                                         split_dim=split[0] if split else 0))
             g.grads.append(grad)
             g.param_ptrs.append(target.data_ptr())
@@ -142,9 +144,11 @@ class LibraryGroups:
     def _register_distributed(self, g, gi):
         named = [(self._name(gi, i), p) for i, p in zip(g.index, g.params)]
         split = group_split(self._by_number[gi])
+        view = group_view(self._by_number[gi])
         for name, _ in named:
             if split is not None:
                 g.opt.set_split(name, split[1], split[0])
+            g.opt.set_view(name, view)
         self._hooks.attach(g.opt, named)
         if split is not None:
             missed = [name for name, _ in named if not g.opt.split_taken(name)]

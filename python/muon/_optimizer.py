@@ -14,6 +14,7 @@ from ._callbacks import allocator_callbacks, assignment_callback, custom_layout
 from ._comm import fill_placement
 from ._errors import MuonError, check, describe, error
 from ._optimizer_comms import OptimizerComms
+from ._optimizer_pending import PendingRegistrations
 from ._optimizer_state import OptimizerState
 from ._options import (MATRIX_VIEW, REPLICATED_MODE, choice, fill_options, fill_split,
                        moments_shape, split_spec)
@@ -60,7 +61,7 @@ def _tracks(param, grad):
     return grad is not None and is_torch(param) and getattr(param, "grad", None) is grad
 
 
-class Optimizer(OptimizerComms, OptimizerState):
+class Optimizer(OptimizerComms, OptimizerState, PendingRegistrations):
     """The Muon optimizer over host-owned matrices: one libmuon handle.
 
     This is the low-level interface (register arrays, step); it works with numpy
@@ -147,9 +148,7 @@ class Optimizer(OptimizerComms, OptimizerState):
         self._group_ids = {}    # id(communicator object) -> group id
         self._keep: list[Any] = []  # ctypes callbacks and arrays the library calls or reads
         self._callback_errors = []  # (where, exception) raised by Python callbacks
-        # name -> (split_dim, split_sizes) for register() to apply
-        self._splits: dict[str, Any] = {}
-        self._splits_used: set[str] = set()  # the names of _splits a registration took
+        self._init_pending()
         self._world = None      # (rank, size) of the world communicator
         self._world_comm = None  # the communicator given to set_world
         self._destroy = _lib_handle.muon_destroy  # usable even during interpreter shutdown
@@ -287,7 +286,7 @@ class Optimizer(OptimizerComms, OptimizerState):
         return TensorView(param), TensorView(grad)
 
     def register(self, param: Tensor, grad: Tensor, name: str | None = None,
-                 matrix_view: str | int = "2d", global_shape: Sequence[int] | None = None,
+                 matrix_view: str | int | None = "2d", global_shape: Sequence[int] | None = None,
                  placements: Sequence[Placement] | None = None,
                  replicated_mode: str | int = "host_averaged", lr_scale: float | None = None,
                  weight_decay_scale: float | None = None,
@@ -297,7 +296,8 @@ class Optimizer(OptimizerComms, OptimizerState):
 
         matrix_view: "2d" (default), "flatten_trailing" ((d0, d1, ...) as one
         d0 x (d1*...) matrix) or "batched_leading" ((n, d1, d2, ...) as n
-        matrices d1 x (d2*...)). Registration closes at the first step().
+        matrices d1 x (d2*...)); None: what set_view() gave this name, else
+        "2d". Registration closes at the first step().
 
         Distributed (after set_world): `param` and `grad` are this rank's piece
         of the global tensor of shape `global_shape`, cut out by `placements`
@@ -320,6 +320,8 @@ class Optimizer(OptimizerComms, OptimizerState):
         self._check_comms_take(param, name)
         pv, gv = self._views(param, grad, name)
         po = self._param_options(name)
+        if matrix_view is None:
+            matrix_view = self._pending_view(name if _split_name is None else _split_name)
         po.matrix_view = choice("matrix_view", matrix_view, MATRIX_VIEW) \
             if not isinstance(matrix_view, int) else matrix_view
         po.replicated_mode = choice("replicated_mode", replicated_mode, REPLICATED_MODE) \
@@ -408,22 +410,6 @@ class Optimizer(OptimizerComms, OptimizerState):
                                         moments_shape((operator.index(rows),), 0, split)))
         return pid.value
 
-    def set_split(self, name: str, split_sizes: Sequence[int] | None,
-                  split_dim: int = 0) -> None:
-        """The split blocks (see register()) that the registration of `name` takes
-        when it gives none: a distributed config registers the parameters, and
-        muon.Muon says the split of each beforehand. split_sizes None: none."""
-        if split_sizes is None:
-            self._splits.pop(name, None)
-        else:
-            self._splits[name] = split_spec(split_sizes, split_dim, "param %r" % (name,))
-
-    def _take_split(self, name):
-        split = self._splits.get(name)
-        if split is not None:
-            self._splits_used.add(name)
-        return split
-
     def rebind(self, param_id: int, param: Tensor, grad: Tensor | None) -> None:
         """Points a registered parameter at new storage between steps (same shape
         and dtype as registered). `grad` None (single process only): the
@@ -473,14 +459,6 @@ class Optimizer(OptimizerComms, OptimizerState):
         """The address of that gradient's data; 0 while unbound."""
         grad = self._params[operator.index(param_id)].grad
         return grad.data_ptr if grad is not None else 0
-
-    def split_pending(self, name: str) -> bool:
-        """Whether set_split gave `name` split blocks for its registration."""
-        return name in self._splits
-
-    def split_taken(self, name: str) -> bool:
-        """Whether the registration of `name` took the split set_split gave it."""
-        return name in self._splits_used
 
     # -- stepping ---------------------------------------------------------------
 

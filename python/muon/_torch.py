@@ -24,7 +24,8 @@ import torch
 from . import _optimizer
 from ._base_config import ConfigHooks
 from ._flat import FlatBuffer, fsdp1_segments, segment_of
-from ._group_options import DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param
+from ._group_options import (DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param,
+                             group_view, ndim_error)
 from ._library_groups import LibraryGroups
 from ._torch_state import TorchState
 
@@ -262,9 +263,12 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             group = self.param_groups[-1]
             check_group(group)
             gi = [n for n, g in self._numbered() if g is group][0]
+            view = group_view(group)
             for i, p in self._members(gi, group):
                 if self._is_matrix(gi, i, p):
-                    check_param(p, self._config is not None)
+                    check_param(p, self._config is not None, view)
+                    if self._config is not None and view is None:
+                        self._check_global_dims(gi, i, p)
         except BaseException:
             for group in self.param_groups[count:]:  # nothing half-added
                 for p in group["params"]:
@@ -296,6 +300,22 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         if self._hooks is not None:
             return self._hooks.global_ndim(self._name(gi, i), p) >= 2
         return p.ndim >= 2
+
+    def _global_dims(self, gi, i, p):
+        """The global tensor's shape where known, else its number of dims."""
+        segment = segment_of(p)
+        if segment is not None:
+            return tuple(segment.shape)
+        ndim = self._hooks.global_ndim(self._name(gi, i), p)
+        return tuple(p.shape) if ndim == p.ndim else ndim
+
+    def _check_global_dims(self, gi, i, p):
+        """Refuses a distributed matrix of 3 or more dims whose group gives no
+        matrix_view: experts stacked along dim 0 flattened into one matrix would
+        be orthogonalized together, silently."""
+        dims = self._global_dims(gi, i, p)
+        if (dims if isinstance(dims, int) else len(dims)) > 2:
+            raise ValueError(ndim_error(dims, "param %r" % (self._name(gi, i),)))
 
     def _matrices(self, gi, group):
         """(key in the group, param) of the group's matrices."""

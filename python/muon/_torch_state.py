@@ -6,6 +6,7 @@ back, flat buffers' state folded buffer-shaped), and copy.deepcopy / pickle
 from __future__ import annotations
 
 import collections
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,6 +45,25 @@ def _replicated_like(t, p):
                               [Replicate()] * p.device_mesh.ndim, run_check=False)
 
 
+class _State(collections.defaultdict):
+    """muon.Muon's `state`: torch's mapping of param -> its state (AdamW's, and
+    momentum only while state_dict / load_state_dict run: the library holds
+    it), true once any param has state in the library. torch's
+    get_optimizer_state_dict and torchtitan's checkpointer take a false
+    `optimizer.state` for "never stepped" and run a zero-gradient step at lr
+    0 to make some, which would decay every momentum buffer by `momentum`."""
+
+    def __init__(self, library_has_state, items=()):
+        super().__init__(dict, items)
+        self._library_has_state = library_has_state
+
+    def __bool__(self):
+        return len(self) > 0 or self._library_has_state()
+
+    def __reduce__(self):  # pickled and copied as torch's defaultdict(dict)
+        return collections.defaultdict, (dict,), None, None, iter(self.items())
+
+
 # What TorchState's methods find on muon.Muon, for the type checker.
 if TYPE_CHECKING:
     _MuonBase = torch.optim.Optimizer
@@ -53,6 +73,19 @@ else:
 
 class TorchState(_MuonBase):
     """muon.Muon's state_dict, load_state_dict, __getstate__ and __setstate__."""
+
+    @property  # type: ignore[override]
+    def state(self) -> collections.defaultdict:
+        d = self.__dict__
+        if "state" in d:  # torch's __setstate__ updates __dict__ directly
+            self.state = d.pop("state")
+        return d["_state"]
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        owner = weakref.ref(self)  # (no cycle: the optimizer is freed as torch's is)
+        self.__dict__["_state"] = _State(
+            lambda: bool(getattr(owner(), "_has_state", None)), value)
 
     if TYPE_CHECKING:  # muon.Muon's
         _numbers: dict[int, tuple[dict[str, Any], int]]

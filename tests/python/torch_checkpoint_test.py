@@ -147,3 +147,26 @@ def test_normuon_moments_saved_at_4_ranks_continue_at_2_ranks():
           "moments: %.2e" % (tp_worst, dropped_worst))
     assert tp_worst < 1e-6
     assert dropped_worst > 1e-4, "restoring the moments made no difference: the test cannot tell"
+
+
+def test_torch_state_dict_calls_leave_a_muon_only_optimizer_alone():
+    # torch's get_optimizer_state_dict (and torchtitan's checkpointer) run a
+    # zero-gradient step at lr 0 when `optimizer.state` is empty, to make
+    # state; muon.Muon's momentum lives in the library, so its `state` must
+    # say it has some, or each such call decays every momentum buffer by
+    # `momentum` (here a Muon-only optimizer: no AdamW param to fill `state`).
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8, bias=False)
+    opt = muon.Muon(model.parameters(), lr=0.02)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    assert opt.state  # the library holds a momentum buffer
+    first = get_optimizer_state_dict(model, opt)["state"]
+    second = get_optimizer_state_dict(model, opt)["state"]
+    key = next(iter(first))
+    buf = first[key]["momentum_buffer"]
+    assert buf.abs().max().item() > 0
+    assert torch.equal(second[key]["momentum_buffer"], buf)
+    assert not muon.Muon(torch.nn.Linear(8, 8, bias=False).parameters()).state  # never stepped
