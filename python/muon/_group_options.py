@@ -235,6 +235,27 @@ def _check_adamw(group):
         raise ValueError("Invalid weight_decay value: %s" % wd)
 
 
+def local_shard_error(what, param):
+    """Why a plain tensor cannot be stepped as a whole tensor, or None. One that
+    spmd_types marks varying (or partial) over a mesh axis is this rank's own
+    piece of a sharded parameter (torchtitan 0.3's tensor parallel under its
+    default spmd_backend "spmd_types" leaves such params): stepped as whole,
+    each piece would be orthogonalized alone."""
+    local = getattr(param, "_local_type", None)
+    if not isinstance(local, dict):
+        return None
+    varying = sorted(str(axis) for axis, kind in local.items()
+                     if getattr(kind, "name", str(kind)) in ("V", "P"))
+    if not varying:
+        return None
+    return ("muon.Muon: %s (shape %s) is a plain tensor that spmd_types marks as varying over "
+            "mesh axis %s: it is this rank's piece of a sharded parameter, not the whole "
+            "matrix, and libmuon reads layouts from DTensors; give the params as DTensors "
+            "(torchtitan: parallelism.spmd_backend = 'partial_dtensor' or 'full_dtensor') "
+            "with distributed_config=muon.create_dtensor_config()"
+            % (what, tuple(param.shape), ", ".join(varying)))
+
+
 def check_param(p, distributed, view=None):
     """What construction checks of a matrix (`view`: its group's matrix_view). A
     complex one is refused by step(), as torch.optim.Muon does (RuntimeError,
@@ -244,6 +265,9 @@ def check_param(p, distributed, view=None):
     # With a distributed config the local tensor may be a 1-D flat shard
     # (ZeRO, FSDP1, Megatron's distributed optimizer); the caller checks the
     # global shape instead.
+    error = local_shard_error("a parameter", p)
+    if error:
+        raise ValueError(error)
     if not distributed and (p.ndim < 2 or (p.ndim > 2 and view is None)):
         raise ValueError("Muon only supports 2D parameters whereas we found a parameter with "
                          "size: %s%s" % (p.size(), "; libmuon: give its param group a "

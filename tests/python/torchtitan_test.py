@@ -7,7 +7,11 @@ Config as its Trainer builds it, its flat FQN-keyed optimizer state dict
   it, each fused QKV as three matrices (the queries of every KV group, the
   keys, the values), the embeddings and output head with torchtitan's AdamW
   and the norms with AdamW; without the split the fused QKV moves elsewhere.
-- 2 ranks under FSDP2 end bit for bit where one process ends.
+- 2 ranks under FSDP2 end bit for bit where one process ends, and so do 2
+  ranks under torchtitan's own tensor-parallel plan (Module.parallelize, its
+  sharding config; spmd_backend "partial_dtensor": the fused QKV split by
+  rows over the ranks). Under its default "spmd_types" the TP shards are
+  plain tensors: refused on every rank, naming the setting.
 - A checkpoint saved through the container's state_dict at 2 ranks resumes at
   1 rank and continues bit for bit like the uninterrupted run; the model
   restored without the optimizer differs.
@@ -211,6 +215,59 @@ def _weights(model):
     # The params themselves (DTensors): torch's get_model_state_dict does not
     # follow the state-dict hooks of torchtitan's fused QKV.
     return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _tensor_parallel(world, backend):
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.llama3 import llama3_configs
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+    parallel_dims.device_type = "cpu"  # (torchtitan's default without a GPU is "cuda")
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1,
+                        world_size=world, spmd_backend=backend)
+    dims.build_mesh()
+    config = llama3_configs["debugmodel"](attn_backend="flex")
+    set_llama3_sharding_config(config, enable_sp=False)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    model.init_states()
+    model.parallelize(dims)
+    return model
+
+
+def _tp(rank, world):
+    model = _tensor_parallel(world, "partial_dtensor")
+    placements = {n: str(p.placements) for n, p in model.named_parameters()}
+    opt = _container(model)
+    _train(model, opt, range(STEPS))
+    return _full(model), placements
+
+
+def _tp_spmd_types(rank, world):
+    model = _tensor_parallel(world, "spmd_types")
+    try:
+        _container(model)  # (refused as muon.Muon is built)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_torchtitan_tensor_parallel_two_ranks_match_one_process_bit_for_bit():
+    want, _ = _one_process()
+    for got, placements in launch(_tp, 2):
+        assert placements["layers.0.attention.qkv_linear.wqkv.weight"] == "(Shard(dim=0),)"
+        assert placements["layers.0.attention.wo.weight"] == "(Shard(dim=1),)"
+        for n in want:
+            assert torch.equal(got[n], want[n]), n
+
+
+def test_torchtitan_spmd_types_shards_are_refused_naming_the_setting():
+    messages = launch(_tp_spmd_types, 2)
+    assert messages[0] is not None and messages[0] == messages[1]
+    assert "spmd_backend = 'partial_dtensor'" in messages[0]
+    assert "this rank's piece" in messages[0]
 
 
 def _save(rank, world, path):
