@@ -7,10 +7,10 @@ Config as its Trainer builds it, its flat FQN-keyed optimizer state dict
   it, each fused QKV as three matrices (the queries of every KV group, the
   keys, the values), the embeddings and output head with torchtitan's AdamW
   and the norms with AdamW; without the split the fused QKV moves elsewhere.
-- 2 ranks under FSDP2 end bit for bit where one process ends, and so do 2
-  ranks under torchtitan's own tensor-parallel plan (Module.parallelize, its
-  sharding config; spmd_backend "partial_dtensor": the fused QKV split by
-  rows over the ranks). Under its default "spmd_types" the TP shards are
+- 2 ranks under FSDP2 (torchtitan's apply_fsdp_to_decoder) end bit for bit
+  where one process ends, and so do 2 ranks under torchtitan's own
+  tensor-parallel plan (Module.parallelize, its sharding config;
+  spmd_backend "partial_dtensor": the fused QKV split by rows over the ranks). Under its default "spmd_types" the TP shards are
   plain tensors: refused on every rank, naming the setting.
 - A checkpoint saved through the container's state_dict at 2 ranks resumes at
   1 rank and continues bit for bit like the uninterrupted run; the model
@@ -91,12 +91,12 @@ def _train(model, opt, steps):
 
 
 def _fsdp2(model, world):
+    """torchtitan's own FSDP2 wrapping (every block, then the root)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world,))
-    for layer in model.layers.values():
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    apply_fsdp_to_decoder(model, mesh, param_dtype=torch.float32, reduce_dtype=torch.float32,
+                          pp_enabled=False)
     return model
 
 
