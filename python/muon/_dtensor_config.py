@@ -59,7 +59,9 @@ def _replica_dims(name, mesh):
     does not use: the ranks along them hold copies of it (FSDP2's mesh["dp"]
     inside a (dp, tp) mesh: the TP ranks each hold the same shards)."""
     root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
-    if root is mesh or root.ndim == mesh.ndim:
+    if root is mesh or root.ndim == mesh.ndim or mesh.size() == root.size():
+        # (A mesh over every rank of its root has no replicas: torchtitan's
+        # meshes are views of a 1-D world mesh, unflattened.)
         return []
     sub, full = mesh.mesh_dim_names or (), root.mesh_dim_names or ()
     if not sub or any(n not in full for n in sub):

@@ -25,9 +25,9 @@ ns_dtype, normuon, ...). For each LibMuon param group it:
     tensors) as E matrices (matrix_view "batched_leading"). Another param of
     3 or more dims is refused unless its group gives a matrix_view.
 
-Tensor parallelism needs torchtitan's parallelism.spmd_backend = "partial_dtensor"
-(or "full_dtensor"): under its default "spmd_types" each rank's TP shard is a
-plain tensor, which muon.Muon refuses (it would orthogonalize each shard alone).
+torchtitan's parallelize functions (TP, EP, FSDP2) leave every param a DTensor,
+under any spmd_backend; a TP shard left a plain tensor (Module.parallelize
+alone under "spmd_types") is refused: it would be orthogonalized alone.
 
 param_groups() is the usual recipe: embeddings and the output head with
 torchtitan's AdamW, every other param with LibMuon (whose own AdamW, at

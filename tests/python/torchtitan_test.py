@@ -8,10 +8,13 @@ Config as its Trainer builds it, its flat FQN-keyed optimizer state dict
   keys, the values), the embeddings and output head with torchtitan's AdamW
   and the norms with AdamW; without the split the fused QKV moves elsewhere.
 - 2 ranks under FSDP2 (torchtitan's apply_fsdp_to_decoder) end bit for bit
-  where one process ends, and so do 2 ranks under torchtitan's own
-  tensor-parallel plan (Module.parallelize, its sharding config;
-  spmd_backend "partial_dtensor": the fused QKV split by rows over the ranks). Under its default "spmd_types" the TP shards are
-  plain tensors: refused on every rank, naming the setting.
+  where one process ends, and so do 2 ranks parallelized by torchtitan's own
+  parallelize_llama (TP 2: the fused QKV split by rows over the ranks) and
+  parallelize_deepseekv3 (EP 2: the experts over the ranks, its meshes views
+  of a 1-D world mesh), with spmd_backend "partial_dtensor" and (TP) with its
+  default "spmd_types", whose FSDP step makes the params DTensors.
+  Module.parallelize alone under "spmd_types" leaves each TP shard a plain
+  tensor: refused on every rank, naming the setting.
 - A checkpoint saved through the container's state_dict at 2 ranks resumes at
   1 rank and continues bit for bit like the uninterrupted run; the model
   restored without the optimizer differs.
@@ -217,36 +220,69 @@ def _weights(model):
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-def _tensor_parallel(world, backend):
+def _parallelized(world, flavor, tp=1, ep=1, backend="partial_dtensor"):
+    """torchtitan's model parallelized by torchtitan's own function for it
+    (parallelize_llama, parallelize_deepseekv3: its TP and EP plans, then its
+    FSDP2 over the rest of the ranks), from its ParallelismConfig."""
     import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
-    from torchtitan.models.llama3 import llama3_configs
-    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
     parallel_dims.device_type = "cpu"  # (torchtitan's default without a GPU is "cuda")
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1,
-                        world_size=world, spmd_backend=backend)
+    parallelism = ParallelismConfig(spmd_backend=backend, tensor_parallel_degree=tp,
+                                    expert_parallel_degree=ep,
+                                    data_parallel_shard_degree=world // tp)
+    dims = ParallelDims.from_config(parallelism, world)
     dims.build_mesh()
-    config = llama3_configs["debugmodel"](attn_backend="flex")
-    set_llama3_sharding_config(config, enable_sp=False)
+    if flavor == "llama3":
+        from torchtitan.models.llama3 import llama3_configs
+        from torchtitan.models.llama3.parallelize import parallelize_llama as parallelize
+        from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+        config = llama3_configs["debugmodel"](attn_backend="flex")
+        set_llama3_sharding_config(config, enable_sp=False)
+    else:
+        from torchtitan.models.deepseek_v3 import deepseekv3_configs
+        from torchtitan.models.deepseek_v3.parallelize import (
+            parallelize_deepseekv3 as parallelize)
+        from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+        config = deepseekv3_configs["debugmodel"](attn_backend="flex",
+                                                  moe_comm_backend="standard")
+        set_deepseek_v3_sharding_config(config, enable_sp=False, enable_ep=ep > 1)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = config.build()
     model.to_empty(device="cpu")
     model.init_states()
-    model.parallelize(dims)
+    parallelize(model, parallel_dims=dims, training=TrainingConfig(), parallelism=parallelism,
+                compile_config=CompileConfig(), ac_config=None, dump_folder=".")
     return model
 
 
-def _tp(rank, world):
-    model = _tensor_parallel(world, "partial_dtensor")
+def _parallel_run(rank, world, flavor, tp, ep, backend="partial_dtensor"):
+    model = _parallelized(world, flavor, tp, ep, backend)
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
     opt = _container(model)
     _train(model, opt, range(STEPS))
     return _full(model), placements
 
 
-def _tp_spmd_types(rank, world):
-    model = _tensor_parallel(world, "spmd_types")
+def _spmd_types_shards_run(rank, world):
+    """Module.parallelize alone (TP without torchtitan's FSDP step after it)
+    under spmd_types: each rank's TP shard stays a plain tensor."""
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.llama3 import llama3_configs
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+    parallel_dims.device_type = "cpu"
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=world, pp=1, ep=1,
+                        world_size=world, spmd_backend="spmd_types")
+    dims.build_mesh()
+    config = llama3_configs["debugmodel"](attn_backend="flex")
+    set_llama3_sharding_config(config, enable_sp=False)
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    model.init_states()
+    model.parallelize(dims)
     try:
         _container(model)  # (refused as muon.Muon is built)
     except ValueError as e:
@@ -254,17 +290,33 @@ def _tp_spmd_types(rank, world):
     return None
 
 
-def test_torchtitan_tensor_parallel_two_ranks_match_one_process_bit_for_bit():
+@pytest.mark.parametrize("backend", ["partial_dtensor", "spmd_types"])
+def test_torchtitan_tensor_parallel_two_ranks_match_one_process_bit_for_bit(backend):
     want, _ = _one_process()
-    for got, placements in launch(_tp, 2):
-        assert placements["layers.0.attention.qkv_linear.wqkv.weight"] == "(Shard(dim=0),)"
-        assert placements["layers.0.attention.wo.weight"] == "(Shard(dim=1),)"
+    for got, placements in launch(_parallel_run, 2, "llama3", 2, 1, backend):
+        # the fused QKV's rows over the TP ranks (FSDP's size-1 mesh dim before)
+        assert placements["layers.0.attention.qkv_linear.wqkv.weight"].endswith(
+            "Shard(dim=0))")
+        assert placements["layers.0.attention.wo.weight"].endswith("Shard(dim=1))")
+        for n in want:
+            assert torch.equal(got[n], want[n]), n
+
+
+def test_torchtitan_expert_parallel_two_ranks_match_one_process_bit_for_bit():
+    model = _model("deepseek_v3")
+    opt = _container(model)
+    _train(model, opt, range(STEPS))
+    want = _full(model)
+    experts = [n for n, w in want.items() if w.ndim == 3]
+    assert experts
+    for got, placements in launch(_parallel_run, 2, "deepseek_v3", 1, 2):
+        assert all("Shard(dim=0)" in placements[n] for n in experts)  # over the EP ranks
         for n in want:
             assert torch.equal(got[n], want[n]), n
 
 
 def test_torchtitan_spmd_types_shards_are_refused_naming_the_setting():
-    messages = launch(_tp_spmd_types, 2)
+    messages = launch(_spmd_types_shards_run, 2)
     assert messages[0] is not None and messages[0] == messages[1]
     assert "spmd_backend = 'partial_dtensor'" in messages[0]
     assert "this rank's piece" in messages[0]
