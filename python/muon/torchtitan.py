@@ -70,7 +70,7 @@ def param_groups(lr: float = 0.02, *, adamw_lr: float = 3e-4,
             ParamGroupConfig(pattern=r".*", optimizer_name=NAME, optimizer_kwargs=muon)]
 
 
-def _special_params(model_parts):
+def _special_params(model_parts: list[torch.nn.Module]) -> dict[int, tuple[str, Any]]:
     """{id(param): ("split", sizes) | ("view", "batched_leading")} for the fused
     QKV weights and stacked experts of the model parts."""
     out: dict[int, tuple[str, Any]] = {}
@@ -78,8 +78,9 @@ def _special_params(model_parts):
         for module in part.modules():
             kind = type(module).__name__
             if kind == _FUSED_QKV and hasattr(module, "wqkv"):
-                head_dim, per_kv = int(module.head_dim), int(module.heads_per_kv)
-                out[id(module.wqkv.weight)] = ("split", (per_kv * head_dim, head_dim, head_dim))
+                fused: Any = module  # (torchtitan's FusedQKVLinear)
+                head_dim, per_kv = int(fused.head_dim), int(fused.heads_per_kv)
+                out[id(fused.wqkv.weight)] = ("split", (per_kv * head_dim, head_dim, head_dim))
             elif kind == _EXPERTS:
                 for p in module.parameters(recurse=False):
                     if p.ndim == 3:
@@ -87,10 +88,11 @@ def _special_params(model_parts):
     return out
 
 
-def _regroup(groups, special, split_qkv):
+def _regroup(groups: list[dict[str, Any]], special: dict[int, tuple[str, Any]],
+             split_qkv: bool) -> list[dict[str, Any]]:
     """Each param group cut into runs of params that take the same split or
     view (a group's split_sizes and matrix_view apply to all its params)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for group in groups:
         names = list(group.get("param_names", ()))
         runs: dict[Any, dict[str, Any]] = {}
