@@ -13,7 +13,6 @@ from ._comm import Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, matrix_ndim_error,
                       matrix_view_for, require_dist, torch_and_dist, torch_version)
 from ._dist import TorchDistComm
-from ._group_options import local_shard_error
 
 if TYPE_CHECKING:
     from ._base_config import NamedParams
@@ -222,9 +221,6 @@ def attach_dtensors(optimizer, named_params, names, replicated_mode):
         if param.ndim < 2:
             raise ValueError(matrix_ndim_error(name, tuple(param.shape)))
         if not isinstance(param, DTensor):
-            error = local_shard_error("param '%s'" % name, param)
-            if error:
-                raise ValueError(error)
             optimizer.register(param, grad_buffer(param), name=name,
                                matrix_view=matrix_view_for(param.ndim),
                                global_shape=tuple(param.shape), placements=[Replicate(world)],
