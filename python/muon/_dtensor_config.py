@@ -7,7 +7,7 @@ replaced.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ._comm import Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, matrix_ndim_error,
@@ -36,11 +36,16 @@ def _dtensor_class():
 
 def create_dtensor_config(async_gpu_parallelism: bool = True, prefetch_count: int = 1, *,
                           names: ParamTable | None = None,
-                          replicated_mode: str = "host_averaged") -> DistributedConfig:
+                          replicated_mode: str = "host_averaged",
+                          pipeline_dims: Sequence[str] = ("pp",)) -> DistributedConfig:
     """A DistributedConfig that reads each param's layout from the DTensor it is
     (torch >= 2.x): every mesh dim's Shard(d) becomes Shard(group, d, "chunk")
     (DTensor splits like torch.chunk), Replicate becomes Replicate(group), and
     the strided shards of tensor parallel then FSDP2 are ordered as they apply.
+    A dim of the job's mesh that a param's mesh leaves out holds copies of it
+    (Replicate over that dim), except the dims named in pipeline_dims, whose
+    ranks hold other pipeline stages; so do the ranks outside a mesh that is a
+    view of a 1-D world mesh (torchtitan's), whose dims cannot be told apart.
     Its assign_fn, gather_fn and redistribute_fn (dtensor_assign_fn, ...) can
     be read or replaced: replacing one runs the three through the custom path."""
     if _dtensor_class() is None:
@@ -48,25 +53,33 @@ def create_dtensor_config(async_gpu_parallelism: bool = True, prefetch_count: in
             "muon.create_dtensor_config needs torch.distributed's DTensor (torch >= 2.x); "
             "this torch is %s, which has none: use create_processgroup_config with process "
             "groups from torch.distributed.new_group" % torch_version())
-    return _DTensorConfig(names, replicated_mode, async_gpu_parallelism, prefetch_count)
+    if isinstance(pipeline_dims, str) or not all(isinstance(d, str) for d in pipeline_dims):
+        raise TypeError("create_dtensor_config: pipeline_dims must be a sequence of mesh dim "
+                        "names, such as ('pp',); got %r" % (pipeline_dims,))
+    return _DTensorConfig(names, replicated_mode, async_gpu_parallelism, prefetch_count,
+                          tuple(pipeline_dims))
 
 
 
 
-def _replica_dims(name, mesh):
+def _replica_dims(mesh, pipeline_dims):
     """(root mesh, dim) of the dims of the job's mesh that a DTensor on a sub-mesh
     does not use: the ranks along them hold copies of it (FSDP2's mesh["dp"]
-    inside a (dp, tp) mesh: the TP ranks each hold the same shards)."""
+    inside a (dp, tp) mesh: the TP ranks each hold the same shards). Along a
+    pipeline dim they hold other stages' params instead. A mesh whose root's
+    dims do not name its own (torchtitan's meshes are views of a 1-D world
+    mesh, unflattened) has no replicas outside it either: torchtitan puts its
+    replicas (HSDP) in the param's own mesh, and the ranks outside are other
+    pipeline stages. Were they copies after all, each set would register the
+    whole param, and the first step refuses it on every rank (pieces overlap)."""
     root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
-    if root is mesh or root.ndim == mesh.ndim or mesh.size() == root.size():
-        # (A mesh over every rank of its root has no replicas: torchtitan's
-        # meshes are views of a 1-D world mesh, unflattened.)
+    if root is mesh or mesh.size() == root.size():
         return []
     sub, full = mesh.mesh_dim_names or (), root.mesh_dim_names or ()
     if not sub or any(n not in full for n in sub):
-        raise ValueError("param '%s': it lives on a sub-mesh %s of the mesh %s whose other "
-                         "dims cannot be told (name the mesh dims)" % (name, sub, full))
-    return [(root, d) for d, n in enumerate(full) if n not in sub]
+        return []
+    return [(root, d) for d, n in enumerate(full)
+            if n not in sub and n not in pipeline_dims]
 
 
 def _dtensor_placements(name, param, group_ids):
@@ -174,11 +187,13 @@ class _DTensorConfig(DistributedConfig):
     pieces itself (each DTensor's placements as libmuon placements); replace
     any of them and the config runs the three through the custom path."""
 
-    def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count):
+    def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count,
+                 pipeline_dims=("pp",)):
         super().__init__(dtensor_assign_fn, dtensor_gather_fn, dtensor_redistribute_fn, {},
                          async_gpu_parallelism, prefetch_count)
         self.names = names
         self.replicated_mode = replicated_mode
+        self.pipeline_dims = pipeline_dims
 
     def _native(self):
         return (self.assign_fn is dtensor_assign_fn and self.gather_fn is dtensor_gather_fn
@@ -193,10 +208,11 @@ class _DTensorConfig(DistributedConfig):
         if not self._native():
             return super().attach(optimizer, named_params)
         require_dist("create_dtensor_config")
-        attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
+        attach_dtensors(optimizer, named_params, self.names, self.replicated_mode,
+                        self.pipeline_dims)
 
 
-def attach_dtensors(optimizer, named_params, names, replicated_mode):
+def attach_dtensors(optimizer, named_params, names, replicated_mode, pipeline_dims=("pp",)):
     """Registers DTensor params with their placements: the world, one group per
     mesh dim, then each param (names: create_dtensor_config's `names`). A param
     that is not a DTensor is a whole tensor on every rank, as the design says
@@ -210,7 +226,8 @@ def attach_dtensors(optimizer, named_params, names, replicated_mode):
     for default_name, param in named_params:
         if isinstance(param, DTensor):
             mesh = param.device_mesh
-            dims = [(mesh, d) for d in range(mesh.ndim)] + _replica_dims(default_name, mesh)
+            dims = [(mesh, d) for d in range(mesh.ndim)] + _replica_dims(
+                mesh, pipeline_dims)
             for m, dim in dims:
                 key = (id(m), dim)
                 if key not in group_ids:
@@ -228,7 +245,7 @@ def attach_dtensors(optimizer, named_params, names, replicated_mode):
             continue
         mesh = param.device_mesh
         placements = [Replicate(group_ids[(id(m), d)])
-                      for m, d in _replica_dims(name, mesh)] + _dtensor_placements(
+                      for m, d in _replica_dims(mesh, pipeline_dims)] + _dtensor_placements(
             name, param, [group_ids[(id(mesh), dim)] for dim in range(mesh.ndim)])
         if param.grad is None:
             param.grad = torch.zeros_like(param)

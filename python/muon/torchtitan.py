@@ -31,10 +31,21 @@ alone under "spmd_types") is refused: it would be orthogonalized alone.
 
 param_groups() is the usual recipe: embeddings and the output head with
 torchtitan's AdamW, every other param with LibMuon (whose own AdamW, at
-adamw_lr, steps the norms and biases)."""
+adamw_lr, steps the norms and biases).
+
+Pipeline parallel (torchtitan's pipeline_llm: one model part per stage, a
+rank holding one or more): the container builds ONE LibMuon optimizer per
+rank over the LibMuon groups of all its model parts, even where they hold no
+such param (a stage of embeddings only), so that every rank of the job steps
+one; each stage's params are DTensors on meshes without the "pp" dim, and
+the ranks of the other stages hold other params. The recipe's groups are
+StageParamGroupConfigs: a stage that holds no param a pattern matches (the
+middle stages have no embeddings) leaves the pattern out there, where
+torchtitan's own ParamGroupConfig refuses it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +64,13 @@ _FUSED_QKV = "FusedQKVLinear"
 _EXPERTS = "GroupedExperts"
 
 
+@dataclass(kw_only=True, slots=True)
+class StageParamGroupConfig(ParamGroupConfig):
+    """A ParamGroupConfig that may match no param of a model part: a pipeline
+    stage holds some layers only (torchtitan's own refuses such a part). The
+    container leaves it out of that part."""
+
+
 def param_groups(lr: float = 0.02, *, adamw_lr: float = 3e-4,
                  adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
                  adamw_weight_decay: float = 0.1,
@@ -66,8 +84,9 @@ def param_groups(lr: float = 0.02, *, adamw_lr: float = 3e-4,
              "weight_decay": adamw_weight_decay}
     muon = {"lr": lr, "adamw_lr": adamw_lr, "adamw_betas": adamw_betas, "adamw_eps": adamw_eps,
             **muon_kwargs}
-    return [ParamGroupConfig(pattern=embeddings, optimizer_name="AdamW", optimizer_kwargs=adamw),
-            ParamGroupConfig(pattern=r".*", optimizer_name=NAME, optimizer_kwargs=muon)]
+    return [StageParamGroupConfig(pattern=embeddings, optimizer_name="AdamW",
+                                  optimizer_kwargs=adamw),
+            StageParamGroupConfig(pattern=r".*", optimizer_name=NAME, optimizer_kwargs=muon)]
 
 
 def _special_params(model_parts: list[torch.nn.Module]) -> dict[int, tuple[str, Any]]:
@@ -88,32 +107,70 @@ def _special_params(model_parts: list[torch.nn.Module]) -> dict[int, tuple[str, 
     return out
 
 
+Key = Any  # a run's key: None, ("split", sizes) or ("view", matrix_view)
+
+
+def _runs(group: dict[str, Any], special: dict[int, tuple[str, Any]],
+          split_qkv: bool) -> dict[Key, dict[str, Any]]:
+    """A param group cut into runs of params that take the same split or view
+    (a group's split_sizes and matrix_view apply to all its params), by key."""
+    names = list(group.get("param_names", ()))
+    runs: dict[Key, dict[str, Any]] = {}
+    for k, p in enumerate(group["params"]):
+        key = special.get(id(p))
+        if key is not None and key[0] == "split" and not split_qkv:
+            key = None
+        run = runs.get(key)
+        if run is None:
+            run = runs[key] = _run_of(group, key)
+        run["params"].append(p)
+        if names:
+            run["param_names"].append(names[k])
+    return runs
+
+
+def _run_of(group: dict[str, Any], key: Key) -> dict[str, Any]:
+    """An empty run of `group` for `key`: its options and the key's split or view."""
+    run = {**group, "params": []}
+    if "param_names" in group:
+        run["param_names"] = []
+    if key is not None and key[0] == "split" and "split_sizes" not in group:
+        run["split_sizes"] = list(key[1])
+    elif key is not None and key[0] == "view" and "matrix_view" not in group:
+        run["matrix_view"] = key[1]
+    return run
+
+
 def _regroup(groups: list[dict[str, Any]], special: dict[int, tuple[str, Any]],
              split_qkv: bool) -> list[dict[str, Any]]:
-    """Each param group cut into runs of params that take the same split or
-    view (a group's split_sizes and matrix_view apply to all its params)."""
+    """Each param group cut into its runs (see _runs); an empty group kept."""
     out: list[dict[str, Any]] = []
     for group in groups:
-        names = list(group.get("param_names", ()))
-        runs: dict[Any, dict[str, Any]] = {}
-        for k, p in enumerate(group["params"]):
-            key = special.get(id(p))
-            if key is not None and key[0] == "split" and not split_qkv:
-                key = None
-            run = runs.get(key)
-            if run is None:
-                run = runs[key] = {**group, "params": []}
-                if names:
-                    run["param_names"] = []
-                if key is not None and key[0] == "split" and "split_sizes" not in group:
-                    run["split_sizes"] = list(key[1])
-                elif key is not None and key[0] == "view" and "matrix_view" not in group:
-                    run["matrix_view"] = key[1]
-            run["params"].append(p)
-            if names:
-                run["param_names"].append(names[k])
-        out.extend(runs.values())
+        out.extend(_runs(group, special, split_qkv).values() if group["params"]
+                   else [dict(group)])
     return out
+
+
+def _job_keys(local: list[tuple[int, Key]]) -> list[tuple[int, Key]]:
+    """The (LibMuon param group config, run key) pairs of every rank, in one
+    order: each rank's muon.Muon gets a param group for each, empty where it
+    has none, because muon.Muon's groups step in turn and each step is
+    collective (pipeline stages hold different layers: a stage without MoE
+    layers has no experts' group)."""
+    keys = set(local)
+    if _distributed():
+        everyone: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, sorted(local, key=_order))
+        keys = {tuple(k) for rank in everyone for k in rank}
+    return sorted(keys, key=_order)
+
+
+def _order(key: tuple[int, Key]) -> tuple[Any, ...]:
+    index, run = key
+    if run is None:
+        return (index, 0, ())
+    return (index, 1 if run[0] == "split" else 2, tuple(run[1]) if run[0] == "split" else
+            (run[1],))
 
 
 def build_muon(groups: list[dict[str, Any]], *, special: dict[int, tuple[str, Any]] | None = None,
@@ -125,12 +182,30 @@ def build_muon(groups: list[dict[str, Any]], *, special: dict[int, tuple[str, An
     groups = _regroup(groups, special or {}, split_qkv)
     if distributed_config == "auto":
         params = [p for g in groups for p in g["params"]]
-        if any(is_dtensor(p) for p in params):
+        # (A rank whose pipeline stages hold no LibMuon param still joins the
+        # job's steps: torchtitan makes every param a DTensor when it runs on
+        # more than one rank.)
+        if any(is_dtensor(p) for p in params) or (not params and _distributed()):
             names = {p: n for g in groups for p, n in zip(g["params"], g.get("param_names", ()))}
             distributed_config = create_dtensor_config(names=names or None)
         else:
             distributed_config = None
     return Muon(groups, distributed_config=distributed_config, **kwargs)
+
+
+def _distributed() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class LibMuonPart:
+    """What the LibMuon factory gives the container for one model part (and
+    torchtitan's log names): its param groups, which the one muon.Muon of this
+    rank then steps, and the index of the config each came from."""
+
+    def __init__(self, groups: list[dict[str, Any]]) -> None:
+        self.indices = [g.pop("_config") for g in groups]
+        self.param_groups = groups
 
 
 def _unflatten(optim: Muon, flat: dict[str, Any]) -> dict[str, Any]:
@@ -171,6 +246,57 @@ class OptimizersContainer(_Container):
     def __init__(self, config: Config, *, model_parts: list[torch.nn.Module]) -> None:
         self._special = _special_params(model_parts)
         super().__init__(config, model_parts=model_parts)
+        self._one_muon(config)
+
+    def _one_muon(self, config: Config) -> None:
+        """The LibMuon groups of every model part into one muon.Muon (in the
+        place of the first part's), with the same param groups on every rank
+        of the job (empty ones where this rank has none: see _job_keys)."""
+        configs = config.param_groups
+        if not any(pg.optimizer_name == NAME for pg in configs):
+            return
+        kwargs = dict(config.optimizer_factory_kwargs_by_name.get(NAME, {}))
+        split_qkv = kwargs.pop("split_qkv", True)
+        optimizers: list[Any] = self.optimizers  # type: ignore[has-type]
+        parts = [o for o in optimizers if isinstance(o, LibMuonPart)]
+        mine: dict[tuple[int, Key], dict[str, Any]] = {}
+        for part in parts:
+            for index, group in zip(part.indices, part.param_groups):
+                for key, run in _runs(group, self._special, split_qkv).items():
+                    into = mine.setdefault((index, key), _run_of(run, None))
+                    into["params"] += run["params"]
+                    if "param_names" in run:
+                        into["param_names"] += run["param_names"]
+        impl = self._build_impl_kwargs(config)
+        groups = [mine[k] if k in mine else
+                  _run_of({"params": [], "param_names": [], **impl,
+                           **configs[k[0]].optimizer_kwargs}, k[1])
+                  for k in _job_keys(list(mine))]
+        at = optimizers.index(parts[0]) if parts else len(optimizers)
+        if groups:
+            optimizers.insert(at, build_muon(groups, split_qkv=split_qkv, **kwargs))
+        self.optimizers = [o for o in optimizers if not isinstance(o, LibMuonPart)]
+
+    @staticmethod
+    def _build_param_groups(model: torch.nn.Module, param_group_configs: list[ParamGroupConfig],
+                            impl_kwargs: dict[str, Any]) -> Any:
+        """torchtitan's, without the StageParamGroupConfigs that match no param
+        of this model part (first match wins, as in torchtitan's); each LibMuon
+        group notes which config it came from (its index: "_config")."""
+        kept, claimed = [], set()
+        for index, pg in enumerate(param_group_configs):
+            pattern = re.compile(pg.pattern)
+            hits = {name for name, p in model.named_parameters()
+                    if p.requires_grad and name not in claimed and pattern.search(name)}
+            if hits or not isinstance(pg, StageParamGroupConfig):
+                kept.append((index, pg))
+            claimed |= hits
+        groups, patterns = _Container._build_param_groups(model, [pg for _, pg in kept],
+                                                          impl_kwargs)
+        indices = [index for index, pg in kept if pg.optimizer_name == NAME]
+        for index, group in zip(indices, groups.get(NAME, [])):
+            group["_config"] = index
+        return groups, patterns
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torchtitan's flat FQN-keyed state into each optimizer. torchtitan's
@@ -189,8 +315,7 @@ class OptimizersContainer(_Container):
     def _resolve_optimizer_factory(self, name: str) -> Any:  # type: ignore[override]
         if name != NAME:
             return _Container._resolve_optimizer_factory(name)
-        special = self._special
 
-        def factory(groups: list[dict[str, Any]], **kwargs: Any) -> Muon:
-            return build_muon(groups, special=special, **kwargs)
+        def factory(groups: list[dict[str, Any]], **_: Any) -> LibMuonPart:
+            return LibMuonPart(groups)  # (one muon.Muon over them all: _one_muon)
         return factory

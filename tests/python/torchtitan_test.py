@@ -83,7 +83,7 @@ def _container(model, **factory):
         param_groups=muon_torchtitan.param_groups(lr=LR, adamw_lr=ADAMW_LR, ns_dtype="fp32"),
         implementation="for-loop",
         optimizer_factory_kwargs_by_name={muon_torchtitan.NAME: factory} if factory else {})
-    return config.build(model_parts=[model])
+    return config.build(model_parts=model if isinstance(model, list) else [model])
 
 
 def _train(model, opt, steps):
