@@ -10,6 +10,7 @@ import torch
 
 from . import _optimizer
 from ._allocator import TorchAllocator
+from ._comm import Communicator, gather_objects
 from ._group_options import (check_step_param, coefficients_key, group_split, group_view,
                              lowlevel_kwargs, ns_dtype_of, real_value, variants_of, view_for)
 
@@ -309,6 +310,25 @@ class LibraryGroups:
             g.grads[i] = grad
             stepped.append(p)
         return stepped
+
+    @staticmethod
+    def _agree_group_count(g, count):
+        """Every rank steps `count` param groups, each a collective step of its
+        own: a rank with fewer (a pipeline stage without a kind of group) would
+        leave the others' step of the rest waiting. Asked once, over the first
+        group's world, before any group steps; refused on every rank alike. A
+        world whose collectives are C functions is not asked."""
+        comm = g.opt.world_comm
+        if not isinstance(comm, Communicator):
+            return
+        counts = gather_objects(comm, count)
+        if len(set(counts)) > 1:
+            raise ValueError(
+                "muon.Muon: the ranks step different numbers of param groups (%s, by world "
+                "rank): each group's step is collective, so every rank needs the same param "
+                "groups in the same order, a group left empty (params=[]) where a rank "
+                "holds none of its params (pipeline stages)"
+                % ", ".join(str(c) for c in counts))
 
     def _unbind_missing_grads(self):
         for g in self._groups.values():

@@ -177,6 +177,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         self._numbers = {}     # id(param group dict) -> (the dict, its number)
         self._by_number = {}   # number -> param group dict
         self._groups = {}      # param group number -> LibraryGroup, once it stepped
+        self._groups_agreed = False  # every rank steps as many param groups (first step)
         self._has_state = {}   # id(param) -> True once it has a momentum buffer (torch's state)
         self._pending = {}     # id(param) -> momentum to set at build (None: zero)
         self._pending_moments = {}  # id(param) -> NorMuon moments to set at build
@@ -422,9 +423,9 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             fb.sync()
         self._prepare_config()
         skip_empty = self._hooks is not None and self._hooks.skip_empty_groups
-        for gi, group in self._numbered():
-            if skip_empty and not group["params"]:
-                continue  # ZeRO-3 steps its sub-groups one at a time (muon.deepspeed)
+        stepping = [(gi, group) for gi, group in self._numbered()
+                    if not (skip_empty and not group["params"])]
+        for gi, group in stepping:  # (ZeRO-3 steps its sub-groups one at a time)
             indexed = self._matrices(gi, group)
             if not indexed and self._config is None:
                 self._check_not_flattened(gi, group)
@@ -447,6 +448,9 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                     continue  # torch does nothing for a group without gradients
             else:
                 stepped = self._bind_distributed(g, g.params)
+                if not self._groups_agreed:
+                    self._agree_group_count(g, len(stepping))
+                    self._groups_agreed = True
             try:
                 g.opt.step()
             except _optimizer.MuonError as e:

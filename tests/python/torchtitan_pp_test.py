@@ -23,7 +23,9 @@ Without torchtitan: torch's init_device_mesh with dims ("pp", "dp"), FSDP2
 over mesh["dp"], each pp coordinate a stage with its own params: under
 create_dtensor_config's default pipeline_dims ("pp",) each stage steps bit
 for bit as one process; with pipeline_dims=() the pp dim is taken for copies
-and the first step refuses the stages' different params on every rank."""
+and the first step refuses the stages' different params on every rank.
+Stages with different numbers of param groups are refused on every rank
+(each group's step is collective: they would wait for each other)."""
 
 import tempfile
 
@@ -160,7 +162,7 @@ def _stage_grads(model, stage):
     return [torch.randn(tuple(p.shape), generator=g) for p in model.parameters()]
 
 
-def _named_pp_mesh(rank, world, pipeline_dims):
+def _named_pp_mesh(rank, world, pipeline_dims, groups="one"):
     """torch's own init_device_mesh with dims ("pp", "dp") and FSDP2 over
     mesh["dp"]: each pp coordinate a stage with its own params."""
     import muon
@@ -173,7 +175,14 @@ def _named_pp_mesh(rank, world, pipeline_dims):
     fully_shard(model, mesh=mesh["dp"])
     names = {p: "stage%d.%s" % (stage, n) for n, p in model.named_parameters()}
     config = muon.create_dtensor_config(names=names, pipeline_dims=pipeline_dims)
-    opt = muon.Muon(model.parameters(), lr=0.02, distributed_config=config)
+    params = list(model.parameters())
+    if groups == "one":
+        param_groups = [{"params": params}]
+    elif stage == 0:  # two groups on stage 0; stage 1 one ("uneven") or one and an empty one
+        param_groups = [{"params": params[:1]}, {"params": params[1:]}]
+    else:
+        param_groups = [{"params": params}] + ([{"params": []}] if groups == "padded" else [])
+    opt = muon.Muon(param_groups, lr=0.02, distributed_config=config)
     for p, g in zip(model.parameters(), _stage_grads(model, stage)):
         p.grad = distribute_tensor(g, p.device_mesh, p.placements)
     try:
@@ -198,3 +207,19 @@ def test_a_pp_dim_of_a_named_mesh_holds_other_stages_not_copies():
     # Taken for copies (no pipeline dim), the stages' different params are refused.
     for stage, got in launch(_named_pp_mesh, 4, ()):
         assert isinstance(got, str) and "first step's setup failed" in got, (stage, got)
+
+
+def test_stages_with_different_param_groups_are_refused_not_left_waiting():
+    """Each param group steps collectively: stage 0 with two groups and stage 1
+    with one would leave stage 0's second step waiting for a partner. Refused
+    on every rank, naming the counts; with the missing group given empty, the
+    stages step bit for bit as one process."""
+    results = launch(_named_pp_mesh, 4, ("pp",), "uneven")
+    for stage, got in results:
+        assert isinstance(got, str) and "different numbers of param groups (2, 2, 1, 1" in got, \
+            (stage, got)
+    want = {}
+    for stage, got in launch(_named_pp_mesh, 4, ("pp",), "one"):
+        want.setdefault(stage, got)
+    for stage, got in launch(_named_pp_mesh, 4, ("pp",), "padded"):
+        assert all(torch.equal(a, b) for a, b in zip(got, want[stage])), stage
