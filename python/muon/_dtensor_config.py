@@ -34,10 +34,14 @@ def _dtensor_class():
 
 
 
+# The mesh dims whose ranks hold other pipeline stages (torchtitan's, torch's recipes).
+PIPELINE_DIMS = ("pp",)
+
+
 def create_dtensor_config(async_gpu_parallelism: bool = True, prefetch_count: int = 1, *,
                           names: ParamTable | None = None,
                           replicated_mode: str = "host_averaged",
-                          pipeline_dims: Sequence[str] = ("pp",)) -> DistributedConfig:
+                          pipeline_dims: Sequence[str] = PIPELINE_DIMS) -> DistributedConfig:
     """A DistributedConfig that reads each param's layout from the DTensor it is
     (torch >= 2.x): every mesh dim's Shard(d) becomes Shard(group, d, "chunk")
     (DTensor splits like torch.chunk), Replicate becomes Replicate(group), and
@@ -188,7 +192,7 @@ class _DTensorConfig(DistributedConfig):
     any of them and the config runs the three through the custom path."""
 
     def __init__(self, names, replicated_mode, async_gpu_parallelism, prefetch_count,
-                 pipeline_dims=("pp",)):
+                 pipeline_dims):
         super().__init__(dtensor_assign_fn, dtensor_gather_fn, dtensor_redistribute_fn, {},
                          async_gpu_parallelism, prefetch_count)
         self.names = names
@@ -212,7 +216,8 @@ class _DTensorConfig(DistributedConfig):
                         self.pipeline_dims)
 
 
-def attach_dtensors(optimizer, named_params, names, replicated_mode, pipeline_dims=("pp",)):
+def attach_dtensors(optimizer, named_params, names, replicated_mode,
+                    pipeline_dims=PIPELINE_DIMS):
     """Registers DTensor params with their placements: the world, one group per
     mesh dim, then each param (names: create_dtensor_config's `names`). A param
     that is not a DTensor is a whole tensor on every rank, as the design says

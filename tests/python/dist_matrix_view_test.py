@@ -14,11 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-import torch.optim._muon as torch_muon  # noqa: E402
-
 import muon  # noqa: E402
 from dist_harness import launch  # noqa: E402
-from real_torch_muon_test import newton_schulz  # noqa: E402
+from real_torch_muon_test import fp32_torch_ns  # noqa: E402,F401 (a fixture)
 
 EXPERTS, CONV, STEPS = (4, 12, 6), (6, 2, 3), 3
 
@@ -43,12 +41,6 @@ def _groups(experts, conv):
 # a CPU whose bf16 engine is native (AMX, AVX512-BF16) than in torch's.
 KWARGS = dict(lr=0.02, adjust_lr_fn="match_rms_adamw")
 MUON_KWARGS = dict(KWARGS, ns_dtype="fp32")
-
-
-@pytest.fixture
-def fp32_torch_ns(monkeypatch):
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
-                        lambda g, co, steps, eps: newton_schulz(g, co, steps, eps, torch.float32))
 
 
 def _one_process():

@@ -78,6 +78,14 @@ def torch_ns(monkeypatch):
     return use
 
 
+@pytest.fixture
+def fp32_torch_ns(monkeypatch):
+    """torch.optim.Muon's Newton-Schulz in fp32 for the whole test (the tests of
+    other files that compare with torch.optim.Muon import this fixture)."""
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
+                        lambda g, co, steps, eps: newton_schulz(g, co, steps, eps, torch.float32))
+
+
 class Model(torch.nn.Module):
     """Five matrices in a chain; `aux` is used on some steps only (its grad is
     None after zero_grad(set_to_none=True) on the others)."""

@@ -34,9 +34,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 
-import torch.optim._muon as torch_muon  # noqa: E402
 from dist_harness import launch  # noqa: E402
-from real_torch_muon_test import newton_schulz  # noqa: E402
+from real_torch_muon_test import fp32_torch_ns  # noqa: E402,F401 (a fixture)
 
 from muon import torchtitan as muon_torchtitan  # noqa: E402
 
@@ -164,12 +163,6 @@ def _reference(model, steps):
         elif (n, None) in muon_params:
             out[n] = muon_params[(n, None)].detach()
     return out
-
-
-@pytest.fixture
-def fp32_torch_ns(monkeypatch):
-    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz",
-                        lambda g, co, steps, eps: newton_schulz(g, co, steps, eps, torch.float32))
 
 
 def _one_process(**factory):
