@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     HeadLogits = Union[Sequence[float], torch.Tensor]
 
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+# The step is the library's work through ctypes, which torch.compile cannot
+# trace: compiled (torch.compile(opt.step), or a compiled training step that
+# calls it), Dynamo leaves it whole to eager Python instead of tracing into it
+# (a hundred frames and graph breaks on ctypes structures).
+_eager_under_compile = getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
 
 
 class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
@@ -412,6 +417,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     @overload
     def step(self, closure: Callable[[], float]) -> float: ...
 
+    @_eager_under_compile
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One Muon step for every param group; returns closure()'s loss if given."""

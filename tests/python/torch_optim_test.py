@@ -398,6 +398,79 @@ def test_closure_and_groups_without_grads():
     assert torch.equal(before[3], model.aux.detach())  # aux had no gradient
 
 
+def _run_steps(model, opt, data, step_fn=None, scaler=None):
+    """Trains over `data`: opt.step (or step_fn) after each backward; with a
+    GradScaler, the scaled loss and scaler.step."""
+    for step, (x, y) in enumerate(data):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x, uses_aux(step)), y)
+        if scaler is None:
+            loss.backward()
+            (step_fn or opt.step)()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+
+def test_a_compiled_step_is_the_eager_step_run_whole():
+    """torch.compile(opt.step), as torch's docs compile an optimizer: Dynamo
+    leaves the library's step to eager Python whole (one break, at the step)
+    instead of tracing into its ctypes calls, and the result is the eager
+    step's, bit for bit."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    from torch._dynamo.utils import counters
+    data = make_data(4)
+    torch.manual_seed(5)
+    eager_model = Model()
+    compiled_model = copy.deepcopy(eager_model)
+    eager, compiled = make_muon(eager_model), make_muon(compiled_model)
+    dynamo.reset()
+    counters.clear()
+    _run_steps(eager_model, eager, data)
+    _run_steps(compiled_model, compiled, data, step_fn=torch.compile(compiled.step))
+    for a, b in zip(eager_model.parameters(), compiled_model.parameters()):
+        assert torch.equal(a, b)
+    # Before: ~100 frames, graph breaks on ctypes structures ("Dynamo does not
+    # know how to trace method __new__ of class PyCStructType").
+    breaks = list(counters["unimplemented"]) + list(counters["graph_break"])
+    assert not [b for b in breaks if "ctypes" in b or "PyCStructType" in b], breaks
+    assert any("torch.compiler.disable" in b for b in counters["graph_break"]), breaks
+
+
+def test_a_grad_scaler_steps_as_unscaled_and_skips_an_overflowing_step():
+    """torch.amp.GradScaler (mixed-precision recipes): the scaled loss's step
+    is the unscaled one bit for bit (the scale is a power of two), and a step
+    whose gradients overflow is skipped whole: the params and the step count
+    stay, and the run goes on as if that batch had not been."""
+    data = make_data(4)
+    torch.manual_seed(6)
+    plain_model = Model()
+    scaled_model = copy.deepcopy(plain_model)
+    plain, scaled = make_muon(plain_model), make_muon(scaled_model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    _run_steps(plain_model, plain, data[:2])
+    _run_steps(scaled_model, scaled, data[:2], scaler=scaler)
+    for a, b in zip(plain_model.parameters(), scaled_model.parameters()):
+        assert torch.equal(a, b)
+    before = [p.detach().clone() for p in scaled_model.parameters()]
+    steps = scaled.stats()["steps"]
+    assert steps == 2
+    x, y = data[2]
+    scaled.zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(scaled_model(x, False), y) * float("inf")
+                 ).backward()
+    scaler.step(scaled)
+    scaler.update()
+    assert scaler.get_scale() == 2.0 ** 9  # the overflow was seen
+    assert all(torch.equal(a, p) for a, p in zip(before, scaled_model.parameters()))
+    assert scaled.stats()["steps"] == steps  # the library did not step
+    _run_steps(plain_model, plain, data[2:])
+    _run_steps(scaled_model, scaled, data[2:], scaler=scaler)
+    for a, b in zip(plain_model.parameters(), scaled_model.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_zero_grad_set_to_none_releases_the_old_gradient():
     w = torch.nn.Parameter(torch.randn(8, 8))
     opt = muon.Muon([w], lr=0.01)
