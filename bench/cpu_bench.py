@@ -99,17 +99,26 @@ SETTLE_S = 0.2
 WARM_BELOW_S = 0.1
 
 
+# A call that takes longer than this is timed from its first call on (what a
+# warm-up would settle, threads and allocations, costs milliseconds of it):
+# torch's bf16 step on a CPU without native bf16 takes minutes.
+LONG_CALL_S = 60.0
+
+
 def interleaved(fns, reps):
-    """Median seconds of each of `fns`, called in turn `reps` times (one warm-up each)."""
+    """Median seconds of each of `fns`, called in turn `reps` times (one warm-up each,
+    except a call longer than LONG_CALL_S, whose first call is one of the reps)."""
     first = []
     for f in fns:
         t = time.perf_counter()
         f()
         first.append(time.perf_counter() - t)
     several = torch.get_num_threads() > 1
-    times = [[] for _ in fns]
+    times = [[t] if t > LONG_CALL_S else [] for t in first]
     for _ in range(reps):
         for i, f in enumerate(fns):
+            if len(times[i]) >= reps:
+                continue
             if several:
                 time.sleep(SETTLE_S)
                 if first[i] < WARM_BELOW_S:
@@ -433,6 +442,8 @@ def main():
     ap.add_argument("--step-models", default="gpt2,llama",
                     help="the full-step table's models (gpt2, llama; comma-separated): on a "
                          "CPU without native bf16 torch's step takes minutes per GPT-2 step")
+    ap.add_argument("--step-reps", type=int, default=None,
+                    help="the full-step table's reps (default: half of --reps, at least 3)")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -492,7 +503,8 @@ def main():
         unknown = [m for m in chosen if m not in models]
         if unknown:
             ap.error("--step-models: unknown %s (choose from gpt2, llama)" % ", ".join(unknown))
-        step_table([(models[m][0], models[m][1]()) for m in chosen], max(3, args.reps // 2))
+        step_table([(models[m][0], models[m][1]()) for m in chosen],
+                   args.step_reps or max(3, args.reps // 2))
 
 
 if __name__ == "__main__":

@@ -16,37 +16,48 @@ trap 'rm -f "$log"' EXIT
 rc=0
 # The targets of the bazel run just made that ran nothing (tools/skipped_tests.py).
 skipped() { python3 tools/skipped_tests.py bazel-testlogs 2>&1 | tee -a "$log"; }
+# Each stage's header; the one before it is closed with its wall time (where
+# the suite's minutes go).
+stage_name="" stage_start=$SECONDS
+stage() {
+  [ -n "$stage_name" ] && echo "-- ${stage_name}: $((SECONDS - stage_start)) s"
+  stage_name=$1 stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
 
-echo "== the house's rules (docs/ARCHITECTURE.md)"
+stage "the house's rules (docs/ARCHITECTURE.md)"
 bash tools/check_layout.sh 2>&1 | tee -a "$log" || rc=1
 
-echo "== all tests"
+stage "all tests"
 bazel test --noshow_progress //... 2>&1 | tee -a "$log" || rc=1
 skipped
 
-echo "== C/C++ tests under ASan + UBSan (the MPI adapter's under mpirun)"
+stage "C/C++ tests under ASan + UBSan (the MPI adapter's under mpirun)"
 bazel test --noshow_progress --config=asan --test_tag_filters=-no_asan -- \
   //muon/... //capi/... //tests/c_api/... //tests/distributed/... //tests/mpi/... 2>&1 | tee -a "$log" || rc=1
 skipped
 
-echo "== Python tests against libmuon.so built with ASan + UBSan"
+stage "Python tests against libmuon.so built with ASan + UBSan"
 bash tools/asan_python.sh 2>&1 | tee -a "$log" || rc=1
 
-echo "== multi-rank (threaded) and C API tests under ThreadSanitizer"
+stage "multi-rank (threaded) and C API tests under ThreadSanitizer"
 bazel test --noshow_progress --config=tsan --test_tag_filters=-no_tsan -- \
   //muon/comm/... //muon/device/... //muon/engine/... //muon/sharding/... //tests/distributed/... \
   //capi/... //tests/c_api/... 2>&1 | tee -a "$log" || rc=1
 skipped
 
-echo "== libFuzzer targets (bounded)"
+stage "libFuzzer targets (bounded)"
 # Prints //fuzz:<target> PASSED or FAILED per target (counted below).
 bash tools/fuzz.sh 30 2>&1 | tee -a "$log" || rc=1
 
-echo "== libmuon as a dependency of another Bazel workspace"
+stage "libmuon as a dependency of another Bazel workspace"
 bash tools/check_bazel_dependency.sh 2>&1 | tee -a "$log" || rc=1
 
-echo "== the Python wheel, pip-installed into a fresh environment"
+stage "the Python wheel, pip-installed into a fresh environment"
 bash tools/check_wheel.sh 2>&1 | tee -a "$log" || rc=1
+
+stage ""
 
 skips=$(grep -cE '^//[^ ]* SKIPPED \(' "$log")
 passed=$(( $(grep -cE '^//.* PASSED' "$log") - skips ))
