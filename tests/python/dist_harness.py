@@ -10,6 +10,15 @@ does a process that crashes after its result; a rank still running `timeout`
 seconds after the launch (or 15 seconds after another rank failed, so it is
 probably waiting on it) is killed.
 
+The ranks fork from a server process (multiprocessing's forkserver) that has
+imported torch and the worker's module once per test process, not each from a
+fresh interpreter that imports torch (and DeepSpeed, Megatron, torchtitan)
+again: 3-8 s of CPU per rank, most of a small launch's cost. The server is
+started from the first launch's parent, with nothing run in it (no thread
+pool, no process group), and each rank takes the parent's environment as it
+is at the launch. MUON_TEST_SPAWN=1 starts each rank from a fresh interpreter
+instead.
+
 A rank tears down what fn left (gc.collect(): every muon optimizer destroyed,
 with the interpreter alive), saves its result, destroys the process groups and
 leaves with os._exit(0), skipping interpreter finalization: there, a gloo
@@ -39,7 +48,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, out_dir, args):
+def _entry(fn, rank, world_size, port, out_dir, args, env):
+    if os.environ != env:  # a forked rank has the server's environment
+        os.environ.clear()
+        os.environ.update(env)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -65,13 +77,31 @@ def _entry(fn, rank, world_size, port, out_dir, args):
         os._exit(0)  # see the module's docstring
 
 
+_server = {"preloaded": None}
+
+
+def _context(fn):
+    """Where the ranks of a launch of `fn` start (the module's docstring)."""
+    if os.environ.get("MUON_TEST_SPAWN") == "1":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if _server["preloaded"] is None:  # the server starts at its first use
+        modules = ["torch", "torch.distributed"]
+        if fn.__module__ != "__main__":
+            modules.append(fn.__module__)
+        ctx.set_forkserver_preload(modules)
+        _server["preloaded"] = modules
+    return ctx
+
+
 def launch(fn, world_size, *args, timeout=240):
     """Runs fn(rank, world_size, *args) on world_size processes; returns the
     per-rank results."""
-    ctx = mp.get_context("spawn")
+    ctx = _context(fn)
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="muon_dist_") as out_dir:
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, out_dir, args),
+        procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, out_dir, args, env),
                              daemon=True) for r in range(world_size)]
         for p in procs:
             p.start()
