@@ -1,9 +1,10 @@
 """muon.Muon under torch's own parallelism on 4 gloo processes (CPU): FSDP2
 (fully_shard), tensor parallel (parallelize_module) then FSDP2 on a 2-D
-DeviceMesh (the strided placements real recipes produce), and DDP. Each rank
-also steps a single-process muon.Muon on the full tensors with the very same
-gradients (gathered from the DTensors, or DDP's averaged ones); after every
-step both must agree bit for bit (fp32 Newton-Schulz), matrices through Muon
+DeviceMesh (the strided placements real recipes produce), DDP, and DDP with
+torch's ZeroRedundancyOptimizer around muon.Muon (ZeRO-1: each rank steps
+its share of whole params). Each rank also steps a single-process muon.Muon
+on the full tensors with the very same gradients (gathered from the
+DTensors, or DDP's averaged ones); after every step both must agree bit for bit (fp32 Newton-Schulz), matrices through Muon
 and biases through AdamW, and every matrix is orthogonalized once per step
 in the whole job. The same holds when one of create_dtensor_config's
 functions is replaced (the design's "create the config, then override one
@@ -56,9 +57,12 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _train(model, config, rank, batch_of):
+def _train(model, config, rank, batch_of, opt=None):
+    """STEPS steps of muon.Muon under `config` (or of `opt`, a wrapper of
+    muon.Muon) against a single-process muon.Muon on the same gradients."""
     reference = copy.deepcopy(_plain_copy(model))
-    opt = muon.Muon(model.parameters(), lr=0.02, ns_dtype="fp32", distributed_config=config)
+    if opt is None:
+        opt = muon.Muon(model.parameters(), lr=0.02, ns_dtype="fp32", distributed_config=config)
     ref_opt = muon.Muon(reference.parameters(), lr=0.02, ns_dtype="fp32")
     worst, exact = 0.0, True
     for step in range(STEPS):
@@ -73,8 +77,9 @@ def _train(model, config, rank, batch_of):
             got = _full(p.detach())
             worst = max(worst, (got - q.detach()).abs().max().item())
             exact = exact and torch.equal(got, q.detach())
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer's local optimizer
     return {"exact": exact, "worst": worst,
-            "orthogonalized": opt.stats()["matrices_orthogonalized"],
+            "orthogonalized": inner.stats()["matrices_orthogonalized"],
             "moved": not torch.equal(_full(model.head.weight.detach()), _full_init_head())}
 
 
@@ -164,7 +169,7 @@ def _tp_fsdp2(rank, override_gather=False, devicemesh=False):
     return out
 
 
-def _ddp(rank):
+def _ddp_wrapped():
     torch.manual_seed(0)
     model = Net()
     _INIT["head"] = model.head.weight.detach().clone()
@@ -181,8 +186,24 @@ def _ddp(rank):
 
         def parameters(self, recurse=True):
             return model.parameters()
-    return _train(Wrapped(), muon.create_processgroup_config(dp_pg=dist.group.WORLD), rank,
+    return Wrapped()
+
+
+def _ddp(rank):
+    return _train(_ddp_wrapped(), muon.create_processgroup_config(dp_pg=dist.group.WORLD), rank,
                   _batch)
+
+
+def _zero_redundancy(rank):
+    """torch's own ZeRO-1 over DDP: ZeroRedundancyOptimizer gives each rank a
+    plain muon.Muon over its share of the (whole) params, then broadcasts
+    them; no distributed_config is needed, each matrix is whole where it is
+    stepped."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    model = _ddp_wrapped()
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=muon.Muon, lr=0.02,
+                                  ns_dtype="fp32")
+    return _train(model, None, rank, _batch, opt=opt)
 
 
 def _worker(rank, world):
@@ -191,7 +212,8 @@ def _worker(rank, world):
             "fsdp2_own_assignment": _fsdp2_own_assignment(rank),
             "tp_fsdp2_own_gather": _tp_fsdp2(rank, override_gather=True),
             "tp_fsdp2_devicemesh": _tp_fsdp2(rank, devicemesh=True),
-            "fsdp2_plain_head": _fsdp2_plain_head(rank)}
+            "fsdp2_plain_head": _fsdp2_plain_head(rank),
+            "zero_redundancy": _zero_redundancy(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +226,7 @@ MATRICES = 5  # 2 blocks x (up, down) + head
 
 @pytest.mark.parametrize("layout", ["fsdp2", "tp_fsdp2", "ddp", "fsdp2_own_assignment",
                                     "tp_fsdp2_own_gather", "tp_fsdp2_devicemesh",
-                                    "fsdp2_plain_head"])
+                                    "fsdp2_plain_head", "zero_redundancy"])
 def test_bit_for_bit_with_single_process_muon_on_the_same_gradients(runs, layout):
     for rank, res in enumerate(runs):
         out = res[layout]
