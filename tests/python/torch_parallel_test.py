@@ -4,13 +4,14 @@ DeviceMesh (the strided placements real recipes produce), DDP, and DDP with
 torch's ZeroRedundancyOptimizer around muon.Muon (ZeRO-1: each rank steps
 its share of whole params). Each rank also steps a single-process muon.Muon
 on the full tensors with the very same gradients (gathered from the
-DTensors, or DDP's averaged ones); after every step both must agree bit for bit (fp32 Newton-Schulz), matrices through Muon
-and biases through AdamW, and every matrix is orthogonalized once per step
-in the whole job. The same holds when one of create_dtensor_config's
-functions is replaced (the design's "create the config, then override one
-function"): the custom path then runs them. And the design's Example 2 as
-written (create_devicemesh_config(device_mesh=mesh, mesh_dim_names=["dp",
-"tp"]) over FSDP2 + TP), on a "cpu" mesh."""
+DTensors, or DDP's averaged ones); after every step both must agree bit for
+bit (fp32 Newton-Schulz), matrices through Muon and biases through AdamW,
+and every matrix is orthogonalized once per step in the whole job. The
+same holds when one of create_dtensor_config's functions is replaced (the
+design's "create the config, then override one function"): the custom path
+then runs them. And the design's Example 2 as written
+(create_devicemesh_config(device_mesh=mesh, mesh_dim_names=["dp", "tp"])
+over FSDP2 + TP), on a "cpu" mesh."""
 
 import copy
 
