@@ -17,6 +17,7 @@ LEVELS = {
     "_errors": 1,           # MuonError, status checks
     "_tensor": 1,           # numpy/torch tensors as DLTensors
     "_flat": 1,             # FSDP1/ZeRO flat ranges (no muon import)
+    "_megatron_attrs": 1,   # Megatron-core's param attributes and parallel_state, read
     "_allocator": 1,        # TorchAllocator: torch's allocators for the library's memory
     "_options": 1,          # muon_options_t / muon_param_options_t from Python values
     "_comm": 2,             # placements, Python communicators

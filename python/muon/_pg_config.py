@@ -28,6 +28,7 @@ from ._comm import FlatRange, Replicate, Shard
 from ._config import (DistributedConfig, grad_buffer, is_dtensor, lookup, lookup_any,
                       lookup_named, matrix_view_for, require_dist, torch_and_dist, torch_version)
 from ._dist import TorchDistComm
+from ._megatron_attrs import generic_megatron_tp_dim, has_megatron_tp
 from ._pg_functions import (chunk_sizes as _chunk_sizes, processgroup_assign_fn,
                             processgroup_gather_fn, processgroup_redistribute_fn)
 from ._pg_job import DefaultDim, Job, ParamError
@@ -40,17 +41,6 @@ if TYPE_CHECKING:
     from ._base_config import NamedParams
     from ._config import ParamTable
     from ._optimizer import Optimizer
-
-
-def _has_megatron_tp(param):
-    """Whether Megatron-core marked the param's TP layout (its tensor-parallel
-    layers set tensor_model_parallel and partition_dim on every weight)."""
-    return hasattr(param, "tensor_model_parallel") and hasattr(param, "partition_dim")
-
-
-def _megatron_tp_dim(param):
-    """The dim Megatron splits the param along over TP, or None (replicated)."""
-    return int(param.partition_dim) if param.tensor_model_parallel else None
 
 
 @dataclass(frozen=True)
@@ -154,13 +144,13 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             idx = self._param_index(param)
             if idx in table:
                 return None if table[idx] is None else int(table[idx])
-            if _has_megatron_tp(param):
-                return _megatron_tp_dim(param)
+            if has_megatron_tp(param):
+                return generic_megatron_tp_dim(param)
             return DefaultDim(0)
         found, value = lookup_named(self.tp_dims, name, default_name, param)
         if found:
             return None if value is None else int(value)
-        return _megatron_tp_dim(param) if _has_megatron_tp(param) else None
+        return generic_megatron_tp_dim(param) if has_megatron_tp(param) else None
 
     def _declared_global_shape(self, default_name, param):
         return self._global_shape(self._name(default_name, param), default_name, param)
@@ -195,6 +185,19 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         if any(is_dtensor(p) for _, p in named_params):
             return self._attach_dtensors(optimizer, named_params)
         job = Job(self, require_dist("create_processgroup_config"))
+        entries = self.read_layout(job, named_params)
+        if job.errors:
+            registered = False
+        elif self._native():
+            registered = self._register_all(job, optimizer, entries)
+        else:
+            registered = self._register_custom(job, optimizer, entries)
+        job.raise_on_every_rank(registered)
+
+    def read_layout(self, job: Job, named_params: NamedParams) -> list:
+        """Every param's layout read from the ranks over this config's groups
+        (collective: the same gathers on every rank, whatever it holds), each
+        problem noted on `job`; the ParamEntry of each param, in order."""
         entries = self._read_params(job, named_params)
         local_pieces = [(e, e.local) for e in entries if not e.bad]
         if self._fsdp_outer(job.groups):  # TP pieces add up to FSDP's, those to the whole
@@ -209,13 +212,7 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
             e.global_inferred = whole
         good = self._ep_experts(job, [e for e, _ in wholes])
         self._check_replicas(job, good)
-        if job.errors:
-            registered = False
-        elif self._native():
-            registered = self._register_all(job, optimizer, entries)
-        else:
-            registered = self._register_custom(job, optimizer, entries)
-        job.raise_on_every_rank(registered)
+        return entries
 
     def _attach_dtensors(self, optimizer, named_params):
         """DTensor params (FSDP2, tensor parallel on the mesh) describe their own
@@ -228,19 +225,34 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
         from ._dtensor_config import attach_dtensors
         attach_dtensors(optimizer, named_params, self.names, self.replicated_mode)
 
-    def _register_all(self, job, optimizer, entries):
+    def _register_all(self, job, optimizer, entries, *more):
         """The world, the groups and the registrations; False (the error noted)
-        when one of them fails."""
+        when one of them fails. `more`: (config, its job, its entries) of
+        params laid out over other groups in the same world (Megatron's
+        experts), registered after these by that config."""
         try:
-            gid = {"world": optimizer.set_world(TorchDistComm(self.world_pg))}
-            gid.update({role: optimizer.add_group(TorchDistComm(job.groups[role]))
-                        for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups})
+            world = optimizer.set_world(TorchDistComm(self.world_pg))
+            gid = self.add_groups(optimizer, job, world)
+            # Every group is added before the first registration (muon.h).
+            others = [(config, config.add_groups(optimizer, other_job, world), other_entries)
+                      for config, other_job, other_entries in more]
             for e in entries:
                 self._register(optimizer, gid, e)
+            for config, other_gid, other_entries in others:
+                for e in other_entries:
+                    config._register(optimizer, other_gid, e)
             return True
         except Exception as err:  # noqa: BLE001  (reported on every rank)
             job.errors.append("%s: %s" % (type(err).__name__, err))
             return False
+
+    @staticmethod
+    def add_groups(optimizer, job, world):
+        """The optimizer's group id of each role of `job` (and "world": `world`)."""
+        gid = {"world": world}
+        gid.update({role: optimizer.add_group(TorchDistComm(job.groups[role]))
+                    for role in ("dp", "cp", "ep", "tp", "fsdp") if role in job.groups})
+        return gid
 
     def _global_of(self, e):
         """The param's whole shape: given (flat FSDP) or added up from the pieces."""

@@ -45,25 +45,44 @@ keys one, the values one), each scaled for its own shape. The layers are
 found in the model: pass it as model= (with ddp= it is the DDP model's);
 split_qkv=False orthogonalizes each fused QKV whole.
 
-Not mapped yet: expert parameters (allreduce=False, Megatron's MoE, also
-its expert-parallel buffers); an expert parameter fails at the first step
-naming it.
+Mixture-of-experts layers (Megatron-core's MoE: SequentialMLP's local
+experts, TEGroupedMLP's per-expert weights) are found in the model given as
+model=: each expert is one matrix per weight, held by one expert-parallel
+rank, split over the expert tensor-parallel group along its partition_dim and
+replicated over the expert data-parallel group (parallel_state's expert
+groups; Megatron averages its gradients there). It is named by its global
+expert id (expert-parallel rank * num_local_experts + local index, as
+Megatron's own checkpoints number it), so its replicas agree and experts
+differ. The expert groups may differ from the dense ones (an expert tensor-
+parallel size other than the TP size, expert_tensor_parallel_size=1 being
+common): the dense params are laid out over TP and DP, the experts over
+their own groups, in one job. With expert parallel or an expert TP size
+other than the TP size, model= is required (an expert read as a dense TP
+piece would be put together wrongly); an expert parameter (allreduce=False)
+that model= does not reach is refused at the first step, naming it. Not
+mapped: the legacy GroupedMLP (several experts in one weight; use
+SequentialMLP or TEGroupedMLP) and expert parameters under ddp= (Megatron's
+expert-parallel buffers).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ._config import is_dtensor, require_dist
 from ._flat import Segment
+from ._megatron_attrs import experts_laid_out_apart, megatron_attr_tp_dim
 from ._pg_config import ProcessGroupConfig, create_processgroup_config
+from ._pg_job import Job
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroup
 
 __all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
-           "megatron_qkv_splits"]
+           "megatron_qkv_splits", "megatron_experts"]
 
 
 def megatron_qkv_splits(model: Any) -> dict[torch.Tensor, tuple[int, list[int]]]:
@@ -90,15 +109,67 @@ def megatron_qkv_splits(model: Any) -> dict[torch.Tensor, tuple[int, list[int]]]
 
 
 def megatron_tp_dim(param: torch.Tensor) -> int | None:
-    """The dim a Megatron parameter is split along over the TP group, or None
-    (replicated). ValueError for an expert parameter (not mapped yet)."""
+    """The dim a Megatron parameter is split along over its tensor-parallel
+    group (an expert's: the expert tensor-parallel group), or None
+    (replicated)."""
+    return megatron_attr_tp_dim(param)
+
+
+def _dense_tp_dim(param: torch.Tensor) -> int | None:
+    """megatron_tp_dim of a param laid out over the dense groups; ValueError
+    for an expert parameter, which belongs to the expert groups."""
     if getattr(param, "allreduce", True) is False:
-        raise ValueError("it is a Megatron expert parameter (allreduce=False), which "
-                         "muon.megatron does not map yet; give experts to "
-                         "muon.create_processgroup_config(ep_pg=..., names=...)")
-    if getattr(param, "tensor_model_parallel", False):
-        return int(getattr(param, "partition_dim"))
-    return None
+        raise ValueError("it is a Megatron expert parameter (allreduce=False) that "
+                         "create_megatron_config did not find as an expert: pass the model "
+                         "holding it as model= (its MoE layers: SequentialMLP or "
+                         "TEGroupedMLP experts)")
+    return megatron_tp_dim(param)
+
+
+_TE_EXPERT = re.compile(r"^(.*\.(?:weight|bias))(\d+)$")
+
+
+def megatron_experts(model: Any) -> dict[torch.Tensor, str]:
+    """{param: name}: every parameter of the MoE experts of `model` (a module,
+    or a list of model chunks, DDP-wrapped or not), named by its module path
+    with the expert's global id (expert-parallel rank * num_local_experts +
+    local index): SequentialMLP's local_experts.<id>.<...>, TEGroupedMLP's
+    <linear>.weight<id>. The same on every rank holding a piece of the
+    expert, different for different experts. Dict keys are the param
+    objects. ValueError for the legacy GroupedMLP (its weights hold several
+    experts each)."""
+    from megatron.core.transformer.moe import experts as moe
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    out = {}
+    for c, chunk in enumerate(chunks):
+        module: Any = getattr(chunk, "module", chunk)
+        prefix = "chunk%d." % c if len(chunks) > 1 else ""
+        for path, m in module.named_modules():
+            if not isinstance(m, (moe.SequentialMLP, moe.TEGroupedMLP, moe.GroupedMLP)):
+                continue
+            local = m.num_local_experts
+            first = m.ep_group.rank() * local  # Megatron's checkpoints number them so
+            path = prefix + (path + "." if path else "")
+            if isinstance(m, moe.SequentialMLP):  # one MLP per local expert
+                for i, expert in enumerate(m.local_experts):
+                    for name, p in expert.named_parameters():
+                        out[p] = "%slocal_experts.%d.%s" % (path, first + i, name)
+                continue
+            if isinstance(m, moe.GroupedMLP):
+                raise ValueError("muon.megatron: %s is Megatron's legacy GroupedMLP, whose "
+                                 "weight1 and weight2 hold all %d local experts side by side; "
+                                 "build the MoE layer with SequentialMLP (moe_grouped_gemm="
+                                 "False) or TEGroupedMLP (TransformerEngine), whose weights "
+                                 "are one expert each" % (path.rstrip(".") or "the model",
+                                                          local))
+            for name, p in m.named_parameters():  # TEGroupedMLP: weight<i>, bias<i>
+                found = _TE_EXPERT.match(name)
+                if found is None:
+                    raise ValueError("muon.megatron: expert param '%s%s' is not named as "
+                                     "TEGroupedMLP names its experts (<linear>.weight<i>), so "
+                                     "its global expert id is unknown" % (path, name))
+                out[p] = "%s%s%d" % (path, found.group(1), first + int(found.group(2)))
+    return out
 
 
 def _parallel_state():
@@ -113,6 +184,24 @@ def _parallel_state():
                            "parallel_state.initialize_model_parallel first (or pass "
                            "tp_group, dp_group and pp_group)")
     return parallel_state
+
+
+def _has_experts(model: Any) -> bool:
+    """Whether `model` has Megatron-core MoE experts (False without megatron.core)."""
+    try:
+        return bool(megatron_experts(model))
+    except ImportError:
+        return False
+
+
+def _initialized_parallel_state():
+    """megatron.core's parallel_state when it is importable and initialized,
+    else None."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return None
+    return parallel_state if parallel_state.model_parallel_is_initialized() else None
 
 
 def megatron_flat_ranges(ddp: Any,
@@ -149,6 +238,61 @@ def megatron_flat_ranges(ddp: Any,
                     first, last = max(start, lo), min(end, hi)
                     out[param] = (first - start, last - first) if first < last else (0, 0)
     return out
+
+
+class MegatronExpertLayout(ProcessGroupConfig):
+    """The MoE experts' layout, over parallel_state's expert groups: expert
+    data parallel (as "dp": replicas), expert parallel ("ep": each expert on
+    one of its ranks), expert tensor parallel ("tp": the partition_dim
+    split) and the pipeline ("pp"); each expert param named by
+    megatron_experts, after muon.Muon's name for it."""
+
+    def __init__(self, groups, names: dict[int, str], **kwargs):
+        ProcessGroupConfig.__init__(self, groups,
+                                    tp_dims=lambda name, param: megatron_tp_dim(param), **kwargs)
+        self.expert_names = names  # id(param) -> the expert's global name
+
+    def _name(self, default_name, param):
+        return ProcessGroupConfig._name(
+            self, "%s.%s" % (default_name, self.expert_names[id(param)]), param)
+
+
+class MegatronConfig(ProcessGroupConfig):
+    """What create_megatron_config returns without ddp=: the dense params laid
+    out over TP and DP (with CP), the MoE experts (when model= is given and
+    parallel_state is initialized) over their own groups, read and registered
+    in one collective attach."""
+
+    def __init__(self, groups, experts: MegatronExpertLayout | None, **kwargs):
+        ProcessGroupConfig.__init__(self, groups,
+                                    tp_dims=lambda name, param: _dense_tp_dim(param), **kwargs)
+        self.experts = experts
+
+    def attach(self, optimizer, named_params):
+        if self.experts is None or any(is_dtensor(p) for _, p in named_params):
+            return ProcessGroupConfig.attach(self, optimizer, named_params)
+        # Every rank reads both layouts, the same gathers in the same order,
+        # whether it holds experts or not (a pipeline stage without MoE).
+        dist = require_dist("create_megatron_config")
+        names = self.experts.expert_names
+        job, xjob = Job(self, dist), Job(self.experts, dist)
+        entries = self.read_layout(job, [(n, p) for n, p in named_params
+                                         if id(p) not in names])
+        xentries = self.experts.read_layout(xjob, [(n, p) for n, p in named_params
+                                                   if id(p) in names])
+        job.errors.extend(xjob.errors)
+        if job.errors:
+            registered = False
+        elif not self._native():
+            if xentries:
+                job.errors.append("MoE experts need the config's own assign_fn, gather_fn and "
+                                  "redistribute_fn (the library then moves the pieces): "
+                                  "experts hold different params on different ranks")
+            registered = not xentries and self._register_custom(job, optimizer, entries)
+        else:
+            registered = self._register_all(job, optimizer, entries,
+                                            (self.experts, xjob, xentries))
+        job.raise_on_every_rank(registered)
 
 
 class MegatronDistOptConfig(ProcessGroupConfig):
@@ -222,6 +366,7 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
     docstring); with ddp= the DDP model's. split_qkv=False: orthogonalize
     them whole. A param group's own split_sizes wins over this.
     """
+    ps = None
     if tp_group is None or (dp_group is None and ddp is None):
         ps = _parallel_state()
         tp_group = tp_group if tp_group is not None else \
@@ -230,11 +375,20 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
             dp_group = ps.get_data_parallel_group(with_context_parallel=True)
         if pp_group is None and ps.get_pipeline_model_parallel_world_size() > 1:
             pp_group = ps.get_pipeline_model_parallel_group()
+    else:
+        ps = _initialized_parallel_state()
+    apart = ps is not None and experts_laid_out_apart(ps)
     if ddp is not None:
         if dp_group is not None or replicated_mode != "host_averaged":
             raise ValueError("muon.megatron.create_megatron_config: with ddp=, the data-parallel "
                              "group is the DDP buffers' and the ranges are sharded: leave "
                              "dp_group and replicated_mode unset")
+        if apart:
+            raise ValueError("muon.megatron.create_megatron_config: MoE experts (expert "
+                             "parallel, or an expert TP size other than the TP size) are not "
+                             "mapped with ddp= (Megatron's distributed-optimizer buffers); "
+                             "step the experts' model without ddp=, its gradients averaged "
+                             "over the expert data-parallel group")
         chunks = list(ddp) if isinstance(ddp, (list, tuple)) else [ddp]
         return MegatronDistOptConfig(chunks, tp_group, pp_group,
                                      verify_replicas=verify_replicas,
@@ -246,11 +400,30 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
                       "Megatron-core's Muon does by default (muon_split_qkv); pass model= "
                       "(or split_qkv=False to keep them whole and silence this)", UserWarning,
                       stacklevel=2)
-    config = create_processgroup_config(
-        tp_pg=tp_group, dp_pg=dp_group, pp_pg=pp_group,
-        tp_dims=lambda name, param: megatron_tp_dim(param),
-        replicated_mode=replicated_mode, verify_replicas=verify_replicas,
-        async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count)
+    if model is None and apart:
+        raise ValueError("muon.megatron.create_megatron_config: parallel_state lays MoE experts "
+                         "out apart from the dense params (expert parallel %d, expert TP %d, "
+                         "TP %d): pass the model as model= so its experts are found and laid "
+                         "out over the expert groups"
+                         % (ps.get_expert_model_parallel_world_size(),
+                            ps.get_expert_tensor_parallel_world_size(),
+                            ps.get_tensor_model_parallel_world_size()))
+    common = dict(replicated_mode=replicated_mode, verify_replicas=verify_replicas,
+                  async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count)
+    experts = None
+    if model is not None and ps is not None:
+        experts = MegatronExpertLayout(
+            {"dp": ps.get_expert_data_parallel_group(),
+             "ep": ps.get_expert_model_parallel_group(),
+             "tp": ps.get_expert_tensor_parallel_group(), "pp": pp_group},
+            {id(p): name for p, name in megatron_experts(model).items()}, **common)
+    elif model is not None and _has_experts(model):
+        raise ValueError("muon.megatron.create_megatron_config: model= has MoE experts, which "
+                         "are laid out over parallel_state's expert groups; call megatron."
+                         "core.parallel_state.initialize_model_parallel first (the groups "
+                         "given by hand cover the dense params)")
+    config = MegatronConfig({"dp": dp_group, "tp": tp_group, "pp": pp_group}, experts,
+                            **common)
     if split_qkv and model is not None:
         config.param_splits = {id(p): v for p, v in megatron_qkv_splits(model).items()}
     return config

@@ -1,0 +1,236 @@
+"""Megatron-core's mixture of experts (a transformer layer with an MoE MLP of
+SequentialMLP experts, Megatron's local spec, groups from parallel_state's
+initialize_model_parallel with expert parallel and an expert tensor-parallel
+size) on 4 processes (gloo on CPU), stepped by muon.Muon with
+muon.megatron.create_megatron_config(model=layer): after every step each
+rank's pieces are, bit for bit, the pieces of single-process muon.Muon run on
+the whole matrices with the same gradients. The reference is put together
+here from Megatron's own layout, read independently of the adapter: a
+param under mlp.experts.local_experts.<i> is expert ep_rank * local + i,
+averaged over the expert data-parallel group and split over the expert
+tensor-parallel group along its partition_dim; every other param averaged
+over data parallel and split over TP. Each matrix is orthogonalized once per
+step in the whole job.
+
+Three layouts of the 4 ranks (TP 2 throughout): expert parallel 2 with the
+experts split over TP as the dense params (expert TP 2, expert DP 1); expert
+parallel 2 with whole experts (expert TP 1, expert DP 2); and no expert
+parallel with whole experts (expert TP 1, expert DP 4), where Megatron marks
+the experts as ordinary (allreduce=True) params while their TP attributes
+refer to the expert TP group: read as dense TP pieces they would be put
+together into the wrong matrices, which the generic helper (given TP and DP
+only) refuses.
+"""
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import muon  # noqa: E402
+import muon.megatron  # noqa: E402
+from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean  # noqa: E402,E501
+
+TP, WORLD, EXPERTS = 2, 4, 4
+STEPS = 4
+HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
+LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1)}  # (EP, expert TP)
+
+
+def _moe_layer(ep, etp):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
+                               tensor_model_parallel_size=TP, expert_model_parallel_size=ep,
+                               expert_tensor_parallel_size=etp, num_moe_experts=EXPERTS,
+                               moe_ffn_hidden_size=24, moe_router_topk=2, add_bias_linear=False,
+                               use_cpu_initialization=True, params_dtype=torch.float32)
+    torch.manual_seed(0)
+    spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
+    return build_module(spec, config=config, layer_number=1)
+
+
+def _layout(name, param, ep):
+    """(replica group, TP group, TP dim, expert id or None) of a param, from
+    Megatron's naming and parallel_state (not from the adapter)."""
+    from megatron.core import parallel_state as ps
+    dim = int(param.partition_dim) if getattr(param, "tensor_model_parallel", False) else None
+    marker = "mlp.experts.local_experts."
+    if marker in name:
+        local = int(name[len(marker) + name.index(marker):].split(".")[0])
+        expert = ps.get_expert_model_parallel_rank() * (EXPERTS // ep) + local
+        return (ps.get_expert_data_parallel_group(), ps.get_expert_tensor_parallel_group(),
+                dim, expert)
+    return (ps.get_data_parallel_group(with_context_parallel=True),
+            ps.get_tensor_model_parallel_group(), dim, None)
+
+
+def _whole(t, tp_group, dim):
+    return t.detach().clone() if dim is None else \
+        torch.cat(allgather_tensor(t.detach(), tp_group), dim)
+
+
+def _train(rank, ep, etp, control=False):
+    """`STEPS` steps of the layer's matrices by muon.Muon over the adapter (or,
+    control: the generic helper given only TP and DP, which reads Megatron's
+    TP attributes but knows nothing of experts) against single-process
+    muon.Muon on the whole matrices."""
+    from megatron.core import parallel_state as ps
+    layer = _moe_layer(ep, etp)
+    named = [(n, p) for n, p in layer.named_parameters() if p.dim() == 2]
+    params = [p for _, p in named]
+    layouts = [_layout(n, p, ep) for n, p in named]
+    if control:
+        config = muon.create_processgroup_config(
+            tp_pg=ps.get_tensor_model_parallel_group(),
+            dp_pg=ps.get_data_parallel_group(with_context_parallel=True))
+        groups = [{"params": [p]} for p in params]
+    else:
+        config = muon.megatron.create_megatron_config(model=layer)
+        groups = [{"params": [p]} for p in params]
+    opt = muon.Muon(params, distributed_config=config, **HP)
+    whole = [torch.nn.Parameter(_whole(p, tp, d)) for p, (_, tp, d, _) in zip(params, layouts)]
+    cfg = layer.config
+    kv = cfg.kv_channels
+    ref_groups = [{"params": [w]} for w in whole]
+    for (n, _), g in zip(named, ref_groups):
+        if n.endswith("linear_qkv.weight") and not control:  # Megatron-core's muon_split_qkv
+            g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
+    ref = muon.Muon(ref_groups, **HP)
+    worst, exact, where = 0.0, True, None
+    for step in range(STEPS):
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        for p, q, (replicas, tp, d, _) in zip(params, whole, layouts):
+            p.grad = ordered_mean(allgather_tensor(torch.randn(p.shape, generator=gen),
+                                                   replicas))
+            if d is None:  # replicated over TP as well (the router): the same gradient
+                p.grad = ordered_mean(allgather_tensor(p.grad, tp))
+            q.grad = _whole(p.grad, tp, d)
+        opt.step()
+        ref.step()
+        for (n, p), q, (_, tp, d, _) in zip(named, whole, layouts):
+            got = _whole(p, tp, d)
+            diff = max_abs_diff(got, q) if got.shape == q.shape else float("inf")
+            if diff > worst:
+                worst, where = diff, n
+            exact = exact and bits_equal(got, q)
+    experts = sorted({x for (_, _, _, x) in layouts if x is not None})
+    return {"exact": exact, "worst": worst, "where": where, "experts": experts,
+            "dense": sum(1 for (_, _, _, x) in layouts if x is None),
+            "allreduce": sorted({getattr(p, "allreduce", True)
+                                 for p, (_, _, _, x) in zip(params, layouts) if x is not None}),
+            "orthogonalized": opt.stats().get("matrices_orthogonalized"),
+            "names": sorted(n for n in muon.megatron.megatron_experts(layer).values()
+                            if n.endswith("linear_fc1.weight"))}
+
+
+def _refused_without_model():
+    try:
+        muon.megatron.create_megatron_config()
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _unreached_expert_refused(ep, etp):
+    """model= given a module without the experts (the attention): their
+    params (allreduce=False under expert parallel) refused at the first step."""
+    layer = _moe_layer(ep, etp)
+    params = [p for p in layer.parameters() if p.dim() == 2]
+    config = muon.megatron.create_megatron_config(model=layer.self_attention)
+    opt = muon.Muon(params, distributed_config=config, **HP)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    before = [p.detach().clone() for p in params]
+    try:
+        opt.step()
+    except ValueError as err:
+        return {"error": str(err),
+                "kept": all(torch.equal(p, b) for p, b in zip(params, before))}
+    return {"error": None}
+
+
+def _worker(rank, world):
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+    from megatron.core import parallel_state as ps
+    out = {}
+    for key, (ep, etp) in LAYOUTS.items():
+        ps.initialize_model_parallel(tensor_model_parallel_size=TP,
+                                     expert_model_parallel_size=ep,
+                                     expert_tensor_parallel_size=etp)
+        out[key] = _train(rank, ep, etp)
+        out[key]["refused"] = _refused_without_model()
+        if key == "ep2_etp1":
+            out[key]["unreached"] = _unreached_expert_refused(ep, etp)
+        if key == "ep1_etp1":
+            try:
+                out[key]["control"] = _train(rank, ep, etp, control=True)
+            except ValueError as err:
+                out[key]["control"] = {"error": str(err)}
+        ps.destroy_model_parallel()
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    import megatron.core  # noqa: F401  (tools/python-requirements.txt pins it: no skip)
+    return launch(_worker, WORLD)
+
+
+@pytest.mark.parametrize("key", sorted(LAYOUTS))
+def test_experts_step_bit_for_bit_as_one_process(runs, key):
+    ep, etp = LAYOUTS[key]
+    for rank, res in enumerate(runs):
+        r = res[key]
+        assert r["exact"], "%s: rank %d differs by up to %g (%s)" % (key, rank, r["worst"],
+                                                                   r["where"])
+        assert len(r["experts"]) == EXPERTS // ep, (key, rank, r["experts"])
+        # The global ids number the experts as Megatron's checkpoints do.
+        assert r["names"] == ["mlp.experts.local_experts.%d.linear_fc1.weight" % x
+                              for x in r["experts"]], r["names"]
+    # Megatron marks experts allreduce=False only under expert parallel.
+    assert runs[0][key]["allreduce"] == [ep == 1]
+    # Every global expert is held somewhere, each once per EP rank.
+    held = sorted({x for res in runs for x in res[key]["experts"]})
+    assert held == list(range(EXPERTS))
+    # Each matrix once per step in the job: the dense ones (linear_qkv as
+    # Megatron's three split blocks counts once), and two per expert.
+    dense = runs[0][key]["dense"]
+    total = sum(res[key]["orthogonalized"] for res in runs)
+    assert total == dense + 2 * EXPERTS, (key, total, dense)
+    print("\nMegatron MoE, TP %d x EP %d, expert TP %d: %d steps, largest difference %g, "
+          "%d matrices orthogonalized per step in the job"
+          % (TP, ep, etp, STEPS, max(res[key]["worst"] for res in runs), total))
+
+
+@pytest.mark.parametrize("key", sorted(LAYOUTS))
+def test_without_the_model_the_config_is_refused_naming_model(runs, key):
+    # The experts' layout differs from the dense one in every case here.
+    for res in runs:
+        assert res[key]["refused"] is not None and "model=" in res[key]["refused"], \
+            res[key]["refused"]
+
+
+def test_the_generic_helper_refuses_to_read_experts_as_dense_tp_pieces(runs):
+    # The generic helper given TP and DP only, reading Megatron's TP attributes,
+    # on whole experts (expert TP 1) that carry them: it would put two copies
+    # of an expert together as one matrix. Refused on every rank, naming the
+    # adapter.
+    for rank, res in enumerate(runs):
+        control = res["ep1_etp1"]["control"]
+        assert "error" in control, (rank, control)
+        assert "every rank raises" in control["error"], control["error"]
+        assert "create_megatron_config(model=model)" in control["error"], control["error"]
+
+
+def test_an_expert_the_model_does_not_reach_is_refused_naming_it(runs):
+    for rank, res in enumerate(runs):
+        got = res["ep2_etp1"]["unreached"]
+        assert got["error"] is not None, rank
+        assert "every rank raises" in got["error"] and "allreduce=False" in got["error"], \
+            got["error"]
+        assert "pass the model holding it as model=" in got["error"], got["error"]
+        assert got["kept"], rank
