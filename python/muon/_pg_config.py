@@ -308,8 +308,9 @@ class ProcessGroupConfig(LayoutChecks, DistributedConfig):
     def _split_of(self, param):
         """(split_dim, split_sizes) this config gives `param`: what param_splits
         ({id(param): (dim, sizes)}, set by an adapter such as muon.megatron's
-        fused-QKV split) holds, else None."""
-        return self.param_splits.get(id(param))
+        fused-QKV split) holds, else None; a range of a flat buffer (a view)
+        is looked up by the param the buffer is."""
+        return self.param_splits.get(id(getattr(param, "_muon_buffer", param)))
 
     # -- the custom path (one of the three functions replaced) ---------------------
 

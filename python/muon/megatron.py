@@ -59,10 +59,12 @@ common): the dense params are laid out over TP and DP, the experts over
 their own groups, in one job. With expert parallel or an expert TP size
 other than the TP size, model= is required (an expert read as a dense TP
 piece would be put together wrongly); an expert parameter (allreduce=False)
-that model= does not reach is refused at the first step, naming it. Not
-mapped: the legacy GroupedMLP (several experts in one weight; use
-SequentialMLP or TEGroupedMLP) and expert parameters under ddp= (Megatron's
-expert-parallel buffers).
+that model= does not reach is refused at the first step, naming it. Under
+ddp= with expert parallel, the experts' ranges are those of Megatron's
+expert-parallel buffers, split over the expert data-parallel group (an
+expert TP size other than the TP size without expert parallel is refused
+there). Not mapped: the legacy GroupedMLP (several experts in one weight;
+use SequentialMLP or TEGroupedMLP).
 """
 
 from __future__ import annotations
@@ -207,9 +209,10 @@ def _initialized_parallel_state():
 def megatron_flat_ranges(ddp: Any,
                          dp_rank: int | None = None) -> dict[torch.Tensor, tuple[int, int]]:
     """{param: (start, length)}: the range of each parameter's row-major
-    flattening that data-parallel rank `dp_rank` (default: this one) owns under
-    Megatron's distributed optimizer, for every dense parameter of the DDP
-    model(s) `ddp` (length 0 where the rank owns none of it). Megatron's rule:
+    flattening that data-parallel rank `dp_rank` (default: this one; of the
+    expert data-parallel group for an expert's) owns under Megatron's
+    distributed optimizer, for every parameter of the DDP model(s) `ddp`, MoE
+    experts' included (length 0 where the rank owns none of it). Megatron's rule:
     bucket b covers [offset, offset + numel) of its buffer, rank r owns the
     r-th of dp equal pieces of it, and buffer.param_index_map places each
     parameter in the buffer."""
@@ -218,10 +221,7 @@ def megatron_flat_ranges(ddp: Any,
         if not getattr(getattr(chunk, "ddp_config", None), "use_distributed_optimizer", False):
             raise ValueError("muon.megatron: the DDP model was not built with "
                              "DistributedDataParallelConfig(use_distributed_optimizer=True)")
-        if getattr(chunk, "expert_parallel_buffers", None):
-            raise ValueError("muon.megatron: expert parameters (Megatron's MoE) are not "
-                             "mapped yet")
-        for buffer in chunk.buffers:
+        for buffer in list(chunk.buffers) + list(getattr(chunk, "expert_parallel_buffers", [])):
             group = buffer.data_parallel_group
             n = group.size()
             r = group.rank() if dp_rank is None else dp_rank
@@ -248,25 +248,23 @@ class MegatronExpertLayout(ProcessGroupConfig):
     megatron_experts, after muon.Muon's name for it."""
 
     def __init__(self, groups, names: dict[int, str], **kwargs):
-        ProcessGroupConfig.__init__(self, groups,
-                                    tp_dims=lambda name, param: megatron_tp_dim(param), **kwargs)
+        ProcessGroupConfig.__init__(
+            self, groups, **kwargs,
+            tp_dims=lambda name, param: megatron_attr_tp_dim(getattr(param, "_muon_buffer", param)))
         self.expert_names = names  # id(param) -> the expert's global name
 
     def _name(self, default_name, param):
+        own = self.expert_names.get(id(param))  # (a range's view is named by its segment)
         return ProcessGroupConfig._name(
-            self, "%s.%s" % (default_name, self.expert_names[id(param)]), param)
+            self, default_name if own is None else "%s.%s" % (default_name, own), param)
 
 
-class MegatronConfig(ProcessGroupConfig):
-    """What create_megatron_config returns without ddp=: the dense params laid
-    out over TP and DP (with CP), the MoE experts (when model= is given and
-    parallel_state is initialized) over their own groups, read and registered
-    in one collective attach."""
+class _ExpertsApart:
+    """The attach of a Megatron config whose MoE experts are laid out over
+    their own groups by self.experts (a MegatronExpertLayout; None: no
+    experts apart): both layouts read and registered in one attach."""
 
-    def __init__(self, groups, experts: MegatronExpertLayout | None, **kwargs):
-        ProcessGroupConfig.__init__(self, groups,
-                                    tp_dims=lambda name, param: _dense_tp_dim(param), **kwargs)
-        self.experts = experts
+    experts: MegatronExpertLayout | None = None
 
     def attach(self, optimizer, named_params):
         if self.experts is None or any(is_dtensor(p) for _, p in named_params):
@@ -275,11 +273,10 @@ class MegatronConfig(ProcessGroupConfig):
         # whether it holds experts or not (a pipeline stage without MoE).
         dist = require_dist("create_megatron_config")
         names = self.experts.expert_names
+        ours = [id(getattr(p, "_muon_buffer", p)) in names for _, p in named_params]
         job, xjob = Job(self, dist), Job(self.experts, dist)
-        entries = self.read_layout(job, [(n, p) for n, p in named_params
-                                         if id(p) not in names])
-        xentries = self.experts.read_layout(xjob, [(n, p) for n, p in named_params
-                                                   if id(p) in names])
+        entries = self.read_layout(job, [np for np, x in zip(named_params, ours) if not x])
+        xentries = self.experts.read_layout(xjob, [np for np, x in zip(named_params, ours) if x])
         job.errors.extend(xjob.errors)
         if job.errors:
             registered = False
@@ -295,14 +292,28 @@ class MegatronConfig(ProcessGroupConfig):
         job.raise_on_every_rank(registered)
 
 
-class MegatronDistOptConfig(ProcessGroupConfig):
+class MegatronConfig(_ExpertsApart, ProcessGroupConfig):
+    """What create_megatron_config returns without ddp=: the dense params laid
+    out over TP and DP (with CP), the MoE experts (when model= is given and
+    parallel_state is initialized) over their own groups."""
+
+    def __init__(self, groups, experts: MegatronExpertLayout | None, **kwargs):
+        ProcessGroupConfig.__init__(self, groups,
+                                    tp_dims=lambda name, param: _dense_tp_dim(param), **kwargs)
+        self.experts = experts
+
+
+class MegatronDistOptConfig(_ExpertsApart, ProcessGroupConfig):
     """What create_megatron_config(ddp=...) returns: each parameter of the DDP
     model(s) is a flat buffer (its own flattening) of which this rank steps
-    the range Megatron's distributed optimizer gives it."""
+    the range Megatron's distributed optimizer gives it; under expert
+    parallel (`ps`: parallel_state), the MoE experts' ranges (Megatron's
+    expert-parallel buffers, split over the expert data-parallel group) are
+    laid out over the expert groups."""
 
     flat_grad_attr = "main_grad"
 
-    def __init__(self, chunks, tp_group, pp_group, **kwargs):
+    def __init__(self, chunks, tp_group, pp_group, ps=None, **kwargs):
         ranges = megatron_flat_ranges(chunks)
         groups = {b.data_parallel_group for c in chunks for b in c.buffers}
         if len(groups) != 1:
@@ -313,12 +324,24 @@ class MegatronDistOptConfig(ProcessGroupConfig):
         for c in chunks:
             for name, p in c.module.named_parameters():
                 names.setdefault(p, name)
+        flat = dict(fsdp_mode="flat", verify_replicas=kwargs["verify_replicas"],
+                    async_gpu_parallelism=kwargs["async_gpu_parallelism"],
+                    prefetch_count=kwargs["prefetch_count"], gather_order=("fsdp", "tp"))
         ProcessGroupConfig.__init__(
             self, {"fsdp": dp_group, "tp": tp_group, "pp": pp_group},
-            tp_dims=lambda name, param: megatron_tp_dim(getattr(param, "_muon_buffer", param)),
-            fsdp_mode="flat", verify_replicas=kwargs["verify_replicas"],
-            async_gpu_parallelism=kwargs["async_gpu_parallelism"],
-            prefetch_count=kwargs["prefetch_count"], gather_order=("fsdp", "tp"))
+            tp_dims=lambda name, param: _dense_tp_dim(getattr(param, "_muon_buffer", param)),
+            **flat)
+        if ps is not None and ps.get_expert_model_parallel_world_size() > 1:
+            experts = megatron_experts(chunks)
+            names.update(experts)  # a range of an expert is named by its global id
+            edp = {c.intra_expt_dp_group for c in chunks}
+            if len(edp) != 1:
+                raise ValueError("muon.megatron: the DDP chunks use %d expert data-parallel "
+                                 "groups; one is mapped" % len(edp))
+            self.experts = MegatronExpertLayout(
+                {"fsdp": edp.pop(), "ep": ps.get_expert_model_parallel_group(),
+                 "tp": ps.get_expert_tensor_parallel_group(), "pp": pp_group},
+                {id(p): "" for p in experts}, **flat)
         self._chunks = list(chunks)
         self._ranges = ranges
         self._names = names
@@ -383,14 +406,14 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
             raise ValueError("muon.megatron.create_megatron_config: with ddp=, the data-parallel "
                              "group is the DDP buffers' and the ranges are sharded: leave "
                              "dp_group and replicated_mode unset")
-        if apart:
-            raise ValueError("muon.megatron.create_megatron_config: MoE experts (expert "
-                             "parallel, or an expert TP size other than the TP size) are not "
-                             "mapped with ddp= (Megatron's distributed-optimizer buffers); "
-                             "step the experts' model without ddp=, its gradients averaged "
-                             "over the expert data-parallel group")
+        if apart and ps.get_expert_model_parallel_world_size() == 1:
+            raise ValueError("muon.megatron.create_megatron_config: with ddp=, an expert TP size "
+                             "(%d) other than the TP size (%d) is mapped under expert parallel "
+                             "only (Megatron's expert-parallel buffers); without ddp= every "
+                             "layout is" % (ps.get_expert_tensor_parallel_world_size(),
+                                            ps.get_tensor_model_parallel_world_size()))
         chunks = list(ddp) if isinstance(ddp, (list, tuple)) else [ddp]
-        return MegatronDistOptConfig(chunks, tp_group, pp_group,
+        return MegatronDistOptConfig(chunks, tp_group, pp_group, ps,
                                      verify_replicas=verify_replicas,
                                      async_gpu_parallelism=async_gpu_parallelism,
                                      prefetch_count=prefetch_count, split_qkv=split_qkv)

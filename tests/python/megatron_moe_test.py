@@ -12,6 +12,11 @@ tensor-parallel group along its partition_dim; every other param averaged
 over data parallel and split over TP. Each matrix is orthogonalized once per
 step in the whole job.
 
+The same under Megatron's DistributedDataParallel with the distributed
+optimizer's layout (create_megatron_config(ddp=ddp)): the experts' ranges of
+its expert-parallel buffers and the dense ranges, from the gradients Megatron
+reduce-scatters.
+
 Three layouts of the 4 ranks (TP 2 throughout): expert parallel 2 with the
 experts split over TP as the dense params (expert TP 2, expert DP 1); expert
 parallel 2 with whole experts (expert TP 1, expert DP 2); and no expert
@@ -33,7 +38,7 @@ import muon  # noqa: E402
 import muon.megatron  # noqa: E402
 from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean  # noqa: E402,E501
 
-TP, WORLD, EXPERTS = 2, 4, 4
+TP, WORLD, EXPERTS = 2, 4, 6
 STEPS = 4
 HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
 LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1)}  # (EP, expert TP)
@@ -47,6 +52,7 @@ def _moe_layer(ep, etp):
                                tensor_model_parallel_size=TP, expert_model_parallel_size=ep,
                                expert_tensor_parallel_size=etp, num_moe_experts=EXPERTS,
                                moe_ffn_hidden_size=24, moe_router_topk=2, add_bias_linear=False,
+                               gated_linear_unit=True,
                                use_cpu_initialization=True, params_dtype=torch.float32)
     torch.manual_seed(0)
     spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
@@ -127,6 +133,62 @@ def _train(rank, ep, etp, control=False):
                             if n.endswith("linear_fc1.weight"))}
 
 
+def _train_distopt(rank, ep, etp):
+    """The layer under Megatron's DistributedDataParallel with the distributed
+    optimizer's layout (use_distributed_optimizer=True): muon.Muon over
+    create_megatron_config(ddp=ddp) steps each rank's ranges of the dense
+    buffers (split over DP) and of the expert-parallel buffers (split over
+    expert DP) from the reduce-scattered main_grad, against single-process
+    muon.Muon on the whole matrices with the gradients reduced as Megatron's
+    DDP reduces them (each rank's scaled by 1 / the DP size, summed over the
+    replica group: DP for dense params, expert DP for experts)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    layer = _moe_layer(ep, etp)
+    ddp = DistributedDataParallel(layer.config, DistributedDataParallelConfig(
+        use_distributed_optimizer=True), layer)
+    everything = list(ddp.module.named_parameters())
+    named = [(n, p) for n, p in everything if p.dim() == 2]
+    params = [p for _, p in named]
+    layouts = [_layout(n, p, ep) for n, p in named]
+    opt = muon.Muon(params, distributed_config=muon.megatron.create_megatron_config(ddp=ddp),
+                    **HP)
+    whole = [torch.nn.Parameter(_whole(p, tp, d)) for p, (_, tp, d, _) in zip(params, layouts)]
+    cfg = layer.config
+    kv = cfg.kv_channels
+    ref_groups = [{"params": [w]} for w in whole]
+    for (n, _), g in zip(named, ref_groups):
+        if n.endswith("linear_qkv.weight"):
+            g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
+    ref = muon.Muon(ref_groups, **HP)
+    scale = 1.0 / dist.get_world_size(ps.get_data_parallel_group(with_context_parallel=True))
+    worst, exact, where = 0.0, True, None
+    for step in range(STEPS):
+        ddp.zero_grad_buffer()
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        for (n, p), (replicas, tp, d, _), q in zip(named, layouts, whole):
+            g = torch.randn(p.shape, generator=gen)
+            if d is None:  # replicated over TP as well (the router): the same gradient
+                g = ordered_mean(allgather_tensor(g, tp))
+            p.main_grad.copy_(g)
+            q.grad = _whole(sum(x * scale for x in allgather_tensor(g, replicas)), tp, d)
+        ddp.finish_grad_sync()
+        opt.step()
+        ref.step()
+        for (n, p), q, (_, tp, d, _) in zip(named, whole, layouts):
+            got = _whole(p, tp, d)
+            diff = max_abs_diff(got, q)
+            if diff > worst:
+                worst, where = diff, n
+            exact = exact and bits_equal(got, q)
+    ranges = muon.megatron.megatron_flat_ranges(ddp)
+    return {"exact": exact, "worst": worst, "where": where,
+            "orthogonalized": opt.stats().get("matrices_orthogonalized"),
+            "expert_buffers": len(ddp.expert_parallel_buffers),
+            "split_experts": sum(1 for (n, p), x in zip(named, layouts)
+                                 if x[3] is not None and 0 < ranges[p][1] < p.numel())}
+
+
 def _refused_without_model():
     try:
         muon.megatron.create_megatron_config()
@@ -155,6 +217,7 @@ def _unreached_expert_refused(ep, etp):
 
 def _worker(rank, world):
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+    torch.cuda.current_device = lambda: torch.device("cpu")  # Megatron's DDP buffers
     from megatron.core import parallel_state as ps
     out = {}
     for key, (ep, etp) in LAYOUTS.items():
@@ -163,6 +226,8 @@ def _worker(rank, world):
                                      expert_tensor_parallel_size=etp)
         out[key] = _train(rank, ep, etp)
         out[key]["refused"] = _refused_without_model()
+        if ep > 1:
+            out[key]["distopt"] = _train_distopt(rank, ep, etp)
         if key == "ep2_etp1":
             out[key]["unreached"] = _unreached_expert_refused(ep, etp)
         if key == "ep1_etp1":
@@ -234,3 +299,23 @@ def test_an_expert_the_model_does_not_reach_is_refused_naming_it(runs):
             got["error"]
         assert "pass the model holding it as model=" in got["error"], got["error"]
         assert got["kept"], rank
+
+
+@pytest.mark.parametrize("key", ["ep2_etp1", "ep2_etp2"])
+def test_the_distributed_optimizers_expert_ranges_step_bit_for_bit(runs, key):
+    # Megatron's DDP with use_distributed_optimizer=True: the experts' ranges
+    # (its expert-parallel buffers over expert DP) and the dense ranges, each
+    # rank bit for bit as one process, each matrix once per step in the job.
+    ep, etp = LAYOUTS[key]
+    for rank, res in enumerate(runs):
+        r = res[key]["distopt"]
+        assert r["expert_buffers"] >= 1, (rank, r)
+        assert r["exact"], "%s: rank %d differs by up to %g (%s)" % (key, rank, r["worst"],
+                                                                   r["where"])
+    # Expert DP 2 (expert TP 1) splits an expert's flat range over two ranks.
+    assert (sum(res[key]["distopt"]["split_experts"] for res in runs) > 0) == (etp == 1)
+    dense = runs[0][key]["dense"]
+    total = sum(res[key]["distopt"]["orthogonalized"] for res in runs)
+    assert total == dense + 2 * EXPERTS, (key, total, dense)
+    print("\nMegatron MoE under its distributed optimizer, TP %d x EP %d, expert TP %d: largest "
+          "difference %g" % (TP, ep, etp, max(res[key]["distopt"]["worst"] for res in runs)))
