@@ -17,14 +17,15 @@ optimizer's layout (create_megatron_config(ddp=ddp)): the experts' ranges of
 its expert-parallel buffers and the dense ranges, from the gradients Megatron
 reduce-scatters.
 
-Three layouts of the 4 ranks (TP 2 throughout): expert parallel 2 with the
+Four layouts of the 4 ranks, TP 2 throughout: expert parallel 2 with the
 experts split over TP as the dense params (expert TP 2, expert DP 1); expert
-parallel 2 with whole experts (expert TP 1, expert DP 2); and no expert
-parallel with whole experts (expert TP 1, expert DP 4), where Megatron marks
-the experts as ordinary (allreduce=True) params while their TP attributes
-refer to the expert TP group: read as dense TP pieces they would be put
-together into the wrong matrices, which the generic helper (given TP and DP
-only) refuses.
+parallel 2 with whole experts (expert TP 1, expert DP 2); no expert parallel
+with whole experts (expert TP 1, expert DP 4), where Megatron marks the
+experts as ordinary (allreduce=True) params while their TP attributes refer
+to the expert TP group: read as dense TP pieces they would be put together
+into the wrong matrices, which the generic helper (given TP and DP only)
+refuses; and two pipeline stages, each its own MoE layer, with expert
+parallel 2 and whole experts.
 """
 
 import warnings
@@ -41,14 +42,21 @@ from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ord
 TP, WORLD, EXPERTS = 2, 4, 6
 STEPS = 4
 HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
-LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1)}  # (EP, expert TP)
+LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1),  # (EP, expert TP)
+           "pp2_ep2_etp1": (2, 1)}
+STAGES = {"pp2_ep2_etp1": 2}  # pipeline stages (1 elsewhere): each its own MoE layer
 
 
 def _moe_layer(ep, etp):
+    """This rank's MoE transformer layer (one per pipeline stage)."""
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import build_module
     from megatron.core.transformer.transformer_config import TransformerConfig
-    config = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
+    pp = ps.get_pipeline_model_parallel_world_size()
+    config = TransformerConfig(num_layers=pp, pipeline_model_parallel_size=pp,
+                               pipeline_dtype=torch.float32,
+                               hidden_size=32, num_attention_heads=4,
                                tensor_model_parallel_size=TP, expert_model_parallel_size=ep,
                                expert_tensor_parallel_size=etp, num_moe_experts=EXPERTS,
                                moe_ffn_hidden_size=24, moe_router_topk=2, add_bias_linear=False,
@@ -56,7 +64,8 @@ def _moe_layer(ep, etp):
                                use_cpu_initialization=True, params_dtype=torch.float32)
     torch.manual_seed(0)
     spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
-    return build_module(spec, config=config, layer_number=1)
+    return build_module(spec, config=config,
+                        layer_number=ps.get_pipeline_model_parallel_rank() + 1)
 
 
 def _layout(name, param, ep):
@@ -222,6 +231,7 @@ def _worker(rank, world):
     out = {}
     for key, (ep, etp) in LAYOUTS.items():
         ps.initialize_model_parallel(tensor_model_parallel_size=TP,
+                                     pipeline_model_parallel_size=STAGES.get(key, 1),
                                      expert_model_parallel_size=ep,
                                      expert_tensor_parallel_size=etp)
         out[key] = _train(rank, ep, etp)
@@ -265,10 +275,11 @@ def test_experts_step_bit_for_bit_as_one_process(runs, key):
     # Megatron's three split blocks counts once), and two per expert.
     dense = runs[0][key]["dense"]
     total = sum(res[key]["orthogonalized"] for res in runs)
-    assert total == dense + 2 * EXPERTS, (key, total, dense)
-    print("\nMegatron MoE, TP %d x EP %d, expert TP %d: %d steps, largest difference %g, "
-          "%d matrices orthogonalized per step in the job"
-          % (TP, ep, etp, STEPS, max(res[key]["worst"] for res in runs), total))
+    assert total == STAGES.get(key, 1) * (dense + 2 * EXPERTS), (key, total, dense)
+    print("\nMegatron MoE, TP %d x PP %d x EP %d, expert TP %d: %d steps, largest difference "
+          "%g, %d matrices orthogonalized per step in the job"
+          % (TP, STAGES.get(key, 1), ep, etp, STEPS, max(res[key]["worst"] for res in runs),
+             total))
 
 
 @pytest.mark.parametrize("key", sorted(LAYOUTS))
@@ -301,7 +312,7 @@ def test_an_expert_the_model_does_not_reach_is_refused_naming_it(runs):
         assert got["kept"], rank
 
 
-@pytest.mark.parametrize("key", ["ep2_etp1", "ep2_etp2"])
+@pytest.mark.parametrize("key", ["ep2_etp1", "ep2_etp2", "pp2_ep2_etp1"])
 def test_the_distributed_optimizers_expert_ranges_step_bit_for_bit(runs, key):
     # Megatron's DDP with use_distributed_optimizer=True: the experts' ranges
     # (its expert-parallel buffers over expert DP) and the dense ranges, each
@@ -312,10 +323,13 @@ def test_the_distributed_optimizers_expert_ranges_step_bit_for_bit(runs, key):
         assert r["expert_buffers"] >= 1, (rank, r)
         assert r["exact"], "%s: rank %d differs by up to %g (%s)" % (key, rank, r["worst"],
                                                                    r["where"])
-    # Expert DP 2 (expert TP 1) splits an expert's flat range over two ranks.
-    assert (sum(res[key]["distopt"]["split_experts"] for res in runs) > 0) == (etp == 1)
+    # Expert DP 2 (expert TP 1, one stage) splits some experts' flat ranges over
+    # two ranks.
+    expert_dp = WORLD // (STAGES.get(key, 1) * ep * etp)
+    assert (sum(res[key]["distopt"]["split_experts"] for res in runs) > 0) == (expert_dp > 1)
     dense = runs[0][key]["dense"]
     total = sum(res[key]["distopt"]["orthogonalized"] for res in runs)
-    assert total == dense + 2 * EXPERTS, (key, total, dense)
-    print("\nMegatron MoE under its distributed optimizer, TP %d x EP %d, expert TP %d: largest "
-          "difference %g" % (TP, ep, etp, max(res[key]["distopt"]["worst"] for res in runs)))
+    assert total == STAGES.get(key, 1) * (dense + 2 * EXPERTS), (key, total, dense)
+    print("\nMegatron MoE under its distributed optimizer, TP %d x PP %d x EP %d, expert TP %d: "
+          "largest difference %g" % (TP, STAGES.get(key, 1), ep, etp,
+                                     max(res[key]["distopt"]["worst"] for res in runs)))
