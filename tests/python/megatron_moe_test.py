@@ -28,6 +28,7 @@ refuses; and two pipeline stages, each its own MoE layer, with expert
 parallel 2 and whole experts.
 """
 
+import copy
 import warnings
 
 import pytest
@@ -41,6 +42,7 @@ from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ord
 
 TP, WORLD, EXPERTS = 2, 4, 6
 STEPS = 4
+RESUME_AT = 2  # a checkpoint (params and opt.state_dict()) taken before this step
 HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
 LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1),  # (EP, expert TP)
            "pp2_ep2_etp1": (2, 1)}
@@ -102,10 +104,8 @@ def _train(rank, ep, etp, control=False):
         config = muon.create_processgroup_config(
             tp_pg=ps.get_tensor_model_parallel_group(),
             dp_pg=ps.get_data_parallel_group(with_context_parallel=True))
-        groups = [{"params": [p]} for p in params]
     else:
         config = muon.megatron.create_megatron_config(model=layer)
-        groups = [{"params": [p]} for p in params]
     opt = muon.Muon(params, distributed_config=config, **HP)
     whole = [torch.nn.Parameter(_whole(p, tp, d)) for p, (_, tp, d, _) in zip(params, layouts)]
     cfg = layer.config
@@ -116,7 +116,10 @@ def _train(rank, ep, etp, control=False):
             g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
     ref = muon.Muon(ref_groups, **HP)
     worst, exact, where = 0.0, True, None
+    saved, later = None, []  # the checkpoint at RESUME_AT, the gradients after it
     for step in range(STEPS):
+        if step == RESUME_AT:
+            saved = (copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params])
         gen = torch.Generator().manual_seed(1000 * step + rank)
         for p, q, (replicas, tp, d, _) in zip(params, whole, layouts):
             p.grad = ordered_mean(allgather_tensor(torch.randn(p.shape, generator=gen),
@@ -124,6 +127,8 @@ def _train(rank, ep, etp, control=False):
             if d is None:  # replicated over TP as well (the router): the same gradient
                 p.grad = ordered_mean(allgather_tensor(p.grad, tp))
             q.grad = _whole(p.grad, tp, d)
+        if step >= RESUME_AT:
+            later.append([p.grad.clone() for p in params])
         opt.step()
         ref.step()
         for (n, p), q, (_, tp, d, _) in zip(named, whole, layouts):
@@ -133,13 +138,35 @@ def _train(rank, ep, etp, control=False):
                 worst, where = diff, n
             exact = exact and bits_equal(got, q)
     experts = sorted({x for (_, _, _, x) in layouts if x is not None})
+    resumed = None if control else _resume(ep, etp, saved, later, params)
     return {"exact": exact, "worst": worst, "where": where, "experts": experts,
+            "resumed": resumed,
             "dense": sum(1 for (_, _, _, x) in layouts if x is None),
             "allreduce": sorted({getattr(p, "allreduce", True)
                                  for p, (_, _, _, x) in zip(params, layouts) if x is not None}),
             "orthogonalized": opt.stats().get("matrices_orthogonalized"),
             "names": sorted(n for n in muon.megatron.megatron_experts(layer).values()
                             if n.endswith("linear_fc1.weight"))}
+
+
+def _resume(ep, etp, saved, later, params):
+    """A fresh layer and optimizer from the checkpoint taken at RESUME_AT (the
+    params and opt.state_dict()), stepped on the same later gradients:
+    whether every param ends bit for bit as the uninterrupted run's."""
+    state, values = saved
+    layer = _moe_layer(ep, etp)
+    fresh = [p for p in layer.parameters() if p.dim() == 2]
+    with torch.no_grad():
+        for p, v in zip(fresh, values):
+            p.copy_(v)
+    opt = muon.Muon(fresh, distributed_config=muon.megatron.create_megatron_config(model=layer),
+                    **HP)
+    opt.load_state_dict(state)
+    for grads in later:
+        for p, g in zip(fresh, grads):
+            p.grad = g.clone()
+        opt.step()
+    return all(bits_equal(p, q) for p, q in zip(fresh, params))
 
 
 def _train_distopt(rank, ep, etp):
@@ -262,6 +289,8 @@ def test_experts_step_bit_for_bit_as_one_process(runs, key):
         r = res[key]
         assert r["exact"], "%s: rank %d differs by up to %g (%s)" % (key, rank, r["worst"],
                                                                    r["where"])
+        # Resumed from opt.state_dict() in a fresh layer and optimizer: the same bits.
+        assert r["resumed"], (key, rank)
         assert len(r["experts"]) == EXPERTS // ep, (key, rank, r["experts"])
         # The global ids number the experts as Megatron's checkpoints do.
         assert r["names"] == ["mlp.experts.local_experts.%d.linear_fc1.weight" % x
