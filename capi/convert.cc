@@ -26,6 +26,7 @@ MUON_SAME_VALUE_(MUON_ADJUST_LR_ORIGINAL, AdjustLr::kOriginal);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_MATCH_RMS_ADAMW, AdjustLr::kMatchRmsAdamW);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_NONE, AdjustLr::kNone);
 MUON_SAME_VALUE_(MUON_ADJUST_LR_SPECTRAL_UNCLAMPED, AdjustLr::kSpectralUnclamped);
+MUON_SAME_VALUE_(MUON_ADJUST_LR_SPECTRAL, AdjustLr::kSpectral);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_BF16, NsDtype::kBF16);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_FP32, NsDtype::kFP32);
 MUON_SAME_VALUE_(MUON_NS_DTYPE_FP16, NsDtype::kFP16);
@@ -257,11 +258,11 @@ absl::StatusOr<Options> OptionsFromC(const muon_options_t& caller) {
   o.ns.algorithm = static_cast<NsAlgorithm>(c.ns_algorithm);
   o.ns.gram_restarts = c.ns_gram_restarts;
   o.skip_nonfinite_updates = c.skip_nonfinite_updates != 0;
-  if (c.adjust_lr < 0 || c.adjust_lr > 3) {
+  if (c.adjust_lr < 0 || c.adjust_lr > 4) {
     return absl::InvalidArgumentError(absl::StrCat(
         "options->adjust_lr: unknown value ", c.adjust_lr,
-        "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2) or "
-        "SPECTRAL_UNCLAMPED (3)"));
+        "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2), "
+        "SPECTRAL_UNCLAMPED (3) or SPECTRAL (4)"));
   }
   o.adjust_lr = static_cast<AdjustLr>(c.adjust_lr);
   o.momentum_fp32 = c.momentum_fp32 != 0;

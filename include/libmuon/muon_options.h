@@ -24,7 +24,11 @@ typedef enum muon_adjust_lr_t {
   MUON_ADJUST_LR_ORIGINAL = 0,        /* lr * sqrt(max(1, A / B)) (torch default) */
   MUON_ADJUST_LR_MATCH_RMS_ADAMW = 1, /* lr * 0.2 * sqrt(max(A, B)) */
   MUON_ADJUST_LR_NONE = 2,            /* lr */
-  MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = 3 /* lr * sqrt(A / B) (0.3) */
+  MUON_ADJUST_LR_SPECTRAL_UNCLAMPED = 3, /* lr * sqrt(A / B) (0.3) */
+  /* lr * sqrt(max(A, B)) (0.7): Scion's and Emerging-Optimizers' "spectral"
+   * scale, Megatron-core's default muon_scale_mode; MATCH_RMS_ADAMW is 0.2
+   * times it. */
+  MUON_ADJUST_LR_SPECTRAL = 4
 } muon_adjust_lr_t;
 
 /* The dtype Newton-Schulz computes in. BF16 mirrors torch.optim.Muon: the

@@ -54,12 +54,13 @@ absl::Status ValidateOptions(const Options& o) {
     case AdjustLr::kMatchRmsAdamW:
     case AdjustLr::kNone:
     case AdjustLr::kSpectralUnclamped:
+    case AdjustLr::kSpectral:
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           "adjust_lr: unknown value ", static_cast<int>(o.adjust_lr),
-          "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2) or "
-          "SPECTRAL_UNCLAMPED (3)"));
+          "; use MUON_ADJUST_LR_ORIGINAL (0), MATCH_RMS_ADAMW (1), NONE (2), "
+          "SPECTRAL_UNCLAMPED (3) or SPECTRAL (4)"));
   }
   if (o.dist.prefetch_count < 0 || o.dist.prefetch_count > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -99,6 +100,8 @@ double LrRatio(AdjustLr mode, int64_t rows, int64_t cols) {
       return 0.2 * std::sqrt(std::max(a, b));
     case AdjustLr::kSpectralUnclamped:
       return std::sqrt(a / b);
+    case AdjustLr::kSpectral:
+      return std::sqrt(std::max(a, b));
     case AdjustLr::kNone:
       break;
   }

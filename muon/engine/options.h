@@ -14,7 +14,8 @@
 
 namespace muon {
 
-enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2, kSpectralUnclamped = 3 };
+enum class AdjustLr { kOriginal = 0, kMatchRmsAdamW = 1, kNone = 2, kSpectralUnclamped = 3,
+                      kSpectral = 4 };
 
 // The distributed engine's settings (they do not change results).
 struct DistOptions {

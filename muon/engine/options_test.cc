@@ -125,8 +125,8 @@ TEST(Options, CoefficientTable) {
 
 TEST(Options, UnknownEnums) {
   Options o;
-  o.adjust_lr = static_cast<AdjustLr>(4);  // 3 is SPECTRAL_UNCLAMPED since 0.3
-  ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value 4");
+  o.adjust_lr = static_cast<AdjustLr>(5);  // 4 is SPECTRAL since 0.7
+  ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value 5");
   o.adjust_lr = static_cast<AdjustLr>(-1);
   ExpectInvalid(ValidateOptions(o), "adjust_lr", "unknown value -1");
   o.adjust_lr = AdjustLr::kNone;
@@ -150,6 +150,13 @@ TEST(AdjustedLr, SpectralUnclampedScalesBothWays) {
   EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 16, 4), lr * 2.0);
   EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 4, 16), lr * 0.5);
   EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectralUnclamped, 8, 8), lr);
+}
+
+TEST(AdjustedLr, SpectralIsTheLongerSidesRoot) {
+  const double lr = 0.02;
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectral, 16, 4), lr * 4.0);
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectral, 4, 16), lr * 4.0);
+  EXPECT_DOUBLE_EQ(AdjustedLr(lr, AdjustLr::kSpectral, 9, 9), lr * 3.0);
 }
 
 TEST(AdjustedLr, Original) {

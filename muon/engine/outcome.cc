@@ -28,6 +28,7 @@ const char* AdjustName(AdjustLr a) {
     case AdjustLr::kMatchRmsAdamW: return "match_rms_adamw";
     case AdjustLr::kNone: return "none";
     case AdjustLr::kSpectralUnclamped: return "spectral_unclamped";
+    case AdjustLr::kSpectral: return "spectral";
   }
   return "?";
 }

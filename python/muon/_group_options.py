@@ -11,7 +11,7 @@ import torch
 from . import _optimizer
 
 DEFAULT_COEFFICIENTS = (3.4445, -4.775, 2.0315)
-_ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped")
+_ADJUST_LR_FNS = (None, "original", "match_rms_adamw", "spectral_unclamped", "spectral")
 _NS_DTYPES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32",
               "fp16": "fp16", "float16": "fp16"}
 # Changing these in a param group rebuilds its library optimizer (momentum kept);
@@ -230,8 +230,8 @@ def _check_adamw(group):
     for k, beta in enumerate(betas):
         if not 0.0 <= real_value("adamw_betas", beta) < 1.0:
             raise ValueError("Invalid beta parameter at index %d: %s" % (k, beta))
-    wd = real_value("adamw_wd", group["adamw_wd"])
-    if not 0.0 <= wd:
+    wd = group["adamw_wd"]
+    if wd is not None and not 0.0 <= real_value("adamw_wd", wd):
         raise ValueError("Invalid weight_decay value: %s" % wd)
 
 

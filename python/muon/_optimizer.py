@@ -85,7 +85,8 @@ class Optimizer(OptimizerComms, OptimizerState, PendingRegistrations):
 
     ns_coefficients: an (a, b, c) tuple for every iteration, a list of (a, b, c)
     rows (row i for iteration i, the last row reused after the end), or
-    "polar_express". adjust_lr: "original", "match_rms_adamw", "spectral_unclamped", or None / "none"
+    "polar_express". adjust_lr: "original", "match_rms_adamw", "spectral_unclamped",
+    "spectral" (lr * sqrt(max(rows, cols))), or None / "none"
     (no adjustment). ns_dtype: "bf16" (as torch.optim.Muon) or "fp32".
 
     Distributed engine (with set_world): assignment is "balanced",

@@ -19,6 +19,7 @@ _ADJUST_LR = {
     "match_rms_adamw": _lib.ADJUST_LR_MATCH_RMS_ADAMW,
     "none": _lib.ADJUST_LR_NONE,
     "spectral_unclamped": _lib.ADJUST_LR_SPECTRAL_UNCLAMPED,
+    "spectral": _lib.ADJUST_LR_SPECTRAL,
 }
 _NS_DTYPE = {
     "bf16": _lib.NS_DTYPE_BF16,

@@ -61,7 +61,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     options. Matrices (2 or more dims; for a sharded parameter, its global
     tensor's) are stepped by Muon in libmuon; the others (biases, norms, scalars)
     by torch.optim.AdamW inside this optimizer, with lr adamw_lr (None: the
-    group's lr), betas adamw_betas, eps adamw_eps and weight decay adamw_wd, so
+    group's lr), betas adamw_betas, eps adamw_eps and weight decay adamw_wd
+    (None: the group's weight_decay, as a scheduler that sets it wants), so
     one optimizer takes model.parameters(). Their AdamW state (step, exp_avg,
     exp_avg_sq) is in state_dict() in torch's format. A param group with
     "adamw": True sends its matrices to AdamW too (embeddings and output heads,
@@ -69,7 +70,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     adjust_lr_fn:
     None or "original" (lr * sqrt(max(1, rows / cols))), "match_rms_adamw"
     (lr * 0.2 * sqrt(max(rows, cols))) or "spectral_unclamped" (lr * sqrt(rows /
-    cols)), as torch. ns_dtype: "bf16" (Newton-Schulz as
+    cols)), as torch; or "spectral" (lr * sqrt(max(rows, cols)): Megatron-core's
+    and Emerging-Optimizers' default scale). ns_dtype: "bf16" (Newton-Schulz as
     torch.optim.Muon computes it) or "fp32". ns_coefficients may also be a
     list of (a, b, c) rows, one per iteration, or a preset: "polar_express",
     "cans", "deepseekv4" (ns_steps=10), "cubic5" (ns_steps=5; c = 0, one
@@ -131,7 +133,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                  distributed_config: DistributedConfigBase | None = None, *,
                  ns_dtype: str | torch.dtype = "bf16", adamw_lr: float | None = None,
                  adamw_betas: tuple[float, float] = (0.95, 0.95), adamw_eps: float = 1e-8,
-                 adamw_wd: float = 0.0, extra_scale_factor: float = 1.0,
+                 adamw_wd: float | None = 0.0, extra_scale_factor: float = 1.0,
                  cautious_wd: bool = False, normuon: bool = False, normuon_beta2: float = 0.95,
                  normuon_eps: float = 1e-8, ns_algorithm: str = "standard",
                  gram_restarts: Iterable[int] = (2,),
@@ -514,8 +516,9 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             if not others:
                 continue
             lr = group["adamw_lr"] if group["adamw_lr"] is not None else group["lr"]
+            wd = group["adamw_wd"] if group["adamw_wd"] is not None else group["weight_decay"]
             groups.append(dict(params=others, lr=lr, betas=tuple(group["adamw_betas"]),
-                               eps=group["adamw_eps"], weight_decay=group["adamw_wd"]))
+                               eps=group["adamw_eps"], weight_decay=wd))
             key.append(tuple(id(p) for p in others))
         if not groups:
             return

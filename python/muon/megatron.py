@@ -84,7 +84,13 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
-           "megatron_qkv_splits", "megatron_experts"]
+           "megatron_qkv_splits", "megatron_experts", "muon_kwargs", "param_groups"]
+
+# Megatron-core's muon_scale_mode (Emerging-Optimizers' get_muon_scale_factor)
+# as muon.Muon's adjust_lr_fn, and its muon_fp32_matmul_prec as ns_dtype.
+_SCALE_MODES = {"spectral": "spectral", "shape_scaling": "original",
+                "unit_rms_norm": "spectral_unclamped"}
+_MATMUL_PRECISIONS = {"medium": "bf16", "high": "fp32", "highest": "fp32"}
 
 
 def megatron_qkv_splits(model: Any) -> dict[torch.Tensor, tuple[int, list[int]]]:
@@ -186,6 +192,72 @@ def _parallel_state():
                            "parallel_state.initialize_model_parallel first (or pass "
                            "tp_group, dp_group and pp_group)")
     return parallel_state
+
+
+def muon_kwargs(config: Any) -> dict[str, Any]:
+    """muon.Muon's options for Megatron-core's OptimizerConfig `config`, the
+    values get_megatron_muon_optimizer gives its Muon and its Adam: lr,
+    weight_decay; momentum (muon_momentum), nesterov (muon_use_nesterov),
+    ns_steps (muon_num_ns_steps), adjust_lr_fn (muon_scale_mode: "spectral"
+    -> "spectral", "shape_scaling" -> "original", "unit_rms_norm" ->
+    "spectral_unclamped"), extra_scale_factor (muon_extra_scale_factor),
+    ns_dtype (muon_fp32_matmul_prec: "medium" -> "bf16", "high" and
+    "highest" -> "fp32"); adamw_betas (adam_beta1, adam_beta2), adamw_eps
+    (adam_eps). Megatron's Muon keeps an exponential moving average of the
+    gradients (lerp by 1 - momentum), torch's and libmuon's their sum: the
+    same direction, by the constant factor 1 - momentum that Newton-Schulz's
+    normalization takes out. Every matrix is orthogonalized whole, as
+    muon_tp_mode "duplicated" and "distributed" do; Megatron's default
+    "blockwise" (each TP piece alone) is not reproduced (a UserWarning says
+    so). muon_split_qkv goes to create_megatron_config(split_qkv=...)."""
+    mode = getattr(config, "muon_scale_mode", "spectral")
+    if mode not in _SCALE_MODES:
+        raise ValueError("muon.megatron.muon_kwargs: muon_scale_mode %r is not one of %s"
+                         % (mode, sorted(_SCALE_MODES)))
+    precision = getattr(config, "muon_fp32_matmul_prec", "medium")
+    if precision not in _MATMUL_PRECISIONS:
+        raise ValueError("muon.megatron.muon_kwargs: muon_fp32_matmul_prec %r is not one of %s"
+                         % (precision, sorted(_MATMUL_PRECISIONS)))
+    if getattr(config, "muon_tp_mode", "duplicated") == "blockwise":
+        warnings.warn("muon.megatron.muon_kwargs: muon_tp_mode='blockwise' orthogonalizes each "
+                      "TP piece of a matrix on its own; libmuon orthogonalizes every matrix "
+                      "whole (as 'duplicated' and 'distributed' do)", UserWarning, stacklevel=2)
+    return dict(lr=config.lr, weight_decay=config.weight_decay, momentum=config.muon_momentum,
+                nesterov=bool(config.muon_use_nesterov), ns_steps=int(config.muon_num_ns_steps),
+                adjust_lr_fn=_SCALE_MODES[mode],
+                extra_scale_factor=float(config.muon_extra_scale_factor),
+                ns_dtype=_MATMUL_PRECISIONS[precision],
+                adamw_betas=(config.adam_beta1, config.adam_beta2), adamw_eps=config.adam_eps)
+
+
+def param_groups(model: Any, config: Any) -> list[dict[str, Any]]:
+    """muon.Muon's param groups for `model` (a module or a list of model
+    chunks, DDP-wrapped or not) under Megatron-core's OptimizerConfig
+    `config`: Megatron's own groups (megatron.core.optimizer's
+    _get_param_groups: wd_mult, lr_mult, max_lr, min_lr, is_expert_parallel)
+    each cut as get_megatron_muon_optimizer cuts them, the 2-D params that
+    are not an embedding's or the output layer's
+    (is_embedding_or_output_parameter) with Muon, the rest with AdamW
+    ("adamw": True). lr and weight_decay start at config.lr and
+    config.weight_decay * wd_mult; adamw_lr and adamw_wd are None (the
+    group's), so Megatron's OptimizerParamScheduler, which sets every group's
+    lr and weight_decay, drives both. Collective over the world (Megatron
+    agrees its groups there): every rank calls it."""
+    from megatron.core.optimizer import _get_param_groups
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    out = []
+    for group in _get_param_groups(chunks, config, None):
+        params = group["params"]
+        muon = [p for p in params if p.dim() == 2 and
+                not getattr(p, "is_embedding_or_output_parameter", False)]
+        taken = {id(p) for p in muon}
+        rest = [p for p in params if id(p) not in taken]
+        keys = {k: v for k, v in group.items() if k != "params"}
+        keys.update(lr=config.lr, weight_decay=config.weight_decay * group.get("wd_mult", 1.0),
+                    adamw_lr=None, adamw_wd=None)
+        for members, adamw in ((muon, False), (rest, True)):
+            out.append(dict(keys, params=members, adamw=adamw))
+    return out
 
 
 def _has_experts(model: Any) -> bool:

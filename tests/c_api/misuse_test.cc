@@ -723,8 +723,8 @@ std::vector<Case> Cases() {
         o.ns_table = table;
       }));
   add("create_adjust_lr_unknown", E, IA,
-      {"options->adjust_lr", "unknown value 4", "SPECTRAL_UNCLAMPED"},
-      CreateWith([](muon_options_t& o) { o.adjust_lr = 4; }));
+      {"options->adjust_lr", "unknown value 5", "SPECTRAL (4)"},
+      CreateWith([](muon_options_t& o) { o.adjust_lr = 5; }));
   add("create_adjust_lr_negative", E, IA, {"options->adjust_lr", "unknown value -1"},
       CreateWith([](muon_options_t& o) { o.adjust_lr = -1; }));
   add("create_ns_dtype_unknown", E, IA, {"options->ns_dtype", "unknown value 3", "FP16 (2)"},

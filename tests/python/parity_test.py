@@ -134,6 +134,8 @@ def adjusted_lr(lr, mode, rows, cols):
         return lr * math.sqrt(max(1.0, rows / cols))
     if mode == "match_rms_adamw":
         return lr * 0.2 * math.sqrt(max(rows, cols))
+    if mode == "spectral":  # Emerging-Optimizers' get_muon_scale_factor, "spectral"
+        return lr * math.sqrt(max(rows, cols))
     assert mode == "none"
     return lr
 
@@ -317,7 +319,7 @@ FP32 = dict(lr=0.02, weight_decay=0.1, ns_dtype="fp32")
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("adjust_lr", ["original", "match_rms_adamw", None])
+@pytest.mark.parametrize("adjust_lr", ["original", "match_rms_adamw", "spectral", None])
 def test_fp32_matches_reference(adjust_lr):
     got = parity(dict(FP32, adjust_lr=adjust_lr), "fp32 adjust_lr=%s" % adjust_lr,
                  check_state=True)
