@@ -24,8 +24,9 @@ with whole experts (expert TP 1, expert DP 4), where Megatron marks the
 experts as ordinary (allreduce=True) params while their TP attributes refer
 to the expert TP group: read as dense TP pieces they would be put together
 into the wrong matrices, which the generic helper (given TP and DP only)
-refuses; and two pipeline stages, each its own MoE layer, with expert
-parallel 2 and whole experts.
+refuses; two pipeline stages, each its own MoE layer, with expert parallel 2
+and whole experts; and the same with a dense first stage, whose ranks hold
+no expert yet take part in reading the experts' layout.
 """
 
 import copy
@@ -45,12 +46,15 @@ STEPS = 4
 RESUME_AT = 2  # a checkpoint (params and opt.state_dict()) taken before this step
 HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
 LAYOUTS = {"ep2_etp2": (2, 2), "ep2_etp1": (2, 1), "ep1_etp1": (1, 1),  # (EP, expert TP)
-           "pp2_ep2_etp1": (2, 1)}
-STAGES = {"pp2_ep2_etp1": 2}  # pipeline stages (1 elsewhere): each its own MoE layer
+           "pp2_ep2_etp1": (2, 1), "pp2_dense_then_moe": (2, 1)}
+STAGES = {"pp2_ep2_etp1": 2, "pp2_dense_then_moe": 2}  # pipeline stages (1 elsewhere)
+DENSE_FIRST = {"pp2_dense_then_moe"}  # stage 0 a dense layer, no experts on its ranks
 
 
-def _moe_layer(ep, etp):
-    """This rank's MoE transformer layer (one per pipeline stage)."""
+def _moe_layer(key):
+    """This rank's transformer layer (one per pipeline stage): an MoE layer,
+    or a dense one on the first stage of a DENSE_FIRST layout."""
+    ep, etp = LAYOUTS[key]
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.spec_utils import build_module
@@ -65,7 +69,11 @@ def _moe_layer(ep, etp):
                                gated_linear_unit=True,
                                use_cpu_initialization=True, params_dtype=torch.float32)
     torch.manual_seed(0)
-    spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
+    if key in DENSE_FIRST and ps.get_pipeline_model_parallel_rank() == 0:
+        config.num_moe_experts = None
+        spec = get_gpt_layer_local_spec()
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=EXPERTS, moe_grouped_gemm=False)
     return build_module(spec, config=config,
                         layer_number=ps.get_pipeline_model_parallel_rank() + 1)
 
@@ -90,13 +98,14 @@ def _whole(t, tp_group, dim):
         torch.cat(allgather_tensor(t.detach(), tp_group), dim)
 
 
-def _train(rank, ep, etp, control=False):
+def _train(rank, key, control=False):
     """`STEPS` steps of the layer's matrices by muon.Muon over the adapter (or,
     control: the generic helper given only TP and DP, which reads Megatron's
     TP attributes but knows nothing of experts) against single-process
     muon.Muon on the whole matrices."""
     from megatron.core import parallel_state as ps
-    layer = _moe_layer(ep, etp)
+    ep = LAYOUTS[key][0]
+    layer = _moe_layer(key)
     named = [(n, p) for n, p in layer.named_parameters() if p.dim() == 2]
     params = [p for _, p in named]
     layouts = [_layout(n, p, ep) for n, p in named]
@@ -138,8 +147,9 @@ def _train(rank, ep, etp, control=False):
                 worst, where = diff, n
             exact = exact and bits_equal(got, q)
     experts = sorted({x for (_, _, _, x) in layouts if x is not None})
-    resumed = None if control else _resume(ep, etp, saved, later, params)
+    resumed = None if control else _resume(key, saved, later, params)
     return {"exact": exact, "worst": worst, "where": where, "experts": experts,
+            "stage": ps.get_pipeline_model_parallel_rank(),
             "resumed": resumed,
             "dense": sum(1 for (_, _, _, x) in layouts if x is None),
             "allreduce": sorted({getattr(p, "allreduce", True)
@@ -149,12 +159,12 @@ def _train(rank, ep, etp, control=False):
                             if n.endswith("linear_fc1.weight"))}
 
 
-def _resume(ep, etp, saved, later, params):
+def _resume(key, saved, later, params):
     """A fresh layer and optimizer from the checkpoint taken at RESUME_AT (the
     params and opt.state_dict()), stepped on the same later gradients:
     whether every param ends bit for bit as the uninterrupted run's."""
     state, values = saved
-    layer = _moe_layer(ep, etp)
+    layer = _moe_layer(key)
     fresh = [p for p in layer.parameters() if p.dim() == 2]
     with torch.no_grad():
         for p, v in zip(fresh, values):
@@ -169,7 +179,7 @@ def _resume(ep, etp, saved, later, params):
     return all(bits_equal(p, q) for p, q in zip(fresh, params))
 
 
-def _train_distopt(rank, ep, etp):
+def _train_distopt(rank, key):
     """The layer under Megatron's DistributedDataParallel with the distributed
     optimizer's layout (use_distributed_optimizer=True): muon.Muon over
     create_megatron_config(ddp=ddp) steps each rank's ranges of the dense
@@ -180,7 +190,8 @@ def _train_distopt(rank, ep, etp):
     replica group: DP for dense params, expert DP for experts)."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    layer = _moe_layer(ep, etp)
+    ep = LAYOUTS[key][0]
+    layer = _moe_layer(key)
     ddp = DistributedDataParallel(layer.config, DistributedDataParallelConfig(
         use_distributed_optimizer=True), layer)
     everything = list(ddp.module.named_parameters())
@@ -233,10 +244,10 @@ def _refused_without_model():
     return None
 
 
-def _unreached_expert_refused(ep, etp):
+def _unreached_expert_refused(key):
     """model= given a module without the experts (the attention): their
     params (allreduce=False under expert parallel) refused at the first step."""
-    layer = _moe_layer(ep, etp)
+    layer = _moe_layer(key)
     params = [p for p in layer.parameters() if p.dim() == 2]
     config = muon.megatron.create_megatron_config(model=layer.self_attention)
     opt = muon.Muon(params, distributed_config=config, **HP)
@@ -261,19 +272,34 @@ def _worker(rank, world):
                                      pipeline_model_parallel_size=STAGES.get(key, 1),
                                      expert_model_parallel_size=ep,
                                      expert_tensor_parallel_size=etp)
-        out[key] = _train(rank, ep, etp)
+        out[key] = _train(rank, key)
         out[key]["refused"] = _refused_without_model()
         if ep > 1:
-            out[key]["distopt"] = _train_distopt(rank, ep, etp)
+            out[key]["distopt"] = _train_distopt(rank, key)
         if key == "ep2_etp1":
-            out[key]["unreached"] = _unreached_expert_refused(ep, etp)
+            out[key]["unreached"] = _unreached_expert_refused(key)
         if key == "ep1_etp1":
             try:
-                out[key]["control"] = _train(rank, ep, etp, control=True)
+                out[key]["control"] = _train(rank, key, control=True)
             except ValueError as err:
                 out[key]["control"] = {"error": str(err)}
         ps.destroy_model_parallel()
     return out
+
+
+def _expected_total(runs, key):
+    """The matrices the job orthogonalizes per step: each stage's dense ones
+    (read on its first rank; linear_qkv's three split blocks count once) and
+    two per expert where the stage has experts."""
+    total = 0
+    for stage in range(STAGES.get(key, 1)):
+        r = next(res[key] for res in runs if res[key]["stage"] == stage)
+        total += r["dense"] + (2 * EXPERTS if _has_experts(key, stage) else 0)
+    return total
+
+
+def _has_experts(key, stage):
+    return not (key in DENSE_FIRST and stage == 0)
 
 
 @pytest.fixture(scope="module")
@@ -291,24 +317,24 @@ def test_experts_step_bit_for_bit_as_one_process(runs, key):
                                                                    r["where"])
         # Resumed from opt.state_dict() in a fresh layer and optimizer: the same bits.
         assert r["resumed"], (key, rank)
-        assert len(r["experts"]) == EXPERTS // ep, (key, rank, r["experts"])
+        assert len(r["experts"]) == (EXPERTS // ep if _has_experts(key, r["stage"]) else 0), \
+            (key, rank, r["experts"])
         # The global ids number the experts as Megatron's checkpoints do.
         assert r["names"] == ["mlp.experts.local_experts.%d.linear_fc1.weight" % x
                               for x in r["experts"]], r["names"]
     # Megatron marks experts allreduce=False only under expert parallel.
-    assert runs[0][key]["allreduce"] == [ep == 1]
+    assert runs[-1][key]["allreduce"] == [ep == 1]
     # Every global expert is held somewhere, each once per EP rank.
     held = sorted({x for res in runs for x in res[key]["experts"]})
     assert held == list(range(EXPERTS))
     # Each matrix once per step in the job: the dense ones (linear_qkv as
     # Megatron's three split blocks counts once), and two per expert.
-    dense = runs[0][key]["dense"]
     total = sum(res[key]["orthogonalized"] for res in runs)
-    assert total == STAGES.get(key, 1) * (dense + 2 * EXPERTS), (key, total, dense)
-    print("\nMegatron MoE, TP %d x PP %d x EP %d, expert TP %d: %d steps, largest difference "
-          "%g, %d matrices orthogonalized per step in the job"
-          % (TP, STAGES.get(key, 1), ep, etp, STEPS, max(res[key]["worst"] for res in runs),
-             total))
+    assert total == _expected_total(runs, key), (key, total)
+    print("\nMegatron MoE (%s), TP %d x PP %d x EP %d, expert TP %d: %d steps, largest "
+          "difference %g, %d matrices orthogonalized per step in the job"
+          % (key, TP, STAGES.get(key, 1), ep, etp, STEPS,
+             max(res[key]["worst"] for res in runs), total))
 
 
 @pytest.mark.parametrize("key", sorted(LAYOUTS))
@@ -341,7 +367,7 @@ def test_an_expert_the_model_does_not_reach_is_refused_naming_it(runs):
         assert got["kept"], rank
 
 
-@pytest.mark.parametrize("key", ["ep2_etp1", "ep2_etp2", "pp2_ep2_etp1"])
+@pytest.mark.parametrize("key", ["ep2_etp1", "ep2_etp2", "pp2_ep2_etp1", "pp2_dense_then_moe"])
 def test_the_distributed_optimizers_expert_ranges_step_bit_for_bit(runs, key):
     # Megatron's DDP with use_distributed_optimizer=True: the experts' ranges
     # (its expert-parallel buffers over expert DP) and the dense ranges, each
@@ -349,16 +375,15 @@ def test_the_distributed_optimizers_expert_ranges_step_bit_for_bit(runs, key):
     ep, etp = LAYOUTS[key]
     for rank, res in enumerate(runs):
         r = res[key]["distopt"]
-        assert r["expert_buffers"] >= 1, (rank, r)
+        assert (r["expert_buffers"] >= 1) == _has_experts(key, res[key]["stage"]), (rank, r)
         assert r["exact"], "%s: rank %d differs by up to %g (%s)" % (key, rank, r["worst"],
                                                                    r["where"])
     # Expert DP 2 (expert TP 1, one stage) splits some experts' flat ranges over
     # two ranks.
     expert_dp = WORLD // (STAGES.get(key, 1) * ep * etp)
     assert (sum(res[key]["distopt"]["split_experts"] for res in runs) > 0) == (expert_dp > 1)
-    dense = runs[0][key]["dense"]
     total = sum(res[key]["distopt"]["orthogonalized"] for res in runs)
-    assert total == STAGES.get(key, 1) * (dense + 2 * EXPERTS), (key, total, dense)
-    print("\nMegatron MoE under its distributed optimizer, TP %d x PP %d x EP %d, expert TP %d: "
-          "largest difference %g" % (TP, STAGES.get(key, 1), ep, etp,
-                                     max(res[key]["distopt"]["worst"] for res in runs)))
+    assert total == _expected_total(runs, key), (key, total)
+    print("\nMegatron MoE (%s) under its distributed optimizer, TP %d x PP %d x EP %d, expert "
+          "TP %d: largest difference %g" % (key, TP, STAGES.get(key, 1), ep, etp,
+                                            max(res[key]["distopt"]["worst"] for res in runs)))
