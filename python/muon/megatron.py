@@ -50,7 +50,7 @@ experts, TEGroupedMLP's per-expert weights) are found in the model given as
 model=: each expert is one matrix per weight, held by one expert-parallel
 rank, split over the expert tensor-parallel group along its partition_dim and
 replicated over the expert data-parallel group (parallel_state's expert
-groups; Megatron averages its gradients there). It is named by its global
+groups; Megatron's DDP reduces its gradients there). It is named by its global
 expert id (expert-parallel rank * num_local_experts + local index, as
 Megatron's own checkpoints number it), so its replicas agree and experts
 differ. The expert groups may differ from the dense ones (an expert tensor-
@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 from ._config import is_dtensor, require_dist
 from ._flat import Segment
 from ._megatron_attrs import experts_laid_out_apart, megatron_attr_tp_dim
-from ._pg_config import ProcessGroupConfig, create_processgroup_config
+from ._pg_config import ProcessGroupConfig
 from ._pg_job import Job
 
 if TYPE_CHECKING:
@@ -448,8 +448,9 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
     when there is more than one stage). Give all three to use other groups (or
     no megatron.core at all). replicated_mode="zero2": the library averages
     the raw gradients over DP itself and keeps momentum on each matrix's owner
-    only. The rest: as muon.create_processgroup_config, which this calls with
-    tp_dims read by megatron_tp_dim.
+    only. The rest: as muon.create_processgroup_config's, the TP dims read by
+    megatron_tp_dim; with model=, the MoE experts laid out over the expert
+    groups (see the module's docstring).
 
     ddp: Megatron's DistributedDataParallel model (or a list of its chunks)
     built with use_distributed_optimizer=True: the distributed optimizer's
