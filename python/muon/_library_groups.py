@@ -173,6 +173,7 @@ class LibraryGroups:
                 local = _local(p)
                 k = by_pointer.get(local.data_ptr()) if local.numel() else None
             g.ids.append(k)
+            g.shadows.append(None)  # the library steps the piece itself (QK-Clip too)
             g.grads.append(opt.grad_tensor(k) if k is not None else None)
             g.param_ptrs.append(opt.param_address(k) if k is not None else 0)
 

@@ -84,7 +84,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 __all__ = ["create_megatron_config", "megatron_tp_dim", "megatron_flat_ranges",
-           "megatron_qkv_splits", "megatron_experts", "muon_kwargs", "param_groups"]
+           "megatron_qkv_splits", "megatron_experts", "muon_kwargs", "param_groups",
+           "QkClip"]
 
 # Megatron-core's muon_scale_mode (Emerging-Optimizers' get_muon_scale_factor)
 # as muon.Muon's adjust_lr_fn, and its muon_fp32_matmul_prec as ns_dtype.
@@ -258,6 +259,72 @@ def param_groups(model: Any, config: Any) -> list[dict[str, Any]]:
         for members, adamw in ((muon, False), (rest, True)):
             out.append(dict(keys, params=members, adamw=adamw))
     return out
+
+
+class QkClip:
+    """MuonClip's QK-Clip (Kimi K2) for the self-attention layers of a
+    Megatron-core model, libmuon's per-head clip fed as Megatron-core's own
+    clip_qk is: each layer's per-head max logits from
+    core_attention.current_max_attn_logits (what TransformerEngine's
+    attention records when TransformerConfig.qk_clip is set; this TP rank's
+    heads), the largest over data parallel (with CP) as Megatron takes it,
+    all of a layer's heads put together over TP; tau and alpha from the
+    layer's qk_clip_threshold and qk_clip_alpha. Each query group of the
+    fused linear_qkv (q_per_group query heads, one key head) is registered
+    with opt.register_qk at construction. Call it after opt.step(), where
+    Megatron calls clip_qk; it returns the number of heads clipped on this
+    rank's layers and resets the logits. Megatron-core's clip_qk scales a
+    GQA group by its largest head's gamma; here every head's logits scale by
+    exactly its own (an MHA layer: the same as Megatron's)."""
+
+    def __init__(self, opt: Any, model: Any) -> None:
+        from megatron.core.transformer.attention import SelfAttention
+        self._opt = opt
+        self._layers: list[tuple[Any, list[int], int]] = []
+        chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        for chunk in chunks:
+            for m in getattr(chunk, "module", chunk).modules():
+                if not isinstance(m, SelfAttention):
+                    continue
+                cfg = m.config
+                if getattr(cfg, "attention_output_gate", False):
+                    raise ValueError("muon.megatron.QkClip: a layer with attention_output_gate "
+                                     "(gate rows in linear_qkv) is not mapped")
+                heads = cfg.num_attention_heads
+                groups = cfg.num_query_groups or heads
+                per, kv = heads // groups, cfg.kv_channels
+                block = (per + 2) * kv  # a query group's rows: its queries, key, value
+                handles = [opt.register_qk(m.linear_qkv.weight, num_heads=per, num_kv_heads=1,
+                                           alpha=cfg.qk_clip_alpha, q_first_row=g * block,
+                                           q_head_stride=kv, q_head_rows=kv,
+                                           k_first_row=g * block + per * kv, k_head_rows=kv)
+                           for g in range(groups)]
+                self._layers.append((m, handles, per))
+
+    def __call__(self) -> int:
+        import torch
+        import torch.distributed as dist
+        ps = _parallel_state()
+        tp = ps.get_tensor_model_parallel_group()
+        dp = ps.get_data_parallel_group(with_context_parallel=True)
+        clipped = 0
+        for m, handles, per in self._layers:
+            mine = m.core_attention.current_max_attn_logits
+            if mine is None:
+                raise ValueError("muon.megatron.QkClip: a layer's core_attention."
+                                 "current_max_attn_logits is None: set TransformerConfig."
+                                 "qk_clip (TransformerEngine's attention records them) and "
+                                 "call this after a forward pass")
+            mine = mine.detach().float().clone()
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=dp)
+            parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(tp))]
+            dist.all_gather(parts, mine, group=tp)
+            logits = torch.cat(parts).cpu()
+            clipped += self._opt.qk_clip(
+                {h: logits[g * per:(g + 1) * per] for g, h in enumerate(handles)},
+                m.config.qk_clip_threshold)
+            m.core_attention.current_max_attn_logits = None
+        return clipped
 
 
 def _has_experts(model: Any) -> bool:

@@ -40,13 +40,13 @@ STEPS = 5
 QUINTIC = (3.4445, -4.7750, 2.0315)  # Megatron's "quintic" coefficient type
 
 
-def _model():
+def _model(groups=2, tp=TP, **extra):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
     cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4,
-                            num_query_groups=2, tensor_model_parallel_size=TP,
-                            use_cpu_initialization=True, params_dtype=torch.float32)
+                            num_query_groups=groups, tensor_model_parallel_size=tp,
+                            use_cpu_initialization=True, params_dtype=torch.float32, **extra)
     torch.manual_seed(0)
     return GPTModel(cfg, get_gpt_layer_local_spec(), vocab_size=64, max_sequence_length=16,
                     share_embeddings_and_output_weights=False)
@@ -185,17 +185,60 @@ def _train(rank, scale_mode, adjust_override=None, ddp=False):
             "kwargs": {k: v for k, v in kwargs.items() if k != "adamw_betas"}}
 
 
+TAU = 10.0
+LOGITS = [5.0, 20.0, 40.0, 8.0]  # each query head's max logit over the step; TAU clips two
+
+
+def _qk_clip(groups, tp):
+    """The attention's fused QKV after muon.megatron.QkClip and (at TP 1:
+    Megatron-core 0.16's clip_qk fails under TP, reshaping a TP piece by the
+    whole layer's projection size) after Megatron-core's own clip_qk, from the
+    same weights and per-head max logits (set where TransformerEngine's
+    attention records them, this TP rank's heads), put together over TP; and
+    the weights before."""
+    from megatron.core import parallel_state as ps
+    tp_group = ps.get_tensor_model_parallel_group()
+    ours, theirs = (_model(groups, tp, qk_clip=True, qk_clip_threshold=TAU, qk_clip_alpha=0.5)
+                    for _ in range(2))
+    config = _optimizer_config("spectral")
+    groups_ = [dict(g, lr=0.0, weight_decay=0.0)  # lr 0: the step leaves the weights
+               for g in muon.megatron.param_groups(ours, config)]
+    opt = muon.Muon(groups_, distributed_config=muon.megatron.create_megatron_config(model=ours),
+                    **muon.megatron.muon_kwargs(config))
+    clip = muon.megatron.QkClip(opt, ours)
+    for p in ours.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # (QK-Clip scales a step's result)
+    per_rank = len(LOGITS) // tp
+    mine = LOGITS[ps.get_tensor_model_parallel_rank() * per_rank:][:per_rank]
+    attn = [m.decoder.layers[0].self_attention for m in (ours, theirs)]
+    before = _whole(attn[0].linear_qkv.weight, 0, tp_group)
+    for a in attn:
+        a.core_attention.current_max_attn_logits = torch.tensor(mine)
+    clipped = clip()
+    if tp == 1:
+        attn[1].clip_qk()
+    return {"before": before, "clipped": clipped,
+            "ours": _whole(attn[0].linear_qkv.weight, 0, tp_group),
+            "theirs": _whole(attn[1].linear_qkv.weight, 0, tp_group) if tp == 1 else None,
+            "reset": attn[0].core_attention.current_max_attn_logits is None}
+
+
 def _worker(rank, world):
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
     from megatron.core import parallel_state as ps
     ps.initialize_model_parallel(tensor_model_parallel_size=TP)
     out = {"spectral": _train(rank, "spectral"),
-           "torch_default_scale": _train(rank, "spectral", adjust_override="original")}
+           "torch_default_scale": _train(rank, "spectral", adjust_override="original"),
+           "qk_mha": _qk_clip(4, TP), "qk_gqa": _qk_clip(2, TP)}
     try:
         muon.megatron.muon_kwargs(_optimizer_config("spectrall"))
         out["bad_mode"] = None
     except ValueError as err:
         out["bad_mode"] = str(err)
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=1)  # Megatron's own clip_qk
+    out.update(qk_mha_tp1=_qk_clip(4, 1), qk_gqa_tp1=_qk_clip(2, 1))
     ps.destroy_model_parallel()
     return out
 
@@ -266,3 +309,50 @@ def test_torchs_default_scale_is_not_megatrons(runs):
     # the update is sqrt(max(rows, cols)) / max(1, sqrt(rows / cols)) smaller.
     worst = max(res["torch_default_scale"]["worst"] for res in runs)
     assert worst > 1e-3, worst
+
+
+def _head_scales(res, groups):
+    """Each query head's factor on its query rows times its key head's on the
+    key rows (its logits' factor), read from the fused QKV before and after
+    (rows per query group: its queries, one key, one value; kv_channels 8)."""
+    heads, kv = 4, 8
+    per = heads // groups
+    out = {}
+    for which in ("ours", "theirs"):
+        if res[which] is None:
+            continue
+        before, after = res["before"].double(), res[which].double()
+        ratio = (after / before).view(groups, per + 2, kv, -1)
+        factors = []
+        for h in range(heads):
+            g, j = divmod(h, per)
+            q, k = ratio[g, j], ratio[g, per]
+            assert torch.allclose(q, q.flatten()[0], rtol=1e-5), (which, h)
+            factors.append(float(q.flatten()[0] * k.flatten()[0]))
+        out[which] = factors
+    return out
+
+
+def test_qk_clip_scales_each_heads_logits_by_kimis_gamma(runs):
+    # Kimi K2: gamma_h = min(1, tau / S_h); every head's logits scale by it.
+    gammas = [min(1.0, TAU / s) for s in LOGITS]
+    for rank, run in enumerate(runs):
+        for key, groups in (("qk_mha", 4), ("qk_gqa", 2), ("qk_mha_tp1", 4), ("qk_gqa_tp1", 2)):
+            res = run[key]
+            assert res["reset"] and res["clipped"] > 0, (rank, key)
+            got = _head_scales(res, groups)["ours"]
+            assert got == pytest.approx(gammas, rel=1e-5), (rank, key, got, gammas)
+
+
+def test_qk_clip_is_megatron_cores_clip_qk_on_mha_and_exact_on_gqa(runs):
+    # MHA: Megatron-core's own clip_qk gives the same weights. GQA: Megatron
+    # scales a query group by its largest head's gamma (heads 0 and 1 share a
+    # key: head 0, at 5 < tau, is clipped with head 1's 0.5); libmuon by each
+    # head's own.
+    mha = runs[0]["qk_mha_tp1"]
+    assert torch.allclose(mha["ours"], mha["theirs"], rtol=1e-6, atol=0), \
+        float((mha["ours"] - mha["theirs"]).abs().max())
+    assert not torch.equal(mha["ours"], mha["before"])
+    gqa = _head_scales(runs[0]["qk_gqa_tp1"], 2)
+    assert gqa["theirs"][0] == pytest.approx(0.5, rel=1e-5)
+    assert gqa["ours"][0] == pytest.approx(1.0, rel=1e-5)
