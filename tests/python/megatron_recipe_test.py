@@ -201,9 +201,9 @@ def _qk_clip(groups, tp):
     ours, theirs = (_model(groups, tp, qk_clip=True, qk_clip_threshold=TAU, qk_clip_alpha=0.5)
                     for _ in range(2))
     config = _optimizer_config("spectral")
-    groups_ = [dict(g, lr=0.0, weight_decay=0.0)  # lr 0: the step leaves the weights
-               for g in muon.megatron.param_groups(ours, config)]
-    opt = muon.Muon(groups_, distributed_config=muon.megatron.create_megatron_config(model=ours),
+    still = [dict(g, lr=0.0, weight_decay=0.0)  # lr 0: the step leaves the weights
+             for g in muon.megatron.param_groups(ours, config)]
+    opt = muon.Muon(still, distributed_config=muon.megatron.create_megatron_config(model=ours),
                     **muon.megatron.muon_kwargs(config))
     clip = muon.megatron.QkClip(opt, ours)
     for p in ours.parameters():
