@@ -529,6 +529,9 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
     docstring); with ddp= the DDP model's. split_qkv=False: orthogonalize
     them whole. A param group's own split_sizes wins over this.
     """
+    if replicated_mode not in ("host_averaged", "zero2"):
+        raise ValueError("muon.megatron.create_megatron_config: replicated_mode must be "
+                         "'host_averaged' or 'zero2', got %r" % (replicated_mode,))
     ps = None
     if tp_group is None or (dp_group is None and ddp is None):
         ps = _parallel_state()

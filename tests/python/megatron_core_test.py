@@ -252,3 +252,5 @@ def test_the_adapter_says_what_it_cannot_map():
     assert not ps.model_parallel_is_initialized()
     with pytest.raises(RuntimeError, match="initialize_model_parallel first"):
         muon.megatron.create_megatron_config()
+    with pytest.raises(ValueError, match="replicated_mode must be"):
+        muon.megatron.create_megatron_config(replicated_mode="zero3")
