@@ -24,23 +24,24 @@ def megatron_attr_tp_dim(param: Any) -> int | None:
     return None
 
 
-def experts_laid_out_apart(ps: Any) -> bool:
-    """Whether parallel_state `ps` lays MoE experts out otherwise than dense
-    params (expert parallel, or an expert TP size other than the TP size)."""
-    return (ps.get_expert_model_parallel_world_size() > 1 or
-            ps.get_expert_tensor_parallel_world_size() !=
-            ps.get_tensor_model_parallel_world_size())
+def experts_laid_out_apart(ps: Any) -> str | None:
+    """Where parallel_state `ps` lays MoE experts out otherwise than dense
+    params (expert parallel, or an expert TP size other than the TP size):
+    its sizes, as text; else None."""
+    ep = ps.get_expert_model_parallel_world_size()
+    etp, tp = ps.get_expert_tensor_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
+    if ep == 1 and etp == tp:
+        return None
+    return "expert parallel %d, expert TP %d, TP %d" % (ep, etp, tp)
 
 
 def experts_apart_in_this_job() -> str | None:
-    """Where megatron.core's parallel_state is loaded, initialized and lays
-    experts out apart: its sizes, as text; else None."""
+    """experts_laid_out_apart of megatron.core's parallel_state where it is
+    loaded and initialized; else None."""
     ps = sys.modules.get("megatron.core.parallel_state")
-    if ps is None or not ps.model_parallel_is_initialized() or not experts_laid_out_apart(ps):
+    if ps is None or not ps.model_parallel_is_initialized():
         return None
-    return "expert parallel %d, expert TP %d, TP %d" % (
-        ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size(),
-        ps.get_tensor_model_parallel_world_size())
+    return experts_laid_out_apart(ps)
 
 
 def generic_megatron_tp_dim(param: Any) -> int | None:

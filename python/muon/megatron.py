@@ -472,7 +472,8 @@ class MegatronDistOptConfig(_ExpertsApart, ProcessGroupConfig):
             **flat)
         if ps is not None and ps.get_expert_model_parallel_world_size() > 1:
             experts = megatron_experts(chunks)
-            names.update(experts)  # a range of an expert is named by its global id
+            names.update(experts)  # a range of an expert is named by its global id, so its
+            # views' default names carry it (MegatronExpertLayout adds nothing to them)
             edp = {c.intra_expt_dp_group for c in chunks}
             if len(edp) != 1:
                 raise ValueError("muon.megatron: the DDP chunks use %d expert data-parallel "
@@ -480,7 +481,7 @@ class MegatronDistOptConfig(_ExpertsApart, ProcessGroupConfig):
             self.experts = MegatronExpertLayout(
                 {"fsdp": edp.pop(), "ep": ps.get_expert_model_parallel_group(),
                  "tp": ps.get_expert_tensor_parallel_group(), "pp": pp_group},
-                {id(p): "" for p in experts}, **flat)
+                {id(p): name for p, name in experts.items()}, **flat)
         self._chunks = list(chunks)
         self._ranges = ranges
         self._names = names
@@ -543,13 +544,13 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
             pp_group = ps.get_pipeline_model_parallel_group()
     else:
         ps = _initialized_parallel_state()
-    apart = ps is not None and experts_laid_out_apart(ps)
+    apart = experts_laid_out_apart(ps) if ps is not None else None
     if ddp is not None:
         if dp_group is not None or replicated_mode != "host_averaged":
             raise ValueError("muon.megatron.create_megatron_config: with ddp=, the data-parallel "
                              "group is the DDP buffers' and the ranges are sharded: leave "
                              "dp_group and replicated_mode unset")
-        if apart and ps.get_expert_model_parallel_world_size() == 1:
+        if apart is not None and ps.get_expert_model_parallel_world_size() == 1:
             raise ValueError("muon.megatron.create_megatron_config: with ddp=, an expert TP size "
                              "(%d) other than the TP size (%d) is mapped under expert parallel "
                              "only (Megatron's expert-parallel buffers); without ddp= every "
@@ -566,14 +567,10 @@ def create_megatron_config(*, ddp: Any = None, tp_group: ProcessGroup | None = N
                       "Megatron-core's Muon does by default (muon_split_qkv); pass model= "
                       "(or split_qkv=False to keep them whole and silence this)", UserWarning,
                       stacklevel=2)
-    if model is None and apart:
+    if model is None and apart is not None:
         raise ValueError("muon.megatron.create_megatron_config: parallel_state lays MoE experts "
-                         "out apart from the dense params (expert parallel %d, expert TP %d, "
-                         "TP %d): pass the model as model= so its experts are found and laid "
-                         "out over the expert groups"
-                         % (ps.get_expert_model_parallel_world_size(),
-                            ps.get_expert_tensor_parallel_world_size(),
-                            ps.get_tensor_model_parallel_world_size()))
+                         "out apart from the dense params (%s): pass the model as model= so "
+                         "its experts are found and laid out over the expert groups" % apart)
     common = dict(replicated_mode=replicated_mode, verify_replicas=verify_replicas,
                   async_gpu_parallelism=async_gpu_parallelism, prefetch_count=prefetch_count)
     experts = None
