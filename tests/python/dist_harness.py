@@ -214,6 +214,14 @@ def allgather_tensor(t, group=None):
     return parts
 
 
+def whole_over(t, dim, group):
+    """A piece of a tensor split along `dim` over `group` (None: every member
+    holds it whole) put together in group-rank order, detached."""
+    if dim is None:
+        return t.detach().clone()
+    return torch.cat(allgather_tensor(t.detach().contiguous(), group), dim)
+
+
 def batch(step, shard, rows, d_in, d_out):
     """The data of one step's batch shard (deterministic)."""
     g = torch.Generator().manual_seed(1000 * step + shard + 7)

@@ -21,7 +21,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
 import muon.megatron  # noqa: E402
-from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean  # noqa: E402,E501
+from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean, whole_over  # noqa: E402,E501
 
 TP, WORLD = 2, 4
 STEPS = 6
@@ -56,13 +56,6 @@ def _model():
     return Net()
 
 
-def _whole(t, dim, tp_group):
-    """A piece of a parameter or gradient (TP-split along `dim`, None when
-    replicated) put together over TP."""
-    return t.detach().clone() if dim is None else \
-        torch.cat(allgather_tensor(t.detach(), tp_group), dim)
-
-
 def _batch(step, dp_rank):
     g = torch.Generator().manual_seed(100 * step + dp_rank)
     return torch.randn(8, 16, generator=g), torch.randn(8, 6, generator=g)
@@ -76,12 +69,12 @@ def _step_both(opt, ref, params, whole, tp_dims, groups, local_grads):
     tp_group, dp_group = groups
     for p, q, d, g in zip(params, whole, tp_dims, local_grads):
         p.grad = ordered_mean(allgather_tensor(g, dp_group))
-        q.grad = _whole(p.grad, d, tp_group)
+        q.grad = whole_over(p.grad, d, tp_group)
     opt.step()
     ref.step()
     worst, exact = 0.0, True
     for p, q, d in zip(params, whole, tp_dims):
-        got = _whole(p, d, tp_group)
+        got = whole_over(p, d, tp_group)
         worst = max(worst, max_abs_diff(got, q))
         exact = exact and bits_equal(got, q)
     return worst, exact
@@ -98,7 +91,7 @@ def _train(rank, naive, generic=False):
     else:
         config = None if naive else muon.megatron.create_megatron_config(model=model)
     opt = muon.Muon(params, distributed_config=config, **HP)
-    whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
+    whole = [torch.nn.Parameter(whole_over(p, d, tp_group)) for p, d in zip(params, tp_dims)]
     ref = muon.Muon(whole, **HP)
     worst, exact = 0.0, True
     for step in range(STEPS):
@@ -158,7 +151,7 @@ def _train_gqa(rank, split_qkv, by_group=False):
     else:
         config = muon.megatron.create_megatron_config(model=layer, split_qkv=split_qkv)
         opt = muon.Muon(params, distributed_config=config, **HP)
-    whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
+    whole = [torch.nn.Parameter(whole_over(p, d, tp_group)) for p, d in zip(params, tp_dims)]
     groups = [{"params": [w]} for w in whole]
     for (name, _), group in zip(named, groups):
         if name.endswith("linear_qkv.weight"):

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
-from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean  # noqa: E402,E501
+from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean, whole_over  # noqa: E402,E501
 
 TP, WORLD = 2, 4
 STEPS = 4
@@ -59,11 +59,6 @@ def _model():
 
     torch.manual_seed(0)
     return cfg, Net()
-
-
-def _whole(t, dim, tp_group):
-    return t.detach().clone() if dim is None else \
-        torch.cat(allgather_tensor(t.detach().contiguous(), tp_group), dim)
 
 
 def _batch(step, dp_rank):
@@ -102,7 +97,7 @@ def _worker(rank, world):
 
     opt = muon.Muon(params, distributed_config=muon.megatron.create_megatron_config(ddp=ddp),
                     **HP)
-    whole = [torch.nn.Parameter(_whole(p, d, tp_group)) for p, d in zip(params, tp_dims)]
+    whole = [torch.nn.Parameter(whole_over(p, d, tp_group)) for p, d in zip(params, tp_dims)]
     ref = muon.Muon(whole, **HP)
     worst, exact = 0.0, True
     for step in range(STEPS):
@@ -117,10 +112,10 @@ def _worker(rank, world):
         ddp.finish_grad_sync()
         opt.step()
         for q, l, d in zip(whole, local.parameters(), tp_dims):
-            q.grad = _whole(ordered_mean(allgather_tensor(l.grad, dp_group)), d, tp_group)
+            q.grad = whole_over(ordered_mean(allgather_tensor(l.grad, dp_group)), d, tp_group)
         ref.step()
         for p, q, d in zip(params, whole, tp_dims):
-            got = _whole(p, d, tp_group)
+            got = whole_over(p, d, tp_group)
             worst = max(worst, max_abs_diff(got, q))
             exact = exact and bits_equal(got, q)
     state = opt.state_dict()["state"]

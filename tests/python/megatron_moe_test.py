@@ -39,7 +39,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
 import muon.megatron  # noqa: E402
-from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean  # noqa: E402,E501
+from dist_harness import allgather_tensor, bits_equal, launch, max_abs_diff, ordered_mean, whole_over  # noqa: E402,E501
 
 TP, WORLD, EXPERTS = 2, 4, 6
 STEPS = 4
@@ -93,9 +93,19 @@ def _layout(name, param, ep):
             ps.get_tensor_model_parallel_group(), dim, None)
 
 
-def _whole(t, tp_group, dim):
-    return t.detach().clone() if dim is None else \
-        torch.cat(allgather_tensor(t.detach(), tp_group), dim)
+def _reference(layer, named, layouts, split_qkv):
+    """The whole matrices of this rank's pieces (put together over their TP
+    groups) and single-process muon.Muon over them, the fused QKV split as
+    Megatron-core's muon_split_qkv splits it."""
+    whole = [torch.nn.Parameter(whole_over(p, d, tp))
+             for (_, p), (_, tp, d, _) in zip(named, layouts)]
+    cfg = layer.config
+    kv = cfg.kv_channels
+    groups = [{"params": [w]} for w in whole]
+    for (n, _), g in zip(named, groups):
+        if split_qkv and n.endswith("linear_qkv.weight"):
+            g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
+    return whole, muon.Muon(groups, **HP)
 
 
 def _train(rank, key, control=False):
@@ -116,14 +126,7 @@ def _train(rank, key, control=False):
     else:
         config = muon.megatron.create_megatron_config(model=layer)
     opt = muon.Muon(params, distributed_config=config, **HP)
-    whole = [torch.nn.Parameter(_whole(p, tp, d)) for p, (_, tp, d, _) in zip(params, layouts)]
-    cfg = layer.config
-    kv = cfg.kv_channels
-    ref_groups = [{"params": [w]} for w in whole]
-    for (n, _), g in zip(named, ref_groups):
-        if n.endswith("linear_qkv.weight") and not control:  # Megatron-core's muon_split_qkv
-            g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
-    ref = muon.Muon(ref_groups, **HP)
+    whole, ref = _reference(layer, named, layouts, split_qkv=not control)
     worst, exact, where = 0.0, True, None
     saved, later = None, []  # the checkpoint at RESUME_AT, the gradients after it
     for step in range(STEPS):
@@ -135,13 +138,13 @@ def _train(rank, key, control=False):
                                                    replicas))
             if d is None:  # replicated over TP as well (the router): the same gradient
                 p.grad = ordered_mean(allgather_tensor(p.grad, tp))
-            q.grad = _whole(p.grad, tp, d)
+            q.grad = whole_over(p.grad, d, tp)
         if step >= RESUME_AT:
             later.append([p.grad.clone() for p in params])
         opt.step()
         ref.step()
         for (n, p), q, (_, tp, d, _) in zip(named, whole, layouts):
-            got = _whole(p, tp, d)
+            got = whole_over(p, d, tp)
             diff = max_abs_diff(got, q) if got.shape == q.shape else float("inf")
             if diff > worst:
                 worst, where = diff, n
@@ -200,14 +203,7 @@ def _train_distopt(rank, key):
     layouts = [_layout(n, p, ep) for n, p in named]
     opt = muon.Muon(params, distributed_config=muon.megatron.create_megatron_config(ddp=ddp),
                     **HP)
-    whole = [torch.nn.Parameter(_whole(p, tp, d)) for p, (_, tp, d, _) in zip(params, layouts)]
-    cfg = layer.config
-    kv = cfg.kv_channels
-    ref_groups = [{"params": [w]} for w in whole]
-    for (n, _), g in zip(named, ref_groups):
-        if n.endswith("linear_qkv.weight"):
-            g["split_sizes"] = [cfg.num_attention_heads // cfg.num_query_groups * kv, kv, kv]
-    ref = muon.Muon(ref_groups, **HP)
+    whole, ref = _reference(layer, named, layouts, split_qkv=True)
     scale = 1.0 / dist.get_world_size(ps.get_data_parallel_group(with_context_parallel=True))
     worst, exact, where = 0.0, True, None
     for step in range(STEPS):
@@ -218,12 +214,12 @@ def _train_distopt(rank, key):
             if d is None:  # replicated over TP as well (the router): the same gradient
                 g = ordered_mean(allgather_tensor(g, tp))
             p.main_grad.copy_(g)
-            q.grad = _whole(sum(x * scale for x in allgather_tensor(g, replicas)), tp, d)
+            q.grad = whole_over(sum(x * scale for x in allgather_tensor(g, replicas)), d, tp)
         ddp.finish_grad_sync()
         opt.step()
         ref.step()
         for (n, p), q, (_, tp, d, _) in zip(named, whole, layouts):
-            got = _whole(p, tp, d)
+            got = whole_over(p, d, tp)
             diff = max_abs_diff(got, q)
             if diff > worst:
                 worst, where = diff, n

@@ -20,7 +20,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
 import muon.megatron  # noqa: E402
-from dist_harness import allgather_tensor, bits_equal, launch  # noqa: E402
+from dist_harness import bits_equal, launch, whole_over  # noqa: E402
 
 TP, PP, WORLD, STEPS = 2, 2, 4, 3
 HP = dict(lr=0.02, weight_decay=0.1, momentum=0.95, ns_dtype="fp32")
@@ -49,10 +49,6 @@ def _grad(stage, step, name, shape):
     return torch.randn(shape, generator=g)
 
 
-def _whole(t, dim, tp_group):
-    return torch.cat(allgather_tensor(t.detach().contiguous(), tp_group), dim)
-
-
 def _piece(whole, dim, tp_rank):
     return whole.chunk(TP, dim)[tp_rank].contiguous()
 
@@ -68,7 +64,7 @@ def _worker(rank, world):
     dims = {n: muon.megatron.megatron_tp_dim(p) for n, p in named}
     opt = muon.Muon([p for _, p in named], distributed_config=muon.megatron.create_megatron_config(
         model=model), **HP)
-    whole = {n: torch.nn.Parameter(_whole(p, dims[n], tp_group)) for n, p in named}
+    whole = {n: torch.nn.Parameter(whole_over(p, dims[n], tp_group)) for n, p in named}
     ref = muon.Muon(list(whole.values()), **HP)
     start = {n: w.detach().clone() for n, w in whole.items()}
     exact = True
@@ -79,7 +75,7 @@ def _worker(rank, world):
             p.grad = _piece(g, dims[n], tp_rank)
         opt.step()
         ref.step()
-        exact = exact and all(bits_equal(_whole(p, dims[n], tp_group), whole[n].detach())
+        exact = exact and all(bits_equal(whole_over(p, dims[n], tp_group), whole[n].detach())
                               for n, p in named)
     moved = min((whole[n].detach() - start[n]).abs().max().item() for n in whole)
     names = sorted(opt._groups[0].opt.param_name(k) for k in range(opt._groups[0].opt.num_params))

@@ -33,7 +33,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import muon  # noqa: E402
 import muon.megatron  # noqa: E402
-from dist_harness import allgather_tensor, launch, ordered_mean  # noqa: E402
+from dist_harness import allgather_tensor, launch, ordered_mean, whole_over  # noqa: E402
 
 TP = 2
 STEPS = 5
@@ -59,11 +59,6 @@ def _optimizer_config(scale_mode):
                            muon_momentum=0.9, muon_use_nesterov=True, muon_num_ns_steps=5,
                            muon_scale_mode=scale_mode, muon_extra_scale_factor=0.2,
                            muon_fp32_matmul_prec="highest", muon_tp_mode="duplicated")
-
-
-def _whole(t, dim, tp_group):
-    return t.detach().clone() if dim is None else \
-        torch.cat(allgather_tensor(t.detach().contiguous(), tp_group), dim)
 
 
 def _newton_schulz(g, steps=5, eps=1e-7):
@@ -132,7 +127,7 @@ def _train(rank, scale_mode, adjust_override=None, ddp=False):
     for gi, group in enumerate(opt.param_groups):
         for p in group["params"]:
             d = muon.megatron.megatron_tp_dim(p)
-            ref[id(p)] = {"w": _whole(p, d, tp_group).double(), "dim": d, "group": gi,
+            ref[id(p)] = {"w": whole_over(p, d, tp_group).double(), "dim": d, "group": gi,
                           "m": None, "v": None, "t": 0}
     cut = {names[id(p)]: bool(g["adamw"]) for g in opt.param_groups for p in g["params"]}
     worst, lrs = 0.0, []
@@ -161,7 +156,7 @@ def _train(rank, scale_mode, adjust_override=None, ddp=False):
             for p in group["params"]:
                 r = ref[id(p)]
                 lr, wd = hp[r["group"]]
-                grad = _whole(grads[id(p)], r["dim"], tp_group).double()
+                grad = whole_over(grads[id(p)], r["dim"], tp_group).double()
                 w = r["w"]
                 w.mul_(1.0 - lr * wd)
                 if group["adamw"]:  # Adam with decoupled weight decay
@@ -179,7 +174,7 @@ def _train(rank, scale_mode, adjust_override=None, ddp=False):
                     r["m"].lerp_(grad, 1 - beta)
                     u = grad.lerp(r["m"], beta) if config.muon_use_nesterov else r["m"]
                     w.sub_(lr * _megatron_update(u, names[id(p)], config, 2))
-                got = _whole(p, r["dim"], tp_group).double()
+                got = whole_over(p, r["dim"], tp_group).double()
                 worst = max(worst, float((got - w).abs().max()))
     return {"worst": worst, "cut": cut, "lrs": lrs,
             "kwargs": {k: v for k, v in kwargs.items() if k != "adamw_betas"}}
@@ -212,15 +207,15 @@ def _qk_clip(groups, tp):
     per_rank = len(LOGITS) // tp
     mine = LOGITS[ps.get_tensor_model_parallel_rank() * per_rank:][:per_rank]
     attn = [m.decoder.layers[0].self_attention for m in (ours, theirs)]
-    before = _whole(attn[0].linear_qkv.weight, 0, tp_group)
+    before = whole_over(attn[0].linear_qkv.weight, 0, tp_group)
     for a in attn:
         a.core_attention.current_max_attn_logits = torch.tensor(mine)
     clipped = clip()
     if tp == 1:
         attn[1].clip_qk()
     return {"before": before, "clipped": clipped,
-            "ours": _whole(attn[0].linear_qkv.weight, 0, tp_group),
-            "theirs": _whole(attn[1].linear_qkv.weight, 0, tp_group) if tp == 1 else None,
+            "ours": whole_over(attn[0].linear_qkv.weight, 0, tp_group),
+            "theirs": whole_over(attn[1].linear_qkv.weight, 0, tp_group) if tp == 1 else None,
             "reset": attn[0].core_attention.current_max_attn_logits is None}
 
 
