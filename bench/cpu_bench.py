@@ -284,12 +284,12 @@ def model_shapes(name, layers=None, scale=1):
     return shapes
 
 
-def step_table(sets, reps):
+def step_table(sets, reps, dtypes=(torch.float32, torch.bfloat16)):
     print("\n## A full step (median ms per step): muon.Muon against torch.optim.Muon\n")
     print("| matrices | elements (M) | params | libmuon ms | torch ms | vs torch |")
     print("|---|---|---|---|---|---|")
     for label, shapes in sets:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             torch.manual_seed(0)
             ours_p = [torch.nn.Parameter(torch.randn(r, c).to(dtype)) for r, c in shapes]
             theirs_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
@@ -444,6 +444,8 @@ def main():
                          "CPU without native bf16 torch's step takes minutes per GPT-2 step")
     ap.add_argument("--step-reps", type=int, default=None,
                     help="the full-step table's reps (default: half of --reps, at least 3)")
+    ap.add_argument("--step-dtypes", default="fp32,bf16",
+                    help="the full-step table's parameter dtypes (fp32, bf16; comma-separated)")
     ap.add_argument("--products", action="store_true",
                     help="also time torch's bf16 products on bf16_gemm_bench's shapes")
     args = ap.parse_args()
@@ -503,8 +505,14 @@ def main():
         unknown = [m for m in chosen if m not in models]
         if unknown:
             ap.error("--step-models: unknown %s (choose from gpt2, llama)" % ", ".join(unknown))
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        chosen_dtypes = args.step_dtypes.split(",")
+        unknown = [d for d in chosen_dtypes if d not in dtypes]
+        if unknown:
+            ap.error("--step-dtypes: unknown %s (choose from fp32, bf16)" % ", ".join(unknown))
         step_table([(models[m][0], models[m][1]()) for m in chosen],
-                   args.step_reps or max(3, args.reps // 2))
+                   args.step_reps or max(3, args.reps // 2),
+                   [dtypes[d] for d in chosen_dtypes])
 
 
 if __name__ == "__main__":

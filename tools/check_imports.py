@@ -42,6 +42,7 @@ LEVELS = {
     "megatron": 10,
     "deepspeed": 10,
     "torchtitan": 10,
+    "transformers": 10,
     "__init__": 11,
 }
 

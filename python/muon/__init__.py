@@ -70,7 +70,7 @@ def __getattr__(name: str) -> Any:
     value: Any
     if name == "Muon":
         from ._torch import Muon as value
-    elif name in ("megatron", "deepspeed", "torchtitan"):
+    elif name in ("megatron", "deepspeed", "torchtitan", "transformers"):
         # (import_module: `from . import x` would ask this __getattr__ again)
         import importlib
         value = importlib.import_module("." + name, __name__)

@@ -23,6 +23,7 @@ import torch
 
 from . import _optimizer
 from ._base_config import ConfigHooks
+from ._config import is_dtensor
 from ._flat import FlatBuffer, fsdp1_segments, segment_of
 from ._group_options import (DEFAULT_COEFFICIENTS, check_group, check_param, check_step_param,
                              group_view, ndim_error)
@@ -438,8 +439,10 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             if not indexed and self._config is None:
                 self._check_not_flattened(gi, group)
                 continue  # (distributed: stepped anyway, the step is collective)
-            for _, p in indexed:  # before the library sees them, as torch's _init_group
+            for i, p in indexed:  # before the library sees them, as torch's _init_group
                 if self._config is None:
+                    if is_dtensor(p):
+                        self._refuse_dtensor(gi, i, p)
                     if p.grad is not None:
                         check_step_param(p, p.grad)
                 elif torch.is_complex(p):
@@ -489,6 +492,18 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             if g is not None:
                 self._push_hyper(g, group)
                 g.opt.push_hyperparameters(stream)
+
+    def _refuse_dtensor(self, gi, i, p):
+        """A DTensor param without a distributed_config: each rank holds a piece
+        (FSDP2, tensor parallel; Accelerate's FSDP2 swaps them into param_groups
+        after construction), which one process cannot orthogonalize whole."""
+        raise ValueError(
+            "muon.Muon: param '%s' is a DTensor (placements %s on a mesh of %d ranks: FSDP2 or "
+            "tensor parallel, or a wrapper such as Accelerate's FSDP2 that swapped it into "
+            "param_groups) and muon.Muon was built without distributed_config, which steps "
+            "whole tensors in one process: build it with distributed_config="
+            "muon.create_dtensor_config(), on every rank"
+            % (self._name(gi, i), tuple(str(pl) for pl in p.placements), p.device_mesh.size()))
 
     def _check_not_flattened(self, gi, group):
         """A group built with matrices that now holds only 1-D tensors it was not
