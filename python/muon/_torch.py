@@ -90,10 +90,12 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     keeping the update's Frobenius norm; adjust_lr_fn and extra_scale_factor
     apply after it. The moments are in state_dict() as
     "normuon_second_moment" (fp32, the whole matrices' rows). With a
-    distributed_config they live on each matrix's owner, and state_dict()
-    gathers them over the world (a collective: call it on every rank, as
-    torch.distributed.checkpoint does); a DTensor param's are replicated
-    over its mesh. On CPUs and GPUs.
+    distributed_config they live on each matrix's owner and each step
+    gathers them over the world (a muon.Communicator world: torch.distributed),
+    so state_dict() may be called on one rank alone (Hugging Face's Trainer
+    saves DDP checkpoints so); over a world of C functions state_dict()
+    cannot gather them and says so. A DTensor param's are replicated over its
+    mesh. On CPUs and GPUs.
     ns_algorithm="gram" runs Gram Newton-Schulz (Dao-AILab's, restarting at
     the iterations in gram_restarts); ns_dtype="fp16" computes in fp16 after
     normalizing in fp32. On CPUs and GPUs.
@@ -195,6 +197,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
         self._adamw_key = None
         self._built_matrices = {}  # param group number -> its matrices when built (single process)
         self._built_ids = set()    # id(param) of every param it was built with
+        self._moments_cache = None  # NorMuon's moments gathered at the last step (a config's)
 
     def _prepare_config(self):
         """Lets the config see every matrix once (the design's assign_fn runs there)."""
@@ -477,6 +480,7 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
                 if _increment_version is not None:
                     _increment_version(p)  # updated in place, as torch's optimizers do
         self._step_adamw()
+        self._cache_moments()
         if self._hooks is not None:
             self._hooks.after_step()  # e.g. Megatron's DDP all-gathers the ranges just updated
         return loss

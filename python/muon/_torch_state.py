@@ -116,12 +116,14 @@ class TorchState(_MuonBase):
                     out.append((p, buf))
         return out
 
-    def _moments(self):
+    def _moments(self, cached=True):
         """{id(member): a copy of its NorMuon second moments} for each member
         that has them (held by the library, or pending for a group not built).
         Under a distributed config each matrix's moments live on its owner
         rank: every rank gives those it owns and gathers the others' (a
-        collective over the world, as torch's get_optimizer_state_dict is)."""
+        collective over the world, as torch's get_optimizer_state_dict is),
+        unless the last step gathered them already (_cache_moments; `cached`
+        False: gather now)."""
         out = {}
         owned = {}   # (group number, registered name, matrix) -> this rank's values
         wanted = []  # (member, group number, registered name, shape): assembled below
@@ -152,8 +154,28 @@ class TorchState(_MuonBase):
                             owned[(gi, name, m)] = rows[m].clone()
                     wanted.append((p, gi, name, tuple(values.shape)))
         if self._config is not None and comm is not None:
-            out.update(self._gather_moments(comm, owned, wanted))
+            cache = self._moments_cache if cached else None
+            if cache is not None and all(id(p) in cache for p, _, _, _ in wanted):
+                out.update((id(p), cache[id(p)].clone()) for p, _, _, _ in wanted)
+            else:
+                out.update(self._gather_moments(comm, owned, wanted))
         return out
+
+    def _cache_moments(self):
+        """At the end of each step under a distributed config with NorMuon, on
+        every rank (collective, as the step is): the moments gathered, so that
+        state_dict() called on one rank alone needs no collective (Hugging
+        Face's Trainer saves a DDP job's optimizer from rank 0 only; a gather
+        there would wait for ranks that went on). A world of C functions
+        cannot gather: state_dict() tries then, and says why it cannot."""
+        self._moments_cache = None
+        if self._config is None or not any(variants_of(g)["normuon"]
+                                           for _, g in self._numbered()):
+            return
+        try:
+            self._moments_cache = self._moments(cached=False)
+        except NotImplementedError:
+            pass
 
     @staticmethod
     def _gather_moments(comm, owned, wanted):
@@ -251,6 +273,7 @@ class TorchState(_MuonBase):
                     self.state[t] = before
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._moments_cache = None
         numbered = self._numbered()
         super().load_state_dict(state_dict)
         # torch made new group dicts, in the same order: they keep the numbers,

@@ -75,3 +75,26 @@ def test_split_assignment_matches_one_process(normuon):
     print("split over %d processes, normuon %s: largest difference %.3g of the largest value"
           % (WORLD, normuon, worst))
     assert worst <= 1e-5
+
+
+def _one_rank_saves(rank, world):
+    params = [torch.nn.Parameter(t) for t in init()]
+    config = muon.create_processgroup_config(dp_pg=dist.group.WORLD)
+    config.assignment = "split"
+    opt = muon.Muon(params, normuon=True, distributed_config=config, **HP)
+    train(params, opt)
+    # One rank alone, as Hugging Face's Trainer saves a DDP job's optimizer:
+    # the moments were gathered by the step, no collective now.
+    return moments_of(opt, params) if rank == 1 else None
+
+
+def test_state_dict_on_one_rank_alone_has_every_moment():
+    params = [torch.nn.Parameter(t) for t in init()]
+    opt = muon.Muon(params, normuon=True, **HP)
+    train(params, opt)
+    want = moments_of(opt, params)
+    results = launch(_one_rank_saves, WORLD, timeout=120)
+    assert [r is None for r in results] == [True, False, True, True]
+    for g, w in zip(results[1], want):
+        assert (w > 0).all()
+        assert ((g - w).abs() <= 1e-5 * w).all(), (g, w)

@@ -13,7 +13,9 @@ optimizer's params for DTensors after the optimizer is built).
   Trainer ends bit for bit where the uninterrupted run ends.
 - 2 ranks under the Trainer's DDP (Accelerate's MULTI_CPU, gloo) end as one
   process on the same global batch, each matrix orthogonalized once in the
-  job; under Accelerate's FSDP2 prepare, bit for bit as one process.
+  job; its checkpoint, which the Trainer saves from rank 0 alone, resumes
+  bit for bit with NorMuon's owner-held moments in it; under Accelerate's
+  FSDP2 prepare, bit for bit as one process.
 - Refusals: FSDP2's DTensors in a muon.Muon built without a
   distributed_config, on every rank, naming create_dtensor_config.
 
@@ -170,8 +172,7 @@ def _ddp_trainer(rank, world, out):
     trainer = _train(_model(), muon_hf.Muon, out, per_device_train_batch_size=2)
     opt = trainer.optimizer.optimizer
     assert opt.distributed_config is not None
-    return {"params": _params(trainer.model.module if hasattr(trainer.model, "module")
-                              else trainer.model),
+    return {"params": _params(getattr(trainer.model, "module", trainer.model)),
             "orthogonalized": opt.stats().get("matrices_orthogonalized"),
             "ddp": type(trainer.model_wrapped).__name__}
 
@@ -186,6 +187,28 @@ def test_trainer_ddp_two_ranks_as_one_process(fp32_torch_ns, tmp_path):
     # sums in another order, so close, not bit for bit.
     one = _params(_train(_model(), muon_hf.Muon, str(tmp_path / "one")).model)
     _assert_close(runs[0]["params"], one, _params(_model()), tol=1e-5)
+
+
+def _ddp_saving(rank, world, out, resume):
+    _env(rank, world)
+    trainer = _train(_model(), muon_hf.Muon, out, kwargs=dict(KWARGS, normuon=True),
+                     resume=resume, per_device_train_batch_size=2, save_strategy="steps",
+                     save_steps=2)
+    return _params(getattr(trainer.model, "module", trainer.model))
+
+
+def test_trainer_ddp_checkpoint_with_normuon_resumes_bit_for_bit(tmp_path):
+    """The Trainer saves a DDP job's optimizer from rank 0 alone; NorMuon's
+    moments live on each matrix's owner, gathered by every step (a gather in
+    state_dict() would wait for rank 1, gone on to its next step)."""
+    out = str(tmp_path / "ddp")
+    whole = launch(_ddp_saving, 2, out, None, timeout=180)
+    saved = torch.load(os.path.join(out, "checkpoint-2", "optimizer.pt"), weights_only=True)
+    moments = [e for e in saved["state"].values() if "normuon_second_moment" in e]
+    assert len(moments) == 14  # every Muon matrix's (2 layers x 7)
+    resumed = launch(_ddp_saving, 2, out, os.path.join(out, "checkpoint-2"), timeout=180)
+    for r in (0, 1):
+        assert all(bits_equal(resumed[r][n], whole[r][n]) for n in whole[r])
 
 
 def _fsdp2_loop(rank, world, with_config):
