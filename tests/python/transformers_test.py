@@ -255,14 +255,32 @@ def _fsdp2_refused(rank, world):
     try:
         _fsdp2_loop(rank, world, False)
     except ValueError as err:
-        return str(err)
-    return None
+        text = str(err)
+    else:
+        return None
+    # A plain matrix in a group before the DTensor's: refused before any group
+    # steps (nothing half-done).
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    plain = torch.nn.Parameter(torch.ones(4, 4))
+    sharded = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4),
+                                                   init_device_mesh("cpu", (world,)), [Shard(0)]))
+    plain.grad, sharded.grad = torch.ones(4, 4), torch.ones_like(sharded)
+    opt = muon.Muon([{"params": [plain]}, {"params": [sharded]}], lr=0.1)
+    try:
+        opt.step()
+    except ValueError as err:
+        return text, str(err), bits_equal(plain.detach(), torch.ones(4, 4))
+    return text, None, None
 
 
 def test_accelerate_fsdp2_without_a_config_is_refused_on_every_rank():
-    for text in launch(_fsdp2_refused, 2):
-        assert text is not None and "is a DTensor" in text, text
-        assert "distributed_config=muon.create_dtensor_config()" in text
+    for result in launch(_fsdp2_refused, 2):
+        assert result is not None
+        text, mixed, untouched = result
+        assert "is a DTensor" in text and "distributed_config=muon.create_dtensor_config()" in text
+        assert mixed is not None and "param 'group1.param0' is a DTensor" in mixed, mixed
+        assert untouched
 
 
 def test_the_factory_refuses_under_deepspeed(monkeypatch):
