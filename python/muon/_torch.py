@@ -435,15 +435,14 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
             fb.sync()
         self._prepare_config()
         skip_empty = self._hooks is not None and self._hooks.skip_empty_groups
-        stepping = [(gi, group) for gi, group in self._numbered()
+        stepping = [(gi, group, self._matrices(gi, group)) for gi, group in self._numbered()
                     if not (skip_empty and not group["params"])]
         if self._config is None:  # every group checked before any steps
-            for gi, group in stepping:
-                for i, p in self._matrices(gi, group):
+            for gi, _, indexed in stepping:
+                for i, p in indexed:
                     if is_dtensor(p):
                         self._refuse_dtensor(gi, i, p)
-        for gi, group in stepping:  # (ZeRO-3 steps its sub-groups one at a time)
-            indexed = self._matrices(gi, group)
+        for gi, group, indexed in stepping:  # (ZeRO-3 steps its sub-groups one at a time)
             if not indexed and self._config is None:
                 self._check_not_flattened(gi, group)
                 continue  # (distributed: stepped anyway, the step is collective)

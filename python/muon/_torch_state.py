@@ -169,10 +169,9 @@ class TorchState(_MuonBase):
         there would wait for ranks that went on). A world of C functions
         cannot gather: state_dict() tries then, and says why it cannot."""
         self._moments_cache = None
-        if self._config is None or not any(variants_of(g)["normuon"]
-                                           for _, g in self._numbered()):
+        if self._config is None:
             return
-        try:
+        try:  # (no NorMuon group: nothing gathered, an empty cache)
             self._moments_cache = self._moments(cached=False)
         except NotImplementedError:
             pass
