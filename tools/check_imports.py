@@ -42,8 +42,8 @@ LEVELS = {
     "megatron": 10,
     "deepspeed": 10,
     "torchtitan": 10,
-    "transformers": 10,
-    "__init__": 11,
+    "transformers": 11,     # (the DeepSpeed adapter below it)
+    "__init__": 12,
 }
 
 

@@ -272,6 +272,9 @@ class TorchState(_MuonBase):
                     self.state[t] = before
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # The flat buffers first: a config that cannot map them yet (DeepSpeed's,
+        # unbound) refuses before anything changes.
+        self._flat_buffers()
         self._moments_cache = None
         numbered = self._numbered()
         super().load_state_dict(state_dict)

@@ -40,16 +40,20 @@ on the ranks that hold it, its ranges over the expert-data-parallel group;
 the dense params' ranges over the whole data-parallel group (stage 0: whole
 params, replicated).
 
-muon.deepspeed.initialize is deepspeed.initialize with
-"zero_allow_untested_optimizer" set and the config bound to the engine it
-builds; with deepspeed.initialize itself, call config.bind(engine) (or
-config.bind(engine.optimizer) at stages 1-3) before the first step. Not
+muon.deepspeed.initialize is deepspeed.initialize with the config settled
+(settle_config) and the muon config bound to the engine it builds; with
+deepspeed.initialize itself, call config.bind(engine) (or
+config.bind(engine.optimizer) at stages 1-3) before the first step and
+before engine.load_checkpoint (an unbound config refuses both: the flat
+partitions' state would not be mapped). Hugging Face's Trainer builds the
+engine itself: muon.transformers.Muon binds there. Not
 mapped: MiCS, MoE with experts of two expert-parallel sizes, and
 DeepSpeed's own Muon (its `use_muon` param flag must stay unset: it would
 orthogonalize the gradients itself; muon.Muon refuses a parameter that
 carries it), elastic checkpoints (they would save muon.Muon's state
-empty: refused at bind) and universal checkpoints (ds_to_universal keeps
-Adam's state only: checkpoint.load_universal is refused at bind).
+empty: refused by settle_config and at bind) and universal checkpoints
+(ds_to_universal keeps Adam's state only: checkpoint.load_universal is
+refused by settle_config and at bind).
 muon.Muon handed to deepspeed.initialize without this config raises at
 step() rather than step ZeRO's flat partitions as AdamW.
 """
@@ -59,7 +63,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ._flat import Segment
 from ._pg_config import ProcessGroupConfig
@@ -71,7 +75,8 @@ if TYPE_CHECKING:
     from ._optimizer import Optimizer
     from ._torch import Muon
 
-__all__ = ["create_deepspeed_config", "initialize", "zero_partition_segments"]
+__all__ = ["create_deepspeed_config", "initialize", "settle_config",
+           "zero_partition_segments"]
 
 
 def _stage3(zero):
@@ -100,6 +105,61 @@ _UNIVERSAL = ("muon.deepspeed: DeepSpeed's universal checkpoints (checkpoint.loa
               "those keys only. Resume at another size through muon's own state "
               "(torch.distributed.checkpoint of opt.state_dict(), or muon_load_states), or "
               "load the DeepSpeed checkpoint as saved, at the size it was saved at")
+
+
+_ELASTIC = ("muon.deepspeed: zero_optimization.elastic_checkpoint is on; its checkpoints would "
+            "drop muon.Muon's state (momentum and AdamW moments): set \"elastic_checkpoint\": "
+            "false (the default) and resume at another size through muon's own state "
+            "(opt.state_dict() / muon_load_states)")
+
+_UNBOUND = ("muon.deepspeed: the config is not bound to DeepSpeed's engine; build the engine with "
+            "muon.deepspeed.initialize, or call config.bind(engine) after deepspeed.initialize "
+            "and before the first step or checkpoint load (DeepSpeed's FP16_UnfusedOptimizer, "
+            "bf16 or fp16 at ZeRO stage 0, steps at construction: use stage 1 there)")
+
+
+def settle_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What muon.Muon needs of a DeepSpeed config (a dict), checked and set in
+    place; returns it. A known ZeRO stage; no bf16 or fp16 at stage 0 (see
+    initialize); at stage 3 one sub-group per param group (muon.Muon steps a
+    group's matrices together; DeepSpeed's default splits groups above 1e9
+    elements), "sub_group_size" set when unset; DeepSpeed's consent to a client
+    optimizer ("zero_allow_untested_optimizer"); under optimizer offload
+    "zero_force_ds_cpu_optimizer" false (DeepSpeed refuses a client optimizer
+    otherwise, and Accelerate replaces it by DeepSpeed's CPU Adam without a
+    word: Adam would train the matrices); no elastic checkpoints and no
+    universal checkpoint loading (neither carries muon.Muon's state).
+    muon.deepspeed.initialize applies it to a copy of its config;
+    muon.transformers to the config Accelerate hands DeepSpeed."""
+    zero_config = dict(config.get("zero_optimization") or {})
+    stage = zero_config.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError("muon.deepspeed: zero_optimization.stage is %r; DeepSpeed's stages are "
+                         "0, 1, 2 and 3" % (stage,))
+    half = [k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled", False)]
+    if stage == 0 and half:
+        raise ValueError("muon.deepspeed: %s at ZeRO stage 0 wraps the optimizer in DeepSpeed's "
+                         "FP16_UnfusedOptimizer, which steps it once with zero gradients when it "
+                         "is built (weight decay would shrink every weight before training); set "
+                         "zero_optimization.stage 1 (the same training, the optimizer state "
+                         "partitioned), or train in fp32 at stage 0" % half[0])
+    if zero_config.get("elastic_checkpoint", False):
+        raise ValueError(_ELASTIC)
+    if (config.get("checkpoint") or {}).get("load_universal", False):
+        raise ValueError(_UNIVERSAL)
+    offload = (zero_config.get("offload_optimizer") or {}).get("device", "none")
+    if offload not in (None, "none"):
+        if config.get("zero_force_ds_cpu_optimizer", False) is True:
+            raise ValueError("muon.deepspeed: \"zero_force_ds_cpu_optimizer\": true with "
+                             "zero_optimization.offload_optimizer replaces muon.Muon by "
+                             "DeepSpeed's CPU Adam (Accelerate does it silently); set it false: "
+                             "muon.Muon steps the offloaded partitions on the host itself")
+        config["zero_force_ds_cpu_optimizer"] = False
+    if stage == 3 and "sub_group_size" not in zero_config:
+        zero_config["sub_group_size"] = 10 ** 15
+    config["zero_optimization"] = zero_config
+    config.setdefault("zero_allow_untested_optimizer", True)
+    return config
 
 
 def _refuse_universal_loading(engine, zero, stage3):
@@ -269,6 +329,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         self._segments = {}  # group index -> Segments of this rank's partition
         self._experts = None   # MoE: _Experts
         self._expert_segments = set()  # MoE at ZeRO-1/2: the experts' global names
+        self._source = None    # bind_when_built's engine source
 
     def bind(self, zero_optimizer: Any) -> DeepSpeedConfig:
         """Binds the config to the engine deepspeed.initialize built (or, at
@@ -289,11 +350,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
             # DeepSpeed's elastic save reads the base optimizer's state by the
             # flat partitions, which muon.Muon's state is not keyed by: it would
             # be saved empty, and the load would fail later (on some ranks).
-            raise ValueError("muon.deepspeed: zero_optimization.elastic_checkpoint is on; its "
-                             "checkpoints would drop muon.Muon's state (momentum and AdamW "
-                             "moments): set \"elastic_checkpoint\": false (the default) and "
-                             "resume at another size through muon's own state "
-                             "(opt.state_dict() / muon_load_states)")
+            raise ValueError(_ELASTIC)
         # The group each partition is split over (ZeRO-3: one per sub-group).
         groups = [zero.dp_process_group] * len(partitions) if stage3 else \
             list(zero.real_dp_process_group)
@@ -312,12 +369,15 @@ class DeepSpeedConfig(ProcessGroupConfig):
             return self._bind_moe(zero, groups, moe, dense, dist)
         if stage3:
             # ZeRO-3 puts a sub-group's partition into its param group for the
-            # one step() that steps it and empties the group after; until the
-            # first, the groups hold the model's (partitioned) params. Emptied
-            # here, so that every step() sees only the partition it steps.
+            # one step() that steps it (and every partition for a checkpoint's
+            # save or load) and empties the group after; until the first, the
+            # groups hold the model's (partitioned) params. Those are dropped
+            # here, so that every step() sees only the partition it steps (a
+            # partition stays: bound late, from a checkpoint load).
             self.skip_empty_groups = True
             for group in zero.optimizer.param_groups:
-                group["params"] = []
+                group["params"] = [p for p in group["params"]
+                                   if any(p is part for part in partitions)]
         self._set_groups({"fsdp": groups[0]}, groups[0])
         return self
 
@@ -403,7 +463,35 @@ class DeepSpeedConfig(ProcessGroupConfig):
             return ProcessGroupConfig._steps(self, roles, e)
         return [("flat", "fsdp" if e.expert else "world", e.fsdp[1:])]
 
+    def bind_when_built(self, engine_source: Callable[[], Any]) -> None:
+        """Binds the config late, to the engine engine_source() returns once
+        it is built (None before): at the first question about the layout (a
+        checkpoint load, the first step) or at bind_if_built(). For hosts that
+        build the engine out of the caller's reach (Hugging Face's Trainer)."""
+        self._source = engine_source
+
+    def bind_if_built(self) -> None:
+        """Binds to engine_source()'s engine when there is one and the config is
+        not bound yet (ZeRO-3: before the first step, which must see every
+        param group emptied)."""
+        self._bind_late()
+
+    def _bind_late(self):
+        if not self._bound and self._source is not None:
+            engine = self._source()
+            if engine is not None:
+                self.bind(engine)
+
     def flat_segments(self, name: str, param: torch.Tensor) -> list[Segment] | None:
+        import torch
+        if not self._bound and isinstance(param, torch.nn.Parameter):
+            return None  # the model's own param, as given to muon.Muon (not a partition)
+        # DeepSpeed's partitions are tensors it made, asked about at a checkpoint
+        # load or a step: unbound, they would pass for plain params and their
+        # state would stay unmapped.
+        self._bind_late()
+        if not self._bound:
+            raise RuntimeError(_UNBOUND)
         if self._zero is None:
             return None
         for g, part in enumerate(_partitions(self._zero)):
@@ -420,12 +508,9 @@ class DeepSpeedConfig(ProcessGroupConfig):
         return ProcessGroupConfig.global_ndim(self, name, param)
 
     def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
+        self._bind_late()
         if not self._bound:
-            raise RuntimeError("muon.deepspeed: the config is not bound to DeepSpeed's engine; "
-                               "build the engine with muon.deepspeed.initialize, or call "
-                               "config.bind(engine) after deepspeed.initialize and before the "
-                               "first step (DeepSpeed's FP16_UnfusedOptimizer, bf16 or fp16 at "
-                               "ZeRO stage 0, steps at construction: use stage 1 there)")
+            raise RuntimeError(_UNBOUND)
         return ProcessGroupConfig.attach(self, optimizer, named_params)
 
 
@@ -438,10 +523,10 @@ def create_deepspeed_config(*, verify_replicas: bool = True, async_gpu_paralleli
 
 def initialize(*, optimizer: Muon, config: dict[str, Any] | str, **kwargs: Any) -> tuple:
     """deepspeed.initialize(optimizer=optimizer, config=config, **kwargs) for a
-    muon.Muon with create_deepspeed_config(): sets
-    "zero_allow_untested_optimizer" (DeepSpeed refuses client optimizers it does
-    not know otherwise) and binds the config to the ZeRO optimizer. Returns
-    what deepspeed.initialize returns."""
+    muon.Muon with create_deepspeed_config(): settles a copy of the config
+    (settle_config: "zero_allow_untested_optimizer", which DeepSpeed asks of
+    client optimizers, and the refusals) and binds the muon config to the
+    engine it builds. Returns what deepspeed.initialize returns."""
     import deepspeed
     cfg = getattr(optimizer, "distributed_config", None)
     if not isinstance(cfg, DeepSpeedConfig):
@@ -452,25 +537,7 @@ def initialize(*, optimizer: Muon, config: dict[str, Any] | str, **kwargs: Any) 
             config = dict(json.load(f))
     else:
         config = dict(config)
-    zero_config = dict(config.get("zero_optimization") or {})
-    stage = zero_config.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise ValueError("muon.deepspeed.initialize: zero_optimization.stage is %r; DeepSpeed's "
-                         "stages are 0, 1, 2 and 3" % (stage,))
-    half = [k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled", False)]
-    if stage == 0 and half:
-        raise ValueError("muon.deepspeed.initialize: %s at ZeRO stage 0 wraps the optimizer in "
-                         "DeepSpeed's FP16_UnfusedOptimizer, which steps it once with zero "
-                         "gradients when it is built (weight decay would shrink every weight "
-                         "before training); set zero_optimization.stage 1 (the same training, "
-                         "the optimizer state partitioned), or train in fp32 at stage 0"
-                         % half[0])
-    if stage == 3 and "sub_group_size" not in zero_config:
-        # One sub-group per param group: muon.Muon steps a group's matrices
-        # together (DeepSpeed's default splits groups above 1e9 elements).
-        zero_config["sub_group_size"] = 10 ** 15
-        config["zero_optimization"] = zero_config
-    config.setdefault("zero_allow_untested_optimizer", True)
+    settle_config(config)
     out = deepspeed.initialize(optimizer=optimizer, config=config, **kwargs)
     cfg.bind(out[0])  # the engine: stage 0's data-parallel group is the engine's
     return out

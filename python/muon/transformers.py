@@ -33,18 +33,29 @@ create_dtensor_config(), which takes DTensor params (FSDP2, which
 Accelerate swaps into the optimizer's param_groups after building it; tensor
 parallel) and plain ones as whole on every rank (DDP: Accelerate's MULTI_CPU
 and MULTI_GPU): each matrix orthogonalized once in the job, by its owner.
-Under DeepSpeed (the Trainer's deepspeed= argument) the factory refuses: ZeRO
-replaces the params with flat partitions, which muon.deepspeed maps
-(create_deepspeed_config and muon.deepspeed.initialize, outside the Trainer)."""
+Under DeepSpeed (TrainingArguments(deepspeed=ds_config), ZeRO stages 0 to 3,
+optimizer offload included; the ds_config without an "optimizer" section,
+which the Trainer would use instead of the factory) the factory builds
+muon.Muon with muon.deepspeed.create_deepspeed_config(), settles the config
+Accelerate hands DeepSpeed (muon.deepspeed.settle_config: among others, under
+offload, Accelerate would otherwise replace muon.Muon by DeepSpeed's CPU Adam)
+and binds the muon config to the engine the Trainer builds, at the checkpoint
+load of a resume or at on_train_begin, whichever comes first (a callback it
+adds to the Trainer that called it). ZeRO's flat partitions are mapped back to
+the weights as under muon.deepspeed.initialize. config_for refuses under
+DeepSpeed: a loop of your own calls muon.deepspeed.initialize."""
 
 from __future__ import annotations
 
+import sys
+import weakref
 from typing import Any
 
 import torch
 
 from ._config import is_dtensor
 from ._dtensor_config import create_dtensor_config
+from . import deepspeed as _ds
 from ._torch import Muon as _Muon
 
 __all__ = ["Muon", "config_for", "param_groups"]
@@ -83,7 +94,8 @@ def param_groups(model: torch.nn.Module, *, lr: float = 0.02, weight_decay: floa
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        to_adamw = id(p) in adamw or p.ndim != 2
+        # (DeepSpeed's zero.Init leaves each param empty, its shape in ds_shape.)
+        to_adamw = id(p) in adamw or len(getattr(p, "ds_shape", p.shape)) != 2
         buckets.setdefault((to_adamw, name in decayed), []).append(p)
     groups = []
     for (to_adamw, decay), params in sorted(buckets.items()):
@@ -108,18 +120,87 @@ def config_for(params: Any = ()) -> Any:
     return None
 
 
-def _refuse_deepspeed() -> None:
+def _deepspeed_config() -> dict[str, Any] | None:
+    """The config Accelerate hands DeepSpeed when it runs DeepSpeed, else None."""
     try:
         from accelerate.state import AcceleratorState
         from accelerate.utils import DistributedType
     except ImportError:
-        return
-    if AcceleratorState._shared_state.get("distributed_type") == DistributedType.DEEPSPEED:
+        return None
+    if AcceleratorState._shared_state.get("distributed_type") != DistributedType.DEEPSPEED:
+        return None
+    config = getattr(AcceleratorState().deepspeed_plugin, "deepspeed_config", None)
+    if not isinstance(config, dict):
+        raise ValueError("muon.transformers: Accelerate runs DeepSpeed here without a "
+                         "DeepSpeed plugin config to read; build the engine with "
+                         "muon.deepspeed.initialize")
+    return config
+
+
+def _refuse_deepspeed() -> None:
+    if _deepspeed_config() is not None:
         raise ValueError(
-            "muon.transformers: Accelerate runs DeepSpeed here, whose ZeRO hands the optimizer "
-            "flat partitions of the params; build muon.Muon with distributed_config="
-            "muon.deepspeed.create_deepspeed_config() and call muon.deepspeed.initialize "
-            "yourself (see muon.deepspeed), not through the Trainer's deepspeed= argument")
+            "muon.transformers.config_for: Accelerate runs DeepSpeed here, whose ZeRO hands the "
+            "optimizer flat partitions of the params; under the Trainer use "
+            "muon.transformers.Muon, in a loop of your own build muon.Muon with "
+            "distributed_config=muon.deepspeed.create_deepspeed_config() and the engine with "
+            "muon.deepspeed.initialize (see muon.deepspeed)")
+
+
+def _calling_trainer() -> Any:
+    """The Trainer whose create_optimizer called the factory: the Trainer's
+    factory protocol hands a factory the model alone, and binding to the
+    engine needs the Trainer that will build it."""
+    from transformers import Trainer
+    frame: Any = sys._getframe(3)  # (Muon.__call__'s caller: _for_deepspeed, __call__, then it)
+    for _ in range(3):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("self", frame.f_locals.get("trainer"))
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def _engine_of(trainer_ref, opt_ref) -> Any:
+    """The Trainer's DeepSpeed engine once it is built around this optimizer
+    (directly at stage 0, through ZeRO's optimizer at stages 1-3), else None."""
+    trainer, opt = trainer_ref(), opt_ref()
+    engine = getattr(trainer, "model_wrapped", None)
+    inner = getattr(engine, "optimizer", None)
+    if opt is None or not callable(getattr(engine, "zero_optimization_stage", None)):
+        return None
+    return engine if opt is inner or opt is getattr(inner, "optimizer", None) else None
+
+
+def _binding_callback(config: Any) -> Any:
+    """The TrainerCallback that binds `config` at on_train_begin (ZeRO-3's
+    first step must find every param group emptied, so bound before it)."""
+    from transformers import TrainerCallback
+
+    class MuonDeepSpeedBinding(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            config.bind_if_built()
+
+    return MuonDeepSpeedBinding()
+
+
+def _for_deepspeed(ds_config: dict[str, Any], distributed_config: Any) -> Any:
+    """The muon config for the Trainer's DeepSpeed engine, its binding arranged."""
+    trainer = _calling_trainer()
+    if trainer is None:
+        raise ValueError("muon.transformers.Muon: under DeepSpeed it binds to the engine the "
+                         "Trainer builds, so it must be called by a Trainer's create_optimizer; "
+                         "in a loop of your own use muon.deepspeed.initialize")
+    if isinstance(distributed_config, str):
+        distributed_config = _ds.create_deepspeed_config()
+    elif not isinstance(distributed_config, _ds.DeepSpeedConfig):
+        raise ValueError("muon.transformers.Muon: under DeepSpeed distributed_config must be "
+                         "\"auto\" or muon.deepspeed.create_deepspeed_config(), got a %s"
+                         % type(distributed_config).__name__)
+    _ds.settle_config(ds_config)
+    return trainer, distributed_config
 
 
 class Muon:
@@ -134,10 +215,19 @@ class Muon:
                  distributed_config: Any = "auto", **kwargs: Any) -> _Muon:
         groups = param_groups(model, lr=lr, weight_decay=weight_decay, adamw_lr=adamw_lr,
                               adamw_weight_decay=adamw_weight_decay)
-        if isinstance(distributed_config, str):
-            if distributed_config != "auto":
-                raise ValueError("muon.transformers.Muon: distributed_config must be \"auto\", "
-                                 "None or a config, got %r" % (distributed_config,))
+        if isinstance(distributed_config, str) and distributed_config != "auto":
+            raise ValueError("muon.transformers.Muon: distributed_config must be \"auto\", "
+                             "None or a config, got %r" % (distributed_config,))
+        ds_config = _deepspeed_config()
+        if ds_config is not None:
+            trainer, config = _for_deepspeed(ds_config, distributed_config)
+            opt = _Muon(groups, lr=lr, weight_decay=weight_decay, distributed_config=config,
+                        **kwargs)
+            trainer_ref, opt_ref = weakref.ref(trainer), weakref.ref(opt)
+            config.bind_when_built(lambda: _engine_of(trainer_ref, opt_ref))
+            trainer.add_callback(_binding_callback(config))
+            return opt
+        if isinstance(distributed_config, str):  # "auto"
             distributed_config = config_for([p for g in groups for p in g["params"]])
         return _Muon(groups, lr=lr, weight_decay=weight_decay,
                      distributed_config=distributed_config, **kwargs)

@@ -295,11 +295,45 @@ def test_muon_without_its_config_under_zero_is_refused_not_adamw(stage):
         assert r["unchanged"], rank
 
 
-def _refusal_worker(rank, world, stage, bf16, zero_settings, extra=None):
+def _unbound_load_worker(rank, world, stage, ckpt_dir):
+    """A checkpoint saved by a bound muon.Muon, loaded by a new engine from
+    deepspeed.initialize whose config was not bound: the exception's message
+    and how many params' state the optimizer took before it."""
+    _join(rank, world)
+    import deepspeed
+    _, _, engine, _ = _engine(stage)
+    _train(engine, rank, range(1))
+    engine.save_checkpoint(ckpt_dir, tag="one")
+    torch.manual_seed(0)
+    model = Net()
+    opt = _muon(model)
+    config = dict(_ds_config(stage), zero_allow_untested_optimizer=True)
+    engine2, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    try:
+        engine2.load_checkpoint(ckpt_dir, tag="one")
+    except RuntimeError as e:
+        return {"error": str(e), "state": len(opt.state)}
+    return {"error": None, "state": len(opt.state)}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_loaded_before_bind_is_refused(stage, tmp_path):
+    # Unbound, the config cannot tell ZeRO's partitions from plain params: the
+    # loaded momentum would stay keyed by the partitions, unmapped (ZeRO-2: the
+    # run went on with the momentum lost). Refused, naming the order.
+    for rank, r in enumerate(launch(_unbound_load_worker, 2, stage, str(tmp_path),
+                                    timeout=300)):
+        assert r["error"] is not None, "rank %d loaded before bind" % rank
+        assert "before the first step or checkpoint load" in r["error"], r["error"]
+        assert r["state"] == 0, "rank %d kept part of the checkpoint" % rank
+
+
+def _refusal_worker(rank, world, stage, bf16, zero_settings, extra=None, raw=False):
     """muon.deepspeed.initialize and one step under a config it should refuse
     (`bf16`: True or the precision's config key; `zero_settings`: added to
-    zero_optimization; `extra`: added to the config): the exception as
-    "Type: message", or None when nothing was refused."""
+    zero_optimization; `extra`: added to the config; `raw`: deepspeed.initialize
+    itself, then config.bind(engine)): the exception as "Type: message", or
+    None when nothing was refused."""
     _join(rank, world)
     import deepspeed  # noqa: F401
     torch.manual_seed(0)
@@ -311,18 +345,27 @@ def _refusal_worker(rank, world, stage, bf16, zero_settings, extra=None):
     config["zero_optimization"].update(zero_settings)
     config.update(extra or {})
     try:
-        engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
+        if raw:
+            import deepspeed
+            config["zero_allow_untested_optimizer"] = True
+            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+            opt.distributed_config.bind(engine)
+        else:
+            engine, _, _, _ = muon.deepspeed.initialize(model=model, optimizer=opt, config=config)
         _train(engine, rank, range(1))
     except Exception as e:  # noqa: BLE001 - the test reads the message
         return "%s: %s" % (type(e).__name__, e)
     return None
 
 
-def test_elastic_checkpoints_are_refused_before_they_drop_the_state():
+@pytest.mark.parametrize("raw", [False, True])
+def test_elastic_checkpoints_are_refused_before_they_drop_the_state(raw):
     # DeepSpeed's elastic checkpoints would save muon.Muon's state empty: refused
-    # at bind, before any step or save, on every rank.
+    # before the engine is built (settle_config), or at bind for an engine built
+    # by deepspeed.initialize itself (raw), before any step or save, on every rank.
     elastic = {"elastic_checkpoint": True}
-    for rank, error in enumerate(launch(_refusal_worker, 2, 2, False, elastic, timeout=300)):
+    for rank, error in enumerate(launch(_refusal_worker, 2, 2, False, elastic, None, raw,
+                                        timeout=300)):
         assert error is not None, "rank %d accepted elastic_checkpoint" % rank
         assert error.startswith("ValueError: "), error
         assert '"elastic_checkpoint": false' in error, error
@@ -459,7 +502,8 @@ def test_universal_checkpoints_are_refused_before_they_drop_the_state(tmp_path):
     converter (ds_to_universal) keeps Adam's exp_avg and exp_avg_sq only, and
     stops with a KeyError on a param group without them (here the matrices'
     group, whose state is momentum). So checkpoint.load_universal is refused
-    at bind, on every rank (ZeRO-1 and ZeRO-3 here: the check precedes the
+    before the engine is built (settle_config; bind refuses it too for engines
+    built elsewhere), on every rank (ZeRO-1 and ZeRO-3 here: the check precedes the
     stage's own binding), naming the way to resume."""
     import argparse
 
@@ -473,9 +517,9 @@ def test_universal_checkpoints_are_refused_before_they_drop_the_state(tmp_path):
             num_merge_workers=1, keep_temp_folder=False, strict=True,
             inject_missing_state=True))
     universal = {"checkpoint": {"load_universal": True}}
-    for stage in (1, 3):
+    for stage, raw in ((1, False), (3, False), (1, True)):
         for rank, error in enumerate(launch(_refusal_worker, 2, stage, False, {}, universal,
-                                            timeout=300)):
+                                            raw, timeout=300)):
             assert error is not None, "stage %d rank %d accepted load_universal" % (stage, rank)
             assert error.startswith("ValueError: "), error
             assert "universal checkpoints" in error and "opt.state_dict()" in error, error
