@@ -3,7 +3,9 @@
 Accelerate 1.15's DeepSpeed prepare and DeepSpeed 0.19's engine and ZeRO
 optimizers, 2 gloo processes on the CPU.
 
-- ZeRO stages 0 to 3, and ZeRO-2 with the optimizer offloaded: the engine's
+- ZeRO stages 0 to 3 (ZeRO-3 also with the model built under zero.Init, as
+  the Trainer's from_pretrained builds it: every param empty, its shape in
+  ds_shape), and ZeRO-2 with the optimizer offloaded: the engine's
   client optimizer is muon.Muon (under offload Accelerate would have swapped
   in DeepSpeed's CPU Adam, had the factory not settled the config), each
   matrix is orthogonalized once in the job, both ranks end bit for bit
@@ -69,7 +71,23 @@ def _fp32(p):
     return (p if full is None else full).detach().clone()
 
 
-def _worker(rank, world, out, stage, offload, resume):
+def _zero_init_model(out, stage):
+    """_model() built as transformers builds a model under ZeRO-3 (zero.Init:
+    each param partitioned as it is made), then given _model()'s weights."""
+    import deepspeed
+    args = transformers.TrainingArguments(output_dir=out, use_cpu=False, report_to=[],
+                                          deepspeed=_ds_config(stage, False))
+    start = dict(_model().named_parameters())
+    model = transformers.LlamaForCausalLM._from_config(_model().config)
+    del args
+    for n, p in model.named_parameters():
+        assert p.numel() == 0 and len(p.ds_shape) >= 1, n  # (partitioned)
+        with deepspeed.zero.GatheredParameters(p, modifier_rank=0):
+            p.data.copy_(start[n].data)
+    return model
+
+
+def _worker(rank, world, out, stage, offload, resume, zero_init=False):
     _join(rank, world)
     refusals = {}
     if stage == 1 and resume is None:
@@ -84,7 +102,8 @@ def _worker(rank, world, out, stage, offload, resume):
                 refusals[name] = str(err)
         from accelerate.state import AcceleratorState
         AcceleratorState._reset_state(True)
-    trainer = _train(_model(), muon_hf.Muon, out, resume=resume, per_device_train_batch_size=2,
+    model = _zero_init_model(out, stage) if zero_init else _model()
+    trainer = _train(model, muon_hf.Muon, out, resume=resume, per_device_train_batch_size=2,
                      use_cpu=False, deepspeed=_ds_config(stage, offload),
                      save_strategy="steps", save_steps=2)
     engine = trainer.model_wrapped
@@ -113,11 +132,13 @@ def one_process(tmp_path_factory):
                                              per_device_train_batch_size=2).model)
 
 
-@pytest.mark.parametrize("stage,offload", [(0, False), (1, False), (2, False), (3, False),
-                                           (2, True)])
-def test_trainer_deepspeed_stage_as_one_process(stage, offload, one_process, tmp_path):
+@pytest.mark.parametrize("stage,offload,zero_init", [
+    (0, False, False), (1, False, False), (2, False, False), (3, False, False),
+    (3, False, True), (2, True, False)])
+def test_trainer_deepspeed_stage_as_one_process(stage, offload, zero_init, one_process,
+                                                tmp_path):
     out = str(tmp_path / "run")
-    runs = launch(_worker, 2, out, stage, offload, None, timeout=300)
+    runs = launch(_worker, 2, out, stage, offload, None, zero_init, timeout=300)
     for r in runs:
         assert r["engine"] == "DeepSpeedEngine"
         assert r["client"] == "muon._torch.Muon", r["client"]  # not DeepSpeed's CPU Adam
@@ -129,7 +150,7 @@ def test_trainer_deepspeed_stage_as_one_process(stage, offload, one_process, tmp
         refusals = runs[0]["refusals"]
         assert "called by a Trainer's create_optimizer" in refusals.get("factory", ""), refusals
         assert "muon.deepspeed.initialize" in refusals.get("config_for", ""), refusals
-    if stage in (2, 3) and not offload:
+    if stage in (2, 3) and not (offload or zero_init):
         # The Trainer's checkpoint at step 2, resumed by a new Trainer.
         checkpoint = os.path.join(out, "checkpoint-2")
         assert os.path.isdir(os.path.join(checkpoint, "global_step2"))
