@@ -144,15 +144,23 @@ class FlatBuffer:
         for view, s in zip(self.views, self.segments):
             view.grad = None if grad is None else self._slice(grad, s)
 
+    # State of a whole matrix rather than of its elements (NorMuon's per-row
+    # second moments, as large as the matrix's rows wherever its range lies):
+    # kept in the buffer's state as {segment name: value}.
+    PER_MATRIX_KEYS = ("normuon_second_moment",)
+
     def fold(self, per_view_state):
         """One buffer-shaped state (torch's format for the buffer) from the views'
         states: each tensor state covers the whole buffer, zeros outside the
-        views that have it; scalars (AdamW's step) are shared."""
+        views that have it; scalars (AdamW's step) are shared; a per-matrix
+        state is a dict by segment name."""
         import torch
         out = {}
         for view, s in zip(self.views, self.segments):
             for key, value in (per_view_state.get(view) or {}).items():
-                if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                if key in self.PER_MATRIX_KEYS:
+                    out.setdefault(key, {})[s.name] = value.clone()
+                elif isinstance(value, torch.Tensor) and value.ndim >= 1:
                     full = out.get(key)
                     if full is None:
                         full = out[key] = torch.zeros(self.param.shape, dtype=value.dtype)
@@ -172,7 +180,13 @@ class FlatBuffer:
                 if key not in state:
                     continue
                 value = state[key]
-                if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                if key in self.PER_MATRIX_KEYS:
+                    if not isinstance(value, dict):
+                        raise ValueError("muon: state '%s' of a flat buffer is a %s, not a "
+                                         "dict by segment name" % (key, type(value).__name__))
+                    if s.name in value:
+                        mine[key] = value[s.name].clone()
+                elif isinstance(value, torch.Tensor) and value.ndim >= 1:
                     if value.numel() != self.param.numel():
                         raise ValueError("muon: state '%s' of a flat buffer has %d elements, "
                                          "the buffer %d" % (key, value.numel(),

@@ -89,7 +89,8 @@ class Muon(TorchState, LibraryGroups, torch.optim.Optimizer):
     (decay normuon_beta2) and normalizes the rows by its root (+ normuon_eps),
     keeping the update's Frobenius norm; adjust_lr_fn and extra_scale_factor
     apply after it. The moments are in state_dict() as
-    "normuon_second_moment" (fp32, the whole matrices' rows). With a
+    "normuon_second_moment" (fp32, the whole matrices' rows; in a flat
+    buffer's state, a dict of them by segment name). With a
     distributed_config they live on each matrix's owner and each step
     gathers them over the world (a muon.Communicator world: torch.distributed),
     so state_dict() may be called on one rank alone (Hugging Face's Trainer

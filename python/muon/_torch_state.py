@@ -346,7 +346,9 @@ class TorchState(_MuonBase):
                 self.state.pop(v, None)
             if not entry:
                 continue
-            adamw_keys = tuple(k for k in entry if k != "momentum_buffer")
-            for v, values in fb.unfold(entry, lambda view: ("momentum_buffer",)
+            adamw_keys = tuple(k for k in entry
+                               if k not in ("momentum_buffer", "normuon_second_moment"))
+            for v, values in fb.unfold(entry, lambda view: ("momentum_buffer",
+                                                            "normuon_second_moment")
                                        if id(view) in matrices else adamw_keys).items():
                 self.state[v] = values

@@ -14,7 +14,9 @@ AdamW. Against single-process muon.Muon on the same (gathered) gradients,
 bit for bit (fp32 Newton-Schulz). The optimizer's state is the
 FlatParameters' (torch's format): FSDP1's own optim_state_dict turns it into
 per-weight state equal to the single-process optimizer's, and a state_dict
-saved at step 2 resumes bit for bit in a fresh optimizer."""
+saved at step 2 resumes bit for bit in a fresh optimizer. The same with
+normuon=True: NorMuon's moments (whole-matrix state) ride in each
+FlatParameter's state as a dict by weight name."""
 
 import copy
 
@@ -89,10 +91,10 @@ def _full_grads(model):
     return grads
 
 
-def _example_1_optimizer(model):
+def _example_1_optimizer(model, normuon=False):
     # The design's Example 1, as written (fp32 Newton-Schulz for a bit-for-bit check).
     return muon.Muon(model.parameters(), lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-                     ns_dtype="fp32",
+                     ns_dtype="fp32", normuon=normuon,
                      distributed_config=muon.create_processgroup_config(
                          fsdp_pg=model.process_group))
 
@@ -115,7 +117,7 @@ def _train(rank, model, opt, reference, ref_opt, steps):
     return worst, exact
 
 
-def _worker(rank, world):
+def _worker(rank, world, normuon=False):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     torch.set_num_threads(1)
     model = _fsdp1_model()
@@ -126,8 +128,8 @@ def _worker(rank, world):
     with torch.no_grad():
         for n, q in reference.named_parameters():
             q.copy_(start[n])
-    opt = _example_1_optimizer(model)
-    ref_opt = muon.Muon(reference.parameters(), lr=0.02, ns_dtype="fp32")
+    opt = _example_1_optimizer(model, normuon)
+    ref_opt = muon.Muon(reference.parameters(), lr=0.02, ns_dtype="fp32", normuon=normuon)
     worst, exact = _train(rank, model, opt, reference, ref_opt, range(RESUME_AT))
 
     # A checkpoint: the optimizer's own state_dict (buffer-shaped state), and
@@ -150,10 +152,11 @@ def _worker(rank, world):
             for k in mine if torch.is_tensor(mine[k]) and mine[k].ndim > 0)
 
     # The rest of the run in a fresh optimizer loaded from the checkpoint.
-    resumed = _example_1_optimizer(model)
+    resumed = _example_1_optimizer(model, normuon)
     resumed.load_state_dict(saved)
     worst2, exact2 = _train(rank, model, resumed, reference, ref_opt, range(RESUME_AT, STEPS))
-    return {"exact": exact and exact2, "worst": max(worst, worst2),
+    moments = {k: sorted(s.get("normuon_second_moment", {})) for k, s in saved["state"].items()}
+    return {"exact": exact and exact2, "worst": max(worst, worst2), "moments": moments,
             "flat_numels": [p.numel() for p in flats], "state_shapes": shapes,
             "fsdp_vs_ref": fsdp_vs_ref,
             "orthogonalized": resumed.stats()["matrices_orthogonalized"],
@@ -185,3 +188,14 @@ def test_state_is_the_flat_parameters_and_fsdp1_reads_it(runs):
             assert all(s == (numel,) for s in res["state_shapes"][k].values())
         # FSDP1's optim_state_dict: per weight, equal to the single-process state.
         assert res["fsdp_vs_ref"] and all(res["fsdp_vs_ref"].values()), res["fsdp_vs_ref"]
+
+
+def test_example_1_with_normuon_resumes_bit_for_bit():
+    """NorMuon's second moments are a whole matrix's, kept by its owner: in a
+    FlatParameter's state, by the names of the weights whose ranges it holds
+    (before, state_dict() failed folding them into the buffer's shape)."""
+    for rank, res in enumerate(launch(_worker, WORLD, True)):
+        assert res["moved"], rank
+        assert res["exact"], "rank %d differs by up to %g" % (rank, res["worst"])
+        named = [n for names in res["moments"].values() for n in names]
+        assert named and all(n.endswith("weight") for n in named), res["moments"]

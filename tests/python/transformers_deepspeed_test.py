@@ -11,12 +11,15 @@ optimizers, 2 gloo processes on the CPU.
   matrix is orthogonalized once in the job, both ranks end bit for bit
   alike, and the fp32 weights end within 1e-6 of the same Trainer with
   muon.transformers.Muon in one process.
-- ZeRO-2 and ZeRO-3 checkpoints (the Trainer's save through
-  engine.save_checkpoint) resumed by a new Trainer: bit for bit as the
-  uninterrupted run. The Trainer loads the checkpoint before any callback
-  runs, so the factory's config binds itself at that load (before the fix,
-  ZeRO-2's momentum stayed unmapped and the run went elsewhere, and ZeRO-3's
-  load emptied the partitions it was loading).
+- With NorMuon at ZeRO-2 and ZeRO-3: within 1e-6 of one process as well,
+  and the Trainer's checkpoints (engine.save_checkpoint) resumed by a new
+  Trainer bit for bit as the uninterrupted run. The Trainer loads the
+  checkpoint before any callback runs, so the factory's config binds itself
+  at that load (before that fix, ZeRO-2's momentum stayed unmapped and the
+  run went elsewhere, and ZeRO-3's load emptied the partitions it was
+  loading); NorMuon's moments are whole-matrix state, kept in a flat
+  buffer's state by segment name (before, saving failed on a size
+  mismatch).
 - Refusals: the factory called outside a Trainer under DeepSpeed, config_for
   under DeepSpeed, and the settings that would drop muon.Muon or its state.
 
@@ -87,7 +90,7 @@ def _zero_init_model(out, stage):
     return model
 
 
-def _worker(rank, world, out, stage, offload, resume, zero_init=False):
+def _worker(rank, world, out, stage, offload, resume, zero_init=False, normuon=False):
     _join(rank, world)
     refusals = {}
     if stage == 1 and resume is None:
@@ -103,7 +106,8 @@ def _worker(rank, world, out, stage, offload, resume, zero_init=False):
         from accelerate.state import AcceleratorState
         AcceleratorState._reset_state(True)
     model = _zero_init_model(out, stage) if zero_init else _model()
-    trainer = _train(model, muon_hf.Muon, out, resume=resume, per_device_train_batch_size=2,
+    trainer = _train(model, muon_hf.Muon, out, kwargs=dict(KWARGS, normuon=normuon),
+                     resume=resume, per_device_train_batch_size=2,
                      use_cpu=False, deepspeed=_ds_config(stage, offload),
                      save_strategy="steps", save_steps=2)
     engine = trainer.model_wrapped
@@ -126,35 +130,43 @@ def _plugin(stage, offload):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """The same Trainer in one process on the batches each rank trains on."""
-    out = str(tmp_path_factory.mktemp("one"))
-    return _params(_model()), _params(_train(_model(), muon_hf.Muon, out,
-                                             per_device_train_batch_size=2).model)
+    """The same Trainer in one process on the batches each rank trains on,
+    {normuon: (start, end)}."""
+    out = {}
+    for normuon in (False, True):
+        path = str(tmp_path_factory.mktemp("one"))
+        out[normuon] = (_params(_model()), _params(_train(
+            _model(), muon_hf.Muon, path, kwargs=dict(KWARGS, normuon=normuon),
+            per_device_train_batch_size=2).model))
+    return out
 
 
-@pytest.mark.parametrize("stage,offload,zero_init", [
-    (0, False, False), (1, False, False), (2, False, False), (3, False, False),
-    (3, False, True), (2, True, False)])
-def test_trainer_deepspeed_stage_as_one_process(stage, offload, zero_init, one_process,
+@pytest.mark.parametrize("stage,offload,zero_init,normuon", [
+    (0, False, False, False), (1, False, False, False), (2, False, False, False),
+    (3, False, False, False), (3, False, True, False), (2, True, False, False),
+    (2, False, False, True), (3, False, False, True)])
+def test_trainer_deepspeed_stage_as_one_process(stage, offload, zero_init, normuon, one_process,
                                                 tmp_path):
     out = str(tmp_path / "run")
-    runs = launch(_worker, 2, out, stage, offload, None, zero_init, timeout=300)
+    runs = launch(_worker, 2, out, stage, offload, None, zero_init, normuon, timeout=300)
     for r in runs:
         assert r["engine"] == "DeepSpeedEngine"
         assert r["client"] == "muon._torch.Muon", r["client"]  # not DeepSpeed's CPU Adam
     assert sum(r["orthogonalized"] for r in runs) == MATRICES  # once in the job
     assert all(bits_equal(runs[1]["params"][n], v) for n, v in runs[0]["params"].items())
-    start, want = one_process
+    start, want = one_process[normuon]
     _assert_close(runs[0]["params"], want, start, tol=1e-6)
     if stage == 1:
         refusals = runs[0]["refusals"]
         assert "called by a Trainer's create_optimizer" in refusals.get("factory", ""), refusals
         assert "muon.deepspeed.initialize" in refusals.get("config_for", ""), refusals
-    if stage in (2, 3) and not (offload or zero_init):
-        # The Trainer's checkpoint at step 2, resumed by a new Trainer.
+    if normuon:
+        # The Trainer's checkpoint at step 2 (momentum and NorMuon's moments in
+        # ZeRO's files), resumed by a new Trainer.
         checkpoint = os.path.join(out, "checkpoint-2")
         assert os.path.isdir(os.path.join(checkpoint, "global_step2"))
-        resumed = launch(_worker, 2, out, stage, offload, checkpoint, timeout=300)
+        resumed = launch(_worker, 2, out, stage, offload, checkpoint, zero_init, normuon,
+                         timeout=300)
         for r, whole in zip(resumed, runs):
             assert all(bits_equal(r["params"][n], v) for n, v in whole["params"].items()), [
                 n for n, v in whole["params"].items() if not bits_equal(r["params"][n], v)]
