@@ -346,9 +346,8 @@ class TorchState(_MuonBase):
                 self.state.pop(v, None)
             if not entry:
                 continue
-            adamw_keys = tuple(k for k in entry
-                               if k not in ("momentum_buffer", "normuon_second_moment"))
-            for v, values in fb.unfold(entry, lambda view: ("momentum_buffer",
-                                                            "normuon_second_moment")
+            matrix_keys = ("momentum_buffer", "normuon_second_moment")
+            adamw_keys = tuple(k for k in entry if k not in matrix_keys)
+            for v, values in fb.unfold(entry, lambda view: matrix_keys
                                        if id(view) in matrices else adamw_keys).items():
                 self.state[v] = values

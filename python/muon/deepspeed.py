@@ -474,9 +474,6 @@ class DeepSpeedConfig(ProcessGroupConfig):
         """Binds to engine_source()'s engine when there is one and the config is
         not bound yet (ZeRO-3: before the first step, which must see every
         param group emptied)."""
-        self._bind_late()
-
-    def _bind_late(self):
         if not self._bound and self._source is not None:
             engine = self._source()
             if engine is not None:
@@ -489,7 +486,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         # DeepSpeed's partitions are tensors it made, asked about at a checkpoint
         # load or a step: unbound, they would pass for plain params and their
         # state would stay unmapped.
-        self._bind_late()
+        self.bind_if_built()
         if not self._bound:
             raise RuntimeError(_UNBOUND)
         if self._zero is None:
@@ -508,7 +505,7 @@ class DeepSpeedConfig(ProcessGroupConfig):
         return ProcessGroupConfig.global_ndim(self, name, param)
 
     def attach(self, optimizer: Optimizer, named_params: NamedParams) -> None:
-        self._bind_late()
+        self.bind_if_built()
         if not self._bound:
             raise RuntimeError(_UNBOUND)
         return ProcessGroupConfig.attach(self, optimizer, named_params)

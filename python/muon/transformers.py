@@ -174,20 +174,26 @@ def _engine_of(trainer_ref, opt_ref) -> Any:
     return engine if opt is inner or opt is getattr(inner, "optimizer", None) else None
 
 
-def _binding_callback(config: Any) -> Any:
-    """The TrainerCallback that binds `config` at on_train_begin (ZeRO-3's
-    first step must find every param group emptied, so bound before it)."""
+def _bind_to_trainer(config: Any, trainer: Any, opt: _Muon) -> None:
+    """Binds `config` to the engine `trainer` will build around `opt`: at the
+    first question about ZeRO's partitions (a resume's checkpoint load, which
+    the Trainer runs before any callback) or at on_train_begin, from a
+    callback added to the Trainer (ZeRO-3's first step must find every param
+    group emptied, so bound before it)."""
     from transformers import TrainerCallback
+    trainer_ref, opt_ref = weakref.ref(trainer), weakref.ref(opt)
+    config.bind_when_built(lambda: _engine_of(trainer_ref, opt_ref))
 
     class MuonDeepSpeedBinding(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             config.bind_if_built()
 
-    return MuonDeepSpeedBinding()
+    trainer.add_callback(MuonDeepSpeedBinding())
 
 
 def _for_deepspeed(ds_config: dict[str, Any], distributed_config: Any) -> Any:
-    """The muon config for the Trainer's DeepSpeed engine, its binding arranged."""
+    """The Trainer that called the factory and the muon config for the engine
+    it will build; Accelerate's DeepSpeed config settled."""
     trainer = _calling_trainer()
     if trainer is None:
         raise ValueError("muon.transformers.Muon: under DeepSpeed it binds to the engine the "
@@ -223,9 +229,7 @@ class Muon:
             trainer, config = _for_deepspeed(ds_config, distributed_config)
             opt = _Muon(groups, lr=lr, weight_decay=weight_decay, distributed_config=config,
                         **kwargs)
-            trainer_ref, opt_ref = weakref.ref(trainer), weakref.ref(opt)
-            config.bind_when_built(lambda: _engine_of(trainer_ref, opt_ref))
-            trainer.add_callback(_binding_callback(config))
+            _bind_to_trainer(config, trainer, opt)
             return opt
         if isinstance(distributed_config, str):  # "auto"
             distributed_config = config_for([p for g in groups for p in g["params"]])

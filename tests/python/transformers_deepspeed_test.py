@@ -33,7 +33,6 @@ makes the Trainer use DeepSpeed's optimizer and never call the factory,
 which therefore cannot refuse it (docs/distributed.md says so)."""
 
 import os
-import sys
 
 import pytest
 
@@ -42,6 +41,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("deepspeed")
 
+from deepspeed_test import _full, _join  # noqa: E402
 from dist_harness import bits_equal, launch  # noqa: E402
 from transformers_test import KWARGS, _assert_close, _model, _params, _train  # noqa: E402
 
@@ -51,27 +51,12 @@ from muon import transformers as muon_hf  # noqa: E402
 MATRICES = 14  # the Llama's 16 matrices less the embeddings and the head
 
 
-def _join(rank, world):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed.comm.torch  # noqa: F401
-    # (DeepSpeed compiles a shared-memory collective for inference at start-up,
-    # 1-2 minutes, that training never uses: as deepspeed_test.py, skipped.)
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-
-
 def _ds_config(stage, offload):
     config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
               "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
     if offload:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     return config
-
-
-def _fp32(p):
-    from deepspeed.utils import safe_get_full_fp32_param
-    full = safe_get_full_fp32_param(p)  # (None at stage 0: the params are the fp32 weights)
-    return (p if full is None else full).detach().clone()
 
 
 def _zero_init_model(out, stage):
@@ -112,7 +97,7 @@ def _worker(rank, world, out, stage, offload, resume, zero_init=False, normuon=F
                      save_strategy="steps", save_steps=2)
     engine = trainer.model_wrapped
     client = engine.optimizer if stage == 0 else engine.optimizer.optimizer
-    return {"params": {n: _fp32(p) for n, p in engine.module.named_parameters()},
+    return {"params": {n: _full(p) for n, p in engine.module.named_parameters()},
             "engine": type(engine).__name__, "client": type(client).__module__ + "." +
             type(client).__name__,
             "orthogonalized": getattr(client, "stats", dict)().get("matrices_orthogonalized"),
